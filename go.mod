@@ -1,0 +1,3 @@
+module github.com/nftmesh/nftmesh
+
+go 1.25.0

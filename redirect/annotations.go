@@ -1,0 +1,189 @@
+package redirect
+
+import (
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// Pod annotations that shape the capture, with Istio's names.
+const (
+	AnnotationInterceptionMode         = "sidecar.istio.io/interceptionMode"
+	AnnotationIncludeInboundPorts      = "traffic.sidecar.istio.io/includeInboundPorts"
+	AnnotationExcludeInboundPorts      = "traffic.sidecar.istio.io/excludeInboundPorts"
+	AnnotationIncludeOutboundIPRanges  = "traffic.sidecar.istio.io/includeOutboundIPRanges"
+	AnnotationExcludeOutboundIPRanges  = "traffic.sidecar.istio.io/excludeOutboundIPRanges"
+	AnnotationIncludeOutboundPorts     = "traffic.sidecar.istio.io/includeOutboundPorts"
+	AnnotationExcludeOutboundPorts     = "traffic.sidecar.istio.io/excludeOutboundPorts"
+	AnnotationExcludeInterfaces        = "traffic.sidecar.istio.io/excludeInterfaces"
+	AnnotationRerouteVirtualInterfaces = "istio.io/reroute-virtual-interfaces"
+	// AnnotationKubevirtInterfaces is the deprecated name of
+	// AnnotationRerouteVirtualInterfaces, read when the new one is absent.
+	AnnotationKubevirtInterfaces = "traffic.sidecar.istio.io/kubevirtInterfaces"
+	AnnotationSidecarStatus      = "sidecar.istio.io/status"
+	AnnotationInject             = "sidecar.istio.io/inject"
+)
+
+// CaptureAnnotations lists the annotations ParseAnnotations reads, in a
+// stable order (for help texts and fuzzing).
+var CaptureAnnotations = []string{
+	AnnotationInterceptionMode,
+	AnnotationIncludeInboundPorts,
+	AnnotationExcludeInboundPorts,
+	AnnotationIncludeOutboundIPRanges,
+	AnnotationExcludeOutboundIPRanges,
+	AnnotationIncludeOutboundPorts,
+	AnnotationExcludeOutboundPorts,
+	AnnotationExcludeInterfaces,
+	AnnotationRerouteVirtualInterfaces,
+	AnnotationKubevirtInterfaces,
+}
+
+// ParseAnnotations applies a pod's capture annotations over base (usually
+// DefaultSpec with the proxy container's settings) and validates the result.
+// Every problem is reported at once in a *ValidationError; on error the
+// returned Spec must not be used. Annotations it does not know are ignored.
+func ParseAnnotations(base Spec, annotations map[string]string) (Spec, error) {
+	s := base
+	var ps problems
+
+	if v, ok := annotations[AnnotationInterceptionMode]; ok {
+		s.InterceptionMode = InterceptionMode(strings.TrimSpace(v))
+	}
+	if v, ok := annotations[AnnotationIncludeInboundPorts]; ok {
+		s.InboundPorts = parsePortSelector(&ps, AnnotationIncludeInboundPorts, v, true)
+	}
+	if v, ok := annotations[AnnotationExcludeInboundPorts]; ok {
+		s.InboundPortsExclude = parsePortSelector(&ps, AnnotationExcludeInboundPorts, v, false).Ports
+	}
+	if v, ok := annotations[AnnotationIncludeOutboundIPRanges]; ok {
+		s.OutboundIPRanges = parseCIDRSelector(&ps, AnnotationIncludeOutboundIPRanges, v, true)
+	}
+	if v, ok := annotations[AnnotationExcludeOutboundIPRanges]; ok {
+		s.OutboundIPRangesExclude = parseCIDRSelector(&ps, AnnotationExcludeOutboundIPRanges, v, false).Prefixes
+	}
+	if v, ok := annotations[AnnotationIncludeOutboundPorts]; ok {
+		s.OutboundPorts = parsePortSelector(&ps, AnnotationIncludeOutboundPorts, v, false).Ports
+	}
+	if v, ok := annotations[AnnotationExcludeOutboundPorts]; ok {
+		// Replaces the default 15020 rather than adding to it, as Istio does.
+		s.OutboundPortsExclude = parsePortSelector(&ps, AnnotationExcludeOutboundPorts, v, false).Ports
+	}
+	if v, ok := annotations[AnnotationExcludeInterfaces]; ok {
+		s.ExcludeInterfaces = parseInterfaces(&ps, AnnotationExcludeInterfaces, v)
+	}
+	if v, ok := annotations[AnnotationRerouteVirtualInterfaces]; ok {
+		s.RerouteVirtualInterfaces = parseInterfaces(&ps, AnnotationRerouteVirtualInterfaces, v)
+	} else if v, ok := annotations[AnnotationKubevirtInterfaces]; ok {
+		s.RerouteVirtualInterfaces = parseInterfaces(&ps, AnnotationKubevirtInterfaces, v)
+	}
+
+	// Fields set from annotations were checked while parsing; check the rest
+	// (mode, base values) without repeating problems already reported.
+	var rest problems
+	s.validate(&rest)
+	for _, p := range rest {
+		dup := false
+		for _, q := range ps {
+			if q.Field == p.Field {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			ps = append(ps, p)
+		}
+	}
+	return s, ps.err()
+}
+
+// splitList splits a comma-separated annotation value, trimming spaces and
+// dropping empty items (so "80, 443," is two ports).
+func splitList(v string) []string {
+	var out []string
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func parsePortSelector(ps *problems, field, v string, wildcard bool) PortSelector {
+	var sel PortSelector
+	items := splitList(v)
+	for _, item := range items {
+		if item == "*" {
+			switch {
+			case !wildcard:
+				ps.add(field, v, "uses '*', which this annotation does not allow")
+			case len(items) > 1:
+				ps.add(field, v, "mixes '*' with ports; use '*' alone")
+			default:
+				sel.All = true
+			}
+			continue
+		}
+		n, err := strconv.ParseUint(item, 10, 32)
+		if err != nil || n < 1 || n > 65535 {
+			ps.add(field, item, "is not a port (want 1-65535)")
+			continue
+		}
+		sel.Ports = append(sel.Ports, uint16(n))
+	}
+	sel.Ports = dedup(sel.Ports)
+	if sel.All {
+		sel.Ports = nil
+	}
+	return sel
+}
+
+func parseCIDRSelector(ps *problems, field, v string, wildcard bool) CIDRSelector {
+	var sel CIDRSelector
+	items := splitList(v)
+	for _, item := range items {
+		if item == "*" {
+			switch {
+			case !wildcard:
+				ps.add(field, v, "uses '*', which this annotation does not allow")
+			case len(items) > 1:
+				ps.add(field, v, "mixes '*' with CIDRs; use '*' alone")
+			default:
+				sel.All = true
+			}
+			continue
+		}
+		p, err := netip.ParsePrefix(item)
+		if err != nil {
+			if _, aerr := netip.ParseAddr(item); aerr == nil {
+				ps.add(field, item, "is not a CIDR (missing prefix length, e.g. /32)")
+			} else {
+				ps.add(field, item, "is not a CIDR")
+			}
+			continue
+		}
+		if p.Addr().Zone() != "" {
+			ps.add(field, item, "is not a CIDR (has an IPv6 zone)")
+			continue
+		}
+		// 10.1.2.3/8 means 10.0.0.0/8, as iptables reads it.
+		sel.Prefixes = append(sel.Prefixes, p.Masked())
+	}
+	sel.Prefixes = dedup(sel.Prefixes)
+	if sel.All {
+		sel.Prefixes = nil
+	}
+	return sel
+}
+
+func parseInterfaces(ps *problems, field, v string) []string {
+	var out []string
+	for _, item := range splitList(v) {
+		if why := badInterfaceName(item); why != "" {
+			ps.add(field, item, "%s", why)
+			continue
+		}
+		out = append(out, item)
+	}
+	return dedup(out)
+}

@@ -1,0 +1,131 @@
+package redirect
+
+import (
+	"fmt"
+	"strings"
+)
+
+// String renders a rule in the canonical neutral form used by Describe and
+// Diff: "[family] match match ... -> verdict".
+func (r Rule) String() string {
+	var parts []string
+	if r.Family != FamilyAny {
+		parts = append(parts, r.Family.String())
+	}
+	for _, m := range r.Matches {
+		parts = append(parts, MatchString(m))
+	}
+	parts = append(parts, "->", VerdictString(r.Verdict))
+	return strings.Join(parts, " ")
+}
+
+func not(neg bool) string {
+	if neg {
+		return "!= "
+	}
+	return ""
+}
+
+func fullMask(m uint32) uint32 {
+	if m == 0 {
+		return 0xffffffff
+	}
+	return m
+}
+
+// MatchString renders one match canonically.
+func MatchString(m Match) string {
+	switch m := m.(type) {
+	case MatchProto:
+		return "l4proto " + m.Proto.String()
+	case MatchPort:
+		dir := "dport"
+		if m.Source {
+			dir = "sport"
+		}
+		if len(m.Ports) == 1 {
+			return fmt.Sprintf("%s %s%d", dir, not(m.Negate), m.Ports[0])
+		}
+		return fmt.Sprintf("%s %s{ %s }", dir, not(m.Negate), strings.ReplaceAll(joinPorts(m.Ports), ",", ", "))
+	case MatchAddr:
+		dir := "daddr"
+		if m.Source {
+			dir = "saddr"
+		}
+		return fmt.Sprintf("%s %s%s", dir, not(m.Negate), m.Prefix)
+	case MatchSet:
+		what := "daddr"
+		if m.Kind == SetPort {
+			what = "dport"
+		}
+		return fmt.Sprintf("%s %s@%s", what, not(m.Negate), m.Set)
+	case MatchIface:
+		dir := "iifname"
+		if m.Out {
+			dir = "oifname"
+		}
+		return fmt.Sprintf("%s %s%q", dir, not(m.Negate), m.Name)
+	case MatchOwner:
+		what := "skuid"
+		if m.GID {
+			what = "skgid"
+		}
+		return fmt.Sprintf("%s %s%d", what, not(m.Negate), m.ID)
+	case MatchMark:
+		what := "mark"
+		if m.Conn {
+			what = "ct mark"
+		}
+		if mask := fullMask(m.Mask); mask != 0xffffffff {
+			return fmt.Sprintf("%s and 0x%x %s%d", what, mask, not(m.Negate), m.Value)
+		}
+		return fmt.Sprintf("%s %s%d", what, not(m.Negate), m.Value)
+	case MatchCTState:
+		return fmt.Sprintf("ct state %s%s", not(m.Negate), m.States)
+	}
+	return fmt.Sprintf("<unknown match %T>", m)
+}
+
+// VerdictString renders one verdict canonically.
+func VerdictString(v Verdict) string {
+	switch v := v.(type) {
+	case Accept:
+		return "accept"
+	case Drop:
+		return "drop"
+	case Return:
+		return "return"
+	case Jump:
+		return "jump " + v.Chain
+	case Redirect:
+		return fmt.Sprintf("redirect to :%d", v.Port)
+	case TProxy:
+		return fmt.Sprintf("tproxy to :%d mark %d/0x%x", v.Port, v.Mark, fullMask(v.Mask))
+	case SetMark:
+		return fmt.Sprintf("mark set %d", v.Mark)
+	case SaveMark:
+		return "ct mark set mark"
+	case RestoreMark:
+		return "mark set ct mark"
+	case SetCTZone:
+		return fmt.Sprintf("ct zone set %d", v.Zone)
+	}
+	return fmt.Sprintf("<unknown verdict %T>", v)
+}
+
+// String lists the states as "invalid,established,related,new".
+func (s CTState) String() string {
+	var out []string
+	for _, st := range []struct {
+		bit  CTState
+		name string
+	}{{CTStateInvalid, "invalid"}, {CTStateEstablished, "established"}, {CTStateRelated, "related"}, {CTStateNew, "new"}} {
+		if s&st.bit != 0 {
+			out = append(out, st.name)
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ",")
+}

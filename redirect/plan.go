@@ -1,0 +1,335 @@
+package redirect
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// Plan is the backend-neutral rule set for one pod network namespace. It is
+// shaped after the iptables tables Istio programs (nat, mangle, raw), because
+// that is the behaviour we reproduce, but nothing in it is iptables text: every
+// match and verdict is a typed value from a closed vocabulary, so a backend
+// switches over a known set and an unsupported case fails loudly.
+//
+// A Plan is a plain value: comparing two Plans with reflect.DeepEqual (or
+// Equal) is meaningful and is what Check does after reading a netns back.
+type Plan struct {
+	// Tables in a fixed order (mangle, nat, raw; as iptables-save sorts them).
+	// Only tables that hold at least one rule are present.
+	Tables []Table
+	// Sets referenced by SetMatch matches. Names are unique across the Plan.
+	Sets []Set
+	// Routes is the TPROXY policy routing, empty in REDIRECT mode.
+	Routes []PolicyRoute
+	// LoopbackAddrs are addresses added to lo (::6/128 when IPv6 is on; it is
+	// the inbound passthrough source Envoy binds to).
+	LoopbackAddrs []netip.Prefix
+}
+
+// Table is one logical netfilter table.
+type Table struct {
+	Name   TableName
+	Chains []Chain
+}
+
+// TableName names a logical table. Backends map it to their own objects
+// (the nftables backend uses one inet table with prefixed chain names).
+type TableName string
+
+const (
+	TableMangle TableName = "mangle"
+	TableNat    TableName = "nat"
+	TableRaw    TableName = "raw"
+)
+
+// Chain is a base chain (Hook set) or a regular chain (Hook empty). Base
+// chains carry iptables' builtin names (PREROUTING, OUTPUT); regular chains
+// carry Istio's names (ISTIO_INBOUND, ...).
+type Chain struct {
+	Name string
+	// Hook is empty for regular chains.
+	Hook Hook
+	// Type and Priority only mean something for base chains.
+	Type     ChainType
+	Priority int32
+	Rules    []Rule
+}
+
+// IsBase reports whether the chain is attached to a netfilter hook.
+func (c Chain) IsBase() bool { return c.Hook != "" }
+
+// Hook is a netfilter hook a base chain attaches to.
+type Hook string
+
+const (
+	HookPrerouting Hook = "prerouting"
+	HookOutput     Hook = "output"
+)
+
+// ChainType is the nftables base chain type. iptables mangle OUTPUT is a
+// "route" chain (a changed mark re-routes the packet).
+type ChainType string
+
+const (
+	ChainTypeNat    ChainType = "nat"
+	ChainTypeFilter ChainType = "filter"
+	ChainTypeRoute  ChainType = "route"
+)
+
+// Priorities of our base chains, the same as iptables' tables, so we order
+// against kube-proxy and the primary CNI the way Istio's rules do.
+const (
+	PriorityRaw    int32 = -300
+	PriorityMangle int32 = -150
+	PriorityNat    int32 = -100
+)
+
+// Family restricts a rule to one address family. FamilyAny rules apply to
+// both (in iptables terms: they appear in both iptables and ip6tables).
+type Family uint8
+
+const (
+	FamilyAny Family = iota
+	FamilyIPv4
+	FamilyIPv6
+)
+
+func (f Family) String() string {
+	switch f {
+	case FamilyAny:
+		return "any"
+	case FamilyIPv4:
+		return "ipv4"
+	case FamilyIPv6:
+		return "ipv6"
+	}
+	return fmt.Sprintf("family(%d)", uint8(f))
+}
+
+// Includes reports whether a rule of family f applies to packets of family g
+// (g is FamilyIPv4 or FamilyIPv6).
+func (f Family) Includes(g Family) bool { return f == FamilyAny || f == g }
+
+// Rule is a conjunction of matches followed by one verdict.
+type Rule struct {
+	Family  Family
+	Matches []Match
+	Verdict Verdict
+}
+
+// Set is a named set of addresses or ports, referenced by SetMatch.
+// Elements keep the order in which the spec listed them (deduplicated);
+// backends that need sorted or merged intervals do that themselves.
+type Set struct {
+	Name     string
+	Kind     SetKind
+	Prefixes []netip.Prefix // SetIPv4 / SetIPv6
+	Ports    []uint16       // SetPort
+}
+
+// SetKind is the element type of a Set.
+type SetKind uint8
+
+const (
+	SetIPv4 SetKind = iota + 1
+	SetIPv6
+	SetPort
+)
+
+func (k SetKind) String() string {
+	switch k {
+	case SetIPv4:
+		return "ipv4_addr"
+	case SetIPv6:
+		return "ipv6_addr"
+	case SetPort:
+		return "inet_service"
+	}
+	return fmt.Sprintf("setkind(%d)", uint8(k))
+}
+
+// PolicyRoute is "ip rule fwmark Mark lookup Table" plus a local default
+// route on lo in that table, for one family.
+type PolicyRoute struct {
+	Family Family // FamilyIPv4 or FamilyIPv6
+	Mark   uint32
+	Table  int
+}
+
+// Proto is a layer-4 protocol.
+type Proto uint8
+
+const (
+	ProtoTCP Proto = 6
+	ProtoUDP Proto = 17
+)
+
+func (p Proto) String() string {
+	switch p {
+	case ProtoTCP:
+		return "tcp"
+	case ProtoUDP:
+		return "udp"
+	}
+	return fmt.Sprintf("proto(%d)", uint8(p))
+}
+
+// Match is one condition of a rule. The set of matches is closed: only types
+// in this package implement it.
+type Match interface{ isMatch() }
+
+// MatchProto matches the layer-4 protocol. Port matches need one before them.
+type MatchProto struct{ Proto Proto }
+
+// MatchPort matches the destination (or source) port against one or more
+// literal ports. Negated with several ports means "none of them".
+type MatchPort struct {
+	Source bool // match the source port instead of the destination port
+	Ports  []uint16
+	Negate bool
+}
+
+// MatchAddr matches the destination (or source) address against a prefix.
+// The prefix's family must equal the rule's Family.
+type MatchAddr struct {
+	Source bool
+	Prefix netip.Prefix
+	Negate bool
+}
+
+// MatchSet matches the destination address or port against a named Set.
+type MatchSet struct {
+	Set    string
+	Kind   SetKind
+	Negate bool
+}
+
+// MatchIface matches the input (or output) interface name. A trailing "+"
+// matches any name with that prefix, as in iptables.
+type MatchIface struct {
+	Out    bool
+	Name   string
+	Negate bool
+}
+
+// MatchOwner matches the UID or GID of the local socket that sent the packet.
+type MatchOwner struct {
+	GID    bool // match the GID instead of the UID
+	ID     uint32
+	Negate bool
+}
+
+// MatchMark matches the packet mark (or, with Conn, the conntrack mark).
+// A zero Mask means 0xffffffff.
+type MatchMark struct {
+	Conn   bool
+	Value  uint32
+	Mask   uint32
+	Negate bool
+}
+
+// MatchCTState matches conntrack states.
+type MatchCTState struct {
+	States CTState
+	Negate bool
+}
+
+// CTState is a bitmask of conntrack states (the kernel's NF_CT_STATE bits).
+type CTState uint32
+
+const (
+	CTStateInvalid     CTState = 1 << 0
+	CTStateEstablished CTState = 1 << 1
+	CTStateRelated     CTState = 1 << 2
+	CTStateNew         CTState = 1 << 3
+)
+
+func (MatchProto) isMatch()   {}
+func (MatchPort) isMatch()    {}
+func (MatchAddr) isMatch()    {}
+func (MatchSet) isMatch()     {}
+func (MatchIface) isMatch()   {}
+func (MatchOwner) isMatch()   {}
+func (MatchMark) isMatch()    {}
+func (MatchCTState) isMatch() {}
+
+// Verdict is what a rule does when it matches. Some verdicts are terminal
+// (Accept, Drop, Return, Jump, Redirect, TProxy); others modify the packet and
+// let evaluation continue (SetMark, SaveMark, RestoreMark, SetCTZone), as their
+// iptables targets do.
+type Verdict interface{ isVerdict() }
+
+type (
+	// Accept ends evaluation of the current base chain's table with accept.
+	Accept struct{}
+	// Drop drops the packet.
+	Drop struct{}
+	// Return returns to the calling chain (in a base chain: its policy, accept).
+	Return struct{}
+	// Jump calls a regular chain of the same table.
+	Jump struct{ Chain string }
+	// Redirect is a nat REDIRECT to a local port (needs MatchProto first).
+	Redirect struct{ Port uint16 }
+	// TProxy assigns the packet to a local transparent socket on Port and sets
+	// Mark/Mask; the rule's Family must be IPv4 or IPv6.
+	TProxy struct {
+		Port uint16
+		Mark uint32
+		Mask uint32
+	}
+	// SetMark sets the packet mark (non-terminal).
+	SetMark struct{ Mark uint32 }
+	// SaveMark copies the packet mark to the conntrack mark (CONNMARK --save-mark).
+	SaveMark struct{}
+	// RestoreMark copies the conntrack mark to the packet mark (CONNMARK --restore-mark).
+	RestoreMark struct{}
+	// SetCTZone puts the packet's connection in a conntrack zone (raw table;
+	// the first zone assigned wins).
+	SetCTZone struct{ Zone uint16 }
+)
+
+func (Accept) isVerdict()      {}
+func (Drop) isVerdict()        {}
+func (Return) isVerdict()      {}
+func (Jump) isVerdict()        {}
+func (Redirect) isVerdict()    {}
+func (TProxy) isVerdict()      {}
+func (SetMark) isVerdict()     {}
+func (SaveMark) isVerdict()    {}
+func (RestoreMark) isVerdict() {}
+func (SetCTZone) isVerdict()   {}
+
+// Table returns the table with the given name, or nil.
+func (p *Plan) Table(name TableName) *Table {
+	for i := range p.Tables {
+		if p.Tables[i].Name == name {
+			return &p.Tables[i]
+		}
+	}
+	return nil
+}
+
+// Set returns the set with the given name, or nil.
+func (p *Plan) Set(name string) *Set {
+	for i := range p.Sets {
+		if p.Sets[i].Name == name {
+			return &p.Sets[i]
+		}
+	}
+	return nil
+}
+
+// Chain returns the chain with the given name, or nil.
+func (t *Table) Chain(name string) *Chain {
+	for i := range t.Chains {
+		if t.Chains[i].Name == name {
+			return &t.Chains[i]
+		}
+	}
+	return nil
+}
+
+// Empty reports whether the plan installs nothing.
+func (p *Plan) Empty() bool {
+	return len(p.Tables) == 0 && len(p.Routes) == 0 && len(p.LoopbackAddrs) == 0
+}

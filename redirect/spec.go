@@ -1,0 +1,290 @@
+package redirect
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// Fixed ports and marks of Istio's sidecar capture.
+const (
+	ProxyOutboundPort   uint16 = 15001 // Envoy's outbound listener
+	ProxyInboundPort    uint16 = 15006 // Envoy's inbound listener
+	InboundTunnelPort   uint16 = 15008 // HBONE tunnel, never captured
+	ValidationProbePort uint16 = 15002
+	DNSProxyPort        uint16 = 15053 // istio-agent's DNS proxy
+	DNSPort             uint16 = 53
+
+	TProxyMark     uint32 = 1337
+	OutboundMark   uint32 = 1338
+	TProxyRouteTab        = 133
+
+	DefaultProxyID uint32 = 1337
+)
+
+// Ports always excluded from inbound capture (status, health, telemetry).
+var alwaysExcludedInbound = []uint16{15020, 15021, 15090}
+
+// Passthrough sources: Envoy binds these to reach the app over lo without
+// being captured again.
+var (
+	InboundPassthroughV4 = netip.MustParsePrefix("127.0.0.6/32")
+	InboundPassthroughV6 = netip.MustParsePrefix("::6/128")
+	loopbackV6           = netip.MustParsePrefix("::1/128")
+)
+
+// InterceptionMode is how inbound traffic reaches the proxy.
+type InterceptionMode string
+
+const (
+	ModeRedirect InterceptionMode = "REDIRECT"
+	ModeTProxy   InterceptionMode = "TPROXY"
+)
+
+// PortSelector is a port list that may also be "all ports" ("*").
+// The zero value selects nothing.
+type PortSelector struct {
+	All   bool
+	Ports []uint16
+}
+
+// None reports whether the selector selects no port.
+func (p PortSelector) None() bool { return !p.All && len(p.Ports) == 0 }
+
+func (p PortSelector) String() string {
+	if p.All {
+		return "*"
+	}
+	return joinPorts(p.Ports)
+}
+
+// CIDRSelector is a CIDR list that may also be "everything" ("*").
+type CIDRSelector struct {
+	All      bool
+	Prefixes []netip.Prefix
+}
+
+func (c CIDRSelector) String() string {
+	if c.All {
+		return "*"
+	}
+	return joinPrefixes(c.Prefixes)
+}
+
+// Spec is everything Istio's sidecar capture understands, for one pod.
+// DefaultSpec returns Istio's defaults; ParseAnnotations applies a pod's
+// annotations over a base Spec.
+type Spec struct {
+	InterceptionMode InterceptionMode
+
+	// InboundPorts selects inbound ports to capture: "*" (all but
+	// InboundPortsExclude), a list (excludes are then ignored, as in Istio), or
+	// nothing (no inbound capture).
+	InboundPorts        PortSelector
+	InboundPortsExclude []uint16 // 15020, 15021, 15090 are always added by Build
+
+	OutboundIPRanges        CIDRSelector
+	OutboundIPRangesExclude []netip.Prefix
+	OutboundPorts           []uint16 // TCP only
+	OutboundPortsExclude    []uint16 // TCP and UDP
+
+	ExcludeInterfaces        []string
+	RerouteVirtualInterfaces []string
+
+	ProxyUIDs []uint32
+	ProxyGIDs []uint32
+	// OwnerGroupsInclude / Exclude restrict which outbound traffic (by sender
+	// GID) is captured: Include nil means all groups.
+	OwnerGroupsInclude []uint32
+	OwnerGroupsExclude []uint32
+
+	// CaptureDNS redirects all port-53 traffic to the DNS proxy (15053), as the
+	// CNI does with ISTIO_META_DNS_CAPTURE=true, and separates the proxy's and
+	// the app's DNS conntrack entries with zones.
+	CaptureDNS  bool
+	DropInvalid bool
+	IPv6        bool
+
+	// HostIPv4LoopbackCIDR is the loopback range outbound traffic to which is
+	// never captured (ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR).
+	HostIPv4LoopbackCIDR netip.Prefix
+}
+
+// DefaultSpec returns the capture spec a pod gets with no annotations: all
+// inbound ports, all outbound ranges, outbound port 15020 excluded, proxy
+// UID/GID 1337, REDIRECT mode, IPv4 only.
+func DefaultSpec() Spec {
+	return Spec{
+		InterceptionMode:     ModeRedirect,
+		InboundPorts:         PortSelector{All: true},
+		OutboundIPRanges:     CIDRSelector{All: true},
+		OutboundPortsExclude: []uint16{15020},
+		ProxyUIDs:            []uint32{DefaultProxyID},
+		ProxyGIDs:            []uint32{DefaultProxyID},
+		HostIPv4LoopbackCIDR: netip.MustParsePrefix("127.0.0.1/32"),
+	}
+}
+
+// FieldError is one problem with one input field. Field is the annotation
+// (or flag, or spec field) name; Value the offending text.
+type FieldError struct {
+	Field  string
+	Value  string
+	Reason string
+}
+
+func (e FieldError) Error() string {
+	kind := "field"
+	if strings.Contains(e.Field, "/") {
+		kind = "annotation"
+	}
+	return fmt.Sprintf("%s %s: %q %s", kind, e.Field, e.Value, e.Reason)
+}
+
+// ValidationError lists every problem found in a spec at once.
+type ValidationError struct{ Problems []FieldError }
+
+func (e *ValidationError) Error() string {
+	if len(e.Problems) == 1 {
+		return e.Problems[0].Error()
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d problems: ", len(e.Problems))
+	for i, p := range e.Problems {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(p.Error())
+	}
+	return b.String()
+}
+
+// Unwrap exposes each problem to errors.Is / errors.As.
+func (e *ValidationError) Unwrap() []error {
+	out := make([]error, len(e.Problems))
+	for i, p := range e.Problems {
+		out[i] = p
+	}
+	return out
+}
+
+type problems []FieldError
+
+func (p *problems) add(field, value, format string, args ...any) {
+	*p = append(*p, FieldError{Field: field, Value: value, Reason: fmt.Sprintf(format, args...)})
+}
+
+func (p problems) err() error {
+	if len(p) == 0 {
+		return nil
+	}
+	return &ValidationError{Problems: p}
+}
+
+// Validate checks a typed Spec (one built in code rather than parsed from
+// annotations) and returns every problem at once. Field names are the
+// annotations that set each field.
+func (s Spec) Validate() error {
+	var ps problems
+	s.validate(&ps)
+	return ps.err()
+}
+
+func (s Spec) validate(ps *problems) {
+	if s.InterceptionMode != ModeRedirect && s.InterceptionMode != ModeTProxy {
+		ps.add(AnnotationInterceptionMode, string(s.InterceptionMode), "is not an interception mode (want REDIRECT or TPROXY)")
+	}
+	checkPorts := func(field string, ports []uint16) {
+		for _, p := range ports {
+			if p == 0 {
+				ps.add(field, "0", "is not a port (want 1-65535)")
+			}
+		}
+	}
+	checkPorts(AnnotationIncludeInboundPorts, s.InboundPorts.Ports)
+	checkPorts(AnnotationExcludeInboundPorts, s.InboundPortsExclude)
+	checkPorts(AnnotationIncludeOutboundPorts, s.OutboundPorts)
+	checkPorts(AnnotationExcludeOutboundPorts, s.OutboundPortsExclude)
+	checkPrefixes := func(field string, ps2 []netip.Prefix) {
+		for _, p := range ps2 {
+			if !p.IsValid() {
+				ps.add(field, p.String(), "is not a CIDR")
+			}
+		}
+	}
+	checkPrefixes(AnnotationIncludeOutboundIPRanges, s.OutboundIPRanges.Prefixes)
+	checkPrefixes(AnnotationExcludeOutboundIPRanges, s.OutboundIPRangesExclude)
+	for _, n := range s.ExcludeInterfaces {
+		if why := badInterfaceName(n); why != "" {
+			ps.add(AnnotationExcludeInterfaces, n, "%s", why)
+		}
+	}
+	for _, n := range s.RerouteVirtualInterfaces {
+		if why := badInterfaceName(n); why != "" {
+			ps.add(AnnotationRerouteVirtualInterfaces, n, "%s", why)
+		}
+	}
+	if len(s.ProxyUIDs) == 0 {
+		ps.add("proxyUIDs", "", "is empty (the proxy's own traffic would be captured)")
+	}
+	if len(s.ProxyGIDs) == 0 {
+		ps.add("proxyGIDs", "", "is empty (the proxy's own traffic would be captured)")
+	}
+	if !s.HostIPv4LoopbackCIDR.IsValid() || !s.HostIPv4LoopbackCIDR.Addr().Is4() {
+		ps.add("hostIPv4LoopbackCIDR", s.HostIPv4LoopbackCIDR.String(), "is not an IPv4 CIDR")
+	} else if !s.HostIPv4LoopbackCIDR.Addr().IsLoopback() {
+		ps.add("hostIPv4LoopbackCIDR", s.HostIPv4LoopbackCIDR.String(), "is not inside 127.0.0.0/8")
+	}
+}
+
+// badInterfaceName returns why name cannot be a Linux interface name (or an
+// iptables-style "prefix+" wildcard), or "".
+func badInterfaceName(name string) string {
+	base := strings.TrimSuffix(name, "+")
+	switch {
+	case name == "":
+		return "is not an interface name (empty)"
+	case base == "" && name == "+":
+		return "" // iptables' "any interface"; allowed, if odd
+	case len(base) > 15:
+		return "is not an interface name (longer than 15 bytes)"
+	case base == "." || base == "..":
+		return "is not an interface name"
+	case strings.ContainsAny(base, "/ \t\n\"*+:"):
+		return "is not an interface name (contains a space, '/', ':', '*', '+' or quote)"
+	}
+	for _, r := range base {
+		if r < 0x21 || r > 0x7e {
+			return "is not an interface name (non-printable or non-ASCII character)"
+		}
+	}
+	return ""
+}
+
+func joinPorts(ports []uint16) string {
+	s := make([]string, len(ports))
+	for i, p := range ports {
+		s[i] = fmt.Sprint(p)
+	}
+	return strings.Join(s, ",")
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
+// dedup returns s without repeated elements, keeping first occurrences.
+func dedup[T comparable](s []T) []T {
+	out := make([]T, 0, len(s))
+	for _, v := range s {
+		if !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
