@@ -82,8 +82,10 @@ func Describe(p Plan) []string {
 			} else {
 				out = append(out, fmt.Sprintf("chain %s %s", t.Name, c.Name))
 			}
-			for i, r := range c.Rules {
-				out = append(out, fmt.Sprintf("rule %s %s #%d: %s", t.Name, c.Name, i+1, r))
+			// No rule numbers: a missing rule then shows as one line, not
+			// as every later rule renumbered.
+			for _, r := range c.Rules {
+				out = append(out, fmt.Sprintf("rule %s %s: %s", t.Name, c.Name, r))
 			}
 		}
 	}

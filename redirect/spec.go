@@ -3,7 +3,6 @@ package redirect
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 )
 
@@ -281,8 +280,10 @@ func joinPrefixes(ps []netip.Prefix) string {
 // dedup returns s without repeated elements, keeping first occurrences.
 func dedup[T comparable](s []T) []T {
 	out := make([]T, 0, len(s))
+	seen := make(map[T]struct{}, len(s))
 	for _, v := range s {
-		if !slices.Contains(out, v) {
+		if _, dup := seen[v]; !dup {
+			seen[v] = struct{}{}
 			out = append(out, v)
 		}
 	}

@@ -1,6 +1,12 @@
 package scenarios
 
-import "testing"
+import (
+	"strings"
+	"testing"
+
+	"github.com/nftmesh/nftmesh/internal/golden"
+	"github.com/nftmesh/nftmesh/redirect"
+)
 
 func TestAllScenariosBuildAndVerify(t *testing.T) {
 	seen := map[string]bool{}
@@ -17,5 +23,19 @@ func TestAllScenariosBuildAndVerify(t *testing.T) {
 		if err := p.Verify(); err != nil {
 			t.Errorf("%s: plan fails Verify: %v", sc.Name, err)
 		}
+	}
+}
+
+// TestPlanGoldens pins the backend-neutral plan of every scenario
+// (testdata/plan/<name>.txt, redirect.Describe form).
+func TestPlanGoldens(t *testing.T) {
+	for _, sc := range All {
+		t.Run(sc.Name, func(t *testing.T) {
+			p, err := sc.Plan()
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden.Check(t, "plan/"+sc.Name+".txt", "# "+sc.Doc+"\n"+strings.Join(redirect.Describe(p), "\n")+"\n")
+		})
 	}
 }
