@@ -1,0 +1,234 @@
+package legacy
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// Render prints the Plan's rules for one family in iptables-save syntax,
+// exactly as iptables-legacy-save (FamilyIPv4) or ip6tables-legacy-save
+// (FamilyIPv6) prints a fresh network namespace after Apply, minus the
+// "# Generated/Completed" comment lines. Tables come in the order the Plan
+// lists them (mangle, nat, raw); Apply instantiates them so that
+// iptables-save lists them in the same order. A family with no rules renders
+// as the empty string.
+func Render(p redirect.Plan, family redirect.Family) (string, error) {
+	tables, err := lowerPlan(p, family)
+	if err != nil {
+		return "", fmt.Errorf("rendering plan for %s: %w", family, err)
+	}
+	var b strings.Builder
+	for _, t := range tables {
+		renderTable(&b, t, family)
+	}
+	return b.String(), nil
+}
+
+func renderTable(b *strings.Builder, t xtable, fam redirect.Family) {
+	fmt.Fprintf(b, "*%s\n", t.name)
+	for _, c := range t.chains {
+		if c.builtin {
+			fmt.Fprintf(b, ":%s ACCEPT [0:0]\n", c.name)
+		} else {
+			fmt.Fprintf(b, ":%s - [0:0]\n", c.name)
+		}
+	}
+	for _, c := range t.chains {
+		for _, r := range c.rules {
+			b.WriteString("-A ")
+			b.WriteString(c.name)
+			r.save(b, fam)
+			b.WriteByte('\n')
+		}
+	}
+	b.WriteString("COMMIT\n")
+}
+
+// save prints the rule after "-A CHAIN" the way iptables' print_rule4 /
+// print_rule6 do: source, destination, interfaces, protocol, then the
+// matches in order, then the target.
+func (r xrule) save(b *strings.Builder, fam redirect.Family) {
+	if r.src.IsValid() {
+		fmt.Fprintf(b, "%s -s %s", bang(r.invSrc), r.src)
+	}
+	if r.dst.IsValid() {
+		fmt.Fprintf(b, "%s -d %s", bang(r.invDst), r.dst)
+	}
+	if r.in != "" {
+		fmt.Fprintf(b, "%s -i %s", bang(r.invIn), r.in)
+	}
+	if r.out != "" {
+		fmt.Fprintf(b, "%s -o %s", bang(r.invOut), r.out)
+	}
+	if r.proto != 0 {
+		fmt.Fprintf(b, "%s -p %s", bang(r.invProto), protoName(r.proto))
+	}
+	for _, m := range r.matches {
+		m.save(b)
+	}
+	r.target.save(b, fam)
+}
+
+// bang is iptables' " !" before an inverted option.
+func bang(inv bool) string {
+	if inv {
+		return " !"
+	}
+	return ""
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case 6:
+		return "tcp"
+	case 17:
+		return "udp"
+	}
+	return strconv.Itoa(int(p))
+}
+
+func (m mPort) save(b *strings.Builder) {
+	name, dir := "tcp", "--dport"
+	if m.udp {
+		name = "udp"
+	}
+	if m.src {
+		dir = "--sport"
+	}
+	fmt.Fprintf(b, " -m %s%s %s %d", name, bang(m.inv), dir, m.port)
+}
+
+func (m mMultiport) save(b *strings.Builder) {
+	dir := "--dports"
+	if m.src {
+		dir = "--sports"
+	}
+	ps := make([]string, len(m.ports))
+	for i, p := range m.ports {
+		ps[i] = strconv.Itoa(int(p))
+	}
+	fmt.Fprintf(b, " -m multiport%s %s %s", bang(m.inv), dir, strings.Join(ps, ","))
+}
+
+func (m mOwner) save(b *strings.Builder) {
+	what := "--uid-owner"
+	if m.gid {
+		what = "--gid-owner"
+	}
+	fmt.Fprintf(b, " -m owner%s %s %d", bang(m.inv), what, m.id)
+}
+
+func (m mMark) save(b *strings.Builder) {
+	name := "mark"
+	if m.conn {
+		name = "connmark"
+	}
+	fmt.Fprintf(b, " -m %s%s --mark %s", name, bang(m.inv), markMask(m.value, m.mask))
+}
+
+// markMask prints mark[/mask] as libxt_mark does: the mask only when it is
+// not all ones.
+func markMask(v, mask uint32) string {
+	if mask == 0xffffffff {
+		return fmt.Sprintf("0x%x", v)
+	}
+	return fmt.Sprintf("0x%x/0x%x", v, mask)
+}
+
+// ctStateNames is libxt_conntrack's print order.
+var ctStateNames = []struct {
+	bit  redirect.CTState
+	name string
+}{
+	{redirect.CTStateInvalid, "INVALID"},
+	{redirect.CTStateNew, "NEW"},
+	{redirect.CTStateRelated, "RELATED"},
+	{redirect.CTStateEstablished, "ESTABLISHED"},
+}
+
+func (m mConntrack) save(b *strings.Builder) {
+	var names []string
+	for _, s := range ctStateNames {
+		if m.states&s.bit != 0 {
+			names = append(names, s.name)
+		}
+	}
+	fmt.Fprintf(b, " -m conntrack%s --ctstate %s", bang(m.inv), strings.Join(names, ","))
+}
+
+func (m mComment) save(b *strings.Builder) {
+	fmt.Fprintf(b, " -m comment --comment %s", saveString(m.text))
+}
+
+// saveString quotes like xtables_save_string: bare when only letters,
+// digits, '-' and '_', else in double quotes with '"' and '\' escaped.
+func saveString(s string) string {
+	bare := s != ""
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			bare = false
+			break
+		}
+	}
+	if bare {
+		return s
+	}
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		if s[i] == '"' || s[i] == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+func (t tVerdict) save(b *strings.Builder, _ redirect.Family) {
+	switch t.v {
+	case verdictAccept:
+		b.WriteString(" -j ACCEPT")
+	case verdictDrop:
+		b.WriteString(" -j DROP")
+	case verdictReturn:
+		b.WriteString(" -j RETURN")
+	default:
+		fmt.Fprintf(b, " -j <verdict %d>", t.v)
+	}
+}
+
+func (t tJump) save(b *strings.Builder, _ redirect.Family) { b.WriteString(" -j " + t.chain) }
+
+func (t tRedirect) save(b *strings.Builder, _ redirect.Family) {
+	fmt.Fprintf(b, " -j REDIRECT --to-ports %d", t.port)
+}
+
+func (t tTProxy) save(b *strings.Builder, fam redirect.Family) {
+	ip := "0.0.0.0"
+	if fam == redirect.FamilyIPv6 {
+		ip = "::"
+	}
+	fmt.Fprintf(b, " -j TPROXY --on-port %d --on-ip %s --tproxy-mark 0x%x/0x%x", t.port, ip, t.mark, t.mask)
+}
+
+func (t tMark) save(b *strings.Builder, _ redirect.Family) {
+	fmt.Fprintf(b, " -j MARK --set-xmark 0x%x/0x%x", t.mark, t.mask)
+}
+
+func (t tConnmark) save(b *strings.Builder, _ redirect.Family) {
+	switch t.mode {
+	case xtConnmarkSave:
+		fmt.Fprintf(b, " -j CONNMARK --save-mark --nfmask 0x%x --ctmask 0x%x", t.nfmask, t.ctmask)
+	case xtConnmarkRestore:
+		fmt.Fprintf(b, " -j CONNMARK --restore-mark --nfmask 0x%x --ctmask 0x%x", t.nfmask, t.ctmask)
+	default:
+		fmt.Fprintf(b, " -j CONNMARK --mode %d", t.mode)
+	}
+}
+
+func (t tCT) save(b *strings.Builder, _ redirect.Family) { fmt.Fprintf(b, " -j CT --zone %d", t.zone) }

@@ -1,0 +1,43 @@
+package legacy
+
+import (
+	"testing"
+
+	"github.com/nftmesh/nftmesh/internal/scenarios"
+)
+
+// TestRenderMatchesRealSave loads each render with the real
+// iptables-legacy-restore into a fresh netns and checks that
+// iptables-legacy-save prints every table exactly as rendered: the render is
+// valid input and uses the binary's own output forms. (restore instantiates
+// tables in file order, so table order is compared by the Apply test, not here.)
+func TestRenderMatchesRealSave(t *testing.T) {
+	needRoot(t)
+	for _, sc := range scenarios.All {
+		p, err := sc.Plan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			t.Run(sc.Name+"/"+f.ext, func(t *testing.T) {
+				text, err := Render(p, f.fam)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ns, _ := newNetns(t)
+				v6 := f.ext == "v6"
+				inNetns(t, ns, text, restoreBin(v6))
+				got := splitTables(saveTables(t, ns, v6))
+				want := splitTables(text)
+				if len(got) != len(want) {
+					t.Errorf("save lists %d tables, render %d", len(got), len(want))
+				}
+				for name, w := range want {
+					if got[name] != w {
+						t.Errorf("table %s differs:\n%s", name, lineDiff(w, got[name]))
+					}
+				}
+			})
+		}
+	}
+}
