@@ -1,0 +1,446 @@
+package nft
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// reg is the one data register every rule uses; rules are short and never
+// need two values live at once.
+const reg = unix.NFT_REG_1
+
+// ifnameLen is IFNAMSIZ: the kernel compares interface names as 16 bytes.
+const ifnameLen = unix.IFNAMSIZ
+
+// Offsets in the IPv4, IPv6 and transport headers.
+const (
+	ip4SaddrOff = 12
+	ip4DaddrOff = 16
+	ip6SaddrOff = 8
+	ip6DaddrOff = 24
+	thSportOff  = 0
+	thDportOff  = 2
+)
+
+// program is a Plan translated into nftables objects, ready to be queued on
+// a Conn. Building it is pure; only queue talks to a Conn.
+type program struct {
+	table  *nftables.Table
+	sets   []setObj
+	chains []*nftables.Chain
+	rules  []ruleObj
+}
+
+type setObj struct {
+	set   *nftables.Set
+	elems []nftables.SetElement
+}
+
+type ruleObj struct {
+	chain *nftables.Chain
+	exprs []expr.Any
+	// anon are anonymous sets the rule's lookups use; they are queued right
+	// before the rule, as nft does.
+	anon []anonSet
+}
+
+type anonSet struct {
+	setObj
+	lookup *expr.Lookup
+}
+
+// maxElemsPerMsg keeps one NEWSETELEM message well below the 64 KiB limit
+// of a netlink attribute (an interval element is ~40 bytes).
+const maxElemsPerMsg = 1024
+
+// encode translates p into a program for the inet table named table.
+func encode(p redirect.Plan, table string) (*program, error) {
+	if err := p.Verify(); err != nil {
+		return nil, fmt.Errorf("verifying plan: %w", err)
+	}
+	prog := &program{table: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}}
+	// Set IDs are chosen here, not by google/nftables' global counter, so
+	// concurrent Applies never share state; they only need to be unique
+	// within one batch.
+	var nextID uint32
+	id := func() uint32 { nextID++; return nextID }
+	sets := map[string]*nftables.Set{}
+	for _, s := range p.Sets {
+		so, err := encodeSet(prog.table, s)
+		if err != nil {
+			return nil, err
+		}
+		so.set.ID = id()
+		sets[s.Name] = so.set
+		prog.sets = append(prog.sets, so)
+	}
+	chains := map[string]*nftables.Chain{}
+	for _, t := range p.Tables {
+		for _, c := range t.Chains {
+			if err := checkChainName(t.Name, c.Name); err != nil {
+				return nil, err
+			}
+			ch := &nftables.Chain{Name: ChainName(t.Name, c.Name), Table: prog.table}
+			if c.IsBase() {
+				hook, err := encodeHook(c.Hook)
+				if err != nil {
+					return nil, fmt.Errorf("chain %s/%s: %w", t.Name, c.Name, err)
+				}
+				typ, err := encodeChainType(c.Type)
+				if err != nil {
+					return nil, fmt.Errorf("chain %s/%s: %w", t.Name, c.Name, err)
+				}
+				accept := nftables.ChainPolicyAccept
+				ch.Hooknum = hook
+				ch.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(c.Priority))
+				ch.Type = typ
+				ch.Policy = &accept
+			}
+			chains[ch.Name] = ch
+			prog.chains = append(prog.chains, ch)
+		}
+	}
+	for _, t := range p.Tables {
+		for _, c := range t.Chains {
+			ch := chains[ChainName(t.Name, c.Name)]
+			for i, r := range c.Rules {
+				ro, err := encodeRule(prog.table, t.Name, r, sets, id)
+				if err != nil {
+					return nil, fmt.Errorf("encoding %s/%s rule %d (%s): %w", t.Name, c.Name, i+1, r, err)
+				}
+				ro.chain = ch
+				prog.rules = append(prog.rules, ro)
+			}
+		}
+	}
+	return prog, nil
+}
+
+// queue adds the program's objects to cc's pending batch.
+func (prog *program) queue(cc *nftables.Conn) error {
+	cc.AddTable(prog.table)
+	for _, s := range prog.sets {
+		if err := addSet(cc, s); err != nil {
+			return err
+		}
+	}
+	for _, c := range prog.chains {
+		cc.AddChain(c)
+	}
+	for _, r := range prog.rules {
+		for _, a := range r.anon {
+			if err := addSet(cc, a.setObj); err != nil {
+				return err
+			}
+		}
+		cc.AddRule(&nftables.Rule{Table: prog.table, Chain: r.chain, Exprs: r.exprs})
+	}
+	return nil
+}
+
+func addSet(cc *nftables.Conn, s setObj) error {
+	first := s.elems
+	if len(first) > maxElemsPerMsg && !s.set.Anonymous {
+		first = first[:maxElemsPerMsg]
+	}
+	if err := cc.AddSet(s.set, first); err != nil {
+		return fmt.Errorf("adding set %s: %w", s.set.Name, err)
+	}
+	for rest := s.elems[len(first):]; len(rest) > 0; {
+		n := min(len(rest), maxElemsPerMsg)
+		if err := cc.SetAddElements(s.set, rest[:n]); err != nil {
+			return fmt.Errorf("adding elements to set %s: %w", s.set.Name, err)
+		}
+		rest = rest[n:]
+	}
+	return nil
+}
+
+func encodeHook(h redirect.Hook) (*nftables.ChainHook, error) {
+	switch h {
+	case redirect.HookPrerouting:
+		return nftables.ChainHookRef(unix.NF_INET_PRE_ROUTING), nil
+	case redirect.HookOutput:
+		return nftables.ChainHookRef(unix.NF_INET_LOCAL_OUT), nil
+	}
+	return nil, fmt.Errorf("unsupported hook %q", h)
+}
+
+func encodeChainType(t redirect.ChainType) (nftables.ChainType, error) {
+	switch t {
+	case redirect.ChainTypeNat:
+		return nftables.ChainTypeNAT, nil
+	case redirect.ChainTypeFilter:
+		return nftables.ChainTypeFilter, nil
+	case redirect.ChainTypeRoute:
+		return nftables.ChainTypeRoute, nil
+	}
+	return "", fmt.Errorf("unsupported chain type %q", t)
+}
+
+func encodeSet(t *nftables.Table, s redirect.Set) (setObj, error) {
+	so := setObj{set: &nftables.Set{Table: t, Name: s.Name}}
+	switch s.Kind {
+	case redirect.SetPort:
+		so.set.KeyType = nftables.TypeInetService
+		ports := slices.Clone(s.Ports)
+		slices.Sort(ports)
+		for _, p := range slices.Compact(ports) {
+			so.elems = append(so.elems, nftables.SetElement{Key: be16(p)})
+		}
+	case redirect.SetIPv4, redirect.SetIPv6:
+		so.set.KeyType = nftables.TypeIPAddr
+		if s.Kind == redirect.SetIPv6 {
+			so.set.KeyType = nftables.TypeIP6Addr
+		}
+		so.set.Interval = true
+		so.elems = intervalElements(redirect.MergePrefixes(s.Prefixes))
+	default:
+		return so, fmt.Errorf("set %s: unsupported kind %s", s.Name, s.Kind)
+	}
+	return so, nil
+}
+
+// intervalElements encodes ranges the way the kernel's interval sets store
+// them: a start element, then an end element holding end+1 flagged
+// IntervalEnd. A range reaching the top of the address space has no end+1;
+// it is left open (a start without an end), as nft does.
+func intervalElements(rs []redirect.AddrRange) []nftables.SetElement {
+	out := make([]nftables.SetElement, 0, 2*len(rs))
+	for _, r := range rs {
+		out = append(out, nftables.SetElement{Key: r.From.AsSlice()})
+		if next := r.To.Next(); next.IsValid() {
+			out = append(out, nftables.SetElement{Key: next.AsSlice(), IntervalEnd: true})
+		}
+	}
+	return out
+}
+
+func be16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
+
+func ne32(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }
+
+func ne16(v uint16) []byte { return binaryutil.NativeEndian.PutUint16(v) }
+
+func nfproto(f redirect.Family) byte {
+	if f == redirect.FamilyIPv6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
+}
+
+func cmpOp(negate bool) expr.CmpOp {
+	if negate {
+		return expr.CmpOpNeq
+	}
+	return expr.CmpOpEq
+}
+
+// encodeRule translates one rule: a family guard for one-family rules, the
+// matches in order, then the verdict.
+func encodeRule(nt *nftables.Table, table redirect.TableName, r redirect.Rule, sets map[string]*nftables.Set, id func() uint32) (ruleObj, error) {
+	var ro ruleObj
+	add := func(es ...expr.Any) { ro.exprs = append(ro.exprs, es...) }
+	switch r.Family {
+	case redirect.FamilyAny:
+	case redirect.FamilyIPv4, redirect.FamilyIPv6:
+		add(&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: []byte{nfproto(r.Family)}})
+	default:
+		return ro, fmt.Errorf("unsupported family %s", r.Family)
+	}
+	for _, m := range r.Matches {
+		switch m := m.(type) {
+		case redirect.MatchProto:
+			add(&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: []byte{byte(m.Proto)}})
+		case redirect.MatchPort:
+			off := uint32(thDportOff)
+			if m.Source {
+				off = thSportOff
+			}
+			add(&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2})
+			if len(m.Ports) == 1 {
+				add(&expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: be16(m.Ports[0])})
+				break
+			}
+			set := &nftables.Set{Table: nt, Name: "__set%d", ID: id(), Anonymous: true, Constant: true, KeyType: nftables.TypeInetService}
+			ports := slices.Clone(m.Ports)
+			slices.Sort(ports)
+			var elems []nftables.SetElement
+			for _, p := range slices.Compact(ports) {
+				elems = append(elems, nftables.SetElement{Key: be16(p)})
+			}
+			lk := &expr.Lookup{SourceRegister: reg, SetName: set.Name, SetID: set.ID, Invert: m.Negate}
+			ro.anon = append(ro.anon, anonSet{setObj: setObj{set: set, elems: elems}, lookup: lk})
+			add(lk)
+		case redirect.MatchAddr:
+			off, length := addrField(r.Family, m.Source)
+			add(&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: length})
+			pfx := m.Prefix.Masked()
+			if pfx.Bits() < pfx.Addr().BitLen() {
+				add(&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: length,
+					Mask: prefixMask(pfx), Xor: make([]byte, length)})
+			}
+			add(&expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: pfx.Addr().AsSlice()})
+		case redirect.MatchSet:
+			s := sets[m.Set]
+			switch m.Kind {
+			case redirect.SetPort:
+				add(&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: thDportOff, Len: 2})
+			case redirect.SetIPv4, redirect.SetIPv6:
+				off, length := addrField(r.Family, false)
+				add(&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: length})
+			default:
+				return ro, fmt.Errorf("set %s: unsupported kind %s", m.Set, m.Kind)
+			}
+			add(&expr.Lookup{SourceRegister: reg, SetName: s.Name, SetID: s.ID, Invert: m.Negate})
+		case redirect.MatchIface:
+			key := expr.MetaKeyIIFNAME
+			if m.Out {
+				key = expr.MetaKeyOIFNAME
+			}
+			data, err := ifnameBytes(m.Name)
+			if err != nil {
+				return ro, err
+			}
+			add(&expr.Meta{Key: key, Register: reg}, &expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: data})
+		case redirect.MatchOwner:
+			key := expr.MetaKeySKUID
+			if m.GID {
+				key = expr.MetaKeySKGID
+			}
+			add(&expr.Meta{Key: key, Register: reg}, &expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: ne32(m.ID)})
+		case redirect.MatchMark:
+			if m.Conn {
+				add(&expr.Ct{Key: expr.CtKeyMARK, Register: reg})
+			} else {
+				add(&expr.Meta{Key: expr.MetaKeyMARK, Register: reg})
+			}
+			mask := fullMask(m.Mask)
+			if mask != 0xffffffff {
+				add(&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4, Mask: ne32(mask), Xor: ne32(0)})
+			}
+			add(&expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: ne32(m.Value & mask)})
+		case redirect.MatchCTState:
+			if m.States == 0 {
+				return ro, fmt.Errorf("ct state match without states")
+			}
+			// "ct state x": (state & x) != 0; negated: == 0.
+			op := expr.CmpOpNeq
+			if m.Negate {
+				op = expr.CmpOpEq
+			}
+			add(&expr.Ct{Key: expr.CtKeySTATE, Register: reg},
+				&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4, Mask: ne32(uint32(m.States)), Xor: ne32(0)},
+				&expr.Cmp{Op: op, Register: reg, Data: ne32(0)})
+		default:
+			return ro, fmt.Errorf("unsupported match %T", m)
+		}
+	}
+	switch v := r.Verdict.(type) {
+	case redirect.Accept:
+		add(&expr.Verdict{Kind: expr.VerdictAccept})
+	case redirect.Drop:
+		add(&expr.Verdict{Kind: expr.VerdictDrop})
+	case redirect.Return:
+		add(&expr.Verdict{Kind: expr.VerdictReturn})
+	case redirect.Jump:
+		add(&expr.Verdict{Kind: expr.VerdictJump, Chain: ChainName(table, v.Chain)})
+	case redirect.Redirect:
+		add(&expr.Immediate{Register: reg, Data: be16(v.Port)}, &expr.Redir{RegisterProtoMin: reg})
+	case redirect.TProxy:
+		if r.Family != redirect.FamilyIPv4 && r.Family != redirect.FamilyIPv6 {
+			return ro, fmt.Errorf("tproxy needs an IPv4 or IPv6 rule")
+		}
+		add(&expr.Immediate{Register: reg, Data: be16(v.Port)},
+			&expr.TProxy{Family: nfproto(r.Family), TableFamily: byte(nftables.TableFamilyINet), RegPort: reg})
+		add(markSet(v.Mark, v.Mask)...)
+		add(&expr.Verdict{Kind: expr.VerdictAccept})
+	case redirect.SetMark:
+		add(markSet(v.Mark, 0xffffffff)...)
+	case redirect.SaveMark:
+		add(&expr.Meta{Key: expr.MetaKeyMARK, Register: reg}, &expr.Ct{Key: expr.CtKeyMARK, Register: reg, SourceRegister: true})
+	case redirect.RestoreMark:
+		add(&expr.Ct{Key: expr.CtKeyMARK, Register: reg}, &expr.Meta{Key: expr.MetaKeyMARK, Register: reg, SourceRegister: true})
+	case redirect.SetCTZone:
+		add(&expr.Immediate{Register: reg, Data: ne16(v.Zone)}, &expr.Ct{Key: expr.CtKeyZONE, Register: reg, SourceRegister: true})
+	default:
+		return ro, fmt.Errorf("unsupported verdict %T", v)
+	}
+	return ro, nil
+}
+
+// markSet sets the packet mark to value under mask, as iptables' MARK and
+// TPROXY --tproxy-mark value/mask do: mark = (mark & ^mask) ^ value.
+func markSet(value, mask uint32) []expr.Any {
+	mask = fullMask(mask)
+	if mask == 0xffffffff {
+		return []expr.Any{
+			&expr.Immediate{Register: reg, Data: ne32(value)},
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg, SourceRegister: true},
+		}
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg},
+		&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4, Mask: ne32(^mask), Xor: ne32(value)},
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg, SourceRegister: true},
+	}
+}
+
+func fullMask(m uint32) uint32 {
+	if m == 0 {
+		return 0xffffffff
+	}
+	return m
+}
+
+func addrField(f redirect.Family, source bool) (off, length uint32) {
+	if f == redirect.FamilyIPv6 {
+		if source {
+			return ip6SaddrOff, 16
+		}
+		return ip6DaddrOff, 16
+	}
+	if source {
+		return ip4SaddrOff, 4
+	}
+	return ip4DaddrOff, 4
+}
+
+func prefixMask(p netip.Prefix) []byte {
+	n := p.Addr().BitLen() / 8
+	out := make([]byte, n)
+	for i := 0; i < p.Bits(); i++ {
+		out[i/8] |= 0x80 >> (i % 8)
+	}
+	return out
+}
+
+// ifnameBytes is the comparison operand for an interface name: the name
+// NUL-padded to IFNAMSIZ, or just the prefix for a trailing "+" wildcard.
+func ifnameBytes(name string) ([]byte, error) {
+	if prefix, ok := strings.CutSuffix(name, "+"); ok {
+		if prefix == "" || len(prefix) >= ifnameLen {
+			return nil, fmt.Errorf("interface wildcard %q: prefix must be 1-%d bytes", name, ifnameLen-1)
+		}
+		return []byte(prefix), nil
+	}
+	if name == "" || len(name) >= ifnameLen {
+		return nil, fmt.Errorf("interface name %q: must be 1-%d bytes", name, ifnameLen-1)
+	}
+	b := make([]byte, ifnameLen)
+	copy(b, name)
+	return b, nil
+}
+

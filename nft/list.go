@@ -1,0 +1,271 @@
+package nft
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// List implements redirect.Backend: it reads our table (chains, sets with
+// their elements, rules), the policy routes and lo's extra addresses, and
+// decodes them into a Plan. Without our table the nftables part is empty.
+func (b *Backend) List(ctx context.Context, netnsPath string) (redirect.Plan, error) {
+	var p redirect.Plan
+	if err := ctx.Err(); err != nil {
+		return p, err
+	}
+	ns, err := openNetns(netnsPath)
+	if err != nil {
+		return p, err
+	}
+	defer ns.Close()
+	if err := b.listTable(ns, &p); err != nil {
+		return redirect.Plan{}, fmt.Errorf("reading table inet %s in netns %s: %w", b.table, netnsPath, err)
+	}
+	h, err := newHandle(ns)
+	if err != nil {
+		return redirect.Plan{}, fmt.Errorf("reading routes in netns %s: %w", netnsPath, err)
+	}
+	defer h.Close()
+	if p.Routes, err = listRoutes(h); err != nil {
+		return redirect.Plan{}, fmt.Errorf("reading routes in netns %s: %w", netnsPath, err)
+	}
+	if p.LoopbackAddrs, err = listLoopback(h); err != nil {
+		return redirect.Plan{}, fmt.Errorf("reading addresses in netns %s: %w", netnsPath, err)
+	}
+	return p, nil
+}
+
+func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
+	cc, err := dial(ns, 0)
+	if err != nil {
+		return err
+	}
+	defer cc.CloseLasting()
+	if ok, err := b.tableExists(cc); err != nil || !ok {
+		return err
+	}
+	table := &nftables.Table{Name: b.table, Family: nftables.TableFamilyINet}
+
+	sets, err := cc.GetSets(table)
+	if err != nil {
+		return fmt.Errorf("listing sets: %w", err)
+	}
+	anon := map[string][]uint16{}
+	kinds := map[string]redirect.SetKind{}
+	for _, s := range sets {
+		elems, err := cc.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("listing elements of set %s: %w", s.Name, err)
+		}
+		if s.Anonymous {
+			if s.KeyType.Name != nftables.TypeInetService.Name {
+				return fmt.Errorf("anonymous set %s of type %s is not ours", s.Name, s.KeyType.Name)
+			}
+			ports, err := decodePorts(elems)
+			if err != nil {
+				return fmt.Errorf("anonymous set %s: %w", s.Name, err)
+			}
+			anon[s.Name] = ports
+			continue
+		}
+		ds, err := decodeSet(s, elems)
+		if err != nil {
+			return fmt.Errorf("set %s: %w", s.Name, err)
+		}
+		kinds[ds.Name] = ds.Kind
+		p.Sets = append(p.Sets, ds)
+	}
+
+	chains, err := cc.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("listing chains: %w", err)
+	}
+	idx := map[string][2]int{} // nft chain name → table index, chain index
+	for _, c := range chains {
+		if c.Table == nil || c.Table.Name != b.table {
+			continue
+		}
+		tn, cn, err := splitChainName(c.Name)
+		if err != nil {
+			return err
+		}
+		rc := redirect.Chain{Name: cn}
+		if c.Hooknum != nil {
+			if rc.Hook, err = decodeHook(*c.Hooknum); err != nil {
+				return fmt.Errorf("chain %s: %w", c.Name, err)
+			}
+			if c.Priority != nil {
+				rc.Priority = int32(*c.Priority)
+			}
+			rc.Type = redirect.ChainType(c.Type)
+			if c.Policy != nil && *c.Policy != nftables.ChainPolicyAccept {
+				return fmt.Errorf("chain %s: policy %d, ours are accept", c.Name, *c.Policy)
+			}
+		}
+		ti := slices.IndexFunc(p.Tables, func(t redirect.Table) bool { return t.Name == tn })
+		if ti < 0 {
+			p.Tables = append(p.Tables, redirect.Table{Name: tn})
+			ti = len(p.Tables) - 1
+		}
+		p.Tables[ti].Chains = append(p.Tables[ti].Chains, rc)
+		idx[c.Name] = [2]int{ti, len(p.Tables[ti].Chains) - 1}
+	}
+
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
+	if err != nil {
+		return fmt.Errorf("connecting to nftables: %w", err)
+	}
+	defer conn.Close()
+	rules, err := dumpRules(conn, b.table)
+	if err != nil {
+		return err
+	}
+	for _, lr := range rules {
+		at, ok := idx[lr.chain]
+		if !ok {
+			return fmt.Errorf("rule handle %d in unknown chain %s", lr.handle, lr.chain)
+		}
+		t := &p.Tables[at[0]]
+		d := ruleDecoder{table: t.Name, es: lr.exprs, anon: anon, sets: kinds}
+		r, err := d.decode()
+		if err != nil {
+			return fmt.Errorf("decoding chain %s rule handle %d: %w", lr.chain, lr.handle, err)
+		}
+		t.Chains[at[1]].Rules = append(t.Chains[at[1]].Rules, r)
+	}
+	return nil
+}
+
+func decodeHook(h nftables.ChainHook) (redirect.Hook, error) {
+	switch h {
+	case unix.NF_INET_PRE_ROUTING:
+		return redirect.HookPrerouting, nil
+	case unix.NF_INET_LOCAL_OUT:
+		return redirect.HookOutput, nil
+	}
+	return "", fmt.Errorf("unsupported hook %d", h)
+}
+
+func decodePorts(elems []nftables.SetElement) ([]uint16, error) {
+	var ports []uint16
+	for _, e := range elems {
+		if len(e.Key) != 2 || e.IntervalEnd {
+			return nil, fmt.Errorf("element %x is not a port", e.Key)
+		}
+		ports = append(ports, binary.BigEndian.Uint16(e.Key))
+	}
+	slices.Sort(ports)
+	return ports, nil
+}
+
+func decodeSet(s *nftables.Set, elems []nftables.SetElement) (redirect.Set, error) {
+	out := redirect.Set{Name: s.Name}
+	switch s.KeyType.Name {
+	case nftables.TypeInetService.Name:
+		out.Kind = redirect.SetPort
+		ports, err := decodePorts(elems)
+		out.Ports = ports
+		return out, err
+	case nftables.TypeIPAddr.Name:
+		out.Kind = redirect.SetIPv4
+	case nftables.TypeIP6Addr.Name:
+		out.Kind = redirect.SetIPv6
+	default:
+		return out, fmt.Errorf("unsupported key type %s", s.KeyType.Name)
+	}
+	if !s.Interval {
+		return out, fmt.Errorf("address set without the interval flag")
+	}
+	rs, err := decodeIntervals(elems, out.Kind == redirect.SetIPv6)
+	if err != nil {
+		return out, err
+	}
+	for _, r := range rs {
+		out.Prefixes = append(out.Prefixes, rangePrefixes(r)...)
+	}
+	return out, nil
+}
+
+type boundary struct {
+	addr netip.Addr
+	end  bool
+}
+
+// decodeIntervals pairs start and end (end+1, IntervalEnd) elements back
+// into ranges; a start with no end runs to the top of the address space.
+func decodeIntervals(elems []nftables.SetElement, v6 bool) ([]redirect.AddrRange, error) {
+	bs := make([]boundary, 0, len(elems))
+	for _, e := range elems {
+		a, ok := netip.AddrFromSlice(e.Key)
+		if !ok || a.Is6() != v6 {
+			return nil, fmt.Errorf("element %x has the wrong length", e.Key)
+		}
+		bs = append(bs, boundary{a, e.IntervalEnd})
+	}
+	slices.SortFunc(bs, func(x, y boundary) int { return x.addr.Compare(y.addr) })
+	var out []redirect.AddrRange
+	for i := 0; i < len(bs); i++ {
+		if bs[i].end {
+			return nil, fmt.Errorf("interval end %s without a start", bs[i].addr)
+		}
+		r := redirect.AddrRange{From: bs[i].addr}
+		if i+1 < len(bs) && bs[i+1].end {
+			r.To = bs[i+1].addr.Prev()
+			i++
+		} else {
+			r.To = allOnes(v6)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func allOnes(v6 bool) netip.Addr {
+	if v6 {
+		return netip.AddrFrom16([16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	}
+	return netip.AddrFrom4([4]byte{0xff, 0xff, 0xff, 0xff})
+}
+
+// rangePrefixes splits an inclusive range into the fewest prefixes.
+func rangePrefixes(r redirect.AddrRange) []netip.Prefix {
+	var out []netip.Prefix
+	from := r.From
+	for {
+		bits := from.BitLen()
+		// Widen the prefix while it stays aligned and inside the range.
+		for bits > 0 {
+			p := netip.PrefixFrom(from, bits-1)
+			if p.Masked().Addr() != from || lastOf(p).Compare(r.To) > 0 {
+				break
+			}
+			bits--
+		}
+		p := netip.PrefixFrom(from, bits)
+		out = append(out, p)
+		last := lastOf(p)
+		if last.Compare(r.To) >= 0 {
+			return out
+		}
+		from = last.Next()
+	}
+}
+
+func lastOf(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(a)*8; i++ {
+		a[i/8] |= 0x80 >> (i % 8)
+	}
+	out, _ := netip.AddrFromSlice(a)
+	return out
+}

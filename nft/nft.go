@@ -1,0 +1,204 @@
+package nft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// Backend programs Plans with nftables over netlink.
+type Backend struct {
+	table string
+	// afterBatch, when set, runs after the nft batch committed and before
+	// routes are programmed; tests use it to inject a failure there.
+	afterBatch func() error
+}
+
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithTable makes the backend own a table with another name than
+// TableName, for running two independent owners side by side (tests,
+// migrations). Render always prints TableName.
+func WithTable(name string) Option { return func(b *Backend) { b.table = name } }
+
+// New returns an nftables backend.
+func New(opts ...Option) *Backend {
+	b := &Backend{table: TableName}
+	for _, o := range opts {
+		o(b)
+	}
+	return b
+}
+
+// Name implements redirect.Backend.
+func (b *Backend) Name() string { return "nftables" }
+
+// bigBatch is the set element count above which the netlink send buffer is
+// raised: the whole batch goes out in one sendmsg, which the kernel refuses
+// when it exceeds the socket's send buffer (~208 KiB by default).
+const bigBatch = 2000
+
+// dial opens a lasting nftables connection into the namespace.
+func dial(ns netns.NsHandle, sndbuf int) (*nftables.Conn, error) {
+	opts := []nftables.ConnOption{nftables.WithNetNSFd(int(ns)), nftables.AsLasting()}
+	if sndbuf > 0 {
+		opts = append(opts, nftables.WithSockOptions(func(c *netlink.Conn) error {
+			return forceSendBuffer(c, sndbuf)
+		}))
+	}
+	return nftables.New(opts...)
+}
+
+func forceSendBuffer(c *netlink.Conn, n int) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		// SO_SNDBUFFORCE ignores net.core.wmem_max (we run as root);
+		// fall back to SO_SNDBUF when not permitted.
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, n)
+		if serr != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, n)
+		}
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+func openNetns(path string) (netns.NsHandle, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return ns, fmt.Errorf("opening netns %s: %w", path, err)
+	}
+	return ns, nil
+}
+
+func isNotExist(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, syscall.ENOENT)
+}
+
+// tableExists asks the kernel for our one table: a single non-dump request.
+func (b *Backend) tableExists(cc *nftables.Conn) (bool, error) {
+	_, err := cc.ListTableOfFamily(b.table, nftables.TableFamilyINet)
+	switch {
+	case err == nil:
+		return true, nil
+	case isNotExist(err):
+		return false, nil
+	}
+	return false, fmt.Errorf("querying table inet %s: %w", b.table, err)
+}
+
+// Apply implements redirect.Backend. The table goes in with one netlink
+// batch: into a namespace without our table the batch only adds (a delete
+// would cost the kernel an RCU grace period); otherwise the old table is
+// deleted and the new one added in the same batch, so the swap is atomic.
+// Routes and loopback addresses follow; if they fail, the table is removed
+// again and what this call added is undone.
+func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	prog, err := encode(p, b.table)
+	if err != nil {
+		return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, err)
+	}
+	ns, err := openNetns(netnsPath)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	sndbuf := 0
+	if n := prog.elementCount(); n > bigBatch {
+		sndbuf = 64*n + 1<<20
+	}
+	cc, err := dial(ns, sndbuf)
+	if err != nil {
+		return fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
+	}
+	defer cc.CloseLasting()
+	existed, err := b.tableExists(cc)
+	if err != nil {
+		return fmt.Errorf("applying capture table in netns %s: %w", netnsPath, err)
+	}
+	if existed {
+		cc.DelTable(prog.table)
+	}
+	if err := prog.queue(cc); err != nil {
+		return fmt.Errorf("applying capture table in netns %s: %w", netnsPath, err)
+	}
+	if err := cc.Flush(); err != nil {
+		return fmt.Errorf("applying capture table inet %s in netns %s: %w", b.table, netnsPath, err)
+	}
+	err = nil
+	if b.afterBatch != nil {
+		err = b.afterBatch()
+	}
+	if err == nil {
+		err = applyRoutes(ns, p, existed)
+	}
+	if err != nil {
+		cc.DelTable(prog.table)
+		if derr := cc.Flush(); derr != nil {
+			err = errors.Join(err, fmt.Errorf("rolling back table inet %s: %w", b.table, derr))
+		}
+		return fmt.Errorf("applying routes in netns %s: %w", netnsPath, err)
+	}
+	return nil
+}
+
+func (prog *program) elementCount() int {
+	n := 0
+	for _, s := range prog.sets {
+		n += len(s.elems)
+	}
+	return n
+}
+
+// Check implements redirect.Backend.
+func (b *Backend) Check(ctx context.Context, netnsPath string, p redirect.Plan) error {
+	return redirect.CheckAgainst(ctx, b, netnsPath, p)
+}
+
+// Remove implements redirect.Backend: it deletes our table, the TPROXY
+// policy routes and the ::6 passthrough address. Anything already gone is
+// success.
+func (b *Backend) Remove(ctx context.Context, netnsPath string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ns, err := openNetns(netnsPath)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	cc, err := dial(ns, 0)
+	if err != nil {
+		return fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
+	}
+	defer cc.CloseLasting()
+	// No existence query: a delete of a missing table fails with ENOENT,
+	// which is the success case here.
+	cc.DelTable(&nftables.Table{Name: b.table, Family: nftables.TableFamilyINet})
+	if err := cc.Flush(); err != nil && !isNotExist(err) {
+		return fmt.Errorf("removing table inet %s in netns %s: %w", b.table, netnsPath, err)
+	}
+	if err := removeRoutes(ns); err != nil {
+		return fmt.Errorf("removing routes in netns %s: %w", netnsPath, err)
+	}
+	return nil
+}
+
+var _ redirect.Backend = (*Backend)(nil)
