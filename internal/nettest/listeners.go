@@ -1,0 +1,418 @@
+package nettest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// Names of the pod's proxy listeners, as they appear in Reply.Listener and
+// Result.Landed.
+var (
+	ListenerOutbound = fmt.Sprintf("outbound-%d", redirect.ProxyOutboundPort)
+	ListenerInbound  = fmt.Sprintf("inbound-%d", redirect.ProxyInboundPort)
+	ListenerDNS      = fmt.Sprintf("dns-%d", redirect.DNSProxyPort)
+)
+
+// AppListener names the pod's app listener on port.
+func AppListener(port uint16) string { return fmt.Sprintf("app-%d", port) }
+
+// PeerListener names a peer listener by the address the connection reached.
+func PeerListener(dst netip.AddrPort) string { return "peer:" + dst.String() }
+
+// soOriginalDst is SO_ORIGINAL_DST (IPv4, level SOL_IP) and
+// IP6T_SO_ORIGINAL_DST (IPv6, level SOL_IPV6): both 80.
+const soOriginalDst = 80
+
+// ioTimeout bounds every read and write, so a probe whose packets are
+// swallowed fails fast instead of hanging.
+const ioTimeout = 2 * time.Second
+
+// Reply is what every listener sends back: one JSON line over TCP, one
+// datagram over UDP.
+type Reply struct {
+	// Listener is the listener's name: ListenerOutbound, ListenerInbound,
+	// ListenerDNS, AppListener(port) or PeerListener(addr:port).
+	Listener string `json:"listener"`
+	// Orig is the connection's original destination: SO_ORIGINAL_DST for
+	// TCP (the NAT-free destination when no NAT applied), the conntrack
+	// entry's original tuple for UDP, else the local address (TPROXY: the
+	// local address is the original destination).
+	Orig string `json:"orig"`
+	// Local is the address the accepting socket is bound to, after NAT.
+	Local string `json:"local"`
+	// Peer is the sender as the listener sees it.
+	Peer string `json:"peer"`
+}
+
+// ListenerOptions shape StartListeners.
+type ListenerOptions struct {
+	// ProxyUID / ProxyGID own the DNS proxy's sockets, as the istio-agent's
+	// UID/GID own its real ones: the raw-table rules that put the proxy's
+	// DNS replies into the app's conntrack zone match on them. Zero means
+	// redirect.DefaultProxyID.
+	ProxyUID, ProxyGID uint32
+}
+
+// Listeners are the running listeners of a topology.
+type Listeners struct {
+	mu      sync.Mutex
+	closers []func() error
+	wg      sync.WaitGroup
+}
+
+// StartListeners starts, in the pod: TCP 15001 (outbound), 15006 (inbound,
+// transparent so TPROXY can hand it connections), TCP+UDP 15053 (DNS proxy),
+// TCP on every app port; in the peer: TCP on every PeerTCPPorts and UDP on
+// every PeerUDPPorts port, on all its addresses. IPv4 and IPv6 each get their
+// own socket. On error the listeners started so far are closed.
+func StartListeners(t *Topology, opts ListenerOptions) (_ *Listeners, err error) {
+	if opts.ProxyUID == 0 {
+		opts.ProxyUID = redirect.DefaultProxyID
+	}
+	if opts.ProxyGID == 0 {
+		opts.ProxyGID = redirect.DefaultProxyID
+	}
+	l := &Listeners{}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, l.Close())
+		}
+	}()
+	type spec struct {
+		ns          string
+		name        string // "" = peer (named per connection)
+		port        uint16
+		udp         bool
+		transparent bool
+		owner       *creds
+	}
+	pod, peer := t.PodNetnsPath(), t.PeerNetnsPath()
+	proxy := &creds{opts.ProxyUID, opts.ProxyGID}
+	specs := []spec{
+		{ns: pod, name: ListenerOutbound, port: redirect.ProxyOutboundPort},
+		{ns: pod, name: ListenerInbound, port: redirect.ProxyInboundPort, transparent: true},
+		{ns: pod, name: ListenerDNS, port: redirect.DNSProxyPort, owner: proxy},
+		{ns: pod, name: ListenerDNS, port: redirect.DNSProxyPort, udp: true, owner: proxy},
+	}
+	for _, p := range t.AppPorts {
+		specs = append(specs, spec{ns: pod, name: AppListener(p), port: p})
+	}
+	for _, p := range t.PeerTCPPorts {
+		specs = append(specs, spec{ns: peer, port: p})
+	}
+	for _, p := range t.PeerUDPPorts {
+		specs = append(specs, spec{ns: peer, port: p, udp: true})
+	}
+	for _, s := range specs {
+		for _, v6 := range []bool{false, true} {
+			var err error
+			if s.udp {
+				err = l.startUDP(s.ns, s.name, s.port, v6, s.owner)
+			} else {
+				err = l.startTCP(s.ns, s.name, s.port, v6, s.transparent, s.owner)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	return l, nil
+}
+
+// Close stops every listener and waits for their goroutines.
+func (l *Listeners) Close() error {
+	l.mu.Lock()
+	closers := l.closers
+	l.closers = nil
+	l.mu.Unlock()
+	var errs []error
+	for _, c := range closers {
+		if err := c(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	l.wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (l *Listeners) addCloser(c func() error) {
+	l.mu.Lock()
+	l.closers = append(l.closers, c)
+	l.mu.Unlock()
+}
+
+func network(base string, v6 bool) (string, string) {
+	if v6 {
+		return base + "6", "[::]"
+	}
+	return base + "4", "0.0.0.0"
+}
+
+func (l *Listeners) startTCP(ns, name string, port uint16, v6, transparent bool, owner *creds) error {
+	netw, host := network("tcp", v6)
+	addr := fmt.Sprintf("%s:%d", host, port)
+	var ln net.Listener
+	err := inNetns(ns, owner, func() error {
+		lc := net.ListenConfig{}
+		if transparent {
+			lc.Control = func(_, _ string, rc syscall.RawConn) error {
+				return setsockoptInt(rc, v6, unix.SOL_IP, unix.IP_TRANSPARENT, unix.SOL_IPV6, unix.IPV6_TRANSPARENT)
+			}
+		}
+		var err error
+		ln, err = lc.Listen(context.Background(), netw, addr)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("listening on %s %s in %s: %w", netw, addr, ns, err)
+	}
+	l.addCloser(ln.Close)
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				serveTCP(c.(*net.TCPConn), name)
+			}()
+		}
+	}()
+	return nil
+}
+
+func serveTCP(c *net.TCPConn, name string) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(ioTimeout))
+	local := addrPort(c.LocalAddr())
+	orig, err := originalDst(c, local.Addr().Is6())
+	if err != nil {
+		orig = local
+	}
+	if name == "" {
+		name = PeerListener(local)
+	}
+	b, _ := json.Marshal(Reply{Listener: name, Orig: orig.String(), Local: local.String(), Peer: addrPort(c.RemoteAddr()).String()})
+	_, _ = c.Write(append(b, '\n'))
+}
+
+func addrPort(a net.Addr) netip.AddrPort {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	case *net.UDPAddr:
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
+}
+
+// originalDst reads SO_ORIGINAL_DST: the destination before a REDIRECT. It
+// fails (ENOENT) when conntrack has no entry for the connection.
+func originalDst(c *net.TCPConn, v6 bool) (netip.AddrPort, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var out netip.AddrPort
+	var serr error
+	cerr := rc.Control(func(fd uintptr) {
+		if v6 {
+			var sa unix.RawSockaddrInet6
+			size := uint32(unsafe.Sizeof(sa))
+			serr = getsockopt(fd, unix.SOL_IPV6, soOriginalDst, unsafe.Pointer(&sa), &size)
+			out = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), ntohs(sa.Port))
+			return
+		}
+		var sa unix.RawSockaddrInet4
+		size := uint32(unsafe.Sizeof(sa))
+		serr = getsockopt(fd, unix.SOL_IP, soOriginalDst, unsafe.Pointer(&sa), &size)
+		out = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), ntohs(sa.Port))
+	})
+	if cerr != nil {
+		return netip.AddrPort{}, cerr
+	}
+	if serr != nil {
+		return netip.AddrPort{}, fmt.Errorf("reading SO_ORIGINAL_DST: %w", serr)
+	}
+	return out, nil
+}
+
+func getsockopt(fd uintptr, level, opt int, val unsafe.Pointer, size *uint32) error {
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, uintptr(level), uintptr(opt), uintptr(val), uintptr(unsafe.Pointer(size)), 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// ntohs reads a port stored in network byte order.
+func ntohs(p uint16) uint16 {
+	b := (*[2]byte)(unsafe.Pointer(&p))
+	return uint16(b[0])<<8 | uint16(b[1])
+}
+
+func setsockoptInt(rc syscall.RawConn, v6 bool, lvl4, opt4, lvl6, opt6 int) error {
+	var serr error
+	err := rc.Control(func(fd uintptr) {
+		if v6 {
+			serr = unix.SetsockoptInt(int(fd), lvl6, opt6, 1)
+		} else {
+			serr = unix.SetsockoptInt(int(fd), lvl4, opt4, 1)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+func (l *Listeners) startUDP(ns, name string, port uint16, v6 bool, owner *creds) error {
+	netw, host := network("udp", v6)
+	addr := fmt.Sprintf("%s:%d", host, port)
+	var pc net.PacketConn
+	err := inNetns(ns, owner, func() error {
+		// PKTINFO tells each datagram's destination (a wildcard socket has
+		// no single local address), and replies are sent from it so
+		// conntrack recognises them and undoes the REDIRECT.
+		lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+			return setsockoptInt(rc, v6, unix.IPPROTO_IP, unix.IP_PKTINFO, unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO)
+		}}
+		var err error
+		pc, err = lc.ListenPacket(context.Background(), netw, addr)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("listening on %s %s in %s: %w", netw, addr, ns, err)
+	}
+	ct, err := handleAt(ns)
+	if err != nil {
+		pc.Close()
+		return err
+	}
+	l.addCloser(func() error { err := pc.Close(); ct.Close(); return err })
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		serveUDP(pc.(*net.UDPConn), ct, name, port, v6)
+	}()
+	return nil
+}
+
+func serveUDP(c *net.UDPConn, ct *netlink.Handle, name string, port uint16, v6 bool) {
+	buf := make([]byte, 1500)
+	oob := make([]byte, 256)
+	for {
+		_, oobn, _, from, err := c.ReadMsgUDPAddrPort(buf, oob)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		dst, ok := pktinfoDst(oob[:oobn])
+		if !ok {
+			continue
+		}
+		local := netip.AddrPortFrom(dst, port)
+		orig, ok := conntrackOrig(ct, v6, local, from)
+		if !ok {
+			orig = local
+		}
+		n := name
+		if n == "" {
+			n = PeerListener(local)
+		}
+		b, _ := json.Marshal(Reply{Listener: n, Orig: orig.String(), Local: local.String(), Peer: from.String()})
+		_ = c.SetWriteDeadline(time.Now().Add(ioTimeout))
+		_, _, _ = c.WriteMsgUDPAddrPort(b, pktinfoSrc(dst), from)
+	}
+}
+
+// conntrackOrig finds the original destination of the UDP flow whose reply
+// direction runs local → from. UDP has no SO_ORIGINAL_DST on an unconnected
+// socket; conntrack still knows.
+func conntrackOrig(h *netlink.Handle, v6 bool, local, from netip.AddrPort) (netip.AddrPort, bool) {
+	fam := netlink.InetFamily(unix.AF_INET)
+	if v6 {
+		fam = unix.AF_INET6
+	}
+	flows, err := h.ConntrackTableList(netlink.ConntrackTable, fam)
+	if err != nil {
+		return netip.AddrPort{}, false
+	}
+	for _, f := range flows {
+		r := f.Reverse
+		if f.Forward.Protocol != unix.IPPROTO_UDP || r.SrcPort != local.Port() || r.DstPort != from.Port() {
+			continue
+		}
+		rs, _ := netip.AddrFromSlice(r.SrcIP)
+		rd, _ := netip.AddrFromSlice(r.DstIP)
+		if rs.Unmap() != local.Addr() || rd.Unmap() != from.Addr() {
+			continue
+		}
+		od, ok := netip.AddrFromSlice(f.Forward.DstIP)
+		if !ok {
+			continue
+		}
+		return netip.AddrPortFrom(od.Unmap(), f.Forward.DstPort), true
+	}
+	return netip.AddrPort{}, false
+}
+
+func pktinfoDst(oob []byte) (netip.Addr, bool) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	for _, m := range msgs {
+		switch {
+		case m.Header.Level == unix.IPPROTO_IP && m.Header.Type == unix.IP_PKTINFO && len(m.Data) >= unix.SizeofInet4Pktinfo:
+			pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&m.Data[0]))
+			return netip.AddrFrom4(pi.Addr), true
+		case m.Header.Level == unix.IPPROTO_IPV6 && m.Header.Type == unix.IPV6_PKTINFO && len(m.Data) >= unix.SizeofInet6Pktinfo:
+			pi := (*unix.Inet6Pktinfo)(unsafe.Pointer(&m.Data[0]))
+			return netip.AddrFrom16(pi.Addr), true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// pktinfoSrc is a control message that sends a datagram from src.
+func pktinfoSrc(src netip.Addr) []byte {
+	if src.Is4() {
+		b := make([]byte, unix.CmsgSpace(unix.SizeofInet4Pktinfo))
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+		h.Level, h.Type = unix.IPPROTO_IP, unix.IP_PKTINFO
+		h.SetLen(unix.CmsgLen(unix.SizeofInet4Pktinfo))
+		pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&b[unix.CmsgLen(0)]))
+		pi.Spec_dst = src.As4()
+		return b
+	}
+	b := make([]byte, unix.CmsgSpace(unix.SizeofInet6Pktinfo))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level, h.Type = unix.IPPROTO_IPV6, unix.IPV6_PKTINFO
+	h.SetLen(unix.CmsgLen(unix.SizeofInet6Pktinfo))
+	pi := (*unix.Inet6Pktinfo)(unsafe.Pointer(&b[unix.CmsgLen(0)]))
+	pi.Addr = src.As16()
+	return b
+}

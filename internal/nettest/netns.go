@@ -1,0 +1,87 @@
+package nettest
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// creds is a thread identity: the owner UID/GID netfilter's skuid/skgid
+// (iptables' owner match) see for sockets the thread creates.
+type creds struct{ uid, gid uint32 }
+
+// inNetns runs fn on a fresh OS thread that has joined the network namespace
+// at nsPath, with ns.Do semantics: the goroutine is locked to its thread, the
+// thread switches back afterwards, and if it cannot, it stays locked so the
+// runtime destroys it instead of reusing a thread in the wrong namespace.
+//
+// With c set, the thread also drops to that identity before fn runs. Only
+// this thread changes: the raw setgroups/setresgid/setresuid system calls act
+// per thread, unlike syscall.Setuid, which Go applies to every thread of the
+// process. Such a thread can never return to the pool (it may lack the
+// privilege to switch back, and must not lend its identity to other
+// goroutines), so it is always left locked and dies when fn returns.
+//
+// Sockets created by fn stay in the namespace they were created in (and keep
+// the identity of their creator) after the thread is gone.
+func inNetns(nsPath string, c *creds, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("getting the current network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
+		target, err := netns.GetFromPath(nsPath)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("opening network namespace %s: %w", nsPath, err)
+			return
+		}
+		defer target.Close()
+		if err := netns.Set(target); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("entering network namespace %s: %w", nsPath, err)
+			return
+		}
+		if c != nil {
+			// Never unlocked: the thread exits with the goroutine.
+			if err := setThreadCreds(c.uid, c.gid); err != nil {
+				errc <- err
+				return
+			}
+			errc <- fn()
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			// Stay locked: the runtime terminates this thread.
+			errc <- errors.Join(ferr, fmt.Errorf("returning from network namespace %s: %w", nsPath, err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// setThreadCreds sets the calling thread's (not the process's) groups, GID
+// and UID. The GID goes first, while the thread still has CAP_SETGID.
+func setThreadCreds(uid, gid uint32) error {
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+		return fmt.Errorf("clearing supplementary groups of the probe thread: %w", e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); e != 0 {
+		return fmt.Errorf("setting GID %d on the probe thread: %w", gid, e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
+		return fmt.Errorf("setting UID %d on the probe thread: %w", uid, e)
+	}
+	return nil
+}

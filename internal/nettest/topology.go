@@ -1,0 +1,363 @@
+package nettest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// netnsDir is where named network namespaces are bind-mounted (as by
+// `ip netns add`), so backends and humans can reach them by path.
+const netnsDir = "/run/netns"
+
+// Addresses of the topology. Every topology uses the same ones: each lives in
+// its own pair of namespaces, so concurrent topologies do not collide.
+var (
+	// The pod's veth and the peer's end, 198.18.0.0/15 (benchmarking range)
+	// and a ULA /64.
+	PodV4  = netip.MustParseAddr("198.18.0.2")
+	PeerV4 = netip.MustParseAddr("198.18.0.1")
+	PodV6  = netip.MustParseAddr("fd00:6e74:7300::2")
+	PeerV6 = netip.MustParseAddr("fd00:6e74:7300::1")
+
+	// Hosts the peer owns, one inside each of internal/scenarios' ranges and
+	// one "other internet" address in neither.
+	ExcludedV4Host = netip.MustParseAddr("192.0.2.10")     // scenarios.ExcludedV4
+	ExcludedV6Host = netip.MustParseAddr("2001:db8:e::10") // scenarios.ExcludedV6
+	IncludedV4Host = netip.MustParseAddr("198.51.100.10")  // scenarios.IncludedV4
+	IncludedV6Host = netip.MustParseAddr("2001:db8:1::10") // scenarios.IncludedV6
+	OtherV4Host    = netip.MustParseAddr("203.0.113.10")   // TEST-NET-3
+	OtherV6Host    = netip.MustParseAddr("2001:db8:f::10") // outside both /48s
+
+	// Destinations nobody owns that the peer routes through the pod, the way
+	// a VM behind a reroute-virtual-interface sends its outbound traffic.
+	ThroughPodV4 = netip.MustParseAddr("203.0.113.77")
+	ThroughPodV6 = netip.MustParseAddr("2001:db8:f::77")
+
+	// PassthroughV4/V6 are the sources Envoy binds to reach the app without
+	// being captured again. Only 127.0.0.6 exists by itself (127/8 is on lo);
+	// ::6 is added by the backend when the plan turns IPv6 on.
+	PassthroughV4 = netip.MustParseAddr("127.0.0.6")
+	PassthroughV6 = netip.MustParseAddr("::6")
+)
+
+// Default ports. The app ports include the ones Istio always leaves
+// uncaptured inbound (15008, 15020, 15021, 15090) so probes can prove they
+// reach the app directly.
+var (
+	DefaultAppPorts     = []uint16{8080, 8081, 9090, 9091, 15008, 15020, 15021, 15090}
+	DefaultPeerTCPPorts = []uint16{53, 80, 3306, 5432, 6379, 11211, 15020}
+	DefaultPeerUDPPorts = []uint16{53}
+)
+
+// TopologyOptions shape a Topology. The zero value is usable.
+type TopologyOptions struct {
+	// Prefix starts both namespace names ("nts-" if empty); a random suffix
+	// makes them unique.
+	Prefix string
+	// PodIface names the pod's end of the veth ("eth0" if empty). Scenarios
+	// that exclude or reroute an interface name it after that interface.
+	PodIface string
+	// AppPorts are the TCP ports the pod's app serves (DefaultAppPorts if nil).
+	AppPorts []uint16
+	// PeerTCPPorts / PeerUDPPorts are served on every peer address (defaults
+	// if nil).
+	PeerTCPPorts []uint16
+	PeerUDPPorts []uint16
+}
+
+// TopologyOptionsFor returns the options a scenario's spec needs: the pod's
+// interface takes the name of the first excluded (else rerouted) interface,
+// so the rules about that interface apply to the veth.
+func TopologyOptionsFor(s redirect.Spec) TopologyOptions {
+	var o TopologyOptions
+	for _, names := range [][]string{s.ExcludeInterfaces, s.RerouteVirtualInterfaces} {
+		for _, n := range names {
+			if n != "" && !strings.HasSuffix(n, "+") && n != "lo" && o.PodIface == "" {
+				o.PodIface = n
+			}
+		}
+	}
+	return o
+}
+
+// Topology is a throw-away "pod" network namespace and a "peer" namespace
+// joined by a veth pair. The pod has PodV4/PodV6 and default routes via the
+// peer; the peer owns the external hosts (…Host addresses) on its lo and
+// routes ThroughPodV4/V6 back through the pod.
+type Topology struct {
+	PodNetns, PeerNetns string // names under /run/netns
+	PodIface, PeerIface string
+
+	AppPorts     []uint16
+	PeerTCPPorts []uint16
+	PeerUDPPorts []uint16
+
+	made []string // namespaces created so far, for Close
+}
+
+// PodNetnsPath is the pod namespace's path, what a Backend's Apply takes.
+func (t *Topology) PodNetnsPath() string { return filepath.Join(netnsDir, t.PodNetns) }
+
+// PeerNetnsPath is the peer namespace's path.
+func (t *Topology) PeerNetnsPath() string { return filepath.Join(netnsDir, t.PeerNetns) }
+
+// ExternalHosts are the addresses the peer owns.
+func ExternalHosts() []netip.Addr {
+	return []netip.Addr{ExcludedV4Host, ExcludedV6Host, IncludedV4Host, IncludedV6Host, OtherV4Host, OtherV6Host}
+}
+
+// NewTopology builds the namespaces, the veth pair, addresses and routes. On
+// error everything created so far is removed again.
+func NewTopology(opts TopologyOptions) (_ *Topology, err error) {
+	if opts.Prefix == "" {
+		opts.Prefix = "nts-"
+	}
+	if opts.PodIface == "" {
+		opts.PodIface = "eth0"
+	}
+	var rnd [4]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, fmt.Errorf("choosing a topology name: %w", err)
+	}
+	base := opts.Prefix + hex.EncodeToString(rnd[:])
+	t := &Topology{
+		PodNetns:     base + "-pod",
+		PeerNetns:    base + "-peer",
+		PodIface:     opts.PodIface,
+		PeerIface:    "peer0",
+		AppPorts:     orDefault(opts.AppPorts, DefaultAppPorts),
+		PeerTCPPorts: orDefault(opts.PeerTCPPorts, DefaultPeerTCPPorts),
+		PeerUDPPorts: orDefault(opts.PeerUDPPorts, DefaultPeerUDPPorts),
+	}
+	if t.PodIface == t.PeerIface {
+		t.PeerIface = "peer1"
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, t.Close())
+		}
+	}()
+	for _, name := range []string{t.PodNetns, t.PeerNetns} {
+		if err := createNamedNetns(name); err != nil {
+			return nil, err
+		}
+		t.made = append(t.made, name)
+	}
+	if err := t.wire(); err != nil {
+		return nil, fmt.Errorf("wiring topology %s: %w", base, err)
+	}
+	return t, nil
+}
+
+func orDefault(v, def []uint16) []uint16 {
+	if v == nil {
+		return slices.Clone(def)
+	}
+	return slices.Clone(v)
+}
+
+// createNamedNetns creates a network namespace bind-mounted at
+// /run/netns/name. netns.NewNamed unshares the calling thread, so it runs on
+// a locked thread that moves back afterwards (or dies).
+func createNamedNetns(name string) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("getting the current network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
+		ns, nerr := netns.NewNamed(name)
+		if nerr == nil {
+			ns.Close()
+		} else if !errors.Is(nerr, os.ErrExist) {
+			// NewNamed leaves its mount point file behind when the bind
+			// mount fails; the name is ours (random), so remove it.
+			_ = os.Remove(filepath.Join(netnsDir, name))
+		}
+		if err := netns.Set(orig); err != nil {
+			errc <- errors.Join(nerr, fmt.Errorf("returning to the original network namespace: %w", err))
+			return // stays locked: the runtime discards the thread
+		}
+		runtime.UnlockOSThread()
+		if nerr != nil {
+			errc <- fmt.Errorf("creating network namespace %s: %w", name, nerr)
+			return
+		}
+		errc <- nil
+	}()
+	return <-errc
+}
+
+// handleAt opens a netlink handle inside the named namespace.
+func handleAt(path string) (*netlink.Handle, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening network namespace %s: %w", path, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("opening netlink in %s: %w", path, err)
+	}
+	return h, nil
+}
+
+func (t *Topology) wire() error {
+	pod, err := handleAt(t.PodNetnsPath())
+	if err != nil {
+		return err
+	}
+	defer pod.Close()
+	peer, err := handleAt(t.PeerNetnsPath())
+	if err != nil {
+		return err
+	}
+	defer peer.Close()
+	peerNS, err := netns.GetFromPath(t.PeerNetnsPath())
+	if err != nil {
+		return fmt.Errorf("opening network namespace %s: %w", t.PeerNetnsPath(), err)
+	}
+	defer peerNS.Close()
+
+	// Created from inside the pod namespace, with the peer end moved straight
+	// into the peer namespace: the root namespace never sees either end.
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: t.PodIface},
+		PeerName:      t.PeerIface,
+		PeerNamespace: netlink.NsFd(int(peerNS)),
+	}
+	if err := pod.LinkAdd(veth); err != nil {
+		return fmt.Errorf("adding veth %s/%s: %w", t.PodIface, t.PeerIface, err)
+	}
+
+	podLink, err := setUp(pod, t.PodIface)
+	if err != nil {
+		return err
+	}
+	peerLink, err := setUp(peer, t.PeerIface)
+	if err != nil {
+		return err
+	}
+	if _, err := setUp(pod, "lo"); err != nil {
+		return err
+	}
+	peerLo, err := setUp(peer, "lo")
+	if err != nil {
+		return err
+	}
+
+	for _, a := range []struct {
+		h    *netlink.Handle
+		link netlink.Link
+		addr netip.Prefix
+	}{
+		{pod, podLink, netip.PrefixFrom(PodV4, 24)},
+		{pod, podLink, netip.PrefixFrom(PodV6, 64)},
+		{peer, peerLink, netip.PrefixFrom(PeerV4, 24)},
+		{peer, peerLink, netip.PrefixFrom(PeerV6, 64)},
+	} {
+		if err := addAddr(a.h, a.link, a.addr); err != nil {
+			return err
+		}
+	}
+	for _, h := range ExternalHosts() {
+		if err := addAddr(peer, peerLo, netip.PrefixFrom(h, h.BitLen())); err != nil {
+			return err
+		}
+	}
+
+	routes := []struct {
+		h    *netlink.Handle
+		link netlink.Link
+		dst  netip.Prefix
+		gw   netip.Addr
+	}{
+		{pod, podLink, netip.MustParsePrefix("0.0.0.0/0"), PeerV4},
+		{pod, podLink, netip.MustParsePrefix("::/0"), PeerV6},
+		{peer, peerLink, netip.PrefixFrom(ThroughPodV4, 32), PodV4},
+		{peer, peerLink, netip.PrefixFrom(ThroughPodV6, 128), PodV6},
+	}
+	for _, r := range routes {
+		route := &netlink.Route{LinkIndex: r.link.Attrs().Index, Dst: ipNet(r.dst), Gw: net.IP(r.gw.AsSlice())}
+		if err := r.h.RouteAdd(route); err != nil {
+			return fmt.Errorf("adding route %s via %s: %w", r.dst, r.gw, err)
+		}
+	}
+	return nil
+}
+
+func setUp(h *netlink.Handle, name string) (netlink.Link, error) {
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("finding link %s: %w", name, err)
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		return nil, fmt.Errorf("setting link %s up: %w", name, err)
+	}
+	return l, nil
+}
+
+// addAddr adds an address; IPv6 ones skip duplicate address detection so
+// they are usable at once instead of "tentative" for a second or two.
+func addAddr(h *netlink.Handle, l netlink.Link, p netip.Prefix) error {
+	a := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+	if p.Addr().Is6() {
+		a.Flags = unix.IFA_F_NODAD
+	}
+	if err := h.AddrAdd(l, a); err != nil {
+		return fmt.Errorf("adding address %s to %s: %w", p, l.Attrs().Name, err)
+	}
+	return nil
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: net.IP(p.Masked().Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// Close deletes both namespaces (and with them the veth, addresses, routes
+// and any rules a backend installed). It is safe on a partly built topology
+// and more than once. Sockets still open in a namespace keep it alive
+// (unnamed) until they are closed: close Listeners first.
+func (t *Topology) Close() error {
+	var errs []error
+	for _, name := range t.made {
+		if err := deleteNamedNetns(name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	t.made = nil
+	return errors.Join(errs...)
+}
+
+// deleteNamedNetns unmounts and removes /run/netns/name. Unlike
+// netns.DeleteNamed it also removes a mount point left unmounted by a failed
+// creation, and treats "already gone" as success.
+func deleteNamedNetns(name string) error {
+	path := filepath.Join(netnsDir, name)
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmounting network namespace %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing network namespace %s: %w", path, err)
+	}
+	return nil
+}
