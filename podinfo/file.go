@@ -1,0 +1,46 @@
+package podinfo
+
+import (
+	"fmt"
+	"os"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// ReadPodFile reads one Pod manifest, YAML or JSON (as `kubectl get pod -o
+// yaml|json` prints it). Any other kind, or a document without a kind, is an
+// error naming what was found.
+func ReadPodFile(path string) (*corev1.Pod, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading pod manifest: %w", err)
+	}
+	pod, err := ParsePod(data)
+	if err != nil {
+		return nil, fmt.Errorf("reading pod manifest %s: %w", path, err)
+	}
+	return pod, nil
+}
+
+// ParsePod decodes one Pod manifest, YAML or JSON.
+func ParsePod(data []byte) (*corev1.Pod, error) {
+	var tm metav1.TypeMeta
+	if err := yaml.Unmarshal(data, &tm); err != nil {
+		return nil, fmt.Errorf("decoding manifest: %w", err)
+	}
+	switch {
+	case tm.Kind == "":
+		return nil, fmt.Errorf("manifest has no kind (want kind: Pod)")
+	case tm.Kind != "Pod":
+		return nil, fmt.Errorf("manifest kind is %q (want Pod)", tm.Kind)
+	case tm.APIVersion != "" && tm.APIVersion != "v1":
+		return nil, fmt.Errorf("manifest apiVersion is %q (want v1)", tm.APIVersion)
+	}
+	var pod corev1.Pod
+	if err := yaml.Unmarshal(data, &pod); err != nil {
+		return nil, fmt.Errorf("decoding Pod: %w", err)
+	}
+	return &pod, nil
+}
