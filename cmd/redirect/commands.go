@@ -1,0 +1,229 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nftmesh/nftmesh/internal/backends"
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+func newRenderCmd() *cobra.Command {
+	var sf specFlags
+	var format string
+	cmd := &cobra.Command{
+		Use:   "render (--pod FILE | --annotation k=v ...) [--format nft|iptables|json|plan] [--ipv6]",
+		Short: "Print the rules a pod would get (no root needed)",
+		Long: `Formats:
+  nft       the nftables ruleset nftmesh installs (nft -f syntax), plus routes as comments
+  iptables  the same plan in iptables-save syntax (what the iptables-legacy backend installs);
+            with --ipv6 the ip6tables-save part follows
+  json      the backend-neutral plan as JSON
+  plan      the backend-neutral plan, one line per set, chain and rule`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, _, err := sf.plan(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			out, err := render(p, format)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprint(cmd.OutOrStdout(), out)
+			return err
+		},
+	}
+	sf.register(cmd.Flags())
+	cmd.Flags().StringVarP(&format, "format", "f", "nft", "output format: nft, iptables, json or plan")
+	return cmd
+}
+
+func newValidateCmd() *cobra.Command {
+	var sf specFlags
+	cmd := &cobra.Command{
+		Use:   "validate (--pod FILE | --annotation k=v ...)",
+		Short: "Check a pod's capture settings and report every problem at once",
+		Long:  `Prints "ok" and the resolved settings, or every bad annotation with its value.`,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, r, err := sf.plan(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			s := r.spec
+			fmt.Fprintf(w, "ok: %s\n", r.subject)
+			fmt.Fprintf(w, "  interception mode:   %s\n", s.InterceptionMode)
+			fmt.Fprintf(w, "  inbound ports:       %s (excluded: %s + 15020,15021,15090)\n", orNone(s.InboundPorts.String()), orNone(joinU16(s.InboundPortsExclude)))
+			fmt.Fprintf(w, "  outbound ranges:     %s (excluded: %s)\n", orNone(s.OutboundIPRanges.String()), orNone(redirect.CIDRSelector{Prefixes: s.OutboundIPRangesExclude}.String()))
+			fmt.Fprintf(w, "  outbound ports:      included %s, excluded %s\n", orNone(joinU16(s.OutboundPorts)), orNone(joinU16(s.OutboundPortsExclude)))
+			fmt.Fprintf(w, "  proxy uid/gid:       %v / %v\n", s.ProxyUIDs, s.ProxyGIDs)
+			fmt.Fprintf(w, "  dns capture, ipv6:   %t, %t\n", s.CaptureDNS, s.IPv6)
+			rules := 0
+			for _, t := range p.Tables {
+				for _, c := range t.Chains {
+					rules += len(c.Rules)
+				}
+			}
+			fmt.Fprintf(w, "  plan:                %d tables, %d rules, %d sets\n", len(p.Tables), rules, len(p.Sets))
+			return nil
+		},
+	}
+	sf.register(cmd.Flags())
+	return cmd
+}
+
+func newApplyCmd() *cobra.Command {
+	var sf specFlags
+	var netns, backend string
+	cmd := &cobra.Command{
+		Use:   "apply --netns PATH (--pod FILE | --annotation k=v ...) [--backend auto|nftables|iptables-legacy]",
+		Short: "Install the capture rules into a network namespace (root)",
+		Long: `Installs the rules in one atomic step, replacing what nftmesh installed there
+before. On failure nothing is left behind. PATH is a netns file such as
+/var/run/netns/NAME or /proc/PID/ns/net.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if netns == "" {
+				return usageErr("--netns is required")
+			}
+			if err := backends.Validate(backend); err != nil {
+				return usageErr("--%v", err)
+			}
+			p, r, err := sf.plan(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			defer stop()
+			b, why, err := backends.Select(ctx, backend, netns)
+			if err != nil {
+				return failure(err)
+			}
+			start := time.Now()
+			if err := b.Apply(ctx, netns, p); err != nil {
+				return failure(fmt.Errorf("applying capture rules for %s in %s: %w", r.subject, netns, err))
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "applied capture rules for %s in %s with %s (%s) in %s\n",
+				r.subject, netns, b.Name(), why, time.Since(start).Round(10*time.Microsecond))
+			return nil
+		},
+	}
+	sf.register(cmd.Flags())
+	cmd.Flags().StringVar(&netns, "netns", "", "network namespace path")
+	cmd.Flags().StringVar(&backend, "backend", backends.Auto, "backend: auto, nftables or iptables-legacy")
+	return cmd
+}
+
+func newInspectCmd() *cobra.Command {
+	var sf specFlags
+	var netns, backend, format string
+	cmd := &cobra.Command{
+		Use:   "inspect --netns PATH [--pod FILE | --annotation k=v ...]",
+		Short: "Show the capture rules live in a network namespace, or their drift from a pod's plan (root)",
+		Long: `Without a spec, prints what nftmesh installed there. With --pod or --annotation,
+compares the live rules with what that pod should have, prints the differences
+("-" expected but missing, "+" present but unexpected) and exits 3 when they differ.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if netns == "" {
+				return usageErr("--netns is required")
+			}
+			if err := backends.Validate(backend); err != nil {
+				return usageErr("--%v", err)
+			}
+			ctx := cmd.Context()
+			b, _, err := backends.Select(ctx, backend, netns)
+			if err != nil {
+				return failure(err)
+			}
+			w := cmd.OutOrStdout()
+			if sf.pod == "" && len(sf.annotations) == 0 {
+				live, err := b.List(ctx, netns)
+				if err != nil {
+					return failure(fmt.Errorf("reading capture rules in %s: %w", netns, err))
+				}
+				if live.Empty() {
+					fmt.Fprintf(w, "# no nftmesh capture rules in %s (%s)\n", netns, b.Name())
+					return nil
+				}
+				out, err := render(live, format)
+				if err != nil {
+					return failure(err)
+				}
+				fmt.Fprint(w, out)
+				return nil
+			}
+			want, r, err := sf.plan(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			err = b.Check(ctx, netns, want)
+			var drift *redirect.DriftError
+			switch {
+			case err == nil:
+				fmt.Fprintf(w, "in sync: %s has exactly the capture rules of %s (%s)\n", netns, r.subject, b.Name())
+				return nil
+			case errors.As(err, &drift):
+				fmt.Fprintf(w, "drift: %s differs from the plan of %s (%s):\n%s\n", netns, r.subject, b.Name(), strings.Join(drift.Lines, "\n"))
+				return &exitError{exitDrift, nil}
+			default:
+				return failure(fmt.Errorf("checking %s against %s: %w", netns, r.subject, err))
+			}
+		},
+	}
+	sf.register(cmd.Flags())
+	cmd.Flags().StringVar(&netns, "netns", "", "network namespace path")
+	cmd.Flags().StringVar(&backend, "backend", backends.Auto, "backend: auto, nftables or iptables-legacy")
+	cmd.Flags().StringVarP(&format, "format", "f", "nft", "output format for the live rules: nft, iptables, json or plan")
+	return cmd
+}
+
+func newCleanCmd() *cobra.Command {
+	var netns, backend string
+	cmd := &cobra.Command{
+		Use:   "clean --netns PATH [--backend auto|nftables|iptables-legacy]",
+		Short: "Remove nftmesh's capture rules from a network namespace (root)",
+		Long:  `Removes our table (or chains), policy routes and the ::6 address. Nothing installed is success.`,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if netns == "" {
+				return usageErr("--netns is required")
+			}
+			if err := backends.Validate(backend); err != nil {
+				return usageErr("--%v", err)
+			}
+			ctx := cmd.Context()
+			b, _, err := backends.Select(ctx, backend, netns)
+			if err != nil {
+				return failure(err)
+			}
+			if err := b.Remove(ctx, netns); err != nil {
+				return failure(fmt.Errorf("removing capture rules from %s: %w", netns, err))
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "removed nftmesh capture rules from %s (%s)\n", netns, b.Name())
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&netns, "netns", "", "network namespace path")
+	cmd.Flags().StringVar(&backend, "backend", backends.Auto, "backend: auto, nftables or iptables-legacy")
+	return cmd
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+func joinU16(ps []uint16) string {
+	return redirect.PortSelector{Ports: ps}.String()
+}

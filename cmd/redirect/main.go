@@ -1,0 +1,87 @@
+// Command redirect shows, applies, inspects and removes the sidecar capture
+// rules nftmesh gives a pod, without Kubernetes: the spec comes from a Pod
+// manifest (--pod) or from annotations on the command line (--annotation).
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes, documented in --help.
+const (
+	exitOK        = 0
+	exitFailure   = 1 // the kernel or the system refused (apply, read back, remove)
+	exitUsage     = 2 // bad flags or bad input (annotations, manifest)
+	exitDrift     = 3 // inspect --pod: live rules differ from what the pod should have
+	exitNotInMesh = 4 // the pod is not in the mesh: nothing rendered or applied
+)
+
+const exitCodesHelp = `Exit codes:
+  0  success
+  1  failure in the kernel or system (apply, read back, remove)
+  2  bad usage or bad input (flags, annotations, manifest)
+  3  inspect --pod: the live rules differ from the pod's plan
+  4  the pod is not in the mesh (skipped as Istio's CNI would): nothing done`
+
+// exitError carries an exit code through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func usageErr(format string, args ...any) error {
+	return &exitError{exitUsage, fmt.Errorf(format, args...)}
+}
+
+func failure(err error) error { return &exitError{exitFailure, err} }
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	root := newRoot()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	if err == nil {
+		return exitOK
+	}
+	var ee *exitError
+	code := exitUsage // cobra's own errors are flag/usage errors
+	if errors.As(err, &ee) {
+		code = ee.code
+	}
+	if ee == nil || ee.err != nil {
+		fmt.Fprintf(stderr, "redirect: %v\n", err)
+	}
+	return code
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "redirect",
+		Short: "Render, apply, inspect and remove nftmesh sidecar capture rules",
+		Long: `redirect turns a pod's Istio sidecar capture settings (its annotations and its
+istio-proxy container) into nftables rules inside a network namespace, exactly as
+the nftmesh CNI plugin does, without Kubernetes and without any iptables or nft binary.
+
+` + exitCodesHelp,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newRenderCmd(), newValidateCmd(), newApplyCmd(), newInspectCmd(), newCleanCmd(), newDemoCmd())
+	for _, c := range root.Commands() {
+		c.Long = c.Short + ".\n\n" + c.Long + "\n\n" + exitCodesHelp
+	}
+	return root
+}

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+func runCLI(t testing.TB, args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestCLIBadInput(t *testing.T) {
+	pod := filepath.Join("..", "..", "testdata", "pods")
+	cases := []struct {
+		name    string
+		args    []string
+		code    int
+		mention []string
+	}{
+		{"bad cidr", []string{"render", "-a", redirect.AnnotationExcludeOutboundIPRanges + "=10.0.0.1"}, exitUsage,
+			[]string{redirect.AnnotationExcludeOutboundIPRanges, `"10.0.0.1"`, "prefix length"}},
+		{"two problems at once", []string{"render", "-a", redirect.AnnotationIncludeInboundPorts + "=0", "-a", redirect.AnnotationInterceptionMode + "=NONE"}, exitUsage,
+			[]string{"2 problems", `"0"`, `"NONE"`}},
+		{"not key=value", []string{"render", "-a", "justakey"}, exitUsage, []string{`"justakey"`, "key=value"}},
+		{"unknown annotation", []string{"render", "-a", "traffic.sidecar.istio.io/excludeOutboundIPRange=10.0.0.0/8"}, exitUsage,
+			[]string{"excludeOutboundIPRange", "not a capture annotation"}},
+		{"annotation twice", []string{"render", "-a", redirect.AnnotationIncludeInboundPorts + "=80", "-a", redirect.AnnotationIncludeInboundPorts + "=81"}, exitUsage, []string{"twice"}},
+		{"bad uid", []string{"render", "--proxy-uid", "abc"}, exitUsage, []string{"--proxy-uid", `"abc"`}},
+		{"uid zero", []string{"render", "--proxy-uid", "0"}, exitUsage, []string{"--proxy-uid", `"0"`}},
+		{"bad format", []string{"render", "--format", "yaml"}, exitUsage, []string{"--format", `"yaml"`}},
+		{"unknown flag", []string{"render", "--bogus"}, exitUsage, []string{"bogus"}},
+		{"pod and annotation", []string{"render", "--pod", "x.yaml", "-a", redirect.AnnotationIncludeInboundPorts + "=80"}, exitUsage, []string{"--pod and --annotation"}},
+		{"pod and proxy flag", []string{"render", "--pod", "x.yaml", "--dns-capture"}, exitUsage, []string{"--dns-capture", "--pod"}},
+		{"missing pod file", []string{"render", "--pod", filepath.Join(pod, "does-not-exist.yaml")}, exitUsage, []string{"does-not-exist.yaml"}},
+		{"apply without netns", []string{"apply"}, exitUsage, []string{"--netns"}},
+		{"bad backend", []string{"apply", "--netns", "/proc/self/ns/net", "--backend", "ebpf"}, exitUsage, []string{`"ebpf"`}},
+		{"stray argument", []string{"render", "extra"}, exitUsage, []string{"extra"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(t, tc.args...)
+			if code != tc.code {
+				t.Errorf("exit code = %d, want %d (stderr %q)", code, tc.code, errOut)
+			}
+			if out != "" {
+				t.Errorf("stdout on error: %q", out)
+			}
+			if strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+				t.Errorf("error is not one line: %q", errOut)
+			}
+			for _, m := range tc.mention {
+				if !strings.Contains(errOut, m) {
+					t.Errorf("stderr %q does not mention %q", errOut, m)
+				}
+			}
+		})
+	}
+}
+
+func TestCLIRenderFormats(t *testing.T) {
+	for _, f := range []string{"nft", "iptables", "json", "plan"} {
+		code, out, errOut := runCLI(t, "render", "--ipv6", "--format", f, "-a", redirect.AnnotationExcludeOutboundIPRanges+"=192.0.2.0/24,2001:db8::/32")
+		if code != 0 {
+			t.Fatalf("render --format %s: exit %d: %s", f, code, errOut)
+		}
+		for _, want := range []string{"192.0.2.0/24", "2001:db8::/32"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("render --format %s lacks %s:\n%s", f, want, out)
+			}
+		}
+	}
+	// Deterministic.
+	_, a, _ := runCLI(t, "render", "--ipv6", "--dns-capture")
+	_, b, _ := runCLI(t, "render", "--ipv6", "--dns-capture")
+	if a != b || a == "" {
+		t.Error("render is not deterministic")
+	}
+}
+
+func TestCLIRenderPods(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "pods")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Skipf("no sample pods yet: %v", err)
+	}
+	sawMesh, sawSkip := false, false
+	for _, e := range entries {
+		code, out, errOut := runCLI(t, "render", "--pod", filepath.Join(dir, e.Name()))
+		switch code {
+		case exitOK:
+			sawMesh = true
+			if !strings.Contains(out, "table inet") {
+				t.Errorf("%s: no nft table in output:\n%s", e.Name(), out)
+			}
+		case exitNotInMesh:
+			sawSkip = true
+			if !strings.Contains(errOut, "not in the mesh") || out != "" {
+				t.Errorf("%s: skip should explain on stderr only: out=%q err=%q", e.Name(), out, errOut)
+			}
+		case exitUsage:
+			if !strings.Contains(e.Name(), "bad") && !strings.Contains(e.Name(), "invalid") {
+				t.Errorf("%s: exit %d: %s", e.Name(), code, errOut)
+			}
+		default:
+			t.Errorf("%s: exit %d: %s", e.Name(), code, errOut)
+		}
+	}
+	if !sawMesh || !sawSkip {
+		t.Errorf("sample pods should include mesh and non-mesh pods (mesh=%t skip=%t)", sawMesh, sawSkip)
+	}
+}
+
+// FuzzCLIAnnotationFlags: any --annotation values give exit 0 or 2 with a
+// one-line error, never a panic or another code.
+func FuzzCLIAnnotationFlags(f *testing.F) {
+	f.Add(redirect.AnnotationExcludeOutboundIPRanges+"=10.0.0.0/8", "--proxy-uid", "1337")
+	f.Add("=", "--proxy-gid", ",")
+	f.Add(redirect.AnnotationIncludeInboundPorts+"=*,80", "--proxy-uid", "99999999999")
+	f.Fuzz(func(t *testing.T, ann, flag, val string) {
+		if flag != "--proxy-uid" && flag != "--proxy-gid" {
+			flag = "--proxy-uid"
+		}
+		code, _, errOut := runCLI(t, "render", "--format", "plan", "-a", ann, flag, val)
+		if code != exitOK && code != exitUsage {
+			t.Fatalf("exit %d for %q %s %q: %s", code, ann, flag, val, errOut)
+		}
+		if code == exitUsage && (errOut == "" || strings.Count(strings.TrimSpace(errOut), "\n") > 0 && !strings.Contains(ann+val, "\n")) {
+			t.Fatalf("error not one line: %q", errOut)
+		}
+	})
+}

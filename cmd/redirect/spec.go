@@ -1,0 +1,143 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// specFlags are the flags that say which capture spec to use: a Pod
+// manifest, or annotations plus the proxy container's settings.
+type specFlags struct {
+	pod         string
+	annotations []string
+	ipv6        bool
+	dns         bool
+	dropInvalid bool
+	uids        string
+	gids        string
+}
+
+func (f *specFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.pod, "pod", "", "Pod manifest (YAML or JSON) to take the spec from, as the CNI plugin would")
+	fs.StringArrayVarP(&f.annotations, "annotation", "a", nil, "pod annotation `key=value` (repeatable), e.g. traffic.sidecar.istio.io/excludeOutboundIPRanges=10.0.0.0/8")
+	fs.BoolVar(&f.ipv6, "ipv6", false, "the pod has IPv6 (dual-stack): also capture IPv6 and add ::6/128 to lo")
+	fs.BoolVar(&f.dns, "dns-capture", false, "capture DNS to the agent on 15053 (ISTIO_META_DNS_CAPTURE=true)")
+	fs.BoolVar(&f.dropInvalid, "drop-invalid", false, "drop conntrack-invalid packets (INVALID_DROP=true)")
+	fs.StringVar(&f.uids, "proxy-uid", "1337", "proxy UIDs whose traffic is never captured (comma list)")
+	fs.StringVar(&f.gids, "proxy-gid", "1337", "proxy GIDs whose traffic is never captured (comma list)")
+}
+
+// resolved is the outcome of reading the spec flags.
+type resolved struct {
+	spec    redirect.Spec
+	inMesh  bool
+	reason  string
+	subject string // "pod ns/name" or "annotations"
+}
+
+// resolve builds the Spec. Flags that describe the proxy container conflict
+// with --pod (the manifest says it), except --ipv6, which the manifest
+// cannot know before the pod has IPs.
+func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
+	if f.pod != "" {
+		if len(f.annotations) > 0 {
+			return resolved{}, usageErr("--pod and --annotation cannot be combined: put the annotations in the manifest")
+		}
+		for _, name := range []string{"dns-capture", "drop-invalid", "proxy-uid", "proxy-gid"} {
+			if fs.Changed(name) {
+				return resolved{}, usageErr("--%s cannot be combined with --pod: the manifest's istio-proxy container decides it", name)
+			}
+		}
+		pod, err := podinfo.ReadPodFile(f.pod)
+		if err != nil {
+			return resolved{}, usageErr("%v", err)
+		}
+		in, reason, spec, err := podinfo.FromPod(pod)
+		subject := fmt.Sprintf("pod %s/%s", pod.Namespace, pod.Name)
+		if err != nil {
+			return resolved{}, usageErr("%s: %v", subject, err)
+		}
+		if fs.Changed("ipv6") {
+			spec.IPv6 = f.ipv6
+		}
+		return resolved{spec: spec, inMesh: in, reason: reason, subject: subject}, nil
+	}
+
+	ann := map[string]string{}
+	for _, kv := range f.annotations {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return resolved{}, usageErr("--annotation %q: want key=value", kv)
+		}
+		k = strings.TrimSpace(k)
+		if _, dup := ann[k]; dup {
+			return resolved{}, usageErr("--annotation %s given twice", k)
+		}
+		ann[k] = v
+	}
+	known := map[string]bool{}
+	for _, k := range redirect.CaptureAnnotations {
+		known[k] = true
+	}
+	for k := range ann {
+		if !known[k] {
+			return resolved{}, usageErr("--annotation %s: not a capture annotation (known: %s)", k, strings.Join(redirect.CaptureAnnotations, ", "))
+		}
+	}
+	base := redirect.DefaultSpec()
+	base.IPv6, base.CaptureDNS, base.DropInvalid = f.ipv6, f.dns, f.dropInvalid
+	var err error
+	if base.ProxyUIDs, err = parseIDs("--proxy-uid", f.uids); err != nil {
+		return resolved{}, err
+	}
+	if base.ProxyGIDs, err = parseIDs("--proxy-gid", f.gids); err != nil {
+		return resolved{}, err
+	}
+	spec, err := redirect.ParseAnnotations(base, ann)
+	if err != nil {
+		return resolved{}, usageErr("%v", err)
+	}
+	return resolved{spec: spec, inMesh: true, subject: "annotations"}, nil
+}
+
+func parseIDs(flag, v string) ([]uint32, error) {
+	var out []uint32
+	for _, s := range strings.Split(v, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(s, 10, 32)
+		if err != nil || n == 0 {
+			return nil, usageErr("%s %q: not a non-zero numeric ID", flag, s)
+		}
+		out = append(out, uint32(n))
+	}
+	if len(out) == 0 {
+		return nil, usageErr("%s %q: at least one ID is required", flag, v)
+	}
+	return out, nil
+}
+
+// plan resolves the flags and builds the plan; notInMesh reports a pod the
+// CNI would skip (exit code 4, reason on stderr).
+func (f *specFlags) plan(fs *pflag.FlagSet) (redirect.Plan, resolved, error) {
+	r, err := f.resolve(fs)
+	if err != nil {
+		return redirect.Plan{}, r, err
+	}
+	if !r.inMesh {
+		return redirect.Plan{}, r, &exitError{exitNotInMesh, fmt.Errorf("%s is not in the mesh: %s", r.subject, r.reason)}
+	}
+	p, err := redirect.Build(r.spec)
+	if err != nil {
+		return redirect.Plan{}, r, usageErr("%s: %v", r.subject, err)
+	}
+	return p, r, nil
+}
