@@ -443,4 +443,3 @@ func ifnameBytes(name string) ([]byte, error) {
 	copy(b, name)
 	return b, nil
 }
-

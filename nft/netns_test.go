@@ -144,3 +144,15 @@ func inNetns(t testing.TB, path string, args ...string) string {
 
 var _ = net.IPv4len
 var _ = fmt.Sprint
+
+// inNetnsStart starts a long-running process in the namespace and returns
+// its pid; it is killed at cleanup.
+func inNetnsStart(t *testing.T, path string, args ...string) int {
+	t.Helper()
+	cmd := exec.Command("nsenter", append([]string{"--net=" + path, "--"}, args...)...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd.Process.Pid
+}

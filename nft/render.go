@@ -1,0 +1,280 @@
+package nft
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// Render prints p as `nft -f` input for table inet nftmesh: the same chain
+// names, sets and expression order Apply programs, deterministic, without
+// handles or counters. It mirrors what `nft list table inet nftmesh` prints
+// after Apply (nft hides the implicit dependencies it would add itself: a
+// family guard before an ip/ip6 address match, and "meta l4proto tcp"
+// before a "tcp dport" match). Policy routes and loopback addresses, which
+// are not nftables objects, follow as "#" comment lines with the equivalent
+// ip commands.
+func Render(p redirect.Plan) (string, error) {
+	if err := p.Verify(); err != nil {
+		return "", fmt.Errorf("rendering plan: %w", err)
+	}
+	var blocks []string
+	for _, s := range p.Sets {
+		b, err := renderSet(s)
+		if err != nil {
+			return "", err
+		}
+		blocks = append(blocks, b)
+	}
+	for _, t := range p.Tables {
+		for _, c := range t.Chains {
+			if err := checkChainName(t.Name, c.Name); err != nil {
+				return "", err
+			}
+			var sb strings.Builder
+			fmt.Fprintf(&sb, "\tchain %s {\n", ChainName(t.Name, c.Name))
+			if c.IsBase() {
+				fmt.Fprintf(&sb, "\t\ttype %s hook %s priority %s; policy accept;\n", c.Type, c.Hook, priorityName(c.Hook, c.Priority))
+			}
+			for i, r := range c.Rules {
+				line, err := renderRule(t.Name, r)
+				if err != nil {
+					return "", fmt.Errorf("rendering %s/%s rule %d: %w", t.Name, c.Name, i+1, err)
+				}
+				fmt.Fprintf(&sb, "\t\t%s\n", line)
+			}
+			sb.WriteString("\t}\n")
+			blocks = append(blocks, sb.String())
+		}
+	}
+	var out strings.Builder
+	fmt.Fprintf(&out, "table inet %s {\n", TableName)
+	out.WriteString(strings.Join(blocks, "\n"))
+	out.WriteString("}\n")
+	for _, r := range p.Routes {
+		ip := "ip"
+		if r.Family == redirect.FamilyIPv6 {
+			ip = "ip -6"
+		}
+		fmt.Fprintf(&out, "# %s rule add fwmark %d lookup %d\n", ip, r.Mark, r.Table)
+		fmt.Fprintf(&out, "# %s route add local default dev lo table %d\n", ip, r.Table)
+	}
+	for _, a := range p.LoopbackAddrs {
+		ip := "ip"
+		if a.Addr().Is6() {
+			ip = "ip -6"
+		}
+		fmt.Fprintf(&out, "# %s addr add %s dev lo nodad\n", ip, a)
+	}
+	return out.String(), nil
+}
+
+func renderSet(s redirect.Set) (string, error) {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\tset %s {\n", s.Name)
+	var elems []string
+	switch s.Kind {
+	case redirect.SetPort:
+		sb.WriteString("\t\ttype inet_service\n")
+		ports := slices.Clone(s.Ports)
+		slices.Sort(ports)
+		for _, p := range slices.Compact(ports) {
+			elems = append(elems, fmt.Sprint(p))
+		}
+	case redirect.SetIPv4, redirect.SetIPv6:
+		fmt.Fprintf(&sb, "\t\ttype %s\n\t\tflags interval\n", s.Kind)
+		for _, r := range redirect.MergePrefixes(s.Prefixes) {
+			elems = append(elems, r.String())
+		}
+	default:
+		return "", fmt.Errorf("set %s: unsupported kind %s", s.Name, s.Kind)
+	}
+	if len(elems) > 0 {
+		fmt.Fprintf(&sb, "\t\telements = { %s }\n", strings.Join(elems, ", "))
+	}
+	sb.WriteString("\t}\n")
+	return sb.String(), nil
+}
+
+// priorityName is nft's symbolic name for a standard priority of the inet
+// family, as `nft list` prints it.
+func priorityName(h redirect.Hook, prio int32) string {
+	switch {
+	case prio == -300:
+		return "raw"
+	case prio == -150:
+		return "mangle"
+	case prio == -100 && h == redirect.HookPrerouting:
+		return "dstnat"
+	case prio == 0:
+		return "filter"
+	case prio == 50:
+		return "security"
+	}
+	return fmt.Sprint(prio)
+}
+
+func neq(neg bool) string {
+	if neg {
+		return "!= "
+	}
+	return ""
+}
+
+func ipName(f redirect.Family) string {
+	if f == redirect.FamilyIPv6 {
+		return "ip6"
+	}
+	return "ip"
+}
+
+func renderRule(table redirect.TableName, r redirect.Rule) (string, error) {
+	var parts []string
+	hasAddr := slices.ContainsFunc(r.Matches, func(m redirect.Match) bool {
+		switch m := m.(type) {
+		case redirect.MatchAddr:
+			return true
+		case redirect.MatchSet:
+			return m.Kind != redirect.SetPort
+		}
+		return false
+	})
+	switch r.Family {
+	case redirect.FamilyAny:
+	case redirect.FamilyIPv4, redirect.FamilyIPv6:
+		if !hasAddr {
+			parts = append(parts, "meta nfproto "+r.Family.String())
+		}
+	default:
+		return "", fmt.Errorf("unsupported family %s", r.Family)
+	}
+	proto := "th"
+	for i, m := range r.Matches {
+		switch m := m.(type) {
+		case redirect.MatchProto:
+			proto = m.Proto.String()
+			if !portFollows(r.Matches[i+1:]) {
+				parts = append(parts, "meta l4proto "+proto)
+			}
+		case redirect.MatchPort:
+			dir := "dport"
+			if m.Source {
+				dir = "sport"
+			}
+			if len(m.Ports) == 1 {
+				parts = append(parts, fmt.Sprintf("%s %s %s%d", proto, dir, neq(m.Negate), m.Ports[0]))
+				break
+			}
+			ports := slices.Clone(m.Ports)
+			slices.Sort(ports)
+			var ps []string
+			for _, p := range slices.Compact(ports) {
+				ps = append(ps, fmt.Sprint(p))
+			}
+			parts = append(parts, fmt.Sprintf("%s %s %s{ %s }", proto, dir, neq(m.Negate), strings.Join(ps, ", ")))
+		case redirect.MatchAddr:
+			dir := "daddr"
+			if m.Source {
+				dir = "saddr"
+			}
+			pfx := m.Prefix.Masked()
+			a := pfx.String()
+			if pfx.IsSingleIP() {
+				a = pfx.Addr().String()
+			}
+			parts = append(parts, fmt.Sprintf("%s %s %s%s", ipName(r.Family), dir, neq(m.Negate), a))
+		case redirect.MatchSet:
+			if m.Kind == redirect.SetPort {
+				parts = append(parts, fmt.Sprintf("%s dport %s@%s", proto, neq(m.Negate), m.Set))
+			} else {
+				parts = append(parts, fmt.Sprintf("%s daddr %s@%s", ipName(r.Family), neq(m.Negate), m.Set))
+			}
+		case redirect.MatchIface:
+			dir := "iifname"
+			if m.Out {
+				dir = "oifname"
+			}
+			name := m.Name
+			if p, ok := strings.CutSuffix(name, "+"); ok {
+				name = p + "*"
+			}
+			parts = append(parts, fmt.Sprintf("%s %s%q", dir, neq(m.Negate), name))
+		case redirect.MatchOwner:
+			what := "skuid"
+			if m.GID {
+				what = "skgid"
+			}
+			parts = append(parts, fmt.Sprintf("meta %s %s%d", what, neq(m.Negate), m.ID))
+		case redirect.MatchMark:
+			what := "meta mark"
+			if m.Conn {
+				what = "ct mark"
+			}
+			if mask := fullMask(m.Mask); mask != 0xffffffff {
+				op := "=="
+				if m.Negate {
+					op = "!="
+				}
+				parts = append(parts, fmt.Sprintf("%s & 0x%08x %s 0x%08x", what, mask, op, m.Value&mask))
+			} else {
+				parts = append(parts, fmt.Sprintf("%s %s0x%08x", what, neq(m.Negate), m.Value))
+			}
+		case redirect.MatchCTState:
+			parts = append(parts, fmt.Sprintf("ct state %s%s", neq(m.Negate), m.States))
+		default:
+			return "", fmt.Errorf("unsupported match %T", m)
+		}
+	}
+	switch v := r.Verdict.(type) {
+	case redirect.Accept:
+		parts = append(parts, "accept")
+	case redirect.Drop:
+		parts = append(parts, "drop")
+	case redirect.Return:
+		parts = append(parts, "return")
+	case redirect.Jump:
+		parts = append(parts, "jump "+ChainName(table, v.Chain))
+	case redirect.Redirect:
+		parts = append(parts, fmt.Sprintf("redirect to :%d", v.Port))
+	case redirect.TProxy:
+		parts = append(parts, fmt.Sprintf("tproxy %s to :%d %s accept", ipName(r.Family), v.Port, renderMarkSet(v.Mark, v.Mask)))
+	case redirect.SetMark:
+		parts = append(parts, renderMarkSet(v.Mark, 0))
+	case redirect.SaveMark:
+		parts = append(parts, "ct mark set meta mark")
+	case redirect.RestoreMark:
+		parts = append(parts, "meta mark set ct mark")
+	case redirect.SetCTZone:
+		parts = append(parts, fmt.Sprintf("ct zone set %d", v.Zone))
+	default:
+		return "", fmt.Errorf("unsupported verdict %T", v)
+	}
+	return strings.Join(parts, " "), nil
+}
+
+func renderMarkSet(value, mask uint32) string {
+	if mask = fullMask(mask); mask == 0xffffffff {
+		return fmt.Sprintf("meta mark set 0x%08x", value)
+	}
+	return fmt.Sprintf("meta mark set meta mark & 0x%08x | 0x%08x", ^mask, value)
+}
+
+// portFollows reports whether a port match uses the protocol match just
+// before it, which makes nft print "tcp dport" instead of "meta l4proto tcp".
+func portFollows(ms []redirect.Match) bool {
+	for _, m := range ms {
+		switch m := m.(type) {
+		case redirect.MatchProto:
+			return false
+		case redirect.MatchPort:
+			return true
+		case redirect.MatchSet:
+			if m.Kind == redirect.SetPort {
+				return true
+			}
+		}
+	}
+	return false
+}
