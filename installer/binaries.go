@@ -1,0 +1,165 @@
+package installer
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// ReadOnlyError is a bin dir the agent cannot write: the node keeps its CNI
+// plugins elsewhere, so the chart value must point there.
+type ReadOnlyError struct {
+	Dir string
+	Err error
+}
+
+func (e *ReadOnlyError) Error() string {
+	return fmt.Sprintf("installing %s into %s: the directory is read-only (%v); set the chart value cniBinDir "+
+		"(agent flag --cni-bin-dir) to the node's writable CNI bin dir, or install with the platform profile "+
+		"(values-gke.yaml: /home/kubernetes/bin, values-openshift.yaml: /var/lib/cni/bin, values-k3s.yaml, values-microk8s.yaml)",
+		PluginName, e.Dir, e.Err)
+}
+
+func (e *ReadOnlyError) Unwrap() error { return e.Err }
+
+// binarySource is the plugin binary to install, fingerprinted once.
+type binarySource struct {
+	path string
+	size int64
+	sum  [sha256.Size]byte
+}
+
+func newBinarySource(path string) (*binarySource, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening plugin binary: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("reading plugin binary %s: %w", path, err)
+	}
+	if !fi.Mode().IsRegular() || fi.Size() == 0 {
+		return nil, fmt.Errorf("plugin binary %s is not a non-empty regular file", path)
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return nil, fmt.Errorf("reading plugin binary %s: %w", path, err)
+	}
+	s := &binarySource{path: path, size: n}
+	copy(s.sum[:], h.Sum(nil))
+	return s, nil
+}
+
+func fileSum(path string) ([sha256.Size]byte, int64, error) {
+	var sum [sha256.Size]byte
+	f, err := os.Open(path)
+	if err != nil {
+		return sum, 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return sum, 0, err
+	}
+	copy(sum[:], h.Sum(nil))
+	return sum, n, nil
+}
+
+// installed reports whether dir holds an identical, executable copy.
+func (s *binarySource) installed(dir string) bool {
+	dst := filepath.Join(dir, PluginName)
+	fi, err := os.Stat(dst)
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() != s.size || fi.Mode().Perm() != 0o755 {
+		return false
+	}
+	sum, _, err := fileSum(dst)
+	return err == nil && bytes.Equal(sum[:], s.sum[:])
+}
+
+// looksInstalled is the cheap check readiness uses: right size and mode.
+func (s *binarySource) looksInstalled(dir string) error {
+	dst := filepath.Join(dir, PluginName)
+	fi, err := os.Stat(dst)
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() != s.size || fi.Mode().Perm() != 0o755 {
+		return fmt.Errorf("%s is not the %d-byte executable we install (mode %v, %d bytes)", dst, s.size, fi.Mode(), fi.Size())
+	}
+	return nil
+}
+
+// install copies the plugin into dir atomically unless an identical copy is
+// there; it reports whether it wrote.
+func (s *binarySource) install(dir string) (bool, error) {
+	if s.installed(dir) {
+		return false, nil
+	}
+	if err := removeLeftovers(dir); err != nil {
+		return false, wrapReadOnly(dir, err)
+	}
+	src, err := os.Open(s.path)
+	if err != nil {
+		return false, fmt.Errorf("opening plugin binary: %w", err)
+	}
+	defer src.Close()
+	tmp, err := os.CreateTemp(dir, tmpPrefix+PluginName+"-*"+tmpSuffix)
+	if err != nil {
+		return false, wrapReadOnly(dir, fmt.Errorf("creating temp file in %s: %w", dir, err))
+	}
+	done := false
+	defer func() {
+		if !done {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(tmp, h), src)
+	if err != nil {
+		return false, fmt.Errorf("copying %s into %s: %w", s.path, dir, err)
+	}
+	if n != s.size || !bytes.Equal(h.Sum(nil), s.sum[:]) {
+		return false, fmt.Errorf("copying %s into %s: the source changed while the agent runs", s.path, dir)
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		return false, fmt.Errorf("making %s executable: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return false, fmt.Errorf("syncing %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return false, fmt.Errorf("closing %s: %w", tmp.Name(), err)
+	}
+	// rename over a running binary is safe: processes keep the old inode.
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, PluginName)); err != nil {
+		return false, wrapReadOnly(dir, fmt.Errorf("renaming into %s: %w", dir, err))
+	}
+	done = true
+	return true, nil
+}
+
+func wrapReadOnly(dir string, err error) error {
+	if errors.Is(err, syscall.EROFS) {
+		return &ReadOnlyError{Dir: dir, Err: err}
+	}
+	return err
+}
+
+// removeBinary deletes our binary from dir; missing is fine.
+func removeBinary(dir string) error {
+	err := os.Remove(filepath.Join(dir, PluginName))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing %s from %s: %w", PluginName, dir, err)
+	}
+	return nil
+}

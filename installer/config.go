@@ -1,0 +1,558 @@
+package installer
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// PluginName is the plugin's binary name and its conf "type".
+const PluginName = "nftmesh-cni"
+
+// DefaultStandaloneConfName is the file written in standalone (Multus) mode
+// when no name is configured; the YYY prefix sorts it after primaries.
+const DefaultStandaloneConfName = "YYY-nftmesh-cni.conf"
+
+// Backends the plugin understands.
+var Backends = []string{"auto", "nftables", "iptables-legacy"}
+
+// RepairMode is the single repair action the controller takes.
+type RepairMode string
+
+// Repair modes, in Istio's order of precedence.
+const (
+	RepairNone    RepairMode = ""
+	RepairInPlace RepairMode = "repair"
+	RepairDelete  RepairMode = "delete"
+	RepairLabel   RepairMode = "label"
+)
+
+// Config is the agent's whole configuration. Paths are as the agent sees
+// them (inside the DaemonSet pod: /host/...), except AgentRunDir, which the
+// chart mounts at the same path on host and pod because the plugin reads
+// the kubeconfig from there.
+type Config struct {
+	CNIBinDirs        []string
+	CNIConfDir        string
+	CNIConfFileName   string
+	Chained           bool
+	AgentRunDir       string
+	PluginBinary      string
+	ServiceAccountDir string
+	KubeAPIServer     string
+	KubeCAFile        string
+	ExcludeNamespaces []string
+	PodNamespace      string
+	NodeName          string
+	HealthAddr        string
+	MetricsAddr       string
+	Backend           string
+	LogLevel          zerolog.Level
+	APITimeout        time.Duration
+
+	// ReinstallRate (per second) and ReinstallBurst throttle rewrites of
+	// the CNI config; FightThreshold re-inserts within FightWindow are
+	// reported as a fight with another component.
+	ReinstallRate  float64
+	ReinstallBurst int
+	FightThreshold int
+	FightWindow    time.Duration
+
+	Repair RepairConfig
+}
+
+// RepairConfig configures the repair controller (ISTIO-REFERENCE §1.3).
+type RepairConfig struct {
+	Enabled                         bool
+	RepairPods                      bool
+	DeletePods                      bool
+	LabelPods                       bool
+	NodeName                        string
+	InitContainerName               string
+	InitContainerExitCode           int
+	InitContainerTerminationMessage string
+	SidecarAnnotation               string
+	BrokenPodLabelKey               string
+	BrokenPodLabelValue             string
+	LabelSelectors                  string
+	FieldSelectors                  string
+}
+
+// Mode is the action the controller takes; Istio's precedence applies
+// when several are set (repair in place, then delete, then label).
+func (r RepairConfig) Mode() RepairMode {
+	switch {
+	case !r.Enabled:
+		return RepairNone
+	case r.RepairPods:
+		return RepairInPlace
+	case r.DeletePods:
+		return RepairDelete
+	case r.LabelPods:
+		return RepairLabel
+	}
+	return RepairNone
+}
+
+// KubeconfigPath is where the plugin finds its kubeconfig.
+func (c *Config) KubeconfigPath() string { return filepath.Join(c.AgentRunDir, "kubeconfig") }
+
+// ConfigError is bad configuration: the flag, where its value came from,
+// the value and why it is wrong.
+type ConfigError struct {
+	Flag   string
+	Source string // "flag", or "env NAME"
+	Value  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	src := ""
+	if e.Source != "" && e.Source != "flag" {
+		src = " (from " + e.Source + ")"
+	}
+	return fmt.Sprintf("--%s%s %q: %s", e.Flag, src, e.Value, e.Reason)
+}
+
+// envAlias is a foreign (Istio) environment variable accepted for a flag;
+// conv turns its value into the flag's syntax.
+type envAlias struct {
+	name string
+	conv func(string) (string, error)
+}
+
+type flagSpec struct {
+	name    string
+	aliases []envAlias
+}
+
+func alias(names ...string) []envAlias {
+	out := make([]envAlias, len(names))
+	for i, n := range names {
+		out[i] = envAlias{name: n}
+	}
+	return out
+}
+
+// EnvName is the nftmesh environment variable for a flag.
+func EnvName(flag string) string {
+	return "NFTMESH_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// NewFlagSet returns the agent's flags bound to a Config holding the
+// defaults, and the list of environment aliases per flag.
+func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
+	fs := pflag.NewFlagSet("nftmesh-agent", pflag.ContinueOnError)
+	fs.SortFlags = false
+	logLevel := new(string)
+	fs.StringSliceVar(&c.CNIBinDirs, "cni-bin-dir", []string{"/host/opt/cni/bin"}, "host CNI bin dir to install "+PluginName+" into (repeatable, or comma-separated)")
+	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "host CNI config dir")
+	fs.StringVar(&c.CNIConfFileName, "cni-conf-file-name", "", "CNI config file to use instead of discovering the primary one (standalone: the file to write)")
+	fs.BoolVar(&c.Chained, "chained", true, "insert into the primary CNI config (false: write a standalone config for Multus)")
+	fs.StringVar(&c.AgentRunDir, "agent-run-dir", "/var/run/nftmesh", "run dir shared with the plugin (kubeconfig, state, logs); same path on host and in the pod")
+	fs.StringVar(&c.PluginBinary, "plugin-binary", "/opt/cni/bin/"+PluginName, "the "+PluginName+" binary to install")
+	fs.StringVar(&c.ServiceAccountDir, "service-account-dir", "/var/run/secrets/kubernetes.io/serviceaccount", "service-account dir with token and ca.crt for the plugin's kubeconfig (empty: write no kubeconfig)")
+	fs.StringVar(&c.KubeAPIServer, "kube-api-server", "", "API server URL for the plugin (default from KUBERNETES_SERVICE_HOST/PORT)")
+	fs.StringVar(&c.KubeCAFile, "kube-ca-file", "", "CA bundle for the API server (default <service-account-dir>/ca.crt)")
+	fs.StringSliceVar(&c.ExcludeNamespaces, "exclude-namespaces", []string{"kube-system"}, "namespaces whose pods the plugin never touches")
+	fs.StringVar(&c.PodNamespace, "pod-namespace", "", "the agent's own namespace (the plugin skips the agent's pods)")
+	fs.StringVar(&c.NodeName, "node-name", "", "this node's name")
+	fs.StringVar(&c.HealthAddr, "health-addr", ":8000", "listen address for /healthz and /readyz (empty: off)")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":15014", "listen address for /metrics (empty: off)")
+	fs.StringVar(&c.Backend, "backend", "auto", "capture backend for the plugin: "+strings.Join(Backends, "|"))
+	fs.StringVar(logLevel, "log-level", "info", "log level of the agent and the plugin: debug|info|warn|error")
+	fs.DurationVar(&c.APITimeout, "api-timeout", 30*time.Second, "how long the plugin retries its pod lookup before failing")
+	fs.Float64Var(&c.ReinstallRate, "reinstall-rate", 1, "max CNI config rewrites per second once the burst is used")
+	fs.IntVar(&c.ReinstallBurst, "reinstall-burst", 5, "CNI config rewrites allowed at once")
+	fs.IntVar(&c.FightThreshold, "fight-threshold", 5, "re-inserts within --fight-window that count as a fight with another component")
+	fs.DurationVar(&c.FightWindow, "fight-window", time.Minute, "window for --fight-threshold")
+	fs.BoolVar(&c.Repair.Enabled, "repair-enabled", false, "run the repair controller for pods that started without the plugin")
+	fs.BoolVar(&c.Repair.RepairPods, "repair-pods", false, "repair broken pods in place (needs SYS_ADMIN, SYS_PTRACE and /proc)")
+	fs.BoolVar(&c.Repair.DeletePods, "repair-delete-pods", false, "delete broken pods so their controller recreates them")
+	fs.BoolVar(&c.Repair.LabelPods, "repair-label-pods", false, "label broken pods through pods/status")
+	fs.StringVar(&c.Repair.NodeName, "repair-node-name", "", "node whose pods the repair controller watches (default --node-name)")
+	fs.StringVar(&c.Repair.InitContainerName, "repair-init-container-name", "istio-validation", "validation init container that detects a missing capture")
+	fs.IntVar(&c.Repair.InitContainerExitCode, "repair-init-container-exit-code", 126, "exit code of a failed validation (0: any)")
+	fs.StringVar(&c.Repair.InitContainerTerminationMessage, "repair-init-container-termination-message", "", "substring the validation's termination message must contain (empty: any)")
+	fs.StringVar(&c.Repair.SidecarAnnotation, "repair-sidecar-annotation", "sidecar.istio.io/status", "annotation every repairable pod carries")
+	fs.StringVar(&c.Repair.BrokenPodLabelKey, "repair-broken-pod-label-key", "cni.istio.io/uninitialized", "label set on broken pods in label mode")
+	fs.StringVar(&c.Repair.BrokenPodLabelValue, "repair-broken-pod-label-value", "true", "value of that label")
+	fs.StringVar(&c.Repair.LabelSelectors, "repair-label-selectors", "", "extra label selector for watched pods")
+	fs.StringVar(&c.Repair.FieldSelectors, "repair-field-selectors", "", "extra field selector for watched pods")
+
+	boolish := func(v string) (string, error) {
+		b, err := strconv.ParseBool(v)
+		return strconv.FormatBool(b), err
+	}
+	specs := []flagSpec{
+		{name: "cni-conf-dir", aliases: alias("MOUNTED_CNI_NET_DIR", "CNI_NET_DIR")},
+		{name: "cni-conf-file-name", aliases: alias("CNI_CONF_NAME")},
+		{name: "chained", aliases: alias("CHAINED_CNI_PLUGIN")},
+		{name: "agent-run-dir", aliases: alias("CNI_AGENT_RUN_DIR")},
+		{name: "kube-ca-file", aliases: alias("KUBE_CA_FILE")},
+		{name: "exclude-namespaces", aliases: alias("EXCLUDE_NAMESPACES")},
+		{name: "pod-namespace", aliases: alias("POD_NAMESPACE")},
+		{name: "node-name", aliases: alias("NODE_NAME")},
+		{name: "metrics-addr", aliases: []envAlias{{name: "MONITORING_PORT", conv: func(v string) (string, error) {
+			if _, err := strconv.ParseUint(v, 10, 16); err != nil {
+				return "", fmt.Errorf("not a port number")
+			}
+			return ":" + v, nil
+		}}}},
+		{name: "backend", aliases: []envAlias{
+			{name: "FORCE_IPTABLES_BINARY", conv: func(v string) (string, error) {
+				switch v {
+				case "legacy":
+					return "iptables-legacy", nil
+				case "nft":
+					// iptables-nft rules are nftables rules; our netlink backend writes those directly.
+					return "nftables", nil
+				}
+				return "", fmt.Errorf("want legacy or nft")
+			}},
+			{name: "NATIVE_NFTABLES", conv: func(v string) (string, error) {
+				b, err := strconv.ParseBool(v)
+				if err != nil {
+					return "", err
+				}
+				if b {
+					return "nftables", nil
+				}
+				return "", nil // false leaves the backend to other sources
+			}},
+		}},
+		{name: "log-level", aliases: alias("LOG_LEVEL")},
+		{name: "repair-enabled", aliases: []envAlias{{name: "REPAIR_ENABLED", conv: boolish}}},
+		{name: "repair-pods", aliases: []envAlias{{name: "REPAIR_REPAIR_PODS", conv: boolish}}},
+		{name: "repair-delete-pods", aliases: []envAlias{{name: "REPAIR_DELETE_PODS", conv: boolish}}},
+		{name: "repair-label-pods", aliases: []envAlias{{name: "REPAIR_LABEL_PODS", conv: boolish}}},
+		{name: "repair-node-name", aliases: alias("REPAIR_NODE_NAME")},
+		{name: "repair-init-container-name", aliases: alias("REPAIR_INIT_CONTAINER_NAME")},
+		{name: "repair-init-container-exit-code", aliases: alias("REPAIR_INIT_CONTAINER_EXIT_CODE")},
+		{name: "repair-init-container-termination-message", aliases: alias("REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE")},
+		{name: "repair-sidecar-annotation", aliases: alias("REPAIR_SIDECAR_ANNOTATION")},
+		{name: "repair-broken-pod-label-key", aliases: alias("REPAIR_BROKEN_POD_LABEL_KEY")},
+		{name: "repair-broken-pod-label-value", aliases: alias("REPAIR_BROKEN_POD_LABEL_VALUE")},
+		{name: "repair-label-selectors", aliases: alias("REPAIR_LABEL_SELECTORS")},
+		{name: "repair-field-selectors", aliases: alias("REPAIR_FIELD_SELECTORS")},
+	}
+	return fs, specs, logLevel
+}
+
+// Usage returns the flag help text.
+func Usage() string {
+	var c Config
+	fs, _, _ := newFlagSet(&c)
+	return fs.FlagUsages()
+}
+
+// ParseConfig reads the configuration from args and the environment
+// (getenv reports whether a variable is set). A flag wins over NFTMESH_<FLAG>,
+// which wins over the Istio name. It touches no file. pflag.ErrHelp is
+// returned for -h.
+func ParseConfig(args []string, getenv func(string) (string, bool)) (*Config, error) {
+	c := &Config{}
+	fs, specs, logLevel := newFlagSet(c)
+	fs.SetOutput(discard{})
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("parsing flags: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("parsing flags: unexpected argument %q", fs.Arg(0))
+	}
+	sources := map[string]string{}
+	aliases := map[string][]envAlias{}
+	for _, s := range specs {
+		aliases[s.name] = s.aliases
+	}
+	var firstErr error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if firstErr != nil {
+			return
+		}
+		if f.Changed {
+			sources[f.Name] = "flag"
+			return
+		}
+		cands := append([]envAlias{{name: EnvName(f.Name)}}, aliases[f.Name]...)
+		for _, a := range cands {
+			v, ok := getenv(a.name)
+			if !ok {
+				continue
+			}
+			v = strings.TrimSpace(v)
+			isSlice := f.Value.Type() == "stringSlice"
+			if v == "" && !isSlice {
+				continue // an empty variable rendered by a template means unset
+			}
+			if a.conv != nil {
+				cv, err := a.conv(v)
+				if err != nil {
+					firstErr = &ConfigError{Flag: f.Name, Source: "env " + a.name, Value: v, Reason: err.Error()}
+					return
+				}
+				if cv == "" {
+					continue
+				}
+				v = cv
+			}
+			if isSlice && v == "" {
+				if sv, ok := f.Value.(pflag.SliceValue); ok {
+					_ = sv.Replace(nil)
+				}
+			} else if err := fs.Set(f.Name, v); err != nil {
+				firstErr = &ConfigError{Flag: f.Name, Source: "env " + a.name, Value: v, Reason: unwrapPflag(err)}
+				return
+			}
+			sources[f.Name] = "env " + a.name
+			return
+		}
+	})
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	if err := c.finish(*logLevel, sources, getenv); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func unwrapPflag(err error) string {
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 {
+		return s[i+2:]
+	}
+	return s
+}
+
+// finish normalises and validates; every error names the flag and value.
+func (c *Config) finish(logLevel string, sources map[string]string, getenv func(string) (string, bool)) error {
+	bad := func(flag, value, reason string) error {
+		return &ConfigError{Flag: flag, Source: sources[flag], Value: value, Reason: reason}
+	}
+	absPath := func(flag string, p *string, mayBeEmpty bool) error {
+		if *p == "" {
+			if mayBeEmpty {
+				return nil
+			}
+			return bad(flag, *p, "must not be empty")
+		}
+		if strings.ContainsRune(*p, 0) {
+			return bad(flag, *p, "contains a NUL byte")
+		}
+		a, err := filepath.Abs(*p)
+		if err != nil {
+			return bad(flag, *p, err.Error())
+		}
+		if a == "/" {
+			return bad(flag, *p, "must not be the root directory")
+		}
+		*p = a
+		return nil
+	}
+
+	var bins []string
+	for _, d := range c.CNIBinDirs {
+		d = strings.TrimSpace(d)
+		if d == "" {
+			continue
+		}
+		if err := absPath("cni-bin-dir", &d, false); err != nil {
+			return err
+		}
+		if !slices.Contains(bins, d) {
+			bins = append(bins, d)
+		}
+	}
+	if len(bins) == 0 {
+		return bad("cni-bin-dir", strings.Join(c.CNIBinDirs, ","), "at least one bin dir is required")
+	}
+	c.CNIBinDirs = bins
+	for _, p := range []struct {
+		flag  string
+		v     *string
+		empty bool
+	}{
+		{"cni-conf-dir", &c.CNIConfDir, false},
+		{"agent-run-dir", &c.AgentRunDir, false},
+		{"plugin-binary", &c.PluginBinary, false},
+		{"service-account-dir", &c.ServiceAccountDir, true},
+		{"kube-ca-file", &c.KubeCAFile, true},
+	} {
+		if err := absPath(p.flag, p.v, p.empty); err != nil {
+			return err
+		}
+	}
+	for _, d := range c.CNIBinDirs {
+		if d == c.CNIConfDir {
+			return bad("cni-conf-dir", c.CNIConfDir, "is also a --cni-bin-dir")
+		}
+	}
+	if c.AgentRunDir == c.CNIConfDir {
+		return bad("agent-run-dir", c.AgentRunDir, "must differ from --cni-conf-dir (the kubeconfig would be read as a CNI config)")
+	}
+
+	if n := c.CNIConfFileName; n != "" {
+		if n != filepath.Base(n) || n == "." || n == ".." || strings.ContainsRune(n, 0) {
+			return bad("cni-conf-file-name", n, "must be a file name, not a path")
+		}
+		ext := filepath.Ext(n)
+		allowed := []string{".conf", ".conflist", ".json"}
+		if !c.Chained {
+			allowed = []string{".conf", ".json"} // the standalone file holds one plugin, not a list
+		}
+		if !slices.Contains(allowed, ext) {
+			return bad("cni-conf-file-name", n, "must end in "+strings.Join(allowed, ", "))
+		}
+	} else if !c.Chained {
+		c.CNIConfFileName = DefaultStandaloneConfName
+	}
+
+	var ns []string
+	for _, n := range c.ExcludeNamespaces {
+		n = strings.TrimSpace(n)
+		if n == "" {
+			continue
+		}
+		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
+			return bad("exclude-namespaces", n, "not a namespace name: "+strings.Join(errs, "; "))
+		}
+		if !slices.Contains(ns, n) {
+			ns = append(ns, n)
+		}
+	}
+	c.ExcludeNamespaces = ns
+	if c.ExcludeNamespaces == nil {
+		c.ExcludeNamespaces = []string{}
+	}
+	if c.PodNamespace != "" {
+		if errs := validation.IsDNS1123Label(c.PodNamespace); len(errs) > 0 {
+			return bad("pod-namespace", c.PodNamespace, "not a namespace name: "+strings.Join(errs, "; "))
+		}
+	}
+	for _, a := range []struct{ flag, v string }{{"health-addr", c.HealthAddr}, {"metrics-addr", c.MetricsAddr}} {
+		if a.v == "" {
+			continue
+		}
+		_, port, err := net.SplitHostPort(a.v)
+		if err != nil {
+			return bad(a.flag, a.v, "not host:port")
+		}
+		if p, err := strconv.ParseUint(port, 10, 16); err != nil || (p == 0 && port != "0") {
+			return bad(a.flag, a.v, "port is not a number between 0 and 65535")
+		}
+	}
+	if !slices.Contains(Backends, c.Backend) {
+		return bad("backend", c.Backend, "must be one of "+strings.Join(Backends, ", "))
+	}
+	lvl := strings.ToLower(strings.TrimSpace(logLevel))
+	if lvl == "warning" {
+		lvl = "warn"
+	}
+	switch lvl {
+	case "debug", "info", "warn", "error":
+		c.LogLevel, _ = zerolog.ParseLevel(lvl)
+	default:
+		return bad("log-level", logLevel, "must be one of debug, info, warn, error")
+	}
+	if c.APITimeout <= 0 || c.APITimeout > 10*time.Minute {
+		return bad("api-timeout", c.APITimeout.String(), "must be between 0 and 10m")
+	}
+	if !(c.ReinstallRate > 0) || c.ReinstallRate > 1e6 {
+		return bad("reinstall-rate", strconv.FormatFloat(c.ReinstallRate, 'g', -1, 64), "must be a positive number of rewrites per second")
+	}
+	if c.ReinstallBurst < 1 {
+		return bad("reinstall-burst", strconv.Itoa(c.ReinstallBurst), "must be at least 1")
+	}
+	if c.FightThreshold < 1 {
+		return bad("fight-threshold", strconv.Itoa(c.FightThreshold), "must be at least 1")
+	}
+	if c.FightWindow <= 0 {
+		return bad("fight-window", c.FightWindow.String(), "must be positive")
+	}
+
+	if c.ServiceAccountDir != "" {
+		if c.KubeAPIServer == "" {
+			host, _ := getenv("KUBERNETES_SERVICE_HOST")
+			port, _ := getenv("KUBERNETES_SERVICE_PORT")
+			proto, _ := getenv("KUBERNETES_SERVICE_PROTOCOL")
+			host, port, proto = strings.TrimSpace(host), strings.TrimSpace(port), strings.TrimSpace(proto)
+			if host == "" {
+				return bad("kube-api-server", "", "no API server for the plugin's kubeconfig: set KUBERNETES_SERVICE_HOST (and _PORT) or --kube-api-server, or set --service-account-dir= to write no kubeconfig")
+			}
+			if port == "" {
+				port = "443"
+			}
+			if proto == "" {
+				proto = "https"
+			}
+			// JoinHostPort brackets an IPv6 host.
+			c.KubeAPIServer = proto + "://" + net.JoinHostPort(strings.Trim(host, "[]"), port)
+			sources["kube-api-server"] = "env KUBERNETES_SERVICE_HOST"
+		}
+		u, err := url.Parse(c.KubeAPIServer)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.Hostname() == "" {
+			return bad("kube-api-server", c.KubeAPIServer, "not an http(s) URL with a host")
+		}
+		if p := u.Port(); p != "" {
+			if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
+				return bad("kube-api-server", c.KubeAPIServer, "port is not a number between 1 and 65535")
+			}
+		}
+	}
+
+	r := &c.Repair
+	if r.NodeName == "" {
+		r.NodeName = c.NodeName
+		sources["repair-node-name"] = sources["node-name"]
+	}
+	if r.Enabled {
+		if r.Mode() != RepairNone && r.NodeName == "" {
+			return bad("repair-node-name", "", "the repair controller needs this node's name (NODE_NAME or --node-name)")
+		}
+		if r.InitContainerName == "" {
+			return bad("repair-init-container-name", "", "must not be empty")
+		}
+		if errs := validation.IsDNS1123Label(r.InitContainerName); len(errs) > 0 {
+			return bad("repair-init-container-name", r.InitContainerName, strings.Join(errs, "; "))
+		}
+		if r.InitContainerExitCode < 0 || r.InitContainerExitCode > 255 {
+			return bad("repair-init-container-exit-code", strconv.Itoa(r.InitContainerExitCode), "must be between 0 and 255")
+		}
+		if errs := validation.IsQualifiedName(r.SidecarAnnotation); len(errs) > 0 {
+			return bad("repair-sidecar-annotation", r.SidecarAnnotation, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsQualifiedName(r.BrokenPodLabelKey); len(errs) > 0 {
+			return bad("repair-broken-pod-label-key", r.BrokenPodLabelKey, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(r.BrokenPodLabelValue); len(errs) > 0 {
+			return bad("repair-broken-pod-label-value", r.BrokenPodLabelValue, strings.Join(errs, "; "))
+		}
+		if _, err := labels.Parse(r.LabelSelectors); err != nil {
+			return bad("repair-label-selectors", r.LabelSelectors, err.Error())
+		}
+		if _, err := fields.ParseSelector(r.FieldSelectors); err != nil {
+			return bad("repair-field-selectors", r.FieldSelectors, err.Error())
+		}
+	}
+	return nil
+}

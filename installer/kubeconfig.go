@@ -1,0 +1,68 @@
+package installer
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// KubeconfigMode keeps the plugin's credentials readable by root only.
+const KubeconfigMode fs.FileMode = 0o600
+
+// RenderKubeconfig builds the plugin's kubeconfig from the service-account
+// dir (token, ca.crt or caFile) and the API server URL.
+func RenderKubeconfig(server, saDir, caFile string) ([]byte, error) {
+	tok, err := os.ReadFile(filepath.Join(saDir, "token"))
+	if err != nil {
+		return nil, fmt.Errorf("reading service-account token: %w", err)
+	}
+	token := strings.TrimSpace(string(tok))
+	if token == "" {
+		return nil, fmt.Errorf("reading service-account token: %s is empty", filepath.Join(saDir, "token"))
+	}
+	if caFile == "" {
+		caFile = filepath.Join(saDir, "ca.crt")
+	}
+	cluster := &clientcmdapi.Cluster{Server: server}
+	ca, err := os.ReadFile(caFile)
+	switch {
+	case err == nil && len(bytes.TrimSpace(ca)) > 0:
+		cluster.CertificateAuthorityData = ca
+	case strings.HasPrefix(server, "https:"):
+		if err == nil {
+			err = errors.New("file is empty")
+		}
+		return nil, fmt.Errorf("reading the API server CA %s: %w", caFile, err)
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["local"] = cluster
+	cfg.AuthInfos[PluginName] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts[PluginName] = &clientcmdapi.Context{Cluster: "local", AuthInfo: PluginName}
+	cfg.CurrentContext = PluginName
+	b, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encoding kubeconfig: %w", err)
+	}
+	return b, nil
+}
+
+// syncKubeconfig writes want to path (0600, atomically) unless it already
+// holds exactly that; it reports whether it wrote.
+func syncKubeconfig(path string, want []byte) (bool, error) {
+	if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, want) {
+		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm() == KubeconfigMode {
+			return false, nil
+		}
+	}
+	if err := writeFileAtomic(path, want, KubeconfigMode, -1, -1); err != nil {
+		return false, fmt.Errorf("writing kubeconfig %s: %w", path, err)
+	}
+	return true, nil
+}
