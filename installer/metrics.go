@@ -15,14 +15,14 @@ import (
 
 // Install results, as the installs_total label values.
 const (
-	ResultSuccess            = "success"
-	ResultCopyBinaries       = "copy_binaries_failure"
-	ResultKubeconfig         = "create_kubeconfig_failure"
-	ResultCNIConfig          = "create_cni_config_failure"
-	ResultWaitingForPrimary  = "waiting_for_primary"
-	metricsNamespace         = "nftmesh"
-	metricsSubsystemInstall  = "install"
-	metricsSubsystemRepair   = "repair"
+	ResultSuccess           = "success"
+	ResultCopyBinaries      = "copy_binaries_failure"
+	ResultKubeconfig        = "create_kubeconfig_failure"
+	ResultCNIConfig         = "create_cni_config_failure"
+	ResultWaitingForPrimary = "waiting_for_primary"
+	metricsNamespace        = "nftmesh"
+	metricsSubsystemInstall = "install"
+	metricsSubsystemRepair  = "repair"
 )
 
 // Metrics are the agent's Prometheus series in their own registry, so
