@@ -1,0 +1,106 @@
+package nettest
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nftmesh/nftmesh/internal/scenarios"
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// Outcome is a probe case and what actually happened.
+type Outcome struct {
+	Case ProbeCase
+	Got  Result
+}
+
+// OK reports whether the probe landed where expected with the expected
+// original destination.
+func (o Outcome) OK() bool {
+	if o.Got.Landed != o.Case.WantLanded {
+		return false
+	}
+	return !o.Case.WantOrig.IsValid() || o.Got.OrigDst == o.Case.WantOrig
+}
+
+func (o Outcome) String() string {
+	want := o.Case.WantLanded
+	if o.Case.WantOrig.IsValid() {
+		want = fmt.Sprintf("%s (orig %s)", want, o.Case.WantOrig)
+	}
+	return fmt.Sprintf("%s [%s]: want %s, got %s (%s)", o.Case.Name, o.Case.Probe, want, o.Got, o.Case.Why)
+}
+
+// RunProbes sends every case's probe, one after the other (each fails within
+// a few seconds at most), and returns the outcomes in order.
+func RunProbes(t *Topology, cases []ProbeCase) []Outcome {
+	out := make([]Outcome, len(cases))
+	for i, c := range cases {
+		out[i] = Outcome{Case: c, Got: t.Probe(c.Probe)}
+	}
+	return out
+}
+
+// TestingT is the part of testing.TB AssertScenario uses; it keeps the
+// testing package out of this package's non-test code.
+type TestingT interface {
+	Helper()
+	Logf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
+
+// AssertScenario builds a topology for the scenario, starts the listeners,
+// applies the scenario's plan with backend into the pod namespace, sends
+// every probe of ExpectedProbes and reports each mismatch with the probe's
+// name, the expected and the actual landing. Everything is removed in
+// t.Cleanup.
+func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario) {
+	t.Helper()
+	spec, err := sc.Spec()
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	plan, err := redirect.Build(spec)
+	if err != nil {
+		t.Fatalf("building plan of scenario %s: %v", sc.Name, err)
+	}
+	topo, err := NewTopology(TopologyOptionsFor(spec))
+	if err != nil {
+		t.Fatalf("scenario %s: %v", sc.Name, err)
+	}
+	t.Cleanup(func() {
+		if err := topo.Close(); err != nil {
+			t.Errorf("scenario %s: %v", sc.Name, err)
+		}
+	})
+	ls, err := StartListeners(topo, ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
+	if err != nil {
+		t.Fatalf("scenario %s: %v", sc.Name, err)
+	}
+	// Registered after the topology's: cleanups run last-in first-out, and
+	// open sockets would keep the namespaces alive.
+	t.Cleanup(func() {
+		if err := ls.Close(); err != nil {
+			t.Errorf("scenario %s: closing listeners: %v", sc.Name, err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := backend.Apply(ctx, topo.PodNetnsPath(), plan); err != nil {
+		t.Fatalf("scenario %s: applying with %s: %v", sc.Name, backend.Name(), err)
+	}
+	cases := ExpectedProbesFor(&spec, topo)
+	bad := 0
+	for _, o := range RunProbes(topo, cases) {
+		if !o.OK() {
+			bad++
+			t.Errorf("scenario %s, backend %s: MISMATCH %s", sc.Name, backend.Name(), o)
+			continue
+		}
+		t.Logf("ok %s", o)
+	}
+	t.Logf("scenario %s, backend %s: %d/%d probes as expected", sc.Name, backend.Name(), len(cases)-bad, len(cases))
+}
