@@ -73,24 +73,22 @@ func isCtSet(e any, key expr.CtKey) bool {
 
 func (d *ruleDecoder) decode() (redirect.Rule, error) {
 	var r redirect.Rule
-	if len(d.es) >= 2 && isLoad(d.es[0], expr.MetaKeyNFPROTO) {
-		d.i = 1
-		data, neg, err := d.cmp(1)
-		if err != nil || neg {
-			return r, d.errf("meta nfproto must be an equality")
-		}
-		switch data[0] {
-		case unix.NFPROTO_IPV4:
-			r.Family = redirect.FamilyIPv4
-		case unix.NFPROTO_IPV6:
-			r.Family = redirect.FamilyIPv6
-		default:
-			return r, d.errf("unknown nfproto %d", data[0])
-		}
-	}
-	d.fam = r.Family
 	for d.peek() != nil {
 		start := d.i
+		if isLoad(d.peek(), expr.MetaKeyNFPROTO) {
+			// The family guard: first in our rules; nft -f puts it right
+			// before the ip/ip6 payload that needs it. Same meaning.
+			d.i++
+			f, err := d.family()
+			if err != nil {
+				return r, err
+			}
+			if d.fam != redirect.FamilyAny && d.fam != f {
+				return r, d.errf("rule guarded for both %s and %s", d.fam, f)
+			}
+			d.fam = f
+			continue
+		}
 		m, v, err := d.step()
 		if err != nil {
 			return r, err
@@ -107,10 +105,25 @@ func (d *ruleDecoder) decode() (redirect.Rule, error) {
 		}
 		r.Verdict = v
 	}
+	r.Family = d.fam
 	if r.Verdict == nil {
 		return r, fmt.Errorf("rule has no verdict")
 	}
 	return r, nil
+}
+
+func (d *ruleDecoder) family() (redirect.Family, error) {
+	data, neg, err := d.cmp(1)
+	if err != nil || neg {
+		return 0, d.errf("meta nfproto must be an equality")
+	}
+	switch data[0] {
+	case unix.NFPROTO_IPV4:
+		return redirect.FamilyIPv4, nil
+	case unix.NFPROTO_IPV6:
+		return redirect.FamilyIPv6, nil
+	}
+	return 0, d.errf("unknown nfproto %d", data[0])
 }
 
 // step decodes one match or the verdict starting at the cursor.
@@ -287,15 +300,17 @@ func (d *ruleDecoder) payload(p *expr.Payload) (redirect.Match, redirect.Verdict
 		}
 		return redirect.MatchPort{Source: source, Ports: []uint16{binary.BigEndian.Uint16(data)}, Negate: neg}, nil, nil
 	case expr.PayloadBaseNetworkHeader:
-		var source bool
-		switch {
-		case d.fam == redirect.FamilyIPv4 && p.Len == 4 && (p.Offset == ip4SaddrOff || p.Offset == ip4DaddrOff):
-			source = p.Offset == ip4SaddrOff
-		case d.fam == redirect.FamilyIPv6 && p.Len == 16 && (p.Offset == ip6SaddrOff || p.Offset == ip6DaddrOff):
-			source = p.Offset == ip6SaddrOff
-		default:
+		alen := uint32(4)
+		saddr, daddr := uint32(ip4SaddrOff), uint32(ip4DaddrOff)
+		if d.fam == redirect.FamilyIPv6 {
+			alen, saddr, daddr = 16, ip6SaddrOff, ip6DaddrOff
+		}
+		// nft -f loads only the bytes a prefix covers (10.0.0.0/8 → one
+		// byte); we load the whole address. Both start at the field.
+		if d.fam == redirect.FamilyAny || (p.Offset != saddr && p.Offset != daddr) || p.Len == 0 || p.Len > alen {
 			return nil, nil, d.errf("network payload at %d/%d in a %s rule is not an address", p.Offset, p.Len, d.fam)
 		}
+		source := p.Offset == saddr
 		if lk, ok := d.peek().(*expr.Lookup); ok {
 			d.i++
 			k, known := d.sets[lk.SetName]
@@ -303,7 +318,7 @@ func (d *ruleDecoder) payload(p *expr.Payload) (redirect.Match, redirect.Verdict
 			if d.fam == redirect.FamilyIPv6 {
 				want = redirect.SetIPv6
 			}
-			if !known || k != want || source || lk.SourceRegister != reg || lk.IsDestRegSet {
+			if !known || k != want || source || p.Len != alen || lk.SourceRegister != reg || lk.IsDestRegSet {
 				return nil, nil, d.errf("address lookup in unknown or mismatched set %q", lk.SetName)
 			}
 			return redirect.MatchSet{Set: lk.SetName, Kind: k, Negate: lk.Invert}, nil, nil
@@ -324,7 +339,9 @@ func (d *ruleDecoder) payload(p *expr.Payload) (redirect.Match, redirect.Verdict
 		if err != nil {
 			return nil, nil, err
 		}
-		addr, _ := netip.AddrFromSlice(data)
+		full := make([]byte, alen)
+		copy(full, data)
+		addr, _ := netip.AddrFromSlice(full)
 		pfx := netip.PrefixFrom(addr, bits)
 		if pfx.Masked() != pfx {
 			return nil, nil, d.errf("address %s has host bits under its mask", pfx)

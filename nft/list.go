@@ -213,6 +213,11 @@ func decodeIntervals(elems []nftables.SetElement, v6 bool) ([]redirect.AddrRange
 		bs = append(bs, boundary{a, e.IntervalEnd})
 	}
 	slices.SortFunc(bs, func(x, y boundary) int { return x.addr.Compare(y.addr) })
+	// nft -f opens an interval set with an end element at the zero address
+	// when the first range does not start there; it bounds nothing.
+	if len(bs) > 0 && bs[0].end && bs[0].addr.IsUnspecified() {
+		bs = bs[1:]
+	}
 	var out []redirect.AddrRange
 	for i := 0; i < len(bs); i++ {
 		if bs[i].end {

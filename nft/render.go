@@ -222,7 +222,12 @@ func renderRule(table redirect.TableName, r redirect.Rule) (string, error) {
 				parts = append(parts, fmt.Sprintf("%s %s0x%08x", what, neq(m.Negate), m.Value))
 			}
 		case redirect.MatchCTState:
-			parts = append(parts, fmt.Sprintf("ct state %s%s", neq(m.Negate), m.States))
+			// nft prints a negated flag match, (state & x) == 0, as "! x".
+			not := ""
+			if m.Negate {
+				not = "! "
+			}
+			parts = append(parts, fmt.Sprintf("ct state %s%s", not, m.States))
 		default:
 			return "", fmt.Errorf("unsupported match %T", m)
 		}
@@ -258,7 +263,9 @@ func renderMarkSet(value, mask uint32) string {
 	if mask = fullMask(mask); mask == 0xffffffff {
 		return fmt.Sprintf("meta mark set 0x%08x", value)
 	}
-	return fmt.Sprintf("meta mark set meta mark & 0x%08x | 0x%08x", ^mask, value)
+	// The kernel computes (mark & ^mask) ^ value; nft prints the same
+	// operation as "& (^mask | value) | value".
+	return fmt.Sprintf("meta mark set meta mark & 0x%08x | 0x%08x", ^mask|value, value)
 }
 
 // portFollows reports whether a port match uses the protocol match just

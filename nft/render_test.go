@@ -1,0 +1,135 @@
+package nft
+
+import (
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nftmesh/nftmesh/internal/scenarios"
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+var updateGolden = flag.Bool("update", os.Getenv("UPDATE_GOLDEN") != "", "rewrite testdata/nft goldens")
+
+func TestGolden(t *testing.T) {
+	for _, sc := range scenarios.All {
+		t.Run(sc.Name, func(t *testing.T) {
+			p, err := sc.Plan()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := Render(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, _ := Render(p)
+			if got != again {
+				t.Fatal("Render is not deterministic")
+			}
+			path := filepath.Join("..", "testdata", "nft", sc.Name+".nft")
+			if *updateGolden {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("reading golden (UPDATE_GOLDEN=1 go test ./nft/ -run Golden writes it): %v", err)
+			}
+			if got != string(want) {
+				t.Errorf("Render(%s) differs from %s (UPDATE_GOLDEN=1 to accept):\n%s", sc.Name, path, got)
+			}
+		})
+	}
+}
+
+func TestChainName(t *testing.T) {
+	for _, c := range []struct {
+		table redirect.TableName
+		chain string
+		want  string
+	}{
+		{redirect.TableNat, "PREROUTING", "nat-prerouting"},
+		{redirect.TableNat, "ISTIO_INBOUND", "nat-istio-inbound"},
+		{redirect.TableMangle, "ISTIO_TPROXY", "mangle-istio-tproxy"},
+		{redirect.TableRaw, "ISTIO_OUTPUT_DNS", "raw-istio-output-dns"},
+	} {
+		if got := ChainName(c.table, c.chain); got != c.want {
+			t.Errorf("ChainName(%s, %s) = %s, want %s", c.table, c.chain, got, c.want)
+		}
+		tb, ch, err := splitChainName(c.want)
+		if err != nil || tb != c.table || ch != c.chain {
+			t.Errorf("splitChainName(%s) = %s, %s, %v", c.want, tb, ch, err)
+		}
+	}
+	for _, bad := range []string{"nat", "filter-x", "nat-", "-x"} {
+		if _, _, err := splitChainName(bad); err == nil {
+			t.Errorf("splitChainName(%q) accepted", bad)
+		}
+	}
+	if err := checkChainName(redirect.TableNat, "istio_lower"); err == nil {
+		t.Error("a lower-case chain name cannot come back from List; encode must refuse it")
+	}
+	if err := checkChainName(redirect.TableNat, "ISTIO-DASH"); err == nil {
+		t.Error("a chain name with '-' cannot come back from List; encode must refuse it")
+	}
+}
+
+func TestIntervalElementsAllOnes(t *testing.T) {
+	for _, c := range []struct {
+		prefixes []string
+		elems    int // start + end elements
+	}{
+		{[]string{"10.0.0.0/8"}, 2},
+		{[]string{"255.255.255.0/24"}, 1},
+		{[]string{"0.0.0.0/0"}, 1},
+		{[]string{"10.0.0.0/8", "11.0.0.0/8"}, 2},
+		{[]string{"ffff::/16"}, 1},
+		{[]string{"::/0"}, 1},
+		{[]string{"2001:db8::/32", "fe80::/10"}, 4},
+	} {
+		var ps []netip.Prefix
+		for _, s := range c.prefixes {
+			ps = append(ps, netip.MustParsePrefix(s))
+		}
+		rs := redirect.MergePrefixes(ps)
+		elems := intervalElements(rs)
+		if len(elems) != c.elems {
+			t.Errorf("%v: %d elements, want %d", c.prefixes, len(elems), c.elems)
+		}
+		back, err := decodeIntervals(elems, ps[0].Addr().Is6())
+		if err != nil {
+			t.Fatalf("%v: %v", c.prefixes, err)
+		}
+		var got []netip.Prefix
+		for _, r := range back {
+			got = append(got, rangePrefixes(r)...)
+		}
+		if a, b := describeRanges(redirect.MergePrefixes(got)), describeRanges(rs); a != b {
+			t.Errorf("%v: round trip gives %s, want %s", c.prefixes, a, b)
+		}
+	}
+}
+
+func describeRanges(rs []redirect.AddrRange) string {
+	var s []string
+	for _, r := range rs {
+		s = append(s, r.String())
+	}
+	return strings.Join(s, ",")
+}
+
+func TestRangePrefixes(t *testing.T) {
+	r := redirect.AddrRange{From: netip.MustParseAddr("10.0.0.1"), To: netip.MustParseAddr("10.0.0.6")}
+	var got []string
+	for _, p := range rangePrefixes(r) {
+		got = append(got, p.String())
+	}
+	if want := "10.0.0.1/32,10.0.0.2/31,10.0.0.4/31,10.0.0.6/32"; strings.Join(got, ",") != want {
+		t.Errorf("rangePrefixes = %v, want %s", got, want)
+	}
+}
