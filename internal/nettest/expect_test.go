@@ -1,0 +1,200 @@
+package nettest
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/nftmesh/nftmesh/internal/scenarios"
+)
+
+func TestHostsLieInScenarioRanges(t *testing.T) {
+	for _, c := range []struct {
+		host  netip.Addr
+		cidr  string
+		in    bool
+		other []string
+	}{
+		{ExcludedV4Host, scenarios.ExcludedV4, true, []string{scenarios.IncludedV4}},
+		{ExcludedV6Host, scenarios.ExcludedV6, true, []string{scenarios.IncludedV6}},
+		{IncludedV4Host, scenarios.IncludedV4, true, []string{scenarios.ExcludedV4}},
+		{IncludedV6Host, scenarios.IncludedV6, true, []string{scenarios.ExcludedV6}},
+		{OtherV4Host, scenarios.ExcludedV4, false, []string{scenarios.IncludedV4}},
+		{OtherV6Host, scenarios.ExcludedV6, false, []string{scenarios.IncludedV6}},
+	} {
+		if got := netip.MustParsePrefix(c.cidr).Contains(c.host); got != c.in {
+			t.Errorf("%s in %s = %v, want %v", c.host, c.cidr, got, c.in)
+		}
+		for _, o := range c.other {
+			if netip.MustParsePrefix(o).Contains(c.host) {
+				t.Errorf("%s must not be in %s", c.host, o)
+			}
+		}
+	}
+}
+
+// TestExpectations pins the oracle's answer for the probes that tell the
+// scenarios apart, each checked by hand against ISTIO-REFERENCE.md §4-5.
+func TestExpectations(t *testing.T) {
+	ap := netip.AddrPortFrom
+	peer := func(a netip.Addr, port uint16) string { return PeerListener(ap(a, port)) }
+	want := map[string]map[string]string{
+		"defaults": {
+			"app→other-v4:80":             ListenerOutbound,
+			"app→other-v6:80":             ListenerOutbound,
+			"app→other-v4:15020":          peer(OtherV4Host, 15020), // default excludeOutboundPorts
+			"proxy-uid→other-v4:80":       peer(OtherV4Host, 80),
+			"proxy-gid→other-v4:80":       peer(OtherV4Host, 80),
+			"app→other-v4:53/udp":         peer(OtherV4Host, 53), // UDP not captured without DNS capture
+			"app→other-v4:53/tcp":         ListenerOutbound,
+			"peer→pod-v4:8080":            ListenerInbound,
+			"peer→pod-v4:15008":           AppListener(15008),
+			"peer→pod-v4:15021":           AppListener(15021),
+			"passthrough→pod-v4:8080":     AppListener(8080),
+			"app→pod-v4:8080 (lo)":        AppListener(8080),
+			"app→127.0.0.2:8080 (lo)":     AppListener(8080),
+			"proxy-uid→pod-v4:8080 (lo)":  ListenerInbound,
+			"proxy-gid→pod-v4:8080 (lo)":  AppListener(8080), // the uid triple's "! --uid-owner" RETURN comes first
+			"proxy-uid→pod-v4:15008 (lo)": AppListener(15008),
+			"validation→127.0.0.6:15002":  ListenerInbound,
+		},
+		"ipv4-only": {
+			"app→other-v4:80":  ListenerOutbound,
+			"app→other-v6:80":  peer(OtherV6Host, 80),
+			"peer→pod-v6:8080": AppListener(8080),
+			"peer→pod-v4:8080": ListenerInbound,
+		},
+		"include-inbound-ports": {
+			"peer→pod-v4:8080": ListenerInbound,
+			"peer→pod-v4:9090": ListenerInbound,
+			"peer→pod-v4:8081": AppListener(8081),
+			"peer→pod-v4:9091": AppListener(9091), // excludes are ignored with a list
+		},
+		"exclude-inbound-ports": {
+			"peer→pod-v4:8080":  ListenerInbound,
+			"peer→pod-v4:8081":  AppListener(8081),
+			"peer→pod-v6:8081":  AppListener(8081),
+			"peer→pod-v4:15020": AppListener(15020),
+		},
+		"no-inbound": {
+			"peer→pod-v4:8080":           AppListener(8080),
+			"app→other-v4:80":            ListenerOutbound,
+			"proxy-uid→pod-v4:8080 (lo)": ListenerInbound, // outbound rules still send it to 15006
+		},
+		"exclude-cidrs": {
+			"app→excluded-v4:80": peer(ExcludedV4Host, 80),
+			"app→excluded-v6:80": peer(ExcludedV6Host, 80),
+			"app→other-v4:80":    ListenerOutbound,
+		},
+		"include-cidrs": {
+			"app→included-v4:80":      ListenerOutbound,
+			"app→included-v6:80":      ListenerOutbound,
+			"app→other-v4:80":         peer(OtherV4Host, 80),
+			"app→other-v6:80":         peer(OtherV6Host, 80),
+			"app→127.0.0.2:8080 (lo)": AppListener(8080),
+		},
+		"include-loopback-cidr": {
+			"app→127.0.0.2:8080 (lo)":    ListenerOutbound, // no app-to-app bypass any more
+			"app→pod-v4:8080 (lo)":       AppListener(8080),
+			"app→included-v4:80":         ListenerOutbound,
+			"app→other-v4:80":            peer(OtherV4Host, 80),
+			"proxy-uid→pod-v4:8080 (lo)": ListenerInbound,
+		},
+		"include-outbound-ports": {
+			"app→other-v4:5432": ListenerOutbound,
+			"app→other-v6:5432": ListenerOutbound,
+			"app→other-v4:80":   peer(OtherV4Host, 80),
+		},
+		"exclude-outbound-ports": {
+			"app→other-v4:3306":  peer(OtherV4Host, 3306),
+			"app→other-v6:3306":  peer(OtherV6Host, 3306),
+			"app→other-v4:15020": ListenerOutbound, // the default 15020 is replaced
+		},
+		"custom-uid-gid": {
+			"proxy-uid→other-v4:80":      peer(OtherV4Host, 80),
+			"proxy-gid→other-v4:80":      peer(OtherV4Host, 80),
+			"uid-1337→other-v4:80":       ListenerOutbound,
+			"gid-1337→other-v4:80":       ListenerOutbound,
+			"uid-1337→pod-v4:8080 (lo)":  AppListener(8080),
+			"validation→127.0.0.6:15002": ListenerInbound,
+		},
+		"dns-capture": {
+			"app→other-v4:53/udp":       ListenerDNS,
+			"app→other-v6:53/udp":       ListenerDNS,
+			"app→other-v4:53/tcp":       ListenerDNS,
+			"proxy-uid→other-v4:53/udp": peer(OtherV4Host, 53),
+			"app→other-v4:80":           ListenerOutbound,
+		},
+		"tproxy": {
+			"peer→pod-v4:8080":            ListenerInbound,
+			"peer→pod-v6:8080":            ListenerInbound,
+			"peer→pod-v4:15008":           ListenerInbound, // TPROXY does not exclude 15008
+			"peer→pod-v4:15020":           AppListener(15020),
+			"passthrough→pod-v4:8080":     AppListener(8080),
+			"app→pod-v4:8080 (lo)":        AppListener(8080),
+			"proxy-gid→pod-v4:8080 (lo)":  ListenerInbound, // marked 1338, then TPROXYed
+			"proxy-uid→pod-v4:15008 (lo)": ListenerInbound,
+		},
+		"tproxy-include-ports": {
+			"peer→pod-v4:8080":  ListenerInbound,
+			"peer→pod-v4:8081":  AppListener(8081),
+			"peer→pod-v4:15008": AppListener(15008),
+		},
+		"exclude-interfaces": {
+			"app→other-v4:80":            peer(OtherV4Host, 80),
+			"peer→pod-v4:8080":           AppListener(8080),
+			"proxy-uid→pod-v4:8080 (lo)": ListenerInbound,
+			"validation→127.0.0.6:15002": ListenerInbound,
+		},
+		"reroute-interfaces": {
+			"peer→pod-v4:8080":       ListenerOutbound,
+			"peer→through-pod-v4:80": ListenerOutbound,
+			"peer→through-pod-v6:80": ListenerOutbound,
+			"app→other-v4:80":        ListenerOutbound,
+		},
+		"drop-invalid": {
+			"app→other-v4:80":  ListenerOutbound,
+			"peer→pod-v4:8080": ListenerInbound,
+		},
+	}
+	for _, sc := range scenarios.All {
+		t.Run(sc.Name, func(t *testing.T) {
+			spec, err := sc.Spec()
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := TopologyOptionsFor(spec)
+			if o.PodIface == "" {
+				o.PodIface = "eth0"
+			}
+			topo := &Topology{PodIface: o.PodIface, AppPorts: DefaultAppPorts, PeerTCPPorts: DefaultPeerTCPPorts, PeerUDPPorts: DefaultPeerUDPPorts}
+			cases := ExpectedProbesFor(&spec, topo)
+			got := map[string]ProbeCase{}
+			for _, c := range cases {
+				if _, dup := got[c.Name]; dup {
+					t.Errorf("duplicate probe name %q", c.Name)
+				}
+				got[c.Name] = c
+				if c.Why == "" {
+					t.Errorf("%s: no reason given", c.Name)
+				}
+			}
+			pins, ok := want[sc.Name]
+			if !ok {
+				t.Fatalf("no pinned expectations for scenario %s: add some", sc.Name)
+			}
+			for name, w := range pins {
+				c, ok := got[name]
+				if !ok {
+					t.Errorf("probe %q not generated", name)
+					continue
+				}
+				if c.WantLanded != w {
+					t.Errorf("%s: expects %s (%s), pinned %s", name, c.WantLanded, c.Why, w)
+				}
+				if c.WantOrig != c.Probe.Dst {
+					t.Errorf("%s: expects orig %s, want the destination %s", name, c.WantOrig, c.Probe.Dst)
+				}
+			}
+		})
+	}
+}
