@@ -1,0 +1,50 @@
+package podinfo
+
+import (
+	"fmt"
+	"strings"
+)
+
+// K8sArgs are the pod identity kubelet passes in CNI_ARGS.
+type K8sArgs struct {
+	PodNamespace     string // K8S_POD_NAMESPACE
+	PodName          string // K8S_POD_NAME
+	PodUID           string // K8S_POD_UID
+	InfraContainerID string // K8S_POD_INFRA_CONTAINER_ID
+}
+
+// ParseK8sArgs reads CNI_ARGS ("K=V;K=V"). Unknown keys are ignored whether
+// or not IgnoreUnknown is given: other plugins in the chain own them. A pair
+// without '=' or a repeated K8S_* key is an error naming it.
+func ParseK8sArgs(cniArgs string) (K8sArgs, error) {
+	var a K8sArgs
+	seen := map[string]bool{}
+	for _, pair := range strings.Split(cniArgs, ";") {
+		if pair == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok {
+			return K8sArgs{}, fmt.Errorf("parsing CNI_ARGS: %q is not KEY=VALUE", pair)
+		}
+		var dst *string
+		switch k {
+		case "K8S_POD_NAMESPACE":
+			dst = &a.PodNamespace
+		case "K8S_POD_NAME":
+			dst = &a.PodName
+		case "K8S_POD_UID":
+			dst = &a.PodUID
+		case "K8S_POD_INFRA_CONTAINER_ID":
+			dst = &a.InfraContainerID
+		default:
+			continue
+		}
+		if seen[k] {
+			return K8sArgs{}, fmt.Errorf("parsing CNI_ARGS: %s given twice", k)
+		}
+		seen[k] = true
+		*dst = v
+	}
+	return a, nil
+}

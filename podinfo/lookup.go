@@ -1,0 +1,112 @@
+package podinfo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// PodClient reads pods from the API server. It is a bare REST client for
+// core/v1 rather than the typed clientset: the clientset's scheme registers
+// every API group at init, which costs milliseconds on each plugin run.
+type PodClient struct {
+	rest rest.Interface
+}
+
+// NewPodClient builds a client from a kubeconfig file. A missing or invalid
+// kubeconfig is an error (the caller fails closed).
+func NewPodClient(kubeconfig string) (*PodClient, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
+	}
+	return NewPodClientForConfig(cfg)
+}
+
+// NewPodClientForConfig builds a client from a rest.Config.
+func NewPodClientForConfig(cfg *rest.Config) (*PodClient, error) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("registering core/v1 types: %w", err)
+	}
+	c := rest.CopyConfig(cfg)
+	c.APIPath = "/api"
+	c.GroupVersion = &corev1.SchemeGroupVersion
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	c.ContentType = runtime.ContentTypeJSON
+	if c.UserAgent == "" {
+		c.UserAgent = "nftmesh-cni"
+	}
+	rc, err := rest.RESTClientFor(c)
+	if err != nil {
+		return nil, fmt.Errorf("building REST client for %s: %w", cfg.Host, err)
+	}
+	return &PodClient{rest: rc}, nil
+}
+
+// Get fetches one pod, once.
+func (c *PodClient) Get(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	var pod corev1.Pod
+	err := c.rest.Get().Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(&pod)
+	if err != nil {
+		return nil, err
+	}
+	return &pod, nil
+}
+
+// Retry bounds for GetPod.
+const (
+	firstRetryDelay = 50 * time.Millisecond
+	maxRetryDelay   = time.Second
+	maxAttemptTime  = 5 * time.Second
+)
+
+// GetPod fetches a pod, retrying transient failures (unreachable server,
+// timeouts, 429/5xx) with backoff until timeout has passed. Answers that a
+// retry cannot change come back at once: not found, forbidden (RBAC),
+// unauthorized, bad request. kubelet retries the whole sandbox creation, so
+// the caller fails closed on any error.
+func (c *PodClient) GetPod(ctx context.Context, namespace, name string, timeout time.Duration) (*corev1.Pod, error) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	delay := firstRetryDelay
+	for attempt := 1; ; attempt++ {
+		actx, acancel := context.WithTimeout(ctx, maxAttemptTime)
+		pod, err := c.Get(actx, namespace, name)
+		acancel()
+		if err == nil {
+			return pod, nil
+		}
+		if !Retryable(err) {
+			return nil, fmt.Errorf("getting pod %s/%s: %w", namespace, name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("getting pod %s/%s: API server not reachable within %s (%d attempts): %w",
+				namespace, name, time.Since(start).Round(time.Millisecond), attempt, err)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, maxRetryDelay)
+	}
+}
+
+// Retryable reports whether a failed pod GET may succeed when repeated.
+func Retryable(err error) bool {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		code := st.Status().Code
+		return code == http.StatusTooManyRequests || code >= 500 || code == 0
+	}
+	// Transport errors: refused, reset, DNS, TLS handshake timeouts.
+	return true
+}
