@@ -1,0 +1,404 @@
+package legacy
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// x_tables keeps the ip header fields (addresses, interfaces, protocol) in
+// fixed slots and forgets in which order a Plan listed them, and it has no
+// per-family-pair rules. So the Plan we read back is canonical: in every
+// rule the header matches come first (source, destination, in, out,
+// protocol), then the other matches in order; a rule present in both
+// families at the same place is FamilyAny; base chains come first, then
+// regular chains by name. Canonical puts a wanted Plan in the same form, and
+// Check compares canonical forms.
+
+// Canonical returns p with the rule, match and chain order x_tables can
+// represent; it is equivalent to p packet for packet.
+func Canonical(p redirect.Plan) redirect.Plan {
+	out := p
+	out.Tables = nil
+	for _, t := range p.Tables {
+		nt := redirect.Table{Name: t.Name}
+		for _, c := range canonicalChains(t.Chains) {
+			nc := c
+			var seq [2][]redirect.Rule
+			for i, fam := range []redirect.Family{redirect.FamilyIPv4, redirect.FamilyIPv6} {
+				for _, r := range c.Rules {
+					if r.Family.Includes(fam) {
+						seq[i] = append(seq[i], redirect.Rule{Family: fam, Matches: canonicalMatches(r.Matches), Verdict: r.Verdict})
+					}
+				}
+			}
+			nc.Rules = mergeFamilies(seq[0], seq[1])
+			nt.Chains = append(nt.Chains, nc)
+		}
+		out.Tables = append(out.Tables, nt)
+	}
+	return out
+}
+
+func canonicalChains(cs []redirect.Chain) []redirect.Chain {
+	out := slices.Clone(cs)
+	rank := func(c redirect.Chain) int {
+		switch c.Name {
+		case redirect.ChainPrerouting:
+			return 0
+		case redirect.ChainOutput:
+			return 1
+		}
+		return 2
+	}
+	slices.SortStableFunc(out, func(a, b redirect.Chain) int {
+		if d := rank(a) - rank(b); d != 0 {
+			return d
+		}
+		if rank(a) < 2 {
+			return 0
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out
+}
+
+// matchSlot orders header matches as x_tables stores them; everything
+// else keeps its place after them.
+func matchSlot(m redirect.Match) int {
+	switch m := m.(type) {
+	case redirect.MatchAddr:
+		if m.Source {
+			return 0
+		}
+		return 1
+	case redirect.MatchSet:
+		if m.Kind != redirect.SetPort {
+			return 1
+		}
+	case redirect.MatchIface:
+		if m.Out {
+			return 3
+		}
+		return 2
+	case redirect.MatchProto:
+		return 4
+	}
+	return 5
+}
+
+func canonicalMatches(ms []redirect.Match) []redirect.Match {
+	out := slices.Clone(ms)
+	slices.SortStableFunc(out, func(a, b redirect.Match) int { return matchSlot(a) - matchSlot(b) })
+	return out
+}
+
+// mergeFamilies interleaves the IPv4 and IPv6 rule sequences of one chain:
+// rules equal but for the family (on a longest common subsequence) become
+// one FamilyAny rule; between them, IPv4-only rules come before IPv6-only.
+func mergeFamilies(v4, v6 []redirect.Rule) []redirect.Rule {
+	key := func(r redirect.Rule) string { r.Family = redirect.FamilyAny; return r.String() }
+	a := make([]string, len(v4))
+	for i, r := range v4 {
+		a[i] = key(r)
+	}
+	b := make([]string, len(v6))
+	for i, r := range v6 {
+		b[i] = key(r)
+	}
+	n, m := len(a), len(b)
+	lcs := make([][]int, n+1)
+	for i := range lcs {
+		lcs[i] = make([]int, m+1)
+	}
+	for i := n - 1; i >= 0; i-- {
+		for j := m - 1; j >= 0; j-- {
+			if a[i] == b[j] {
+				lcs[i][j] = lcs[i+1][j+1] + 1
+			} else {
+				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
+			}
+		}
+	}
+	var out []redirect.Rule
+	i, j := 0, 0
+	for i < n || j < m {
+		switch {
+		case i < n && j < m && a[i] == b[j]:
+			r := v4[i]
+			r.Family = redirect.FamilyAny
+			out = append(out, r)
+			i, j = i+1, j+1
+		case i < n && (j == m || lcs[i+1][j] >= lcs[i][j+1]):
+			out = append(out, v4[i])
+			i++
+		default:
+			out = append(out, v6[j])
+			j++
+		}
+	}
+	return out
+}
+
+// decodedTable is our part of one table of one family, as read.
+type decodedTable struct {
+	name   string
+	chains []xchain // builtin chains holding our rules, then our user chains
+}
+
+// raise turns the decoded tables of both families into a canonical Plan.
+func raise(byFam map[redirect.Family][]decodedTable) (redirect.Plan, error) {
+	var p redirect.Plan
+	sets := map[string]*redirect.Set{}
+	var setOrder []string
+	type famRules map[redirect.Family][]redirect.Rule
+	for _, tname := range []redirect.TableName{redirect.TableMangle, redirect.TableNat, redirect.TableRaw} {
+		chains := map[string]famRules{}
+		var names []string
+		for _, fam := range []redirect.Family{redirect.FamilyIPv4, redirect.FamilyIPv6} {
+			for _, dt := range byFam[fam] {
+				if dt.name != string(tname) {
+					continue
+				}
+				for _, xc := range dt.chains {
+					if xc.builtin && len(xc.rules) == 0 {
+						continue
+					}
+					if chains[xc.name] == nil {
+						chains[xc.name] = famRules{}
+						names = append(names, xc.name)
+					}
+					rules, err := raiseRules(xc.rules, fam, sets, &setOrder)
+					if err != nil {
+						return p, fmt.Errorf("reading %s %s/%s: %w", fam, tname, xc.name, err)
+					}
+					chains[xc.name][fam] = rules
+				}
+			}
+		}
+		if len(names) == 0 {
+			continue
+		}
+		t := redirect.Table{Name: tname}
+		for _, name := range names {
+			fr := chains[name]
+			c := redirect.Chain{Name: name, Rules: mergeFamilies(fr[redirect.FamilyIPv4], fr[redirect.FamilyIPv6])}
+			if h, ok := hookOf(name); ok {
+				if h != hookPrerouting && h != hookOutput {
+					return p, fmt.Errorf("our rules in %s/%s, a chain nftmesh never uses", tname, name)
+				}
+				c.Hook, c.Type, c.Priority = baseChainProps(tname, name)
+			}
+			t.Chains = append(t.Chains, c)
+		}
+		t.Chains = canonicalChains(t.Chains)
+		p.Tables = append(p.Tables, t)
+	}
+	for _, name := range setOrder {
+		p.Sets = append(p.Sets, *sets[name])
+	}
+	return p, nil
+}
+
+// baseChainProps gives a base chain the hook, type and priority
+// redirect.Build gives it (iptables' table priorities).
+func baseChainProps(t redirect.TableName, chain string) (redirect.Hook, redirect.ChainType, int32) {
+	hook := redirect.HookPrerouting
+	if chain == redirect.ChainOutput {
+		hook = redirect.HookOutput
+	}
+	switch t {
+	case redirect.TableNat:
+		return hook, redirect.ChainTypeNat, redirect.PriorityNat
+	case redirect.TableMangle:
+		if chain == redirect.ChainOutput {
+			return hook, redirect.ChainTypeRoute, redirect.PriorityMangle
+		}
+		return hook, redirect.ChainTypeFilter, redirect.PriorityMangle
+	}
+	return hook, redirect.ChainTypeFilter, redirect.PriorityRaw
+}
+
+// raiseRules converts one chain's rules and folds runs of rules expanded
+// from one set (same set tag, equal but for the element) into one rule.
+func raiseRules(xs []xrule, fam redirect.Family, sets map[string]*redirect.Set, order *[]string) ([]redirect.Rule, error) {
+	var out []redirect.Rule
+	lastKey, lastSet := "", ""
+	for i, x := range xs {
+		r, setName, el, err := raiseRule(x, fam)
+		if err != nil {
+			return nil, fmt.Errorf("rule %d: %w", i+1, err)
+		}
+		if setName != "" {
+			s := sets[setName]
+			if s == nil {
+				s = &redirect.Set{Name: setName, Kind: el.kind}
+				sets[setName] = s
+				*order = append(*order, setName)
+			}
+			if s.Kind != el.kind {
+				return nil, fmt.Errorf("rule %d: set %s holds %s and %s elements", i+1, setName, s.Kind, el.kind)
+			}
+			for _, pr := range el.prefixes {
+				if !slices.Contains(s.Prefixes, pr) {
+					s.Prefixes = append(s.Prefixes, pr)
+				}
+			}
+			for _, pt := range el.ports {
+				if !slices.Contains(s.Ports, pt) {
+					s.Ports = append(s.Ports, pt)
+				}
+			}
+			key := r.String()
+			if setName == lastSet && key == lastKey {
+				continue // another element of the same expanded rule
+			}
+			lastKey, lastSet = key, setName
+		} else {
+			lastKey, lastSet = "", ""
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+type setElems struct {
+	kind     redirect.SetKind
+	prefixes []netip.Prefix
+	ports    []uint16
+}
+
+// raiseRule converts one decoded entry; for a set-tagged entry it replaces
+// the element with a MatchSet and returns the set's name and element.
+func raiseRule(x xrule, fam redirect.Family) (redirect.Rule, string, setElems, error) {
+	r := redirect.Rule{Family: fam}
+	var el setElems
+	setName := ""
+	comment := ""
+	for _, m := range x.matches {
+		if c, ok := m.(mComment); ok {
+			comment = c.text
+		}
+	}
+	switch {
+	case comment == commentTag:
+	case strings.HasPrefix(comment, commentSetTag):
+		setName = strings.TrimPrefix(comment, commentSetTag)
+	default:
+		return r, "", el, fmt.Errorf("rule in our chain without the %q comment (%q)", commentTag, comment)
+	}
+	// The set element: a destination address, else the last plain
+	// destination port, else a negated multiport (negated port set).
+	setAt := -1
+	var ms []redirect.Match
+	if x.src.IsValid() {
+		ms = append(ms, redirect.MatchAddr{Source: true, Prefix: x.src, Negate: x.invSrc})
+	}
+	if x.dst.IsValid() {
+		if setName != "" {
+			kind := redirect.SetIPv4
+			if fam == redirect.FamilyIPv6 {
+				kind = redirect.SetIPv6
+			}
+			el = setElems{kind: kind, prefixes: []netip.Prefix{x.dst}}
+			setAt = len(ms)
+			ms = append(ms, redirect.MatchSet{Set: setName, Kind: kind, Negate: x.invDst})
+		} else {
+			ms = append(ms, redirect.MatchAddr{Prefix: x.dst, Negate: x.invDst})
+		}
+	}
+	if x.in != "" {
+		ms = append(ms, redirect.MatchIface{Name: x.in, Negate: x.invIn})
+	}
+	if x.out != "" {
+		ms = append(ms, redirect.MatchIface{Out: true, Name: x.out, Negate: x.invOut})
+	}
+	if x.proto != 0 {
+		if x.invProto || (x.proto != uint8(redirect.ProtoTCP) && x.proto != uint8(redirect.ProtoUDP)) {
+			return r, "", el, fmt.Errorf("%w: protocol %s%d", errNotOurs, bang(x.invProto), x.proto)
+		}
+		ms = append(ms, redirect.MatchProto{Proto: redirect.Proto(x.proto)})
+	}
+	portAt := -1
+	for _, m := range x.matches {
+		switch m := m.(type) {
+		case mPort:
+			if m.udp != (x.proto == uint8(redirect.ProtoUDP)) || x.proto == 0 {
+				return r, "", el, fmt.Errorf("%w: port match for another protocol", errNotOurs)
+			}
+			if !m.src && !m.inv {
+				portAt = len(ms)
+			}
+			ms = append(ms, redirect.MatchPort{Source: m.src, Ports: []uint16{m.port}, Negate: m.inv})
+		case mMultiport:
+			if setName != "" && setAt < 0 && m.inv && !m.src {
+				el = setElems{kind: redirect.SetPort, ports: slices.Clone(m.ports)}
+				setAt = len(ms)
+				ms = append(ms, redirect.MatchSet{Set: setName, Kind: redirect.SetPort, Negate: true})
+				continue
+			}
+			ms = append(ms, redirect.MatchPort{Source: m.src, Ports: slices.Clone(m.ports), Negate: m.inv})
+		case mOwner:
+			ms = append(ms, redirect.MatchOwner{GID: m.gid, ID: m.id, Negate: m.inv})
+		case mMark:
+			mask := m.mask
+			if mask == 0xffffffff {
+				mask = 0
+			}
+			ms = append(ms, redirect.MatchMark{Conn: m.conn, Value: m.value, Mask: mask, Negate: m.inv})
+		case mConntrack:
+			ms = append(ms, redirect.MatchCTState{States: m.states, Negate: m.inv})
+		case mComment:
+		default:
+			return r, "", el, fmt.Errorf("%w: match %T", errNotOurs, m)
+		}
+	}
+	if setName != "" && setAt < 0 {
+		if portAt < 0 {
+			return r, "", el, fmt.Errorf("rule tagged with set %s has no element to fold", setName)
+		}
+		p := ms[portAt].(redirect.MatchPort)
+		el = setElems{kind: redirect.SetPort, ports: p.Ports}
+		ms[portAt] = redirect.MatchSet{Set: setName, Kind: redirect.SetPort}
+	}
+	r.Matches = ms
+	switch t := x.target.(type) {
+	case tVerdict:
+		switch t.v {
+		case verdictAccept:
+			r.Verdict = redirect.Accept{}
+		case verdictDrop:
+			r.Verdict = redirect.Drop{}
+		default:
+			r.Verdict = redirect.Return{}
+		}
+	case tJump:
+		r.Verdict = redirect.Jump{Chain: t.chain}
+	case tRedirect:
+		r.Verdict = redirect.Redirect{Port: t.port}
+	case tTProxy:
+		r.Verdict = redirect.TProxy{Port: t.port, Mark: t.mark, Mask: t.mask}
+	case tMark:
+		if t.mask != 0xffffffff {
+			return r, "", el, fmt.Errorf("%w: MARK with mask 0x%x", errNotOurs, t.mask)
+		}
+		r.Verdict = redirect.SetMark{Mark: t.mark}
+	case tConnmark:
+		if t.nfmask != 0xffffffff || t.ctmask != 0xffffffff {
+			return r, "", el, fmt.Errorf("%w: CONNMARK masks", errNotOurs)
+		}
+		if t.mode == xtConnmarkSave {
+			r.Verdict = redirect.SaveMark{}
+		} else {
+			r.Verdict = redirect.RestoreMark{}
+		}
+	case tCT:
+		r.Verdict = redirect.SetCTZone{Zone: t.zone}
+	default:
+		return r, "", el, fmt.Errorf("%w: target %T", errNotOurs, t)
+	}
+	return r, setName, el, nil
+}

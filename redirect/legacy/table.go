@@ -1,0 +1,431 @@
+package legacy
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// tableInfo is struct ipt_getinfo.
+type tableInfo struct {
+	validHooks uint32
+	hookEntry  [numHooks]uint32
+	underflow  [numHooks]uint32
+	numEntries uint32
+	size       uint32
+}
+
+// tentry is one entry of a table being rewritten. Foreign entries keep
+// their bytes; only a jump's verdict is rewritten when offsets move.
+type tentry struct {
+	raw    []byte
+	parsed rawEntry
+	oldIdx int // index in the table as read, -1 for entries we add
+	// For standard targets with a positive verdict (a jump or a
+	// fall-through): the chain whose start it jumps to, or else the entry.
+	jumpChain   string
+	jumpTo      *tentry
+	fallsThrough bool // verdict is the next entry (a rule without -j)
+	off       int // offset in the table being written
+}
+
+// tchain is a builtin chain (hook >= 0; tail is its policy) or a user chain
+// (head is its ERROR entry; tail its trailing RETURN).
+type tchain struct {
+	name  string
+	hook  int
+	head  *tentry
+	rules []*tentry
+	tail  *tentry
+}
+
+func (c *tchain) start() *tentry {
+	if len(c.rules) > 0 {
+		return c.rules[0]
+	}
+	return c.tail
+}
+
+// table is a parsed x_tables table.
+type table struct {
+	name   string
+	l      *layout
+	info   tableInfo
+	chains []*tchain
+	end    *tentry // the final ERROR entry
+	counts []byte  // counters returned by the replace, indexed by oldIdx
+}
+
+func (t *table) chain(name string) *tchain {
+	for _, c := range t.chains {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+func getInfo(fd int, l *layout, name string) (tableInfo, error) {
+	b := make([]byte, getInfoLen)
+	copy(b[:xtTableMaxNameLen-1], name)
+	if _, err := getsockopt(fd, l.sockLevel, soGetInfo, b); err != nil {
+		return tableInfo{}, fmt.Errorf("reading %s table %s info: %w", l.fam, name, err)
+	}
+	return parseInfo(b), nil
+}
+
+func parseInfo(b []byte) tableInfo {
+	var in tableInfo
+	in.validHooks = hostEndian.Uint32(b[32:])
+	for h := 0; h < numHooks; h++ {
+		in.hookEntry[h] = hostEndian.Uint32(b[36+4*h:])
+		in.underflow[h] = hostEndian.Uint32(b[56+4*h:])
+	}
+	in.numEntries = hostEndian.Uint32(b[76:])
+	in.size = hostEndian.Uint32(b[80:])
+	return in
+}
+
+// readTable reads and parses one table. The table changing between the
+// two getsockopt calls shows up as a size mismatch (EAGAIN for the caller).
+func readTable(fd int, l *layout, name string) (*table, error) {
+	info, err := getInfo(fd, l, name)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, getEntriesHdr+int(info.size))
+	copy(b[:xtTableMaxNameLen-1], name)
+	hostEndian.PutUint32(b[32:], info.size)
+	if _, err := getsockopt(fd, l.sockLevel, soGetEntries, b); err != nil {
+		if errors.Is(err, unix.EAGAIN) {
+			return nil, unix.EAGAIN
+		}
+		return nil, fmt.Errorf("reading %s table %s entries: %w", l.fam, name, err)
+	}
+	t, err := parseTable(l, name, info, b[getEntriesHdr:])
+	if err != nil {
+		return nil, fmt.Errorf("parsing %s table %s: %w", l.fam, name, err)
+	}
+	return t, nil
+}
+
+// parseTable splits a table blob into chains and resolves jumps. It never
+// panics on malformed input (FuzzParseTable).
+func parseTable(l *layout, name string, info tableInfo, blob []byte) (*table, error) {
+	t := &table{name: name, l: l, info: info}
+	var ents []*tentry
+	byOff := map[int]int{}
+	for off := 0; off < len(blob); {
+		e, n, err := parseEntry(l, blob[off:])
+		if err != nil {
+			return nil, fmt.Errorf("entry %d at offset %d: %w", len(ents), off, err)
+		}
+		byOff[off] = len(ents)
+		ents = append(ents, &tentry{raw: e.b, parsed: e, oldIdx: len(ents), off: off})
+		off += n
+	}
+	if len(ents) == 0 || uint32(len(ents)) != info.numEntries {
+		return nil, fmt.Errorf("%d entries, info says %d", len(ents), info.numEntries)
+	}
+	if n, ok := ents[len(ents)-1].parsed.errorName(); !ok || n != "ERROR" {
+		return nil, fmt.Errorf("table does not end with the ERROR entry")
+	}
+	t.end = ents[len(ents)-1]
+	hookAt := map[int]int{}
+	for h := 0; h < numHooks; h++ {
+		if info.validHooks&(1<<h) == 0 {
+			continue
+		}
+		i, ok := byOff[int(info.hookEntry[h])]
+		u, ok2 := byOff[int(info.underflow[h])]
+		if !ok || !ok2 || u < i {
+			return nil, fmt.Errorf("hook %d entry %d / underflow %d are not entry boundaries", h, info.hookEntry[h], info.underflow[h])
+		}
+		hookAt[i] = h
+	}
+	for i := 0; i < len(ents)-1; {
+		if h, ok := hookAt[i]; ok {
+			u := byOff[int(info.underflow[h])]
+			c := &tchain{name: hookChainNames[h], hook: h, rules: ents[i:u], tail: ents[u]}
+			if !c.tail.parsed.unconditional(l) {
+				return nil, fmt.Errorf("chain %s policy entry has matches", c.name)
+			}
+			t.chains = append(t.chains, c)
+			i = u + 1
+			continue
+		}
+		cname, ok := ents[i].parsed.errorName()
+		if !ok {
+			return nil, fmt.Errorf("entry %d is outside every chain", i)
+		}
+		j := i + 1
+		for j < len(ents)-1 {
+			if _, isHead := ents[j].parsed.errorName(); isHead {
+				break
+			}
+			if _, isHook := hookAt[j]; isHook {
+				break
+			}
+			j++
+		}
+		if j == i+1 {
+			return nil, fmt.Errorf("user chain %s has no RETURN entry", cname)
+		}
+		t.chains = append(t.chains, &tchain{name: cname, hook: -1, head: ents[i], rules: ents[i+1 : j-1], tail: ents[j-1]})
+		i = j
+	}
+	if len(hookAt) != len(t.builtins()) {
+		return nil, fmt.Errorf("hook entries overlap")
+	}
+	starts := map[*tentry]string{}
+	for _, c := range t.chains {
+		if c.hook < 0 {
+			starts[c.start()] = c.name
+		}
+	}
+	for _, e := range ents {
+		v, ok := e.parsed.stdVerdict()
+		if !ok || v < 0 {
+			continue
+		}
+		k, ok := byOff[int(v)]
+		if !ok {
+			return nil, fmt.Errorf("entry %d jumps to %d, not an entry", e.oldIdx, v)
+		}
+		if k == e.oldIdx+1 {
+			e.fallsThrough = true
+		} else if name, ok := starts[ents[k]]; ok {
+			e.jumpChain = name
+		} else {
+			e.jumpTo = ents[k]
+		}
+	}
+	return t, nil
+}
+
+func (t *table) builtins() []*tchain {
+	var out []*tchain
+	for _, c := range t.chains {
+		if c.hook >= 0 {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// ours reports whether an entry of a builtin chain is one of our rules.
+func ours(e *tentry) bool {
+	c, ok := e.parsed.comment()
+	return ok && (c == commentTag || strings.HasPrefix(c, commentSetTag))
+}
+
+func ourChain(name string) bool { return strings.HasPrefix(name, ourChainPref) }
+
+// stripOurs removes our chains and our rules in builtin chains, and
+// reports whether anything was removed. A foreign rule that jumps into one
+// of our chains means someone else (istio-init, a hand-written rule) uses
+// the ISTIO_ names; we refuse rather than break or double their capture.
+func (t *table) stripOurs() (bool, error) {
+	changed := false
+	var keep []*tchain
+	for _, c := range t.chains {
+		if c.hook < 0 && ourChain(c.name) {
+			changed = true
+			continue
+		}
+		if c.hook >= 0 {
+			n := len(c.rules)
+			c.rules = slices.DeleteFunc(slices.Clone(c.rules), ours)
+			changed = changed || n != len(c.rules)
+		}
+		keep = append(keep, c)
+	}
+	for _, c := range keep {
+		for _, e := range c.rules {
+			if ourChain(e.jumpChain) {
+				return false, fmt.Errorf("table %s: chain %s has a rule not installed by nftmesh that jumps to %s (iptables rules of another Istio installer?)", t.name, c.name, e.jumpChain)
+			}
+		}
+	}
+	t.chains = keep
+	return changed, nil
+}
+
+// addOurs appends our lowered rules to the builtin chains and adds our user
+// chains, keeping user chains sorted by name as libiptc writes them.
+func (t *table) addOurs(enc *encoder, x xtable) error {
+	for _, xc := range x.chains {
+		var rules []*tentry
+		for i, r := range xc.rules {
+			b, err := enc.entry(r)
+			if err != nil {
+				return fmt.Errorf("encoding %s rule %d: %w", xc.name, i+1, err)
+			}
+			e := &tentry{raw: b, oldIdx: -1}
+			if j, ok := r.target.(tJump); ok {
+				e.jumpChain = j.chain
+			}
+			rules = append(rules, e)
+		}
+		if xc.builtin {
+			c := t.chain(xc.name)
+			if c == nil {
+				return fmt.Errorf("table %s has no builtin chain %s", t.name, xc.name)
+			}
+			c.rules = append(c.rules, rules...)
+			continue
+		}
+		if t.chain(xc.name) != nil {
+			return fmt.Errorf("table %s already has a chain %s", t.name, xc.name)
+		}
+		head := &tentry{raw: append(make([]byte, enc.l.entryLen), errorTarget(xc.name)...), oldIdx: -1}
+		setOffsets(enc.l, head.raw, enc.l.entryLen)
+		tail := &tentry{raw: append(make([]byte, enc.l.entryLen), stdTarget(verdictReturn)...), oldIdx: -1}
+		setOffsets(enc.l, tail.raw, enc.l.entryLen)
+		t.chains = append(t.chains, &tchain{name: xc.name, hook: -1, head: head, rules: rules, tail: tail})
+	}
+	return nil
+}
+
+func setOffsets(l *layout, b []byte, targetOff int) {
+	hostEndian.PutUint16(b[l.tgtOffOff:], uint16(targetOff))
+	hostEndian.PutUint16(b[l.tgtOffOff+2:], uint16(len(b)))
+}
+
+// layout orders the chains (builtins by hook, user chains by name), assigns
+// offsets, and returns the entries and the new hook entry / underflow
+// offsets. Jump verdicts are patched into copies of the entries.
+func (t *table) layout() (blob []byte, n int, hookEntry, underflow [numHooks]uint32, err error) {
+	slices.SortStableFunc(t.chains, func(a, b *tchain) int {
+		switch {
+		case a.hook >= 0 && b.hook >= 0:
+			return a.hook - b.hook
+		case a.hook >= 0:
+			return -1
+		case b.hook >= 0:
+			return 1
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	var order []*tentry
+	for _, c := range t.chains {
+		if c.head != nil {
+			order = append(order, c.head)
+		}
+		order = append(order, c.rules...)
+		order = append(order, c.tail)
+	}
+	order = append(order, t.end)
+	off := 0
+	for _, e := range order {
+		e.off = off
+		off += len(e.raw)
+	}
+	for _, c := range t.chains {
+		if c.hook >= 0 {
+			hookEntry[c.hook] = uint32(c.start().off)
+			underflow[c.hook] = uint32(c.tail.off)
+		}
+	}
+	blob = make([]byte, 0, off)
+	for _, e := range order {
+		start := len(blob)
+		blob = append(blob, e.raw...)
+		var dst *tentry
+		switch {
+		case e.fallsThrough:
+			dst = &tentry{off: e.off + len(e.raw)}
+		case e.jumpChain != "":
+			c := t.chain(e.jumpChain)
+			if c == nil || c.hook >= 0 {
+				return nil, 0, hookEntry, underflow, fmt.Errorf("table %s: jump to missing user chain %s", t.name, e.jumpChain)
+			}
+			dst = c.start()
+		case e.jumpTo != nil:
+			dst = e.jumpTo
+			if !slices.Contains(order, dst) {
+				return nil, 0, hookEntry, underflow, fmt.Errorf("table %s: a kept rule jumps into a removed entry", t.name)
+			}
+		default:
+			continue
+		}
+		to := int(hostEndian.Uint16(e.raw[t.l.tgtOffOff:]))
+		hostEndian.PutUint32(blob[start+to+xtMatchHdrLen:], uint32(dst.off))
+	}
+	return blob, len(order), hookEntry, underflow, nil
+}
+
+// replace writes the table with IPT_SO_SET_REPLACE, passing the number of
+// entries we read (the kernel answers EAGAIN if the table changed since),
+// then restores the counters of the entries we kept.
+func (t *table) replace(fd int) error {
+	blob, n, hookEntry, underflow, err := t.layout()
+	if err != nil {
+		return err
+	}
+	oldN := int(t.info.numEntries)
+	counters := make([]byte, max(oldN, 1)*counterLen)
+	b := make([]byte, replaceHdrLen+len(blob))
+	copy(b[:xtTableMaxNameLen-1], t.name)
+	hostEndian.PutUint32(b[32:], t.info.validHooks)
+	hostEndian.PutUint32(b[36:], uint32(n))
+	hostEndian.PutUint32(b[40:], uint32(len(blob)))
+	for h := 0; h < numHooks; h++ {
+		hostEndian.PutUint32(b[44+4*h:], hookEntry[h])
+		hostEndian.PutUint32(b[64+4*h:], underflow[h])
+	}
+	hostEndian.PutUint32(b[84:], uint32(oldN))
+	hostEndian.PutUint64(b[88:], uint64(uintptr(unsafe.Pointer(&counters[0]))))
+	copy(b[replaceHdrLen:], blob)
+	err = setsockopt(fd, t.l.sockLevel, soSetReplace, b)
+	runtime.KeepAlive(counters)
+	if err != nil {
+		if errors.Is(err, unix.EAGAIN) {
+			return unix.EAGAIN
+		}
+		return fmt.Errorf("replacing %s table %s: %w", t.l.fam, t.name, err)
+	}
+	t.counts = counters
+	t.addCounters(fd, n)
+	return nil
+}
+
+// addCounters gives kept entries back the packet/byte counts they had, as
+// libiptc does after a replace. Best effort: if another writer replaced the
+// table in between, the kernel refuses and the counts start from zero.
+func (t *table) addCounters(fd, n int) {
+	b := make([]byte, countersInfoHd+n*counterLen)
+	any := false
+	i := 0
+	each := func(e *tentry) {
+		if e.oldIdx >= 0 && (e.oldIdx+1)*counterLen <= len(t.counts) {
+			c := t.counts[e.oldIdx*counterLen : (e.oldIdx+1)*counterLen]
+			copy(b[countersInfoHd+i*counterLen:], c)
+			for _, x := range c {
+				any = any || x != 0
+			}
+		}
+		i++
+	}
+	for _, c := range t.chains {
+		if c.head != nil {
+			each(c.head)
+		}
+		for _, e := range c.rules {
+			each(e)
+		}
+		each(c.tail)
+	}
+	each(t.end)
+	if !any {
+		return
+	}
+	copy(b[:xtTableMaxNameLen-1], t.name)
+	hostEndian.PutUint32(b[32:], uint32(n))
+	_ = setsockopt(fd, t.l.sockLevel, soSetAddCounters, b)
+}
