@@ -1,7 +1,12 @@
 package legacy
 
-import "net/netip"
+import (
+	"net/netip"
+	"sort"
+)
 
 type netipPrefix = netip.Prefix
 
 func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+func slicesSort(s []string) { sort.Strings(s) }
