@@ -90,7 +90,9 @@ type (
 	mComment struct{ text string }
 )
 
-type xtarget interface{ save(b *strings.Builder, fam redirect.Family) }
+type xtarget interface {
+	save(b *strings.Builder, fam redirect.Family)
+}
 
 // Standard verdicts as x_tables stores them (-NF_x - 1; RETURN is -NF_REPEAT - 1).
 const (

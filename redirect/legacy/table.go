@@ -28,10 +28,10 @@ type tentry struct {
 	oldIdx int // index in the table as read, -1 for entries we add
 	// For standard targets with a positive verdict (a jump or a
 	// fall-through): the chain whose start it jumps to, or else the entry.
-	jumpChain   string
-	jumpTo      *tentry
+	jumpChain    string
+	jumpTo       *tentry
 	fallsThrough bool // verdict is the next entry (a rule without -j)
-	off       int // offset in the table being written
+	off          int  // offset in the table being written
 }
 
 // tchain is a builtin chain (hook >= 0; tail is its policy) or a user chain
