@@ -151,7 +151,7 @@ func parseTable(l *layout, name string, info tableInfo, blob []byte) (*table, er
 	for i := 0; i < len(ents)-1; {
 		if h, ok := hookAt[i]; ok {
 			u := byOff[int(info.underflow[h])]
-			c := &tchain{name: hookChainNames[h], hook: h, rules: ents[i:u], tail: ents[u]}
+			c := &tchain{name: hookChainNames[h], hook: h, rules: slices.Clone(ents[i:u]), tail: ents[u]}
 			if !c.tail.parsed.unconditional(l) {
 				return nil, fmt.Errorf("chain %s policy entry has matches", c.name)
 			}
@@ -176,7 +176,7 @@ func parseTable(l *layout, name string, info tableInfo, blob []byte) (*table, er
 		if j == i+1 {
 			return nil, fmt.Errorf("user chain %s has no RETURN entry", cname)
 		}
-		t.chains = append(t.chains, &tchain{name: cname, hook: -1, head: ents[i], rules: ents[i+1 : j-1], tail: ents[j-1]})
+		t.chains = append(t.chains, &tchain{name: cname, hook: -1, head: ents[i], rules: slices.Clone(ents[i+1 : j-1]), tail: ents[j-1]})
 		i = j
 	}
 	if len(hookAt) != len(t.builtins()) {
