@@ -17,7 +17,8 @@ import (
 // are not nftables objects, follow as "#" comment lines with the equivalent
 // ip commands.
 func Render(p redirect.Plan) (string, error) {
-	if err := p.Verify(); err != nil {
+	// Render prints only what Apply can program.
+	if _, err := encode(p, TableName); err != nil {
 		return "", fmt.Errorf("rendering plan: %w", err)
 	}
 	var blocks []string
