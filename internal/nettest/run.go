@@ -13,6 +13,9 @@ import (
 type Outcome struct {
 	Case ProbeCase
 	Got  Result
+	// Took is how long the probe took; a captured or direct connection
+	// takes about a millisecond, a lost SYN a second or more.
+	Took time.Duration
 }
 
 // OK reports whether the probe landed where expected with the expected
@@ -37,7 +40,9 @@ func (o Outcome) String() string {
 func RunProbes(t *Topology, cases []ProbeCase) []Outcome {
 	out := make([]Outcome, len(cases))
 	for i, c := range cases {
-		out[i] = Outcome{Case: c, Got: t.Probe(c.Probe)}
+		start := time.Now()
+		got := t.Probe(c.Probe)
+		out[i] = Outcome{Case: c, Got: got, Took: time.Since(start)}
 	}
 	return out
 }
@@ -100,7 +105,7 @@ func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario)
 			t.Errorf("scenario %s, backend %s: MISMATCH %s", sc.Name, backend.Name(), o)
 			continue
 		}
-		t.Logf("ok %s", o)
+		t.Logf("ok %s in %v", o, o.Took.Round(time.Millisecond))
 	}
 	t.Logf("scenario %s, backend %s: %d/%d probes as expected", sc.Name, backend.Name(), len(cases)-bad, len(cases))
 }

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -238,6 +239,17 @@ func (t *Topology) wire() error {
 	}
 	defer peerNS.Close()
 
+	// No duplicate address detection on the new links' own addresses (the
+	// link-local ones) either: while fe80:: is tentative, the first IPv6
+	// connection after the link comes up is sometimes delayed by a second.
+	for _, ns := range []string{t.PodNetnsPath(), t.PeerNetnsPath()} {
+		if err := inNetns(ns, nil, func() error {
+			return os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0o644)
+		}); err != nil {
+			return fmt.Errorf("turning off IPv6 DAD in %s: %w", ns, err)
+		}
+	}
+
 	// Created from inside the pod namespace, with the peer end moved straight
 	// into the peer namespace: the root namespace never sees either end.
 	veth := &netlink.Veth{
@@ -265,6 +277,19 @@ func (t *Topology) wire() error {
 		return err
 	}
 
+	// Until the kernel's linkwatch has processed the carrier change (up to a
+	// second later), a veth still has its no-op qdisc and drops what is sent:
+	// the first ARP/ND probe would be lost and the first connection would
+	// stall for a retransmit.
+	for _, l := range []struct {
+		h    *netlink.Handle
+		name string
+	}{{pod, t.PodIface}, {peer, t.PeerIface}} {
+		if err := waitOperUp(l.h, l.name); err != nil {
+			return err
+		}
+	}
+
 	for _, a := range []struct {
 		h    *netlink.Handle
 		link netlink.Link
@@ -282,6 +307,32 @@ func (t *Topology) wire() error {
 	for _, h := range ExternalHosts() {
 		if err := addAddr(peer, peerLo, netip.PrefixFrom(h, h.BitLen())); err != nil {
 			return err
+		}
+	}
+
+	// Static neighbour entries: no ARP or neighbour discovery right after
+	// the link came up (a lost first solicitation costs a one-second
+	// retransmit and makes probe timings erratic).
+	podLink, peerLink = refresh(pod, podLink), refresh(peer, peerLink)
+	for _, n := range []struct {
+		h    *netlink.Handle
+		link netlink.Link
+		ip   netip.Addr
+		mac  net.HardwareAddr
+	}{
+		{pod, podLink, PeerV4, peerLink.Attrs().HardwareAddr},
+		{pod, podLink, PeerV6, peerLink.Attrs().HardwareAddr},
+		{peer, peerLink, PodV4, podLink.Attrs().HardwareAddr},
+		{peer, peerLink, PodV6, podLink.Attrs().HardwareAddr},
+	} {
+		fam := netlink.FAMILY_V4
+		if n.ip.Is6() {
+			fam = netlink.FAMILY_V6
+		}
+		neigh := &netlink.Neigh{LinkIndex: n.link.Attrs().Index, Family: fam, State: netlink.NUD_PERMANENT,
+			IP: net.IP(n.ip.AsSlice()), HardwareAddr: n.mac}
+		if err := n.h.NeighSet(neigh); err != nil {
+			return fmt.Errorf("adding neighbour %s on %s: %w", n.ip, n.link.Attrs().Name, err)
 		}
 	}
 
@@ -303,6 +354,31 @@ func (t *Topology) wire() error {
 		}
 	}
 	return nil
+}
+
+// refresh re-reads a link (its attributes, such as the MAC, as they are now).
+func refresh(h *netlink.Handle, l netlink.Link) netlink.Link {
+	if nl, err := h.LinkByIndex(l.Attrs().Index); err == nil {
+		return nl
+	}
+	return l
+}
+
+func waitOperUp(h *netlink.Handle, name string) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("finding link %s: %w", name, err)
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("waiting for link %s to come up: still %s after 5s", name, l.Attrs().OperState)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func setUp(h *netlink.Handle, name string) (netlink.Link, error) {
