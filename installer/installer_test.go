@@ -1,0 +1,638 @@
+package installer
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// host is a fake node file system in a temp dir.
+type host struct {
+	root, bin, bin2, conf, run, sa, plugin string
+	saGen                                  int
+}
+
+func newHost(t *testing.T) *host {
+	t.Helper()
+	r := t.TempDir()
+	h := &host{
+		root: r,
+		bin:  filepath.Join(r, "opt/cni/bin"),
+		bin2: filepath.Join(r, "home/kubernetes/bin"),
+		conf: filepath.Join(r, "etc/cni/net.d"),
+		run:  filepath.Join(r, "var/run/nftmesh"),
+		sa:   filepath.Join(r, "sa"),
+	}
+	for _, d := range []string{h.bin, h.bin2, h.conf, h.sa, filepath.Join(r, "image")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.plugin = filepath.Join(r, "image", PluginName)
+	bin := make([]byte, 256<<10)
+	_, _ = rand.Read(bin)
+	if err := os.WriteFile(h.plugin, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h.rotateToken(t, "token-1")
+	return h
+}
+
+// rotateToken lays the service-account dir out like kubelet's projected
+// volume: files are links into ..data, which is swapped atomically.
+func (h *host) rotateToken(t *testing.T, token string) {
+	t.Helper()
+	h.saGen++
+	gen := fmt.Sprintf("..2026_01_01_00_00_%02d.%d", h.saGen, h.saGen)
+	if err := os.Mkdir(filepath.Join(h.sa, gen), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(h.sa, gen, "token"), []byte(token), 0o644)
+	_ = os.WriteFile(filepath.Join(h.sa, gen, "ca.crt"), []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"), 0o644)
+	_ = os.WriteFile(filepath.Join(h.sa, gen, "namespace"), []byte("nftmesh-system"), 0o644)
+	tmp := filepath.Join(h.sa, "..data_tmp")
+	if err := os.Symlink(gen, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(h.sa, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"token", "ca.crt", "namespace"} {
+		_ = os.Symlink(filepath.Join("..data", f), filepath.Join(h.sa, f))
+	}
+}
+
+func testEnv(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func (h *host) config(t *testing.T, extra ...string) *Config {
+	t.Helper()
+	args := append([]string{
+		"--cni-bin-dir", h.bin, "--cni-bin-dir", h.bin2,
+		"--cni-conf-dir", h.conf, "--agent-run-dir", h.run,
+		"--plugin-binary", h.plugin, "--service-account-dir", h.sa,
+		"--pod-namespace", "nftmesh-system", "--reinstall-rate", "100000", "--reinstall-burst", "1000",
+	}, extra...)
+	c, err := ParseConfig(args, testEnv(map[string]string{"KUBERNETES_SERVICE_HOST": "fd00:10:96::1", "KUBERNETES_SERVICE_PORT": "443"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (h *host) put(t *testing.T, sample string, mode fs.FileMode) (string, []byte) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(testConfDir, sample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(h.conf, filepath.Base(sample))
+	if err := os.WriteFile(p, b, mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, mode); err != nil {
+		t.Fatal(err)
+	}
+	return p, b
+}
+
+type agent struct {
+	in     *Installer
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+}
+
+func startAgent(t *testing.T, cfg *Config) *agent {
+	t.Helper()
+	log := zerolog.New(io.Discard)
+	if testing.Verbose() {
+		log = zerolog.New(zerolog.NewTestWriter(t))
+	}
+	in, err := New(cfg, log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &agent{in: in, cancel: cancel, done: make(chan error, 1)}
+	go func() { a.done <- in.Run(ctx) }()
+	t.Cleanup(a.stop)
+	return a
+}
+
+func (a *agent) stop() {
+	a.once.Do(func() {
+		a.cancel()
+		select {
+		case err := <-a.done:
+			if err != nil {
+				panic(err)
+			}
+		case <-time.After(10 * time.Second):
+			panic("agent did not stop")
+		}
+	})
+}
+
+// waitFor waits, reconcile by reconcile, until cond holds.
+func (a *agent) waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for !cond() {
+		select {
+		case <-a.in.Reconciled:
+		case <-time.After(50 * time.Millisecond): // a reconcile may have happened before we waited
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s (ready: %v)", what, a.in.Ready())
+		}
+	}
+}
+
+func (a *agent) waitReady(t *testing.T) {
+	t.Helper()
+	a.waitFor(t, "ready", func() bool { return a.in.Ready() == nil })
+}
+
+func modeOf(t *testing.T, p string) fs.FileMode {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Mode().Perm()
+}
+
+func assertGone(t *testing.T, p string) {
+	t.Helper()
+	if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s still exists (%v)", p, err)
+	}
+}
+
+func (h *host) assertInstalled(t *testing.T, cfg *Config) {
+	t.Helper()
+	src, _ := os.ReadFile(h.plugin)
+	for _, d := range []string{h.bin, h.bin2} {
+		got, err := os.ReadFile(filepath.Join(d, PluginName))
+		if err != nil || !bytes.Equal(got, src) {
+			t.Errorf("binary in %s missing or different (%v)", d, err)
+		}
+		if m := modeOf(t, filepath.Join(d, PluginName)); m != 0o755 {
+			t.Errorf("binary mode %v, want 0755", m)
+		}
+	}
+	if m := modeOf(t, cfg.KubeconfigPath()); m != 0o600 {
+		t.Errorf("kubeconfig mode %v, want 0600", m)
+	}
+}
+
+func TestRunChainedRealWorldAndCleanup(t *testing.T) {
+	for _, src := range realWorld(t) {
+		if filepath.Ext(src) != ".conflist" {
+			continue
+		}
+		t.Run(filepath.Base(src), func(t *testing.T) {
+			h := newHost(t)
+			p, orig := h.put(t, filepath.Base(src), 0o640)
+			cfg := h.config(t)
+			a := startAgent(t, cfg)
+			a.waitReady(t)
+
+			h.assertInstalled(t, cfg)
+			l, err := libcni.ConfListFromFile(p)
+			if err != nil {
+				t.Fatalf("installed config does not load: %v", err)
+			}
+			if last := l.Plugins[len(l.Plugins)-1]; last.Network.Type != PluginName {
+				t.Errorf("last plugin %s", last.Network.Type)
+			}
+			if m := modeOf(t, p); m != 0o640 {
+				t.Errorf("mode %v, want the primary's 0640", m)
+			}
+			kc, err := clientcmd.LoadFromFile(cfg.KubeconfigPath())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := kc.Clusters["local"].Server; s != "https://[fd00:10:96::1]:443" {
+				t.Errorf("server %q, want the bracketed IPv6 URL", s)
+			}
+			if kc.AuthInfos[PluginName].Token != "token-1" {
+				t.Errorf("token %q", kc.AuthInfos[PluginName].Token)
+			}
+
+			a.stop()
+			if err := a.in.Cleanup(); err != nil {
+				t.Fatal(err)
+			}
+			got, _ := os.ReadFile(p)
+			if !bytes.Equal(got, orig) {
+				t.Errorf("cleanup did not restore the original bytes:\n%s", got)
+			}
+			if m := modeOf(t, p); m != 0o640 {
+				t.Errorf("mode after cleanup %v", m)
+			}
+			assertGone(t, filepath.Join(h.bin, PluginName))
+			assertGone(t, filepath.Join(h.bin2, PluginName))
+			assertGone(t, cfg.KubeconfigPath())
+			assertGone(t, filepath.Join(h.run, StateFileName))
+			entries, _ := os.ReadDir(h.conf)
+			if len(entries) != 1 {
+				t.Errorf("conf dir has %d entries after cleanup, want only the primary", len(entries))
+			}
+		})
+	}
+}
+
+func TestConfToConflistAndRestore(t *testing.T) {
+	h := newHost(t)
+	p, orig := h.put(t, "10-bridge.conf", 0o600)
+	cfg := h.config(t)
+	a := startAgent(t, cfg)
+	a.waitReady(t)
+
+	lp := filepath.Join(h.conf, "10-bridge.conflist")
+	assertGone(t, p)
+	l, err := libcni.ConfListFromFile(lp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.CNIVersion != "0.4.0" || len(l.Plugins) != 2 || l.Plugins[0].Network.Type != "bridge" {
+		t.Errorf("converted list: version %s, %d plugins", l.CNIVersion, len(l.Plugins))
+	}
+	if m := modeOf(t, lp); m != 0o600 {
+		t.Errorf("converted list mode %v, want the .conf's 0600", m)
+	}
+	a.stop()
+	if err := a.in.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(p)
+	if err != nil || !bytes.Equal(got, orig) {
+		t.Fatalf("the .conf was not restored byte for byte: %v\n%s", err, got)
+	}
+	if m := modeOf(t, p); m != 0o600 {
+		t.Errorf("restored mode %v", m)
+	}
+	assertGone(t, lp)
+}
+
+// The primary rewrites its file 100 times in a row, alternating in-place
+// writes and atomic replacements; each time the real watch loop puts our
+// entry back, and the fight is detected and counted.
+func TestReinsertAfterPrimaryRewrites(t *testing.T) {
+	h := newHost(t)
+	p, orig := h.put(t, "10-calico.conflist", 0o644)
+	cfg := h.config(t, "--fight-threshold", "5", "--fight-window", "1h")
+	a := startAgent(t, cfg)
+	a.waitReady(t)
+	ours := cfg.PluginConf().JSON()
+
+	const rewrites = 100
+	for i := range rewrites {
+		if i%2 == 0 {
+			if err := os.WriteFile(p, orig, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			tmp := filepath.Join(h.conf, ".calico-tmp")
+			if err := os.WriteFile(tmp, orig, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a.waitFor(t, fmt.Sprintf("re-insert %d", i+1), func() bool { return VerifyInstalled(p, ours) == nil })
+	}
+	a.waitReady(t)
+	m := a.in.Metrics()
+	if got := testutil.ToFloat64(m.Reinserts); got != rewrites {
+		t.Errorf("reinserts_total = %v, want %d", got, rewrites)
+	}
+	if got := testutil.ToFloat64(m.Fights); got != rewrites-5 {
+		t.Errorf("fights_total = %v, want %d (every re-insert beyond the threshold of 5)", got, rewrites-5)
+	}
+	l, err := libcni.ConfListFromFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, pl := range l.Plugins {
+		if pl.Network.Type == PluginName {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d copies of our entry after the fight", n)
+	}
+	a.stop()
+	if err := a.in.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(p); !bytes.Equal(got, orig) {
+		t.Errorf("not restored after the fight:\n%s", got)
+	}
+}
+
+func TestStandalone(t *testing.T) {
+	h := newHost(t)
+	p, orig := h.put(t, "10-calico.conflist", 0o644)
+	cfg := h.config(t, "--chained=false", "--cni-conf-file-name", "nftmesh-cni.conf")
+	a := startAgent(t, cfg)
+	a.waitReady(t)
+
+	own := filepath.Join(h.conf, "nftmesh-cni.conf")
+	c, err := libcni.ConfFromFile(own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Network.Type != PluginName || c.Network.CNIVersion != StandaloneCNIVersion {
+		t.Errorf("standalone conf: %s", c.Bytes)
+	}
+	if got, _ := os.ReadFile(p); !bytes.Equal(got, orig) {
+		t.Error("standalone mode touched the primary config")
+	}
+	// Someone deletes it: it comes back.
+	_ = os.Remove(own)
+	a.waitFor(t, "standalone file back", func() bool { _, err := os.Stat(own); return err == nil && a.in.Ready() == nil })
+
+	a.stop()
+	if err := a.in.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, own)
+	if got, _ := os.ReadFile(p); !bytes.Equal(got, orig) {
+		t.Error("primary changed")
+	}
+}
+
+func TestInvalidFilesSkippedAndUntouched(t *testing.T) {
+	h := newHost(t)
+	inv, _ := filepath.Glob(filepath.Join(testConfDir, "invalid", "*"))
+	want := map[string][]byte{}
+	for _, f := range inv {
+		_, b := h.put(t, filepath.Join("invalid", filepath.Base(f)), 0o644)
+		want[filepath.Base(f)] = b
+	}
+	cfg := h.config(t)
+	a := startAgent(t, cfg)
+	a.waitFor(t, "no primary", func() bool { return errors.Is(a.in.Ready(), errNoPrimary) })
+	// The primary appears: we are woken by the watch and install.
+	p, _ := h.put(t, "10-flannel.conflist", 0o644)
+	a.waitReady(t)
+	if err := VerifyInstalled(p, cfg.PluginConf().JSON()); err != nil {
+		t.Fatal(err)
+	}
+	for n, b := range want {
+		if got, _ := os.ReadFile(filepath.Join(h.conf, n)); !bytes.Equal(got, b) {
+			t.Errorf("invalid file %s was modified", n)
+		}
+	}
+}
+
+func TestNamedConfAndPreemption(t *testing.T) {
+	h := newHost(t)
+	calico, corig := h.put(t, "10-calico.conflist", 0o644)
+	flannel, forig := h.put(t, "10-flannel.conflist", 0o644)
+	cfg := h.config(t, "--cni-conf-file-name", "10-flannel.conflist")
+	a := startAgent(t, cfg)
+	a.waitReady(t)
+	ours := cfg.PluginConf().JSON()
+	if err := VerifyInstalled(flannel, ours); err != nil {
+		t.Fatalf("named file: %v", err)
+	}
+	if got, _ := os.ReadFile(calico); !bytes.Equal(got, corig) {
+		t.Error("touched an unnamed file")
+	}
+	a.stop()
+	if err := a.in.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(flannel); !bytes.Equal(got, forig) {
+		t.Error("named file not restored")
+	}
+
+	// Discovery: a new, lexically earlier primary takes over (Cilium
+	// replacing Calico); we follow it and clean both on exit.
+	h2 := newHost(t)
+	calico, corig = h2.put(t, "10-calico.conflist", 0o644)
+	cfg2 := h2.config(t)
+	a2 := startAgent(t, cfg2)
+	a2.waitReady(t)
+	cilium, ciorig := h2.put(t, "05-cilium.conflist", 0o644)
+	ours2 := cfg2.PluginConf().JSON()
+	a2.waitFor(t, "insert into the new primary", func() bool { return VerifyInstalled(cilium, ours2) == nil })
+	a2.stop()
+	if err := a2.in.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string][]byte{calico: corig, cilium: ciorig} {
+		if got, _ := os.ReadFile(p); !bytes.Equal(got, want) {
+			t.Errorf("%s not restored", p)
+		}
+	}
+}
+
+func TestBinaryReplacedIsReinstalled(t *testing.T) {
+	h := newHost(t)
+	h.put(t, "10-kindnet.conflist", 0o644)
+	cfg := h.config(t)
+	a := startAgent(t, cfg)
+	a.waitReady(t)
+	dst := filepath.Join(h.bin2, PluginName)
+	if err := os.WriteFile(dst, []byte("tampered"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a.waitFor(t, "binary restored", func() bool {
+		b, _ := os.ReadFile(dst)
+		src, _ := os.ReadFile(h.plugin)
+		return bytes.Equal(b, src) && a.in.Ready() == nil
+	})
+	_ = os.Remove(filepath.Join(h.bin, PluginName))
+	a.waitFor(t, "binary back", func() bool { return a.in.src.installed(h.bin) && a.in.Ready() == nil })
+	// Leftover temp files of a crashed copy are cleaned on the next install.
+	left := filepath.Join(h.bin, tmpPrefix+PluginName+"-123"+tmpSuffix)
+	_ = os.WriteFile(left, []byte("x"), 0o644)
+	_ = os.Remove(filepath.Join(h.bin, PluginName))
+	a.waitFor(t, "leftover removed", func() bool { _, err := os.Stat(left); return err != nil && a.in.Ready() == nil })
+}
+
+func TestTokenRotationRewritesKubeconfig(t *testing.T) {
+	h := newHost(t)
+	h.put(t, "10-calico.conflist", 0o644)
+	cfg := h.config(t)
+	a := startAgent(t, cfg)
+	a.waitReady(t)
+	token := func() string {
+		kc, err := clientcmd.LoadFromFile(cfg.KubeconfigPath())
+		if err != nil {
+			return ""
+		}
+		return kc.AuthInfos[PluginName].Token
+	}
+	for i := 2; i <= 4; i++ {
+		want := fmt.Sprintf("token-%d", i)
+		h.rotateToken(t, want)
+		a.waitFor(t, "rotated token "+want, func() bool { return token() == want })
+		if m := modeOf(t, cfg.KubeconfigPath()); m != 0o600 {
+			t.Fatalf("kubeconfig mode %v after rotation", m)
+		}
+	}
+	// Deleted by someone: rewritten.
+	_ = os.Remove(cfg.KubeconfigPath())
+	a.waitFor(t, "kubeconfig back", func() bool { return token() == "token-4" })
+}
+
+func TestCleanupKeepsForeignChanges(t *testing.T) {
+	h := newHost(t)
+	p, _ := h.put(t, "10-calico.conflist", 0o644)
+	cfg := h.config(t)
+	a := startAgent(t, cfg)
+	a.waitReady(t)
+	a.stop()
+	// After our write, an operator adds a plugin and keeps ours.
+	b, _ := os.ReadFile(p)
+	edited := strings.Replace(string(b), `"type": "bandwidth"`, `"type": "bandwidth", "operator": "edit"`, 1)
+	if edited == string(b) {
+		t.Fatal("edit did not apply")
+	}
+	_ = os.WriteFile(p, []byte(edited), 0o644)
+	if err := a.in.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(p)
+	if HasPlugin(p, got) {
+		t.Error("our entry survived cleanup")
+	}
+	if !strings.Contains(string(got), `"operator": "edit"`) {
+		t.Errorf("the operator's edit was lost:\n%s", got)
+	}
+}
+
+// An agent killed without cleanup leaves its state in the run dir; the next
+// agent still restores the primary's exact bytes.
+func TestRestartKeepsOriginalBytes(t *testing.T) {
+	h := newHost(t)
+	p, orig := h.put(t, "10-aws.conflist", 0o644)
+	cfg := h.config(t)
+	a := startAgent(t, cfg)
+	a.waitReady(t)
+	a.stop() // no Cleanup: a crash
+
+	cfg2 := h.config(t, "--log-level", "debug") // a changed entry forces a rewrite
+	b := startAgent(t, cfg2)
+	b.waitReady(t)
+	if err := VerifyInstalled(p, cfg2.PluginConf().JSON()); err != nil {
+		t.Fatal(err)
+	}
+	b.stop()
+	if err := b.in.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(p); !bytes.Equal(got, orig) {
+		t.Errorf("original bytes lost across a restart:\n%s", got)
+	}
+}
+
+func TestReadOnlyBinDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a read-only tmpfs")
+	}
+	h := newHost(t)
+	if err := syscall.Mount("tmpfs", h.bin2, "tmpfs", syscall.MS_RDONLY, "size=1m"); err != nil {
+		t.Skipf("cannot mount a read-only tmpfs here: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(h.bin2, 0) })
+	h.put(t, "10-calico.conflist", 0o644)
+	in, err := New(h.config(t), zerolog.New(io.Discard), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, result, err := in.reconcile(context.Background(), partAll)
+	var ro *ReadOnlyError
+	if !errors.As(err, &ro) || result != ResultCopyBinaries {
+		t.Fatalf("want a ReadOnlyError, got %v (%s)", err, result)
+	}
+	if !strings.Contains(err.Error(), "cniBinDir") || !strings.Contains(err.Error(), h.bin2) {
+		t.Errorf("error does not name the chart value and dir: %v", err)
+	}
+}
+
+func TestHealthReadinessMetricsOverHTTP(t *testing.T) {
+	h := newHost(t)
+	cfg := h.config(t)
+	in, err := New(cfg, zerolog.New(io.Discard), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, err := Serve("127.0.0.1:0", HealthHandler(in.Ready))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := Serve("127.0.0.1:0", in.Metrics().Handler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hs.Shutdown(context.Background()); _ = ms.Shutdown(context.Background()) })
+	get := func(s *Server, path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get("http://" + s.Addr.String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if c, _ := get(hs, "/healthz"); c != 200 {
+		t.Errorf("/healthz %d", c)
+	}
+	if c, body := get(hs, "/readyz"); c != 503 {
+		t.Errorf("/readyz before install: %d %s", c, body)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	a := &agent{in: in, cancel: cancel, done: done}
+	t.Cleanup(a.stop)
+	a.waitFor(t, "first reconcile", func() bool { return errors.Is(in.Ready(), errNoPrimary) })
+	if c, body := get(hs, "/readyz"); c != 503 || !strings.Contains(body, "no primary") {
+		t.Errorf("/readyz without a primary: %d %s", c, body)
+	}
+	p, orig := h.put(t, "10-calico.conflist", 0o644)
+	a.waitReady(t)
+	if c, body := get(hs, "/readyz"); c != 200 {
+		t.Errorf("/readyz when installed: %d %s", c, body)
+	}
+	_, body := get(ms, "/metrics")
+	for _, want := range []string{"nftmesh_install_ready 1", `nftmesh_installs_total{result="success"} 1`, "nftmesh_reinserts_total 0", "nftmesh_fights_total 0", "go_goroutines"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	// The primary drops our entry: readiness follows the live file at once.
+	a.stop()
+	_ = os.WriteFile(p, orig, 0o644)
+	if c, _ := get(hs, "/readyz"); c != 503 {
+		t.Errorf("/readyz with our entry gone: %d", c)
+	}
+}
