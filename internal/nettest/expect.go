@@ -149,9 +149,21 @@ func (o oracle) probes() []namedProbe {
 	add("proxy-uid→pod-v6:8080 (lo)", FromApp, puid, AppGID, tcp, ap(PodV6, 8080))
 	add("proxy-gid→pod-v4:8080 (lo)", FromApp, AppUID, pgid, tcp, ap(PodV4, 8080))
 	add("proxy-uid→pod-v4:15008 (lo)", FromApp, puid, pgid, tcp, ap(PodV4, redirect.InboundTunnelPort))
-	// istio-validation: as the proxy, to 127.0.0.6:15002 (§1.3). IPv4 only:
-	// the validator uses ::6 only on single-stack IPv6 pods.
+	// istio-validation: as the proxy, to 127.0.0.6:15002 (§1.3); the
+	// source is 127.0.0.1 (lo's route source), so ISTIO_OUTPUT sends it to
+	// 15006 with SO_ORIGINAL_DST 127.0.0.6:15002.
 	add("validation→127.0.0.6:15002", FromApp, puid, pgid, tcp, ap(PassthroughV4, redirect.ValidationProbePort))
+	if o.s != nil && o.s.IPv6 {
+		// The IPv6 twin is NOT captured: connecting to ::6 without binding a
+		// source, the kernel picks ::6 itself as the source (RFC 6724 rule
+		// 1), and ISTIO_OUTPUT's "-o lo -s ::6 RETURN" lets it through to
+		// nothing. Pinned so every backend shows the same (Istio's) result.
+		add("validation-v6→[::6]:15002", FromApp, puid, pgid, tcp, ap(PassthroughV6, redirect.ValidationProbePort))
+	}
+	// Not probed: reroute-interfaces' second interface (the pod has one
+	// veth, named after the first), and drop-invalid's drop itself (it
+	// needs hand-made conntrack-invalid packets); there, the probes show
+	// that valid traffic is unaffected.
 	return ps
 }
 
@@ -245,6 +257,14 @@ func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
 	return false
 }
 
+// passthroughSource reports whether the probe leaves with source 127.0.0.6
+// or ::6: bound on purpose (FromPassthrough), or chosen by the kernel for a
+// connection to ::6 itself (same-address source selection). A connection to
+// 127.0.0.6 gets 127.0.0.1, the source of lo's local route.
+func (o oracle) passthroughSource(p Probe) bool {
+	return p.From == FromPassthrough || p.Dst.Addr() == PassthroughV6
+}
+
 // natOutput follows nat OUTPUT → ISTIO_OUTPUT (§5.1) for a connection the
 // pod itself opens. Jumps to ISTIO_REDIRECT / ISTIO_IN_REDIRECT /
 // ISTIO_OUTPUT_DNS return when their REDIRECT does not match (e.g. UDP), and
@@ -263,7 +283,7 @@ func (o oracle) natOutput(p Probe, viaLo bool) (verdict, string) {
 	if slices.Contains(s.OutboundPortsExclude, port) {
 		return vDirect, fmt.Sprintf("excluded outbound port %d (ISTIO_OUTPUT --dport RETURN, tcp and udp)", port)
 	}
-	if viaLo && p.From == FromPassthrough {
+	if viaLo && o.passthroughSource(p) {
 		return vDirect, "inbound passthrough source over lo (ISTIO_OUTPUT -o lo -s 127.0.0.6/::6 RETURN)"
 	}
 	for _, w := range o.owners() {
@@ -369,7 +389,7 @@ func (o oracle) loopbackTProxy(p Probe) (string, string) {
 		return "", ""
 	}
 	dst, port := p.Dst.Addr(), p.Dst.Port()
-	if p.From == FromPassthrough {
+	if o.passthroughSource(p) {
 		return "", ""
 	}
 	marked := false
