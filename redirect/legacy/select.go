@@ -1,0 +1,88 @@
+package legacy
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// ErrLegacyUnavailable is wrapped by LegacyAvailable's error when the
+// kernel has no legacy x_tables (CONFIG_IP_NF_IPTABLES_LEGACY /
+// CONFIG_IP6_NF_IPTABLES_LEGACY off, or the ip_tables modules not loaded).
+var ErrLegacyUnavailable = errors.New("kernel has no legacy x_tables (iptables-legacy)")
+
+// LegacyAvailable reports whether this kernel serves the legacy x_tables
+// socket options for IPv4 and IPv6. It asks for the revision of the builtin
+// ERROR target, which ip_tables/ip6_tables register themselves: nothing is
+// instantiated, in no namespace.
+func LegacyAvailable() error {
+	for _, fam := range allFamilies {
+		if err := legacyAvailable(fam); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func legacyAvailable(fam redirect.Family) error {
+	af := unix.AF_INET
+	if fam == redirect.FamilyIPv6 {
+		af = unix.AF_INET6
+	}
+	fd, err := unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return fmt.Errorf("probing %s x_tables: creating raw socket: %w", fam, err)
+	}
+	defer unix.Close(fd)
+	b := make([]byte, getRevisionLen)
+	copy(b, "ERROR")
+	_, err = getsockopt(fd, layoutFor(fam).sockLevel, soGetRevisionTarget, b)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.ENOPROTOOPT), errors.Is(err, unix.ENOENT), errors.Is(err, unix.EPROTONOSUPPORT):
+		return fmt.Errorf("probing %s x_tables: %w (%v)", fam, ErrLegacyUnavailable, err)
+	}
+	return fmt.Errorf("probing %s x_tables: %w", fam, err)
+}
+
+// HasLegacyRules reports whether the legacy nat or mangle tables (IPv4 or
+// IPv6) of the namespace hold any rule or user chain, ours or not. Tables
+// that were never instantiated there count as empty and stay so. A kernel
+// without legacy x_tables has none.
+func HasLegacyRules(netns string) (bool, error) {
+	if errors.Is(LegacyAvailable(), ErrLegacyUnavailable) {
+		return false, nil
+	}
+	s, err := openSockets(netns, allFamilies)
+	if err != nil {
+		return false, fmt.Errorf("looking for legacy rules in netns %s: %w", netns, err)
+	}
+	defer s.Close()
+	for _, fam := range allFamilies {
+		for _, name := range []string{"nat", "mangle"} {
+			if !s.tables[fam][name] {
+				continue
+			}
+			info, err := getInfo(s.fd[fam], layoutFor(fam), name)
+			if err != nil {
+				return false, fmt.Errorf("looking for legacy rules in netns %s: %w", netns, err)
+			}
+			// An untouched table holds one policy per hook and the final
+			// ERROR entry; anything more is a rule or a chain.
+			hooks := 0
+			for h := 0; h < numHooks; h++ {
+				if info.validHooks&(1<<h) != 0 {
+					hooks++
+				}
+			}
+			if int(info.numEntries) > hooks+1 {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
