@@ -1,0 +1,81 @@
+package legacy
+
+import (
+	"context"
+	"testing"
+
+	"github.com/nftmesh/nftmesh/internal/scenarios"
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+func defaultPlan(b *testing.B) redirect.Plan {
+	sc, _ := scenarios.ByName("defaults")
+	p, err := sc.Plan()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// BenchmarkApplyLegacy: the default dual-stack plan (v4 + v6 nat) into a
+// fresh netns. Netns creation is outside the timer.
+func BenchmarkApplyLegacy(b *testing.B) {
+	needRoot(b)
+	p := defaultPlan(b)
+	be := New()
+	ctx := context.Background()
+	for b.Loop() {
+		b.StopTimer()
+		_, path := newNetns(b)
+		b.StartTimer()
+		if err := be.Apply(ctx, path, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReapplyLegacy: applying the same plan again (read, compare, no write).
+func BenchmarkReapplyLegacy(b *testing.B) {
+	needRoot(b)
+	p := defaultPlan(b)
+	be := New()
+	ctx := context.Background()
+	_, path := newNetns(b)
+	if err := be.Apply(ctx, path, p); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := be.Apply(ctx, path, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCheckLegacy: List + Diff of the default plan.
+func BenchmarkCheckLegacy(b *testing.B) {
+	needRoot(b)
+	p := defaultPlan(b)
+	be := New()
+	ctx := context.Background()
+	_, path := newNetns(b)
+	if err := be.Apply(ctx, path, p); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := be.Check(ctx, path, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRenderLegacy: both families as iptables-save text.
+func BenchmarkRenderLegacy(b *testing.B) {
+	p := defaultPlan(b)
+	for b.Loop() {
+		for _, f := range allFamilies {
+			if _, err := Render(p, f); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
