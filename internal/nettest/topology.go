@@ -61,7 +61,7 @@ var (
 // reach the app directly.
 var (
 	DefaultAppPorts     = []uint16{8080, 8081, 9090, 9091, 15008, 15020, 15021, 15090}
-	DefaultPeerTCPPorts = []uint16{53, 80, 3306, 5432, 6379, 11211, 15020}
+	DefaultPeerTCPPorts = []uint16{53, 80, 443, 3306, 5432, 6379, 11211, 15020}
 	DefaultPeerUDPPorts = []uint16{53}
 )
 
