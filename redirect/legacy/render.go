@@ -13,8 +13,10 @@ import (
 // (FamilyIPv6) prints a fresh network namespace after Apply, minus the
 // "# Generated/Completed" comment lines. Tables come in the order the Plan
 // lists them (mangle, nat, raw); Apply instantiates them so that
-// iptables-save lists them in the same order. A family with no rules renders
-// as the empty string.
+// iptables-save lists them in the same order (the kernel lists tables newest
+// first, so in a namespace where some table already existed the order of
+// whole tables may differ; each table's text does not). A family with no
+// rules renders as the empty string.
 func Render(p redirect.Plan, family redirect.Family) (string, error) {
 	tables, err := lowerPlan(p, family)
 	if err != nil {
