@@ -61,7 +61,7 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 		in, reason, spec, err := podinfo.FromPod(pod)
 		subject := fmt.Sprintf("pod %s/%s", pod.Namespace, pod.Name)
 		if err != nil {
-			return resolved{}, usageErr("%s: %v", subject, err)
+			return resolved{}, usageErr("%v", err) // podinfo names the pod
 		}
 		if fs.Changed("ipv6") {
 			spec.IPv6 = f.ipv6
