@@ -46,7 +46,7 @@ func (b *Backend) List(ctx context.Context, netnsPath string) (redirect.Plan, er
 }
 
 func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
-	cc, err := dial(ns, 0)
+	cc, err := dial(ns)
 	if err != nil {
 		return err
 	}

@@ -4,12 +4,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -142,9 +142,6 @@ func inNetns(t testing.TB, path string, args ...string) string {
 	return string(out)
 }
 
-var _ = net.IPv4len
-var _ = fmt.Sprint
-
 // inNetnsStart starts a long-running process in the namespace and returns
 // its pid; it is killed at cleanup.
 func inNetnsStart(t *testing.T, path string, args ...string) int {
@@ -154,5 +151,19 @@ func inNetnsStart(t *testing.T, path string, args ...string) int {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	// nsenter joins the namespace after it starts: wait until it has.
+	want, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		got, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid))
+		if err == nil && os.SameFile(got, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d did not enter %s", cmd.Process.Pid, path)
+		}
+	}
 	return cmd.Process.Pid
 }

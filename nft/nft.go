@@ -42,20 +42,10 @@ func New(opts ...Option) *Backend {
 // Name implements redirect.Backend.
 func (b *Backend) Name() string { return "nftables" }
 
-// bigBatch is the set element count above which the netlink send buffer is
-// raised: the whole batch goes out in one sendmsg, which the kernel refuses
-// when it exceeds the socket's send buffer (~208 KiB by default).
-const bigBatch = 2000
-
-// dial opens a lasting nftables connection into the namespace.
-func dial(ns netns.NsHandle, sndbuf int) (*nftables.Conn, error) {
-	opts := []nftables.ConnOption{nftables.WithNetNSFd(int(ns)), nftables.AsLasting()}
-	if sndbuf > 0 {
-		opts = append(opts, nftables.WithSockOptions(func(c *netlink.Conn) error {
-			return forceSendBuffer(c, sndbuf)
-		}))
-	}
-	return nftables.New(opts...)
+// dial opens a lasting google/nftables connection into the namespace (the
+// read path).
+func dial(ns netns.NsHandle) (*nftables.Conn, error) {
+	return nftables.New(nftables.WithNetNSFd(int(ns)), nftables.AsLasting())
 }
 
 func forceSendBuffer(c *netlink.Conn, n int) error {
@@ -120,29 +110,32 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		return err
 	}
 	defer ns.Close()
-	sndbuf := 0
-	if n := prog.elementCount(); n > bigBatch {
-		sndbuf = 64*n + 1<<20
-	}
-	cc, err := dial(ns, sndbuf)
+	conn, err := dialRaw(ns, 0)
 	if err != nil {
 		return fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
 	}
-	defer cc.CloseLasting()
-	existed, err := b.tableExists(cc)
+	defer conn.Close()
+	existed, err := tableExistsRaw(conn, b.table)
 	if err != nil {
 		return fmt.Errorf("applying capture table in netns %s: %w", netnsPath, err)
 	}
-	if existed {
-		cc.DelTable(prog.table)
-	}
-	if err := prog.queue(cc); err != nil {
+	msgs, err := marshalBatch(func(cc *nftables.Conn) error {
+		if existed {
+			cc.DelTable(prog.table)
+		}
+		return prog.queue(cc)
+	})
+	if err != nil {
 		return fmt.Errorf("applying capture table in netns %s: %w", netnsPath, err)
 	}
-	if err := cc.Flush(); err != nil {
+	if size := batchSize(msgs); size > 200<<10 {
+		if err := forceSendBuffer(conn, size+64<<10); err != nil {
+			return fmt.Errorf("sizing the netlink send buffer in netns %s: %w", netnsPath, err)
+		}
+	}
+	if err := sendBatch(conn, msgs); err != nil {
 		return fmt.Errorf("applying capture table inet %s in netns %s: %w", b.table, netnsPath, err)
 	}
-	err = nil
 	if b.afterBatch != nil {
 		err = b.afterBatch()
 	}
@@ -150,8 +143,7 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		err = applyRoutes(ns, p, existed)
 	}
 	if err != nil {
-		cc.DelTable(prog.table)
-		if derr := cc.Flush(); derr != nil {
+		if derr := b.deleteTable(conn); derr != nil {
 			err = errors.Join(err, fmt.Errorf("rolling back table inet %s: %w", b.table, derr))
 		}
 		return fmt.Errorf("applying routes in netns %s: %w", netnsPath, err)
@@ -159,12 +151,19 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 	return nil
 }
 
-func (prog *program) elementCount() int {
-	n := 0
-	for _, s := range prog.sets {
-		n += len(s.elems)
+// deleteTable deletes our table; a missing table is success.
+func (b *Backend) deleteTable(conn *netlink.Conn) error {
+	msgs, err := marshalBatch(func(cc *nftables.Conn) error {
+		cc.DelTable(&nftables.Table{Name: b.table, Family: nftables.TableFamilyINet})
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	return n
+	if err := sendBatch(conn, msgs); err != nil && !isNotExist(err) {
+		return err
+	}
+	return nil
 }
 
 // Check implements redirect.Backend.
@@ -184,15 +183,14 @@ func (b *Backend) Remove(ctx context.Context, netnsPath string) error {
 		return err
 	}
 	defer ns.Close()
-	cc, err := dial(ns, 0)
+	conn, err := dialRaw(ns, 0)
 	if err != nil {
 		return fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
 	}
-	defer cc.CloseLasting()
-	// No existence query: a delete of a missing table fails with ENOENT,
+	defer conn.Close()
+	// No existence query: deleting a missing table fails with ENOENT,
 	// which is the success case here.
-	cc.DelTable(&nftables.Table{Name: b.table, Family: nftables.TableFamilyINet})
-	if err := cc.Flush(); err != nil && !isNotExist(err) {
+	if err := b.deleteTable(conn); err != nil {
 		return fmt.Errorf("removing table inet %s in netns %s: %w", b.table, netnsPath, err)
 	}
 	if err := removeRoutes(ns); err != nil {
