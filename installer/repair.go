@@ -1,0 +1,274 @@
+package installer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// PodRepairer re-applies a broken pod's capture rules inside its network
+// namespace (repair in place). It needs a capture backend and the host's
+// /proc, so the command supplies it; the controller only decides which pods
+// need it.
+type PodRepairer interface {
+	RepairPod(ctx context.Context, pod *corev1.Pod) error
+}
+
+// ErrNoInPlaceRepair is returned when repair in place is configured but no
+// PodRepairer is available.
+var ErrNoInPlaceRepair = errors.New("repair in place (repair.repairPods, --repair-pods) needs a PodRepairer, which this agent build does not provide; use repair.deletePods or repair.labelPods")
+
+// maxRepairAttempts bounds retries of one pod, as Istio's queue does.
+const maxRepairAttempts = 5
+
+// Repair results, as label values.
+const (
+	repairSuccess = "success"
+	repairSkip    = "skip"
+	repairFail    = "fail"
+)
+
+// BrokenPod reports whether pod started without capture: it carries the
+// sidecar annotation and its validation init container last terminated with
+// the configured exit code (and message), and has not since completed.
+func BrokenPod(pod *corev1.Pod, cfg RepairConfig) bool {
+	if _, ok := pod.Annotations[cfg.SidecarAnnotation]; !ok {
+		return false
+	}
+	for _, st := range pod.Status.InitContainerStatuses {
+		if st.Name != cfg.InitContainerName {
+			continue
+		}
+		if t := st.State.Terminated; t != nil && (t.Reason == "Completed" || t.ExitCode == 0) {
+			continue // it passed since: the pod has its rules
+		}
+		t := st.LastTerminationState.Terminated
+		if t == nil {
+			continue
+		}
+		if cfg.InitContainerTerminationMessage != "" && !strings.Contains(t.Message, cfg.InitContainerTerminationMessage) {
+			continue
+		}
+		if cfg.InitContainerExitCode != 0 && int(t.ExitCode) != cfg.InitContainerExitCode {
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+// RepairController watches this node's pods and repairs the broken ones
+// with the configured mode.
+type RepairController struct {
+	cfg      RepairConfig
+	mode     RepairMode
+	client   kubernetes.Interface
+	repairer PodRepairer
+	log      zerolog.Logger
+	m        *Metrics
+	queue    workqueue.TypedRateLimitingInterface[string]
+	factory  informers.SharedInformerFactory
+	pods     cache.SharedIndexInformer
+
+	mu       sync.Mutex
+	repaired map[types.UID]bool // repaired in place already (the pod recovers on its next restart)
+}
+
+// NewRepairController builds the controller; repairer may be nil unless
+// the mode is repair in place.
+func NewRepairController(client kubernetes.Interface, cfg RepairConfig, repairer PodRepairer, log zerolog.Logger, m *Metrics) (*RepairController, error) {
+	mode := cfg.Mode()
+	if mode == RepairNone {
+		return nil, errors.New("repair controller: no repair mode is enabled")
+	}
+	if mode == RepairInPlace && repairer == nil {
+		return nil, ErrNoInPlaceRepair
+	}
+	if cfg.NodeName == "" {
+		return nil, errors.New("repair controller: no node name")
+	}
+	if m == nil {
+		m = NewMetrics()
+	}
+	sel := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName)
+	if cfg.FieldSelectors != "" {
+		extra, err := fields.ParseSelector(cfg.FieldSelectors)
+		if err != nil {
+			return nil, fmt.Errorf("parsing repair field selectors %q: %w", cfg.FieldSelectors, err)
+		}
+		sel = fields.AndSelectors(sel, extra)
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = sel.String()
+		o.LabelSelector = cfg.LabelSelectors
+	}))
+	c := &RepairController{
+		cfg: cfg, mode: mode, client: client, repairer: repairer, log: log.With().Str("component", "repair").Str("mode", string(mode)).Logger(), m: m,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nftmesh-repair"}),
+		factory:  factory,
+		pods:     factory.Core().V1().Pods().Informer(),
+		repaired: map[types.UID]bool{},
+	}
+	enqueue := func(obj any) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || !BrokenPod(pod, cfg) {
+			return
+		}
+		if key, err := cache.MetaNamespaceKeyFunc(pod); err == nil {
+			c.queue.Add(key)
+		}
+	}
+	if _, err := c.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueue,
+		UpdateFunc: func(_, obj any) { enqueue(obj) },
+	}); err != nil {
+		return nil, fmt.Errorf("registering pod handler: %w", err)
+	}
+	return c, nil
+}
+
+// Run processes broken pods until ctx ends.
+func (c *RepairController) Run(ctx context.Context) error {
+	defer c.queue.ShutDown()
+	c.factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), c.pods.HasSynced) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errors.New("repair controller: pod cache did not sync")
+	}
+	c.log.Info().Str("node", c.cfg.NodeName).Msg("repair controller started")
+	go func() {
+		<-ctx.Done()
+		c.queue.ShutDown()
+	}()
+	for c.next(ctx) {
+	}
+	c.factory.Shutdown()
+	return nil
+}
+
+func (c *RepairController) next(ctx context.Context) bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+	err := c.handle(ctx, key)
+	switch {
+	case err == nil:
+		c.queue.Forget(key)
+	case c.queue.NumRequeues(key) < maxRepairAttempts-1:
+		c.log.Warn().Err(err).Str("pod", key).Msg("repairing pod; will retry")
+		c.queue.AddRateLimited(key)
+	default:
+		c.log.Error().Err(err).Str("pod", key).Msg("repairing pod; giving up")
+		c.queue.Forget(key)
+	}
+	return true
+}
+
+func (c *RepairController) count(result string) {
+	c.m.Repairs.WithLabelValues(string(c.mode), result).Inc()
+}
+
+func (c *RepairController) handle(ctx context.Context, key string) error {
+	obj, exists, err := c.pods.GetIndexer().GetByKey(key)
+	if err != nil || !exists {
+		return err
+	}
+	pod := obj.(*corev1.Pod)
+	if !BrokenPod(pod, c.cfg) || pod.DeletionTimestamp != nil {
+		return nil
+	}
+	log := c.log.With().Str("pod", pod.Name).Str("namespace", pod.Namespace).Logger()
+	switch c.mode {
+	case RepairInPlace:
+		c.mu.Lock()
+		done := c.repaired[pod.UID]
+		c.mu.Unlock()
+		if done {
+			c.count(repairSkip)
+			return nil
+		}
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := c.repairer.RepairPod(rctx, pod); err != nil {
+			c.count(repairFail)
+			return fmt.Errorf("repairing pod %s in place: %w", key, err)
+		}
+		c.mu.Lock()
+		c.repaired[pod.UID] = true
+		c.mu.Unlock()
+		log.Info().Msg("repaired the pod's capture in place; it recovers when its validation container restarts")
+	case RepairDelete:
+		uid, rv := pod.UID, pod.ResourceVersion
+		err := c.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv},
+		})
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			c.count(repairSkip) // gone or changed since we looked: the informer brings the new state
+			return nil
+		}
+		if err != nil {
+			c.count(repairFail)
+			return fmt.Errorf("deleting broken pod %s: %w", key, err)
+		}
+		log.Info().Msg("deleted a pod that started without capture; its controller recreates it")
+		c.event(ctx, pod, "DeleteBrokenPod", "Deleted by nftmesh-agent: the pod started before nftmesh-cni was in place and has no traffic capture")
+	case RepairLabel:
+		if v, ok := pod.Labels[c.cfg.BrokenPodLabelKey]; ok && v == c.cfg.BrokenPodLabelValue {
+			c.count(repairSkip)
+			return nil
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{c.cfg.BrokenPodLabelKey: c.cfg.BrokenPodLabelValue}}})
+		// Through pods/status: the lower privilege Istio uses for this.
+		_, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+		if apierrors.IsNotFound(err) {
+			c.count(repairSkip)
+			return nil
+		}
+		if err != nil {
+			c.count(repairFail)
+			return fmt.Errorf("labelling broken pod %s: %w", key, err)
+		}
+		log.Info().Str("label", c.cfg.BrokenPodLabelKey).Msg("labelled a pod that started without capture")
+		c.event(ctx, pod, "LabelBrokenPod", "Labelled by nftmesh-agent: the pod started before nftmesh-cni was in place and has no traffic capture")
+	}
+	c.count(repairSuccess)
+	return nil
+}
+
+// event records a Warning on the pod; failing to record it does not fail
+// the repair.
+func (c *RepairController) event(ctx context.Context, pod *corev1.Pod, reason, msg string) {
+	now := metav1.NewTime(time.Now())
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: pod.Name + ".", Namespace: pod.Namespace},
+		InvolvedObject: corev1.ObjectReference{
+			Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+		},
+		Reason: reason, Message: msg, Type: corev1.EventTypeWarning, Count: 1,
+		FirstTimestamp: now, LastTimestamp: now,
+		Source:         corev1.EventSource{Component: "nftmesh-agent", Host: c.cfg.NodeName},
+	}
+	if _, err := c.client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		c.log.Warn().Err(err).Str("pod", pod.Name).Str("namespace", pod.Namespace).Msg("recording event")
+	}
+}
