@@ -266,7 +266,7 @@ func (c *RepairController) event(ctx context.Context, pod *corev1.Pod, reason, m
 		},
 		Reason: reason, Message: msg, Type: corev1.EventTypeWarning, Count: 1,
 		FirstTimestamp: now, LastTimestamp: now,
-		Source:         corev1.EventSource{Component: "nftmesh-agent", Host: c.cfg.NodeName},
+		Source: corev1.EventSource{Component: "nftmesh-agent", Host: c.cfg.NodeName},
 	}
 	if _, err := c.client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		c.log.Warn().Err(err).Str("pod", pod.Name).Str("namespace", pod.Namespace).Msg("recording event")

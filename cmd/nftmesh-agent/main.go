@@ -1,0 +1,163 @@
+// Command nftmesh-agent is the nftmesh node agent, run by the DaemonSet on
+// every node: it installs the nftmesh-cni plugin (binary, kubeconfig, CNI
+// config entry), keeps it installed while the primary CNI rewrites its
+// files, serves health, readiness and metrics, runs the repair controller,
+// and on SIGTERM removes everything it installed.
+//
+// Every host path is a flag, so it also runs outside a cluster against a
+// directory tree standing in for a node (tests, demos, debugging).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/nftmesh/nftmesh/installer"
+)
+
+// Exit codes: 2 is bad configuration, found before any host file is touched.
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitConfig = 2
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.LookupEnv))
+}
+
+func run(args []string, getenv func(string) (string, bool)) int {
+	base := zerolog.New(os.Stderr).With().Timestamp().Str("component", "nftmesh-agent").Logger()
+	cfg, err := installer.ParseConfig(args, getenv)
+	if errors.Is(err, pflag.ErrHelp) {
+		fmt.Fprintf(os.Stdout, "Usage: nftmesh-agent [flags]\n\nEvery flag can also be set as NFTMESH_<FLAG> (e.g. NFTMESH_CNI_CONF_DIR);\nIstio's install-cni variables (CNI_CONF_NAME, CHAINED_CNI_PLUGIN, EXCLUDE_NAMESPACES,\nMOUNTED_CNI_NET_DIR, REPAIR_*, ...) are accepted too. Flags win over variables.\n\n%s", installer.Usage())
+		return exitOK
+	}
+	if err != nil {
+		base.Error().Err(err).Msg("invalid configuration; nothing was changed on the host")
+		return exitConfig
+	}
+	log := base.Level(cfg.LogLevel)
+
+	m := installer.NewMetrics()
+	in, err := installer.New(cfg, log, m)
+	if err != nil {
+		log.Error().Err(err).Msg("invalid configuration; nothing was changed on the host")
+		return exitConfig
+	}
+	var repair *installer.RepairController
+	if cfg.Repair.Mode() != installer.RepairNone {
+		rc, err := repairClient(cfg)
+		if err == nil {
+			// In-place repair needs a capture backend wired in here; this
+			// build has none, so NewRepairController refuses that mode.
+			repair, err = installer.NewRepairController(rc, cfg.Repair, nil, log, m)
+		}
+		if err != nil {
+			log.Error().Err(err).Msg("invalid repair configuration; nothing was changed on the host")
+			return exitConfig
+		}
+	}
+
+	var servers []*installer.Server
+	serve := func(addr string, h http.Handler, what string) bool {
+		s, err := installer.Serve(addr, h)
+		if err != nil {
+			log.Error().Err(err).Msg("starting the " + what + " server")
+			return false
+		}
+		log.Info().Str("addr", s.Addr.String()).Msg(what + " server listening")
+		servers = append(servers, s)
+		return true
+	}
+	health := installer.HealthHandler(in.Ready)
+	switch {
+	case cfg.HealthAddr != "" && cfg.HealthAddr == cfg.MetricsAddr:
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", m.Handler())
+		mux.Handle("/", health)
+		if !serve(cfg.HealthAddr, mux, "health and metrics") {
+			return exitConfig
+		}
+	default:
+		if cfg.HealthAddr != "" && !serve(cfg.HealthAddr, health, "health") {
+			return exitConfig
+		}
+		if cfg.MetricsAddr != "" && !serve(cfg.MetricsAddr, m.Handler(), "metrics") {
+			return exitConfig
+		}
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, s := range servers {
+			_ = s.Shutdown(ctx)
+		}
+	}()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log.Info().Strs("bin_dirs", cfg.CNIBinDirs).Str("conf_dir", cfg.CNIConfDir).Bool("chained", cfg.Chained).
+		Str("conf_file", cfg.CNIConfFileName).Str("run_dir", cfg.AgentRunDir).Str("repair", string(cfg.Repair.Mode())).
+		Msg("starting")
+
+	repairDone := make(chan error, 1)
+	if repair != nil {
+		go func() { repairDone <- repair.Run(ctx) }()
+	} else {
+		repairDone <- nil
+	}
+
+	code := exitOK
+	if err := in.Run(ctx); err != nil {
+		log.Error().Err(err).Msg("install loop failed")
+		code = exitFailed
+		stop()
+	}
+	log.Info().Msg("shutting down: removing " + installer.PluginName + " from this node")
+	if err := in.Cleanup(); err != nil {
+		log.Error().Err(err).Msg("cleanup incomplete")
+		code = exitFailed
+	} else {
+		log.Info().Msg("cleanup done")
+	}
+	if err := <-repairDone; err != nil {
+		log.Error().Err(err).Msg("repair controller failed")
+	}
+	return code
+}
+
+// repairClient talks to the API server as the agent's service account; the
+// token file is re-read, so projected-token rotation needs nothing more.
+func repairClient(cfg *installer.Config) (kubernetes.Interface, error) {
+	if cfg.ServiceAccountDir == "" {
+		return nil, errors.New("the repair controller needs --service-account-dir and an API server")
+	}
+	ca := cfg.KubeCAFile
+	if ca == "" {
+		ca = filepath.Join(cfg.ServiceAccountDir, "ca.crt")
+	}
+	rc := &rest.Config{
+		Host:            cfg.KubeAPIServer,
+		BearerTokenFile: filepath.Join(cfg.ServiceAccountDir, "token"),
+		TLSClientConfig: rest.TLSClientConfig{CAFile: ca},
+		UserAgent:       "nftmesh-agent",
+	}
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("building the repair controller's API client: %w", err)
+	}
+	return c, nil
+}
