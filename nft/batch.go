@@ -61,16 +61,24 @@ func marshalBatch(build func(cc *nftables.Conn) error) ([]netlink.Message, error
 // inside sendmsg, so they are normally queued before we read.
 const batchTimeout = 10 * time.Second
 
-// sendBatch sends msgs in one sendmsg and reads one ack per message that
-// asked for one. The kernel commits the batch whole or not at all; the
-// first error it reports is returned.
+// sendBatch sends msgs in one sendmsg. Only the last command asks for an
+// ack: the kernel reports a failing command whether asked or not, in order,
+// and answers the acked last command after all others, so its ack (or the
+// first error before it) ends the wait. One reply instead of one per
+// command saves a receive per rule. The kernel commits the batch whole or
+// not at all.
 func sendBatch(conn *netlink.Conn, msgs []netlink.Message) error {
-	want := 0
-	for _, m := range msgs {
-		if m.Header.Flags&netlink.Acknowledge != 0 {
-			want++
+	last := -1
+	for i := range msgs {
+		msgs[i].Header.Flags &^= netlink.Acknowledge
+		if t := msgs[i].Header.Type; t != unix.NFNL_MSG_BATCH_BEGIN && t != unix.NFNL_MSG_BATCH_END {
+			last = i
 		}
 	}
+	if last < 0 {
+		return nil
+	}
+	msgs[last].Header.Flags |= netlink.Acknowledge
 	if err := conn.SetReadDeadline(time.Now().Add(batchTimeout)); err != nil {
 		return err
 	}
@@ -78,26 +86,22 @@ func sendBatch(conn *netlink.Conn, msgs []netlink.Message) error {
 	if _, err := conn.SendMessages(msgs); err != nil {
 		return fmt.Errorf("sending batch: %w", err)
 	}
-	var errs []error
-	for got := 0; got < want; {
+	seq := msgs[last].Header.Sequence
+	for {
 		replies, err := conn.Receive()
 		if err != nil {
-			var oe *netlink.OpError
-			if !errors.As(err, &oe) || oe.Op != "receive" || isTransport(err) {
-				return errors.Join(append(errs, fmt.Errorf("reading batch acks: %w", err))...)
+			if isTransport(err) {
+				return fmt.Errorf("reading batch acks: %w", err)
 			}
-			// A NACK for one message: the batch was rolled back.
-			errs = append(errs, err)
-			got++
-			continue
+			// The kernel refused a command; the batch was rolled back.
+			return err
 		}
 		for _, r := range replies {
-			if r.Header.Type == netlink.Error {
-				got++
+			if r.Header.Type == netlink.Error && r.Header.Sequence == seq {
+				return nil
 			}
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // isTransport tells socket-level failures (timeout, buffer overrun) from
@@ -107,20 +111,9 @@ func isTransport(err error) bool {
 		errors.Is(err, os.ErrDeadlineExceeded)
 }
 
-// dialRaw opens a netfilter netlink socket in the namespace, with room for
-// a batch of about batchBytes.
-func dialRaw(ns netns.NsHandle, batchBytes int) (*netlink.Conn, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
-	if err != nil {
-		return nil, err
-	}
-	if batchBytes > 200<<10 {
-		if err := forceSendBuffer(conn, batchBytes+64<<10); err != nil {
-			conn.Close()
-			return nil, fmt.Errorf("sizing the netlink send buffer: %w", err)
-		}
-	}
-	return conn, nil
+// dialRaw opens a netfilter netlink socket in the namespace.
+func dialRaw(ns netns.NsHandle) (*netlink.Conn, error) {
+	return netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
 }
 
 func batchSize(msgs []netlink.Message) int {

@@ -126,9 +126,14 @@ func encode(p redirect.Plan, table string) (*program, error) {
 	return prog, nil
 }
 
-// queue adds the program's objects to cc's pending batch.
-func (prog *program) queue(cc *nftables.Conn) error {
-	cc.AddTable(prog.table)
+// queue adds the program's objects to cc's pending batch. With exclusive,
+// the table is created with NLM_F_EXCL: the batch fails if it exists.
+func (prog *program) queue(cc *nftables.Conn, exclusive bool) error {
+	if exclusive {
+		cc.CreateTable(prog.table)
+	} else {
+		cc.AddTable(prog.table)
+	}
 	for _, s := range prog.sets {
 		if err := addSet(cc, s); err != nil {
 			return err

