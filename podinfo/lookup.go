@@ -43,6 +43,8 @@ func NewPodClientForConfig(cfg *rest.Config) (*PodClient, error) {
 	c.GroupVersion = &corev1.SchemeGroupVersion
 	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
 	c.ContentType = runtime.ContentTypeJSON
+	// One GET per plugin run: no client-side rate limiting.
+	c.QPS = -1
 	if c.UserAgent == "" {
 		c.UserAgent = "nftmesh-cni"
 	}
@@ -56,7 +58,9 @@ func NewPodClientForConfig(cfg *rest.Config) (*PodClient, error) {
 // Get fetches one pod, once.
 func (c *PodClient) Get(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 	var pod corev1.Pod
-	err := c.rest.Get().Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(&pod)
+	// GetPod owns retries and their deadline; client-go's own retry of
+	// GETs would spend the whole deadline inside one attempt.
+	err := c.rest.Get().MaxRetries(0).Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(&pod)
 	if err != nil {
 		return nil, err
 	}

@@ -127,6 +127,9 @@ func StartServer(dir string) (*Server, error) {
 		return nil, fmt.Errorf("%w: etcd not found in PATH; install Debian's etcd-server", ErrNoBinary)
 	}
 
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating server directory: %w", err)
+	}
 	s := &Server{Dir: dir, adminToken: randomToken()}
 	ok := false
 	defer func() {
@@ -434,8 +437,15 @@ func (s *Server) AdminToken() string { return s.adminToken }
 // WriteKubeconfig writes a kubeconfig for this server authenticating with
 // token (mode 0600), like the one the agent writes for the plugin.
 func (s *Server) WriteKubeconfig(path, token string) error {
+	return s.WriteKubeconfigHost(path, s.Host, token)
+}
+
+// WriteKubeconfigHost is WriteKubeconfig with another server URL, for a
+// client that reaches this server through a forwarder (e.g. from another
+// network namespace). The serving certificate is valid for 127.0.0.1.
+func (s *Server) WriteKubeconfigHost(path, host, token string) error {
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["kubetest"] = &clientcmdapi.Cluster{Server: s.Host, CertificateAuthorityData: s.ca}
+	cfg.Clusters["kubetest"] = &clientcmdapi.Cluster{Server: host, CertificateAuthorityData: s.ca}
 	cfg.AuthInfos["kubetest"] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts["kubetest"] = &clientcmdapi.Context{Cluster: "kubetest", AuthInfo: "kubetest"}
 	cfg.CurrentContext = "kubetest"

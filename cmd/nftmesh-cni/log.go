@@ -1,0 +1,73 @@
+package main
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/nftmesh/nftmesh/podinfo"
+)
+
+// Log file in agent_run_dir, rotated once to LogFileName+".1" when it
+// passes maxLogSize, so a node never fills its disk with plugin logs.
+const (
+	LogFileName = "nftmesh-cni.log"
+	maxLogSize  = 10 << 20
+)
+
+// newLogger builds the one logger of a plugin run: JSON lines to stderr and,
+// when agent_run_dir exists, to the capped log file. It never writes to
+// stdout. close flushes and closes the file.
+func newLogger(conf *podinfo.Config, command string) (log zerolog.Logger, close func()) {
+	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
+	writers := []io.Writer{os.Stderr}
+	close = func() {}
+	level := zerolog.InfoLevel
+	if conf != nil {
+		if l, err := zerolog.ParseLevel(conf.LogLevel); err == nil && conf.LogLevel != "" {
+			level = l
+		}
+		if conf.LogLevel == "none" {
+			level = zerolog.Disabled
+		}
+		if f := openLogFile(conf.AgentRunDir); f != nil {
+			writers = append(writers, f)
+			close = func() { f.Close() }
+		}
+	}
+	var w io.Writer = writers[0]
+	if len(writers) > 1 {
+		w = zerolog.MultiLevelWriter(writers...)
+	}
+	log = zerolog.New(w).Level(level).With().Timestamp().Str("plugin", "nftmesh-cni").Str("command", command).Logger()
+	return log, close
+}
+
+// openLogFile opens the log file for appending, rotating it first when it
+// is too big. A missing run dir (agent not installed yet) means no file.
+func openLogFile(dir string) *os.File {
+	if dir == "" {
+		return nil
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return nil
+	}
+	path := filepath.Join(dir, LogFileName)
+	if st, err := os.Stat(path); err == nil && st.Size() > maxLogSize {
+		// Concurrent plugin runs may both rename; the loser's rename fails
+		// or moves an almost empty file, which is harmless.
+		_ = os.Rename(path, path+".1")
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	if err != nil {
+		return nil
+	}
+	return f
+}
+
+func durationMS(start time.Time) float64 {
+	return float64(time.Since(start).Microseconds()) / 1000
+}

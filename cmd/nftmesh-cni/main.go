@@ -1,0 +1,49 @@
+// Command nftmesh-cni is the chained CNI plugin of nftmesh. It must run
+// after a primary plugin (bridge, Calico, Cilium, ...) in a conflist: on ADD
+// it looks the pod up in the Kubernetes API, decides with podinfo whether
+// the pod has an injected Istio sidecar, and if so installs the sidecar
+// capture rules inside the pod's network namespace in one atomic batch. It
+// prints the primary plugin's result unchanged.
+//
+// It fails closed: when the API server cannot be reached within api_timeout,
+// the pod is not found, RBAC forbids the lookup, an annotation is invalid or
+// the rules cannot be programmed, ADD returns a CNI error and leaves no rules
+// behind, so a mesh pod never starts without its capture. Namespaces in
+// exclude_namespaces and the agent's own pods (name prefix "nftmesh-agent-"
+// in pod_namespace) are let through before any Kubernetes client exists.
+//
+// DEL removes our rules when the netns still exists and succeeds when the
+// netns, the pod or the API is gone. CHECK compares the live rules with the
+// pod's plan. STATUS reports the plugin unavailable while the agent has not
+// written the kubeconfig. GC has nothing to collect: all state lives in pod
+// network namespaces, which die with their pods.
+//
+// Logs are JSON (zerolog) on stderr and in a size-capped file in
+// agent_run_dir, never on stdout, which carries the CNI result.
+package main
+
+import (
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/version"
+)
+
+// buildVersion is set with -ldflags "-X main.buildVersion=...".
+var buildVersion = "dev"
+
+// supportedVersions are the CNI spec versions a conflist may use. A chained
+// plugin needs prevResult, which exists from 0.3.x.
+var supportedVersions = version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+func main() {
+	skel.PluginMainFuncs(cniFuncs(), supportedVersions, "nftmesh-cni "+buildVersion+": chained CNI plugin installing Istio sidecar capture rules")
+}
+
+func cniFuncs() skel.CNIFuncs {
+	return skel.CNIFuncs{
+		Add:    guard("ADD", cmdAdd),
+		Del:    guard("DEL", cmdDel),
+		Check:  guard("CHECK", cmdCheck),
+		Status: guard("STATUS", cmdStatus),
+		GC:     guard("GC", cmdGC),
+	}
+}

@@ -1,0 +1,360 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"runtime/debug"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// Plugin-specific CNI error codes (the spec reserves 100+ for plugins).
+const (
+	// CodePodLookup: the pod could not be read (not found, forbidden by
+	// RBAC, unauthorized, invalid kubeconfig).
+	CodePodLookup uint = 100
+	// CodeInvalidCapture: the pod's annotations or proxy settings are
+	// invalid; the details name each field and value.
+	CodeInvalidCapture uint = 101
+	// CodeApply: the capture rules could not be programmed.
+	CodeApply uint = 102
+	// CodeDrift: CHECK found live rules that differ from the pod's plan.
+	CodeDrift uint = 103
+)
+
+// applyTimeout bounds the kernel work of one verb; it is milliseconds
+// normally, so this only stops a wedged netlink socket from hanging kubelet.
+const applyTimeout = 30 * time.Second
+
+// guard turns a panic into a CNI error, so the runtime gets an answer on
+// stdout instead of a Go trace, and the pod fails closed.
+func guard(verb string, f func(*skel.CmdArgs) error) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				fmt.Fprintf(os.Stderr, "nftmesh-cni %s panic: %v\n%s", verb, r, debug.Stack())
+				err = types.NewError(types.ErrInternal, fmt.Sprintf("nftmesh-cni %s: internal error", verb), fmt.Sprint(r))
+			}
+		}()
+		return f(args)
+	}
+}
+
+// invocation is one plugin run: its config, pod identity and logger.
+type invocation struct {
+	verb  string
+	start time.Time
+	args  *skel.CmdArgs
+	conf  *podinfo.Config
+	k8s   podinfo.K8sArgs
+	log   zerolog.Logger
+}
+
+// begin parses what every verb needs. On error the returned close is
+// still safe to call.
+func begin(verb string, args *skel.CmdArgs) (*invocation, func(), error) {
+	inv := &invocation{verb: verb, start: time.Now(), args: args}
+	conf, err := podinfo.ParseConfig(args.StdinData)
+	if err != nil {
+		inv.log, _ = newLogger(nil, verb)
+		inv.log.Error().Err(err).Msg("invalid plugin config")
+		return inv, func() {}, types.NewError(types.ErrInvalidNetworkConfig, "nftmesh-cni: invalid plugin config", err.Error())
+	}
+	inv.conf = conf
+	var closeLog func()
+	inv.log, closeLog = newLogger(conf, verb)
+	if verb == "STATUS" || verb == "GC" {
+		return inv, closeLog, nil
+	}
+	if err := version.ParsePrevResult(&conf.NetConf); err != nil {
+		return inv, closeLog, inv.fail(types.NewError(types.ErrDecodingFailure, "nftmesh-cni: invalid prevResult", err.Error()))
+	}
+	if inv.k8s, err = podinfo.ParseK8sArgs(args.Args); err != nil {
+		return inv, closeLog, inv.fail(types.NewError(types.ErrInvalidEnvironmentVariables, "nftmesh-cni: invalid CNI_ARGS", err.Error()))
+	}
+	return inv, closeLog, nil
+}
+
+func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
+	return e.Str("pod", inv.k8s.PodName).
+		Str("namespace", inv.k8s.PodNamespace).
+		Str("container_id", inv.args.ContainerID).
+		Str("netns", inv.args.Netns).
+		Str("backend", backend).
+		Float64("duration_ms", durationMS(inv.start))
+}
+
+func (inv *invocation) backendName() string {
+	if inv.conf == nil {
+		return ""
+	}
+	return inv.conf.Backend
+}
+
+// decided logs the one decision line of a successful run.
+func (inv *invocation) decided(decision, reason string) {
+	inv.event(inv.log.Info(), inv.backendName()).Str("decision", decision).Str("reason", reason).Msg(inv.verb + " " + decision)
+}
+
+// fail logs the decision line of a failed run and returns err.
+func (inv *invocation) fail(err *types.Error) error {
+	inv.event(inv.log.Error(), inv.backendName()).Str("decision", "error").Uint("code", err.Code).Str("error", err.Error()).Msg(inv.verb + " failed")
+	return err
+}
+
+func (inv *invocation) podRef() string { return inv.k8s.PodNamespace + "/" + inv.k8s.PodName }
+
+// printPrevResult passes the primary plugin's result on unchanged, or an
+// empty result of the config's version when there is none.
+func printPrevResult(conf *podinfo.Config) error {
+	if conf.PrevResult == nil {
+		return types.PrintResult(&current.Result{CNIVersion: current.ImplementedSpecVersion}, conf.CNIVersion)
+	}
+	return types.PrintResult(conf.PrevResult, conf.CNIVersion)
+}
+
+// prevIPs lists the addresses the primary plugin gave the pod.
+func prevIPs(conf *podinfo.Config) ([]string, error) {
+	if conf.PrevResult == nil {
+		return nil, nil
+	}
+	res, err := current.NewResultFromResult(conf.PrevResult)
+	if err != nil {
+		return nil, fmt.Errorf("converting prevResult: %w", err)
+	}
+	ips := make([]string, 0, len(res.IPs))
+	for _, ip := range res.IPs {
+		ips = append(ips, ip.Address.IP.String())
+	}
+	return ips, nil
+}
+
+// lookup fetches the pod and decides. A nil plan with a nil error means
+// the pod is not in the mesh (reason says why).
+func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redirect.Plan, reason string, err error) {
+	if _, serr := os.Stat(inv.conf.Kubeconfig); serr != nil {
+		return nil, nil, "", inv.fail(types.NewError(types.ErrTryAgainLater,
+			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: kubeconfig %s is missing (is the nftmesh agent running on this node?)", inv.podRef(), inv.conf.Kubeconfig),
+			serr.Error()))
+	}
+	client, cerr := podinfo.NewPodClient(inv.conf.Kubeconfig)
+	if cerr != nil {
+		return nil, nil, "", inv.fail(types.NewError(CodePodLookup,
+			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: invalid kubeconfig", inv.podRef()), cerr.Error()))
+	}
+	pod, gerr := client.GetPod(ctx, inv.k8s.PodNamespace, inv.k8s.PodName, inv.conf.APITimeout)
+	if gerr != nil {
+		code := CodePodLookup
+		if podinfo.Retryable(gerr) {
+			code = types.ErrTryAgainLater
+		}
+		return nil, nil, "", inv.fail(types.NewError(code,
+			fmt.Sprintf("nftmesh-cni: cannot look up pod %s (failing closed)", inv.podRef()), gerr.Error()))
+	}
+	if inv.k8s.PodUID != "" && string(pod.UID) != inv.k8s.PodUID {
+		return nil, nil, "", inv.fail(types.NewError(types.ErrTryAgainLater,
+			fmt.Sprintf("nftmesh-cni: pod %s in the API has UID %s, the sandbox is for UID %s", inv.podRef(), pod.UID, inv.k8s.PodUID), ""))
+	}
+	inMesh, reason, spec, ferr := podinfo.FromPod(pod)
+	if ferr != nil {
+		return nil, nil, "", inv.fail(types.NewError(CodeInvalidCapture,
+			fmt.Sprintf("nftmesh-cni: invalid capture settings for pod %s", inv.podRef()), detail(ferr)))
+	}
+	if !inMesh {
+		return pod, nil, reason, nil
+	}
+	ips, ierr := prevIPs(inv.conf)
+	if ierr != nil {
+		return nil, nil, "", inv.fail(types.NewError(types.ErrDecodingFailure, "nftmesh-cni: invalid prevResult", ierr.Error()))
+	}
+	if len(ips) > 0 {
+		// As Istio decides from the pod's addresses: v6 rules only when the
+		// pod has a v6 address (adding ::6 to lo fails where v6 is off).
+		spec.IPv6 = podinfo.HasIPv6(ips)
+	}
+	p, berr := redirect.Build(spec)
+	if berr != nil {
+		return nil, nil, "", inv.fail(types.NewError(CodeInvalidCapture,
+			fmt.Sprintf("nftmesh-cni: cannot build capture rules for pod %s", inv.podRef()), berr.Error()))
+	}
+	return pod, &p, reason, nil
+}
+
+// detail is the per-field text of a validation error (each annotation or
+// env var with its value), or the error itself.
+func detail(err error) string {
+	var ve *redirect.ValidationError
+	if errors.As(err, &ve) {
+		return ve.Error()
+	}
+	return err.Error()
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	inv, closeLog, err := begin("ADD", args)
+	defer closeLog()
+	if err != nil {
+		return err
+	}
+	if reason := inv.conf.SkipBeforeLookup(inv.k8s); reason != "" {
+		inv.decided("skip", reason)
+		return printPrevResult(inv.conf)
+	}
+	ctx := context.Background()
+	_, plan, reason, err := inv.lookup(ctx)
+	if err != nil {
+		return err
+	}
+	if plan == nil {
+		inv.decided("skip", reason)
+		return printPrevResult(inv.conf)
+	}
+
+	actx, cancel := context.WithTimeout(ctx, applyTimeout)
+	defer cancel()
+	backend, err := backendFor(actx, inv.conf.Backend, args.Netns)
+	if err != nil {
+		return inv.fail(types.NewError(CodeApply, fmt.Sprintf("nftmesh-cni: choosing a backend for pod %s", inv.podRef()), err.Error()))
+	}
+	if err := backend.Apply(actx, args.Netns, *plan); err != nil {
+		// Apply is atomic, but a retried ADD may find rules of an earlier
+		// run: a failed ADD must leave nothing that looks like capture.
+		if rerr := backend.Remove(actx, args.Netns); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("cleaning up after the failure: %w", rerr))
+		}
+		return inv.failWith(backend.Name(), types.NewError(CodeApply,
+			fmt.Sprintf("nftmesh-cni: programming capture rules for pod %s in %s", inv.podRef(), args.Netns), err.Error()))
+	}
+	inv.event(inv.log.Info(), backend.Name()).Str("decision", "capture").Str("reason", reason).
+		Int("rules", ruleCount(*plan)).Msg("ADD capture")
+	return printPrevResult(inv.conf)
+}
+
+func (inv *invocation) failWith(backend string, err *types.Error) error {
+	inv.event(inv.log.Error(), backend).Str("decision", "error").Uint("code", err.Code).Str("error", err.Error()).Msg(inv.verb + " failed")
+	return err
+}
+
+func cmdCheck(args *skel.CmdArgs) error {
+	inv, closeLog, err := begin("CHECK", args)
+	defer closeLog()
+	if err != nil {
+		return err
+	}
+	if reason := inv.conf.SkipBeforeLookup(inv.k8s); reason != "" {
+		inv.decided("skip", reason)
+		return nil
+	}
+	ctx := context.Background()
+	_, plan, reason, err := inv.lookup(ctx)
+	if err != nil {
+		return err
+	}
+	actx, cancel := context.WithTimeout(ctx, applyTimeout)
+	defer cancel()
+	backend, err := backendFor(actx, inv.conf.Backend, args.Netns)
+	if err != nil {
+		return inv.fail(types.NewError(CodeApply, fmt.Sprintf("nftmesh-cni: choosing a backend for pod %s", inv.podRef()), err.Error()))
+	}
+	want := redirect.Plan{}
+	if plan != nil {
+		want = *plan
+	}
+	// Not in the mesh means no rules of ours: Check against the empty plan.
+	if err := backend.Check(actx, args.Netns, want); err != nil {
+		code := CodeDrift
+		if !redirect.IsDrift(err) {
+			code = types.ErrIOFailure
+		}
+		return inv.failWith(backend.Name(), types.NewError(code,
+			fmt.Sprintf("nftmesh-cni: capture rules of pod %s in %s are not as planned", inv.podRef(), args.Netns), err.Error()))
+	}
+	decision := "capture"
+	if plan == nil {
+		decision = "skip"
+	}
+	inv.event(inv.log.Info(), backend.Name()).Str("decision", decision).Str("reason", reason).Msg("CHECK ok")
+	return nil
+}
+
+func cmdDel(args *skel.CmdArgs) error {
+	inv, closeLog, err := begin("DEL", args)
+	defer closeLog()
+	if err != nil {
+		return err
+	}
+	if args.Netns == "" {
+		inv.decided("skip", "no netns")
+		return nil
+	}
+	if _, err := os.Stat(args.Netns); errors.Is(err, fs.ErrNotExist) {
+		inv.decided("skip", "netns already gone")
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+	defer cancel()
+	if err := removeOurs(ctx, inv.conf.Backend, args.Netns); err != nil {
+		// The netns may vanish (or its bind mount be undone, leaving a
+		// plain file) while we work: either way our rules are gone with it.
+		if _, serr := os.Stat(args.Netns); errors.Is(serr, fs.ErrNotExist) || errors.Is(err, unix.EINVAL) {
+			inv.decided("skip", "netns gone during removal")
+			return nil
+		}
+		return inv.fail(types.NewError(types.ErrIOFailure,
+			fmt.Sprintf("nftmesh-cni: removing capture rules of pod %s from %s", inv.podRef(), args.Netns), err.Error()))
+	}
+	inv.decided("remove", "removed")
+	return nil
+}
+
+// cmdStatus reports whether the plugin can serve ADD: the agent must have
+// written a loadable kubeconfig.
+func cmdStatus(args *skel.CmdArgs) error {
+	inv, closeLog, err := begin("STATUS", args)
+	defer closeLog()
+	if err != nil {
+		return err
+	}
+	if _, err := clientcmd.LoadFromFile(inv.conf.Kubeconfig); err != nil {
+		return inv.fail(types.NewError(types.ErrPluginNotAvailable,
+			fmt.Sprintf("nftmesh-cni: not ready: kubeconfig %s is missing or invalid (the nftmesh agent writes it)", inv.conf.Kubeconfig), err.Error()))
+	}
+	inv.log.Debug().Msg("STATUS ready")
+	return nil
+}
+
+// cmdGC has nothing to collect: nftmesh keeps no state outside pod network
+// namespaces, and those are deleted with their pods.
+func cmdGC(args *skel.CmdArgs) error {
+	inv, closeLog, err := begin("GC", args)
+	defer closeLog()
+	if err != nil {
+		return err
+	}
+	inv.log.Debug().Int("valid_attachments", len(inv.conf.ValidAttachments)).Msg("GC: no host-side state")
+	return nil
+}
+
+func ruleCount(p redirect.Plan) int {
+	n := 0
+	for _, t := range p.Tables {
+		for _, c := range t.Chains {
+			n += len(c.Rules)
+		}
+	}
+	return n
+}
