@@ -20,7 +20,7 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o $(BIN)/ ./cmd/...
 
 ## test: everything CI runs — lint, all tests (kernel tests need root), short fuzzing.
 test: build kube-apiserver helm lint

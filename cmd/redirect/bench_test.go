@@ -32,7 +32,7 @@ func BenchmarkWholeProcess(b *testing.B) {
 	}
 	dir := b.TempDir()
 	self := filepath.Join(dir, "redirect")
-	if out, err := exec.Command("go", "build", "-o", self, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", self, ".").CombinedOutput(); err != nil {
 		b.Fatalf("building redirect: %v\n%s", err, out)
 	}
 	var nftText, v4, v6 string
