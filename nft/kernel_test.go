@@ -180,7 +180,17 @@ var concreteChecks = map[string][][]string{
 	},
 }
 
-// normalize collapses whitespace and drops comment lines.
+// normalize collapses whitespace and drops comment lines. These are the
+// only differences between Render and `nft list table inet nftmesh` that
+// the comparison forgives: nft wraps long element lists over several lines
+// and indents them its own way, and Render appends the policy routes and
+// loopback addresses (not nftables objects) as "#" comment lines. Handles
+// are not printed by `nft list` without -a; handleRE strips them anyway.
+// Everything else — chain order, priorities by name (dstnat, mangle, raw),
+// the dependencies nft hides (the nfproto guard before an ip/ip6 match,
+// "meta l4proto tcp" before "tcp dport"), marks in hex, "ct state !" —
+// Render reproduces exactly; TestKernelVocabulary covers the forms Build
+// does not produce.
 func normalize(s string) string {
 	var lines []string
 	for _, l := range strings.Split(s, "\n") {
