@@ -522,3 +522,35 @@ func planWithExcludes(tb testing.TB, n int) redirect.Plan {
 	}
 	return p
 }
+
+func TestKernelWithTable(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	ns := podNetns(t)
+	p, err := scenarios.All[0].Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := New(WithTable("othermesh"))
+	if err := other.Apply(ctx, ns, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Check(ctx, ns, p); err != nil {
+		t.Fatalf("Check of the renamed table: %v", err)
+	}
+	// The default backend does not see (or remove) the other owner's table.
+	mine, err := New().List(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mine.Tables) != 0 {
+		t.Errorf("default backend lists the other table: %v", redirect.Describe(mine))
+	}
+	if rs := readRuleset(t, ns); len(rs.tables) != 1 || rs.tables[0] != "inet othermesh" {
+		t.Errorf("nft sees tables %v", rs.tables)
+	}
+	if err := other.Remove(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	assertNothingLeft(t, ns)
+}

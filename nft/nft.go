@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"syscall"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -76,7 +75,7 @@ func openNetns(path string) (netns.NsHandle, error) {
 }
 
 func isNotExist(err error) bool {
-	return errors.Is(err, unix.ENOENT) || errors.Is(err, syscall.ENOENT)
+	return errors.Is(err, unix.ENOENT)
 }
 
 // tableExists asks the kernel for our one table: a single non-dump request.
