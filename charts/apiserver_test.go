@@ -1,0 +1,241 @@
+package charts
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/internal/kubetest"
+)
+
+const agentNS = "nftmesh-system"
+
+// meshPod is an injected pod on node; broken means its istio-validation
+// init container last exited 126 (it started without capture).
+func meshPod(t *testing.T, c kubernetes.Interface, ns, name, node string, broken bool) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{"sidecar.istio.io/status": `{"initContainers":["istio-validation"]}`}},
+		Spec: corev1.PodSpec{
+			NodeName:       node,
+			InitContainers: []corev1.Container{{Name: "istio-validation", Image: "registry.example/proxyv2:1"}},
+			Containers:     []corev1.Container{{Name: "app", Image: "registry.example/app:1"}, {Name: "istio-proxy", Image: "registry.example/proxyv2:1"}},
+		},
+	}
+	p, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := corev1.ContainerStatus{Name: "istio-validation", Image: "registry.example/proxyv2:1"}
+	if broken {
+		st.RestartCount = 2
+		st.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}
+		st.LastTerminationState = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 126, Reason: "Error", Message: "iptables validation failed"}}
+	} else {
+		st.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}}
+	}
+	p.Status = corev1.PodStatus{Phase: corev1.PodPending, InitContainerStatuses: []corev1.ContainerStatus{st}}
+	p, err = c.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The chart installs into a real kube-apiserver; its RBAC lets the plugin's
+// kubeconfig (written by the agent from the chart's ServiceAccount token)
+// GET pods and do nothing else; each repair mode's role is enough for the
+// repair controller to do its job and no more.
+func TestChartOnRealAPIServer(t *testing.T) {
+	helm(t)
+	s := kubetest.Start(t)
+	ctx := context.Background()
+	admin := s.Client()
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "admin.kubeconfig")
+	if err := s.WriteKubeconfig(kc, s.AdminToken()); err != nil {
+		t.Fatal(err)
+	}
+	helmArgs := func(verb string, set ...string) []string {
+		a := []string{verb, "nftmesh", chartDir, "--kubeconfig", kc, "--namespace", agentNS}
+		if verb == "install" {
+			a = append(a, "--create-namespace")
+		}
+		for _, x := range set {
+			a = append(a, "--set", x)
+		}
+		return a
+	}
+
+	out, err := runHelm(t, helmArgs("install", "repair.enabled=false")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "rollout status daemonset/nftmesh-agent") || !strings.Contains(out, "Repair: off") {
+		t.Errorf("install output lacks the NOTES on how to check it:\n%s", out)
+	}
+	if _, err := admin.AppsV1().DaemonSets(agentNS).Get(ctx, "nftmesh-agent", metav1.GetOptions{}); err != nil {
+		t.Fatalf("DaemonSet not installed: %v", err)
+	}
+	if _, err := admin.CoreV1().ConfigMaps(agentNS).Get(ctx, "nftmesh-agent-config", metav1.GetOptions{}); err != nil {
+		t.Fatalf("ConfigMap not installed: %v", err)
+	}
+
+	s.EnsureNamespace(t, "shop")
+	web := meshPod(t, admin, "shop", "web-1", "node-1", false)
+
+	// The agent's kubeconfig, built from the chart's ServiceAccount token
+	// exactly as in the DaemonSet pod.
+	sa := filepath.Join(dir, "sa")
+	_ = os.MkdirAll(sa, 0o755)
+	_ = os.WriteFile(filepath.Join(sa, "token"), []byte(s.TokenFor(t, agentNS, "nftmesh-agent")), 0o600)
+	ca, err := os.ReadFile(s.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(sa, "ca.crt"), ca, 0o644)
+	kcb, err := installer.RenderKubeconfig(s.Host, sa, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.RESTConfigFromKubeConfig(kcb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugin := kubernetes.NewForConfigOrDie(rc)
+	if got, err := plugin.CoreV1().Pods("shop").Get(ctx, "web-1", metav1.GetOptions{}); err != nil || got.UID != web.UID {
+		t.Fatalf("the plugin's GET with the chart's RBAC: %v", err)
+	}
+	forbidden := map[string]error{}
+	_, forbidden["list pods"] = plugin.CoreV1().Pods("shop").List(ctx, metav1.ListOptions{})
+	_, forbidden["watch pods"] = plugin.CoreV1().Pods("").Watch(ctx, metav1.ListOptions{})
+	forbidden["delete pod"] = plugin.CoreV1().Pods("shop").Delete(ctx, "web-1", metav1.DeleteOptions{})
+	_, forbidden["patch pod status"] = plugin.CoreV1().Pods("shop").Patch(ctx, "web-1", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{}, "status")
+	_, forbidden["create pod"] = plugin.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "x", Image: "x"}}}}, metav1.CreateOptions{})
+	_, forbidden["get secret"] = plugin.CoreV1().Secrets(agentNS).Get(ctx, "any", metav1.GetOptions{})
+	_, forbidden["get configmap"] = plugin.CoreV1().ConfigMaps(agentNS).Get(ctx, "nftmesh-agent-config", metav1.GetOptions{})
+	_, forbidden["list nodes"] = plugin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	_, forbidden["get namespace"] = plugin.CoreV1().Namespaces().Get(ctx, "shop", metav1.GetOptions{})
+	_, forbidden["create event"] = plugin.CoreV1().Events("shop").Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "e"}, InvolvedObject: corev1.ObjectReference{Namespace: "shop"}}, metav1.CreateOptions{})
+	for what, err := range forbidden {
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s with the plugin's RBAC: %v, want forbidden", what, err)
+		}
+	}
+
+	runRepair := func(t *testing.T, args ...string) context.CancelFunc {
+		t.Helper()
+		cfg, err := installer.ParseConfig(append([]string{"--service-account-dir=", "--repair-enabled", "--node-name", "node-1"}, args...), func(string) (string, bool) { return "", false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The controller authenticates as the chart's ServiceAccount.
+		c := kubernetes.NewForConfigOrDie(s.ConfigFor(s.TokenFor(t, agentNS, "nftmesh-agent")))
+		m := installer.NewMetrics()
+		rcon, err := installer.NewRepairController(c, cfg.Repair, nil, zerolog.New(io.Discard), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- rcon.Run(cctx) }()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("repair controller: %v", err)
+			}
+		}
+	}
+
+	t.Run("label mode", func(t *testing.T) {
+		if _, err := runHelm(t, helmArgs("upgrade", "repair.enabled=true", "repair.deletePods=false", "repair.labelPods=true")...); err != nil {
+			t.Fatal(err)
+		}
+		broken := meshPod(t, admin, "shop", "broken-l", "node-1", true)
+		other := meshPod(t, admin, "shop", "broken-other-node", "node-2", true)
+		stop := runRepair(t, "--repair-label-pods")
+		defer stop()
+		eventually(t, "broken pod labelled", func() bool {
+			p, err := admin.CoreV1().Pods("shop").Get(ctx, broken.Name, metav1.GetOptions{})
+			return err == nil && p.Labels["cni.istio.io/uninitialized"] == "true"
+		})
+		eventually(t, "event recorded", func() bool {
+			evs, err := admin.CoreV1().Events("shop").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false
+			}
+			for _, e := range evs.Items {
+				if e.Reason == "LabelBrokenPod" && e.InvolvedObject.Name == broken.Name {
+					return true
+				}
+			}
+			return false
+		})
+		for _, n := range []string{web.Name, other.Name} {
+			p, err := admin.CoreV1().Pods("shop").Get(ctx, n, metav1.GetOptions{})
+			if err != nil || p.Labels["cni.istio.io/uninitialized"] != "" {
+				t.Errorf("pod %s should be untouched (healthy or on another node): %v %v", n, err, p.Labels)
+			}
+		}
+		sac := kubernetes.NewForConfigOrDie(s.ConfigFor(s.TokenFor(t, agentNS, "nftmesh-agent")))
+		if err := sac.CoreV1().Pods("shop").Delete(ctx, web.Name, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("label mode may delete pods: %v", err)
+		}
+	})
+
+	t.Run("delete mode", func(t *testing.T) {
+		if _, err := runHelm(t, helmArgs("upgrade", "repair.enabled=true", "repair.deletePods=true")...); err != nil {
+			t.Fatal(err)
+		}
+		broken := meshPod(t, admin, "shop", "broken-d", "node-1", true)
+		stop := runRepair(t, "--repair-delete-pods")
+		defer stop()
+		// A pod bound to a node is deleted gracefully: with no kubelet to
+		// confirm, it stays with a deletion timestamp.
+		eventually(t, "broken pod deleted", func() bool {
+			p, err := admin.CoreV1().Pods("shop").Get(ctx, broken.Name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil)
+		})
+		for _, n := range []string{web.Name, "broken-other-node"} {
+			if p, err := admin.CoreV1().Pods("shop").Get(ctx, n, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil {
+				t.Errorf("pod %s (healthy or on another node) deleted: %v", n, err)
+			}
+		}
+		sac := kubernetes.NewForConfigOrDie(s.ConfigFor(s.TokenFor(t, agentNS, "nftmesh-agent")))
+		if _, err := sac.CoreV1().Pods("shop").Patch(ctx, web.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{}, "status"); !apierrors.IsForbidden(err) {
+			t.Errorf("delete mode may patch pod status: %v", err)
+		}
+	})
+
+	if _, err := runHelm(t, "uninstall", "nftmesh", "--kubeconfig", kc, "--namespace", agentNS); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().ClusterRoles().Get(ctx, "nftmesh-agent", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("ClusterRole left after uninstall: %v", err)
+	}
+}
