@@ -58,11 +58,15 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		return exitConfig
 	}
 	var repair *installer.RepairController
+	if cfg.Repair.Mode() == installer.RepairInPlace {
+		// In-place repair needs a capture backend wired in here as an
+		// installer.PodRepairer; this build has none.
+		log.Error().Err(installer.ErrNoInPlaceRepair).Msg("invalid repair configuration; nothing was changed on the host")
+		return exitConfig
+	}
 	if cfg.Repair.Mode() != installer.RepairNone {
 		rc, err := repairClient(cfg)
 		if err == nil {
-			// In-place repair needs a capture backend wired in here; this
-			// build has none, so NewRepairController refuses that mode.
 			repair, err = installer.NewRepairController(rc, cfg.Repair, nil, log, m)
 		}
 		if err != nil {

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+)
+
+// buildAgent compiles this command once per test binary.
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "nftmesh-agent")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+type fakeHost struct {
+	root, bin, conf, run, sa, plugin string
+}
+
+func newFakeHost(t *testing.T) *fakeHost {
+	t.Helper()
+	r := t.TempDir()
+	h := &fakeHost{root: r, bin: filepath.Join(r, "opt/cni/bin"), conf: filepath.Join(r, "etc/cni/net.d"),
+		run: filepath.Join(r, "run/nftmesh"), sa: filepath.Join(r, "sa"), plugin: filepath.Join(r, "image/nftmesh-cni")}
+	for _, d := range []string{h.bin, h.conf, h.sa, filepath.Dir(h.plugin)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Any executable stands in for the plugin: the agent installs bytes.
+	if err := os.WriteFile(h.plugin, bytes.Repeat([]byte("nftmesh-cni\n"), 4096), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(h.sa, "token"), []byte("e2e-token"), 0o600)
+	_ = os.WriteFile(filepath.Join(h.sa, "ca.crt"), []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"), 0o644)
+	return h
+}
+
+func (h *fakeHost) args(health, metrics string) []string {
+	return []string{"--cni-bin-dir", h.bin, "--cni-conf-dir", h.conf, "--agent-run-dir", h.run,
+		"--plugin-binary", h.plugin, "--service-account-dir", h.sa, "--health-addr", health, "--metrics-addr", metrics}
+}
+
+// snapshot records every file under root with its content and mode.
+func snapshot(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	_ = filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			b, _ := os.ReadFile(p)
+			out[p] = fmt.Sprintf("%v %x", fi.Mode(), b)
+		} else {
+			out[p] = fi.Mode().String()
+		}
+		return nil
+	})
+	return out
+}
+
+func httpGet(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// The built agent against a temp "host": it becomes ready, chains itself
+// into the bridge conflist, and on SIGTERM leaves the conflist
+// byte-identical and removes its binary and kubeconfig.
+func TestAgentBinaryEndToEnd(t *testing.T) {
+	bin := buildAgent(t)
+	h := newFakeHost(t)
+	src, err := os.ReadFile(filepath.Join("..", "..", "testdata", "conflists", "1-k8s.conflist"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	primary := filepath.Join(h.conf, "1-k8s.conflist")
+	if err := os.WriteFile(primary, src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	health, metrics := freeAddr(t), freeAddr(t)
+	var logs bytes.Buffer
+	cmd := exec.Command(bin, h.args(health, metrics)...)
+	cmd.Env = append(os.Environ(), "KUBERNETES_SERVICE_HOST=127.0.0.1", "KUBERNETES_SERVICE_PORT=6443", "EXCLUDE_NAMESPACES=kube-system,istio-system")
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		if t.Failed() {
+			t.Logf("agent logs:\n%s", logs.String())
+		}
+	})
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if code, _ := httpGet("http://" + health + "/readyz"); code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent never became ready")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	l, err := libcni.ConfListFromFile(primary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := l.Plugins[len(l.Plugins)-1]
+	if last.Network.Type != "nftmesh-cni" || len(l.Plugins) != 5 || l.CNIVersion != "1.0.0" {
+		t.Fatalf("installed conflist: %s", l.Bytes)
+	}
+	if !strings.Contains(string(last.Bytes), `"exclude_namespaces":["kube-system","istio-system"]`) {
+		t.Errorf("Istio env not applied to the plugin entry: %s", last.Bytes)
+	}
+	if fi, err := os.Stat(filepath.Join(h.run, "kubeconfig")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("kubeconfig: %v", err)
+	}
+	if code, body := httpGet("http://" + metrics + "/metrics"); code != 200 || !strings.Contains(body, "nftmesh_install_ready 1") {
+		t.Errorf("/metrics %d: %.200s", code, body)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("agent exited with %v after SIGTERM", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("agent did not exit after SIGTERM")
+	}
+	if got, _ := os.ReadFile(primary); !bytes.Equal(got, src) {
+		t.Errorf("conflist not restored byte for byte:\n%s", got)
+	}
+	for _, p := range []string{filepath.Join(h.bin, "nftmesh-cni"), filepath.Join(h.run, "kubeconfig")} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left behind", p)
+		}
+	}
+	if !strings.Contains(logs.String(), `"message":"cleanup done"`) {
+		t.Errorf("no cleanup log line")
+	}
+}
+
+// Bad configuration exits 2 with a message naming the flag, and touches
+// no host file.
+func TestAgentBinaryBadConfigTouchesNothing(t *testing.T) {
+	bin := buildAgent(t)
+	cases := []struct {
+		name  string
+		extra []string
+		env   []string
+		want  string
+	}{
+		{"bad backend", []string{"--backend", "nft"}, nil, "--backend"},
+		{"bad env", nil, []string{"CHAINED_CNI_PLUGIN=perhaps"}, "CHAINED_CNI_PLUGIN"},
+		{"missing plugin", []string{"--plugin-binary", "/nonexistent/nftmesh-cni"}, nil, "--plugin-binary"},
+		{"repair in place unavailable", []string{"--repair-enabled", "--repair-pods", "--node-name", "n"}, nil, "repair in place"},
+		{"no api server", nil, []string{"KUBERNETES_SERVICE_HOST="}, "--kube-api-server"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newFakeHost(t)
+			_ = os.WriteFile(filepath.Join(h.conf, "10-x.conflist"), []byte(`{"cniVersion":"1.0.0","name":"x","plugins":[{"type":"bridge"}]}`), 0o644)
+			before := snapshot(t, h.root)
+			cmd := exec.Command(bin, append(h.args("127.0.0.1:0", "127.0.0.1:0"), c.extra...)...)
+			cmd.Env = append(append(os.Environ(), "KUBERNETES_SERVICE_HOST=127.0.0.1"), c.env...)
+			out, err := cmd.CombinedOutput()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() != 2 {
+				t.Fatalf("exit %v, want 2\n%s", err, out)
+			}
+			if !strings.Contains(string(out), c.want) {
+				t.Errorf("message does not mention %q:\n%s", c.want, out)
+			}
+			after := snapshot(t, h.root)
+			if fmt.Sprint(before) != fmt.Sprint(after) {
+				t.Errorf("host files changed on bad config")
+			}
+		})
+	}
+}
