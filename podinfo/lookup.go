@@ -45,6 +45,9 @@ func NewPodClientForConfig(cfg *rest.Config) (*PodClient, error) {
 	c.ContentType = runtime.ContentTypeJSON
 	// One GET per plugin run: no client-side rate limiting.
 	c.QPS = -1
+	// HTTP/1.1: a short-lived process makes one request, and HTTP/2's
+	// connection set-up is pure overhead for it.
+	c.NextProtos = []string{"http/1.1"}
 	if c.UserAgent == "" {
 		c.UserAgent = "nftmesh-cni"
 	}
@@ -55,13 +58,22 @@ func NewPodClientForConfig(cfg *rest.Config) (*PodClient, error) {
 	return &PodClient{rest: rc}, nil
 }
 
-// Get fetches one pod, once.
+// Get fetches one pod, once, with a consistent (quorum) read.
 func (c *PodClient) Get(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	return c.get(ctx, namespace, name, false)
+}
+
+// get fetches one pod. cached reads with resourceVersion=0, which the API
+// server answers from its watch cache without an etcd round trip.
+func (c *PodClient) get(ctx context.Context, namespace, name string, cached bool) (*corev1.Pod, error) {
 	var pod corev1.Pod
 	// GetPod owns retries and their deadline; client-go's own retry of
 	// GETs would spend the whole deadline inside one attempt.
-	err := c.rest.Get().MaxRetries(0).Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(&pod)
-	if err != nil {
+	req := c.rest.Get().MaxRetries(0).Namespace(namespace).Resource("pods").Name(name)
+	if cached {
+		req = req.Param("resourceVersion", "0")
+	}
+	if err := req.Do(ctx).Into(&pod); err != nil {
 		return nil, err
 	}
 	return &pod, nil
@@ -79,17 +91,33 @@ const (
 // retry cannot change come back at once: not found, forbidden (RBAC),
 // unauthorized, bad request. kubelet retries the whole sandbox creation, so
 // the caller fails closed on any error.
-func (c *PodClient) GetPod(ctx context.Context, namespace, name string, timeout time.Duration) (*corev1.Pod, error) {
+//
+// The first read is served from the API server's watch cache (the same
+// cache kubelet learned about the pod from), which saves an etcd round
+// trip; wantUID, when set, guards against a stale copy of an earlier pod
+// with the same name. A cached miss or a UID mismatch is re-read with a
+// consistent read, so staleness can cost time but never a wrong answer
+// about which pod this is.
+func (c *PodClient) GetPod(ctx context.Context, namespace, name, wantUID string, timeout time.Duration) (*corev1.Pod, error) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	delay := firstRetryDelay
+	cached := true
 	for attempt := 1; ; attempt++ {
 		actx, acancel := context.WithTimeout(ctx, maxAttemptTime)
-		pod, err := c.Get(actx, namespace, name)
+		pod, err := c.get(actx, namespace, name, cached)
 		acancel()
+		if err == nil && cached && wantUID != "" && string(pod.UID) != wantUID {
+			cached = false
+			continue
+		}
 		if err == nil {
 			return pod, nil
+		}
+		if cached && apierrors.IsNotFound(err) {
+			cached = false
+			continue
 		}
 		if !Retryable(err) {
 			return nil, fmt.Errorf("getting pod %s/%s: %w", namespace, name, err)

@@ -58,6 +58,8 @@ func guard(verb string, f func(*skel.CmdArgs) error) func(*skel.CmdArgs) error {
 type invocation struct {
 	verb  string
 	start time.Time
+	// lookupMS is how long the pod lookup took (kubeconfig, client, GET).
+	lookupMS float64
 	args  *skel.CmdArgs
 	conf  *podinfo.Config
 	k8s   podinfo.K8sArgs
@@ -95,7 +97,8 @@ func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
 		Str("container_id", inv.args.ContainerID).
 		Str("netns", inv.args.Netns).
 		Str("backend", backend).
-		Float64("duration_ms", durationMS(inv.start))
+		Float64("duration_ms", durationMS(inv.start)).
+		Float64("lookup_ms", inv.lookupMS)
 }
 
 func (inv *invocation) backendName() string {
@@ -146,6 +149,8 @@ func prevIPs(conf *podinfo.Config) ([]string, error) {
 // lookup fetches the pod and decides. A nil plan with a nil error means
 // the pod is not in the mesh (reason says why).
 func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redirect.Plan, reason string, err error) {
+	start := time.Now()
+	defer func() { inv.lookupMS = durationMS(start) }()
 	if _, serr := os.Stat(inv.conf.Kubeconfig); serr != nil {
 		return nil, nil, "", inv.fail(types.NewError(types.ErrTryAgainLater,
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: kubeconfig %s is missing (is the nftmesh agent running on this node?)", inv.podRef(), inv.conf.Kubeconfig),
@@ -156,7 +161,7 @@ func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redir
 		return nil, nil, "", inv.fail(types.NewError(CodePodLookup,
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: invalid kubeconfig", inv.podRef()), cerr.Error()))
 	}
-	pod, gerr := client.GetPod(ctx, inv.k8s.PodNamespace, inv.k8s.PodName, inv.conf.APITimeout)
+	pod, gerr := client.GetPod(ctx, inv.k8s.PodNamespace, inv.k8s.PodName, inv.k8s.PodUID, inv.conf.APITimeout)
 	if gerr != nil {
 		code := CodePodLookup
 		if podinfo.Retryable(gerr) {
