@@ -60,10 +60,10 @@ type invocation struct {
 	start time.Time
 	// lookupMS is how long the pod lookup took (kubeconfig, client, GET).
 	lookupMS float64
-	args  *skel.CmdArgs
-	conf  *podinfo.Config
-	k8s   podinfo.K8sArgs
-	log   zerolog.Logger
+	args     *skel.CmdArgs
+	conf     *podinfo.Config
+	k8s      podinfo.K8sArgs
+	log      zerolog.Logger
 }
 
 // begin parses what every verb needs. On error the returned close is
