@@ -2,26 +2,20 @@ package main
 
 import (
 	"context"
-	"fmt"
 
+	"github.com/nftmesh/nftmesh/internal/backends"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
-// backendFor returns the backend that programs netnsPath for the configured
-// name. This is the seam for automatic selection: "auto" means nftables
-// until the shared selector (which inspects the netns for legacy x_tables
-// rules) is wired in here.
-func backendFor(_ context.Context, name, _ string) (redirect.Backend, error) {
-	switch name {
-	case podinfo.BackendNftables, podinfo.BackendAuto, "":
-		return nft.New(), nil
-	case podinfo.BackendIptablesLegacy:
-		return legacy.New(), nil
-	}
-	return nil, fmt.Errorf("unknown backend %q", name)
+// backendFor returns the backend that programs netnsPath, with the reason
+// for the choice. The shared selector refuses to add rules of one backend
+// beside ours from the other, and "auto" looks at the netns itself (legacy
+// x_tables rules present → iptables-legacy, else nftables).
+func backendFor(ctx context.Context, name, netnsPath string) (redirect.Backend, string, error) {
+	return backends.Select(ctx, name, netnsPath)
 }
 
 // removeOurs deletes what nftmesh installed in netnsPath. With "auto" the

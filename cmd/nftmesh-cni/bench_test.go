@@ -17,8 +17,9 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkPluginAdd -benchtime=200x ./cmd/nftmesh-cni
 func BenchmarkPluginAdd(b *testing.B) {
-	b.Run("mesh", func(b *testing.B) { benchAdd(b, "injected.yaml") })
-	b.Run("skip", func(b *testing.B) { benchAdd(b, "no-sidecar.yaml") })
+	b.Run("mesh", func(b *testing.B) { benchAdd(b, "injected.yaml", "nftables") })
+	b.Run("mesh-auto", func(b *testing.B) { benchAdd(b, "injected.yaml", "auto") })
+	b.Run("skip", func(b *testing.B) { benchAdd(b, "no-sidecar.yaml", "nftables") })
 	// The floor: starting the binary and answering VERSION.
 	b.Run("process-start", func(b *testing.B) {
 		needEnv(b)
@@ -35,7 +36,7 @@ func BenchmarkPluginAdd(b *testing.B) {
 	})
 }
 
-func benchAdd(b *testing.B, file string) {
+func benchAdd(b *testing.B, file, backend string) {
 	needEnv(b)
 	runDir := agentRunDir(b, env.token)
 	type target struct {
@@ -47,7 +48,7 @@ func benchAdd(b *testing.B, file string) {
 		_, path := newNetns(b, "bench")
 		targets[i] = target{pod: createPod(b, env.api, loadPod(b, file)), netns: path}
 	}
-	conf := directConf(b, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.30/24"), nil)
+	conf := directConf(b, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.30/24"), map[string]any{"backend": backend})
 	times := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for i := range b.N {

@@ -23,6 +23,8 @@
 package main
 
 import (
+	"runtime/debug"
+
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 )
@@ -35,6 +37,11 @@ var buildVersion = "dev"
 var supportedVersions = version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
 func main() {
+	// A plugin run lives for milliseconds and allocates a few MB: collecting
+	// garbage only costs latency. The memory limit still bounds the heap
+	// should a huge prevResult or pod object arrive.
+	debug.SetGCPercent(-1)
+	debug.SetMemoryLimit(128 << 20)
 	skel.PluginMainFuncs(cniFuncs(), supportedVersions, "nftmesh-cni "+buildVersion+": chained CNI plugin installing Istio sidecar capture rules")
 }
 

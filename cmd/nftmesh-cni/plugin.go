@@ -231,10 +231,11 @@ func cmdAdd(args *skel.CmdArgs) error {
 
 	actx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
-	backend, err := backendFor(actx, inv.conf.Backend, args.Netns)
+	backend, why, err := backendFor(actx, inv.conf.Backend, args.Netns)
 	if err != nil {
 		return inv.fail(types.NewError(CodeApply, fmt.Sprintf("nftmesh-cni: choosing a backend for pod %s", inv.podRef()), err.Error()))
 	}
+	inv.log.Debug().Str("backend", backend.Name()).Str("why", why).Msg("backend chosen")
 	if err := backend.Apply(actx, args.Netns, *plan); err != nil {
 		// Apply is atomic, but a retried ADD may find rules of an earlier
 		// run: a failed ADD must leave nothing that looks like capture.
@@ -271,7 +272,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	actx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
-	backend, err := backendFor(actx, inv.conf.Backend, args.Netns)
+	backend, _, err := backendFor(actx, inv.conf.Backend, args.Netns)
 	if err != nil {
 		return inv.fail(types.NewError(CodeApply, fmt.Sprintf("nftmesh-cni: choosing a backend for pod %s", inv.podRef()), err.Error()))
 	}
