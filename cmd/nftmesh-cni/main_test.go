@@ -186,7 +186,12 @@ type host struct {
 	cacheDir  string
 	dataDir   string
 	apiURL    string
-	cni       *libcni.CNIConfig
+}
+
+// cni returns a libcni handle for one call: a CNIConfig initialises its
+// exec helper lazily without a lock, so concurrent calls get their own.
+func (h *host) cni() *libcni.CNIConfig {
+	return libcni.NewCNIConfigWithCacheDir([]string{env.binDir, refPluginDir}, h.cacheDir, nil)
 }
 
 func newHost(t testing.TB, api *kubetest.Server, token string) *host {
@@ -217,7 +222,6 @@ func newHost(t testing.TB, api *kubetest.Server, token string) *host {
 	if err := api.WriteKubeconfigHost(filepath.Join(h.runDir, "kubeconfig"), h.apiURL, token); err != nil {
 		t.Fatal(err)
 	}
-	h.cni = libcni.NewCNIConfigWithCacheDir([]string{env.binDir, refPluginDir}, h.cacheDir, nil)
 	return h
 }
 
@@ -308,18 +312,18 @@ func runtimeConf(pod *corev1.Pod, netnsPath string) *libcni.RuntimeConf {
 func (h *host) add(cl *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (types.Result, error) {
 	var res types.Result
 	err := inNetns(h.netnsPath, func() (err error) {
-		res, err = h.cni.AddNetworkList(context.Background(), cl, rt)
+		res, err = h.cni().AddNetworkList(context.Background(), cl, rt)
 		return err
 	})
 	return res, err
 }
 
 func (h *host) check(cl *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
-	return inNetns(h.netnsPath, func() error { return h.cni.CheckNetworkList(context.Background(), cl, rt) })
+	return inNetns(h.netnsPath, func() error { return h.cni().CheckNetworkList(context.Background(), cl, rt) })
 }
 
 func (h *host) del(cl *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
-	return inNetns(h.netnsPath, func() error { return h.cni.DelNetworkList(context.Background(), cl, rt) })
+	return inNetns(h.netnsPath, func() error { return h.cni().DelNetworkList(context.Background(), cl, rt) })
 }
 
 // loadPod reads a sample manifest and gives it a unique name.
