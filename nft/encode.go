@@ -153,6 +153,8 @@ func (prog *program) queue(cc *nftables.Conn, exclusive bool) error {
 	return nil
 }
 
+// addSet queues the set with at most its first chunk of elements; the
+// rest comes from tailChunks, marshalled in parallel (see sendProgram).
 func addSet(cc *nftables.Conn, s setObj) error {
 	first := s.elems
 	if len(first) > maxElemsPerMsg && !s.set.Anonymous {
@@ -161,14 +163,29 @@ func addSet(cc *nftables.Conn, s setObj) error {
 	if err := cc.AddSet(s.set, first); err != nil {
 		return fmt.Errorf("adding set %s: %w", s.set.Name, err)
 	}
-	for rest := s.elems[len(first):]; len(rest) > 0; {
-		n := min(len(rest), maxElemsPerMsg)
-		if err := cc.SetAddElements(s.set, rest[:n]); err != nil {
-			return fmt.Errorf("adding elements to set %s: %w", s.set.Name, err)
-		}
-		rest = rest[n:]
-	}
 	return nil
+}
+
+type elemChunk struct {
+	set   *nftables.Set
+	elems []nftables.SetElement
+}
+
+// tailChunks are the named sets' elements beyond the first chunk, one
+// NEWSETELEM message each. They may go anywhere after the set in the batch.
+func (prog *program) tailChunks() []elemChunk {
+	var out []elemChunk
+	for _, s := range prog.sets {
+		if len(s.elems) <= maxElemsPerMsg {
+			continue
+		}
+		for rest := s.elems[maxElemsPerMsg:]; len(rest) > 0; {
+			n := min(len(rest), maxElemsPerMsg)
+			out = append(out, elemChunk{s.set, rest[:n]})
+			rest = rest[n:]
+		}
+	}
+	return out
 }
 
 func encodeHook(h redirect.Hook) (*nftables.ChainHook, error) {
