@@ -151,14 +151,19 @@ func prevIPs(conf *podinfo.Config) ([]string, error) {
 func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redirect.Plan, reason string, err error) {
 	start := time.Now()
 	defer func() { inv.lookupMS = durationMS(start) }()
+	// fail records the lookup time first, so the error line carries it.
+	fail := func(e *types.Error) error {
+		inv.lookupMS = durationMS(start)
+		return inv.fail(e)
+	}
 	if _, serr := os.Stat(inv.conf.Kubeconfig); serr != nil {
-		return nil, nil, "", inv.fail(types.NewError(types.ErrTryAgainLater,
+		return nil, nil, "", fail(types.NewError(types.ErrTryAgainLater,
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: kubeconfig %s is missing (is the nftmesh agent running on this node?)", inv.podRef(), inv.conf.Kubeconfig),
 			serr.Error()))
 	}
 	client, cerr := podinfo.NewPodClient(inv.conf.Kubeconfig)
 	if cerr != nil {
-		return nil, nil, "", inv.fail(types.NewError(CodePodLookup,
+		return nil, nil, "", fail(types.NewError(CodePodLookup,
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: invalid kubeconfig", inv.podRef()), cerr.Error()))
 	}
 	pod, gerr := client.GetPod(ctx, inv.k8s.PodNamespace, inv.k8s.PodName, inv.k8s.PodUID, inv.conf.APITimeout)
@@ -167,16 +172,16 @@ func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redir
 		if podinfo.Retryable(gerr) {
 			code = types.ErrTryAgainLater
 		}
-		return nil, nil, "", inv.fail(types.NewError(code,
+		return nil, nil, "", fail(types.NewError(code,
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s (failing closed)", inv.podRef()), gerr.Error()))
 	}
 	if inv.k8s.PodUID != "" && string(pod.UID) != inv.k8s.PodUID {
-		return nil, nil, "", inv.fail(types.NewError(types.ErrTryAgainLater,
+		return nil, nil, "", fail(types.NewError(types.ErrTryAgainLater,
 			fmt.Sprintf("nftmesh-cni: pod %s in the API has UID %s, the sandbox is for UID %s", inv.podRef(), pod.UID, inv.k8s.PodUID), ""))
 	}
 	inMesh, reason, spec, ferr := podinfo.FromPod(pod)
 	if ferr != nil {
-		return nil, nil, "", inv.fail(types.NewError(CodeInvalidCapture,
+		return nil, nil, "", fail(types.NewError(CodeInvalidCapture,
 			fmt.Sprintf("nftmesh-cni: invalid capture settings for pod %s", inv.podRef()), detail(ferr)))
 	}
 	if !inMesh {
@@ -184,7 +189,7 @@ func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redir
 	}
 	ips, ierr := prevIPs(inv.conf)
 	if ierr != nil {
-		return nil, nil, "", inv.fail(types.NewError(types.ErrDecodingFailure, "nftmesh-cni: invalid prevResult", ierr.Error()))
+		return nil, nil, "", fail(types.NewError(types.ErrDecodingFailure, "nftmesh-cni: invalid prevResult", ierr.Error()))
 	}
 	if len(ips) > 0 {
 		// As Istio decides from the pod's addresses: v6 rules only when the
@@ -193,7 +198,7 @@ func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redir
 	}
 	p, berr := redirect.Build(spec)
 	if berr != nil {
-		return nil, nil, "", inv.fail(types.NewError(CodeInvalidCapture,
+		return nil, nil, "", fail(types.NewError(CodeInvalidCapture,
 			fmt.Sprintf("nftmesh-cni: cannot build capture rules for pod %s", inv.podRef()), berr.Error()))
 	}
 	return pod, &p, reason, nil
