@@ -100,9 +100,13 @@ func repoRoot() (string, error) {
 
 // Start runs a fresh server for one test (or a whole package, via
 // StartServer in TestMain) and stops it in t.Cleanup. Without the binaries
-// the test is skipped with a message naming `make kube-apiserver`.
+// the test is skipped with a message naming `make kube-apiserver`; with
+// -short it is skipped too.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("skipping: -short (starts etcd and kube-apiserver)")
+	}
 	dir := t.TempDir()
 	s, err := StartServer(dir)
 	if errors.Is(err, ErrNoBinary) {
