@@ -115,8 +115,7 @@ func (inv *invocation) decided(decision, reason string) {
 
 // fail logs the decision line of a failed run and returns err.
 func (inv *invocation) fail(err *types.Error) error {
-	inv.event(inv.log.Error(), inv.backendName()).Str("decision", "error").Uint("code", err.Code).Str("error", err.Error()).Msg(inv.verb + " failed")
-	return err
+	return inv.failWith(inv.backendName(), err)
 }
 
 func (inv *invocation) podRef() string { return inv.k8s.PodNamespace + "/" + inv.k8s.PodName }
@@ -255,6 +254,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 	return printPrevResult(inv.conf)
 }
 
+// failWith is fail naming the backend actually chosen.
 func (inv *invocation) failWith(backend string, err *types.Error) error {
 	inv.event(inv.log.Error(), backend).Str("decision", "error").Uint("code", err.Code).Str("error", err.Error()).Msg(inv.verb + " failed")
 	return err
