@@ -2,6 +2,7 @@ package redirect
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -46,7 +47,10 @@ func MatchString(m Match) string {
 		if len(m.Ports) == 1 {
 			return fmt.Sprintf("%s %s%d", dir, not(m.Negate), m.Ports[0])
 		}
-		return fmt.Sprintf("%s %s{ %s }", dir, not(m.Negate), strings.ReplaceAll(joinPorts(m.Ports), ",", ", "))
+		// A port list is a set in the kernel: order and repeats do not count.
+		ports := slices.Clone(m.Ports)
+		slices.Sort(ports)
+		return fmt.Sprintf("%s %s{ %s }", dir, not(m.Negate), strings.ReplaceAll(joinPorts(slices.Compact(ports)), ",", ", "))
 	case MatchAddr:
 		dir := "daddr"
 		if m.Source {
