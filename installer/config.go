@@ -88,6 +88,9 @@ type RepairConfig struct {
 	BrokenPodLabelValue             string
 	LabelSelectors                  string
 	FieldSelectors                  string
+	// HostProc is the host's /proc as the agent sees it (the chart mounts
+	// it at /host/proc); repair in place finds pod namespaces there.
+	HostProc string
 }
 
 // Mode is the action the controller takes; Istio's precedence applies
@@ -191,6 +194,7 @@ func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
 	fs.StringVar(&c.Repair.BrokenPodLabelValue, "repair-broken-pod-label-value", "true", "value of that label")
 	fs.StringVar(&c.Repair.LabelSelectors, "repair-label-selectors", "", "extra label selector for watched pods")
 	fs.StringVar(&c.Repair.FieldSelectors, "repair-field-selectors", "", "extra field selector for watched pods")
+	fs.StringVar(&c.Repair.HostProc, "host-proc", "/host/proc", "the host's /proc as mounted in the agent, where repair in place finds pod network namespaces (/proc outside a cluster)")
 
 	boolish := func(v string) (string, error) {
 		b, err := strconv.ParseBool(v)
@@ -552,6 +556,11 @@ func (c *Config) finish(logLevel string, sources map[string]string, getenv func(
 		}
 		if _, err := fields.ParseSelector(r.FieldSelectors); err != nil {
 			return bad("repair-field-selectors", r.FieldSelectors, err.Error())
+		}
+		if r.Mode() == RepairInPlace {
+			if err := absPath("host-proc", &r.HostProc, false); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -37,7 +37,8 @@ func TestParseConfigDefaults(t *testing.T) {
 		Backend: "auto", LogLevel: zerolog.InfoLevel, APITimeout: 30 * time.Second,
 		ReinstallRate: 1, ReinstallBurst: 5, FightThreshold: 5, FightWindow: time.Minute,
 		Repair: RepairConfig{InitContainerName: "istio-validation", InitContainerExitCode: 126,
-			SidecarAnnotation: "sidecar.istio.io/status", BrokenPodLabelKey: "cni.istio.io/uninitialized", BrokenPodLabelValue: "true"},
+			SidecarAnnotation: "sidecar.istio.io/status", BrokenPodLabelKey: "cni.istio.io/uninitialized", BrokenPodLabelValue: "true",
+			HostProc: "/host/proc"},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
@@ -168,6 +169,7 @@ func TestParseConfigBadInput(t *testing.T) {
 		{"repair label value", []string{"--repair-enabled", "--repair-broken-pod-label-value", "a b"}, nil, "repair-broken-pod-label-value", "a b"},
 		{"repair selector", []string{"--repair-enabled", "--repair-label-selectors", "a in (("}, nil, "repair-label-selectors", "a in (("},
 		{"repair field selector", []string{"--repair-enabled", "--repair-field-selectors", "a=b=c,,=="}, nil, "repair-field-selectors", "a=b=c,,=="},
+		{"host proc empty", []string{"--repair-enabled", "--repair-pods", "--node-name", "n", "--host-proc", ""}, nil, "host-proc", ""},
 		{"repair enabled env", nil, map[string]string{"REPAIR_ENABLED": "si"}, "repair-enabled", "si"},
 		{"repair init name", []string{"--repair-enabled", "--repair-init-container-name", "Not_Valid"}, nil, "repair-init-container-name", "Not_Valid"},
 	}

@@ -23,15 +23,38 @@ import (
 
 // PodRepairer re-applies a broken pod's capture rules inside its network
 // namespace (repair in place). It needs a capture backend and the host's
-// /proc, so the command supplies it; the controller only decides which pods
-// need it.
+// /proc, so the command supplies it (installer/inplace); the controller
+// only decides which pods need it.
 type PodRepairer interface {
-	RepairPod(ctx context.Context, pod *corev1.Pod) error
+	// RepairPod programs the pod's capture. An error wrapping
+	// ErrRepairNotNeeded means the pod gets no capture at all (not in the
+	// mesh, excluded, host network): counted as a skip, never retried; one
+	// wrapping ErrRepairImpossible is a failure that is not retried.
+	RepairPod(ctx context.Context, pod *corev1.Pod) (RepairReport, error)
 }
+
+// RepairReport says what a repair in place did, for the agent's log.
+type RepairReport struct {
+	Netns      string // the namespace path programmed (<host-proc>/<pid>/ns/net)
+	PID        int    // the process found in it (the pause container)
+	Candidates int    // namespaces that held one of the pod's IPs
+	Backend    string
+	Why        string // why that backend
+	Rules      int
+}
+
+// ErrRepairNotNeeded is wrapped by a PodRepairer's error when the pod must
+// not get capture rules.
+var ErrRepairNotNeeded = errors.New("pod gets no capture")
+
+// ErrRepairImpossible is wrapped by a PodRepairer's error when retrying
+// cannot help (the pod's capture settings are invalid): counted as a
+// failure, not retried.
+var ErrRepairImpossible = errors.New("pod cannot be repaired")
 
 // ErrNoInPlaceRepair is returned when repair in place is configured but no
 // PodRepairer is available.
-var ErrNoInPlaceRepair = errors.New("repair in place (repair.repairPods, --repair-pods) needs a PodRepairer, which this agent build does not provide; use repair.deletePods or repair.labelPods")
+var ErrNoInPlaceRepair = errors.New("repair in place (repair.repairPods, --repair-pods) needs a PodRepairer")
 
 // maxRepairAttempts bounds retries of one pod, as Istio's queue does.
 const maxRepairAttempts = 5
@@ -209,14 +232,33 @@ func (c *RepairController) handle(ctx context.Context, key string) error {
 		}
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		if err := c.repairer.RepairPod(rctx, pod); err != nil {
+		rep, err := c.repairer.RepairPod(rctx, pod)
+		if errors.Is(err, ErrRepairNotNeeded) {
+			c.mu.Lock()
+			c.repaired[pod.UID] = true // its spec cannot change that: never look again
+			c.mu.Unlock()
+			log.Info().Err(err).Msg("broken pod needs no capture; not repairing it")
+			c.count(repairSkip)
+			return nil
+		}
+		if errors.Is(err, ErrRepairImpossible) {
+			c.mu.Lock()
+			c.repaired[pod.UID] = true
+			c.mu.Unlock()
+			log.Error().Err(err).Msg("repairing pod in place; it needs to be fixed and recreated")
+			c.count(repairFail)
+			return nil
+		}
+		if err != nil {
 			c.count(repairFail)
 			return fmt.Errorf("repairing pod %s in place: %w", key, err)
 		}
 		c.mu.Lock()
 		c.repaired[pod.UID] = true
 		c.mu.Unlock()
-		log.Info().Msg("repaired the pod's capture in place; it recovers when its validation container restarts")
+		log.Info().Str("netns", rep.Netns).Int("pid", rep.PID).Int("candidates", rep.Candidates).
+			Str("backend", rep.Backend).Str("why", rep.Why).Int("rules", rep.Rules).
+			Msg("repaired the pod's capture in place; it recovers when its validation container restarts")
 	case RepairDelete:
 		uid, rv := pod.UID, pod.ResourceVersion
 		err := c.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/installer/inplace"
 )
 
 // Exit codes: 2 is bad configuration, found before any host file is touched.
@@ -58,16 +59,27 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		return exitConfig
 	}
 	var repair *installer.RepairController
+	var repairer installer.PodRepairer
 	if cfg.Repair.Mode() == installer.RepairInPlace {
-		// In-place repair needs a capture backend wired in here as an
-		// installer.PodRepairer; this build has none.
-		log.Error().Err(installer.ErrNoInPlaceRepair).Msg("invalid repair configuration; nothing was changed on the host")
-		return exitConfig
+		// The installer library imports no backend: in-place repair is
+		// wired in here.
+		r, err := inplace.New(inplace.Options{
+			ProcDir:           cfg.Repair.HostProc,
+			Backend:           cfg.Backend,
+			ExcludeNamespaces: cfg.ExcludeNamespaces,
+			PodNamespace:      cfg.PodNamespace,
+		})
+		if err != nil {
+			log.Error().Err(&installer.ConfigError{Flag: "host-proc", Value: cfg.Repair.HostProc, Reason: err.Error()}).
+				Msg("invalid repair configuration; nothing was changed on the host")
+			return exitConfig
+		}
+		repairer = r
 	}
 	if cfg.Repair.Mode() != installer.RepairNone {
 		rc, err := repairClient(cfg)
 		if err == nil {
-			repair, err = installer.NewRepairController(rc, cfg.Repair, nil, log, m)
+			repair, err = installer.NewRepairController(rc, cfg.Repair, repairer, log, m)
 		}
 		if err != nil {
 			log.Error().Err(err).Msg("invalid repair configuration; nothing was changed on the host")

@@ -192,7 +192,7 @@ func TestAgentBinaryBadConfigTouchesNothing(t *testing.T) {
 		{"bad backend", []string{"--backend", "nft"}, nil, "--backend"},
 		{"bad env", nil, []string{"CHAINED_CNI_PLUGIN=perhaps"}, "CHAINED_CNI_PLUGIN"},
 		{"missing plugin", []string{"--plugin-binary", "/nonexistent/nftmesh-cni"}, nil, "--plugin-binary"},
-		{"repair in place unavailable", []string{"--repair-enabled", "--repair-pods", "--node-name", "n"}, nil, "repair in place"},
+		{"repair in place without host proc", []string{"--repair-enabled", "--repair-pods", "--node-name", "n", "--host-proc", "/nonexistent/proc"}, nil, "--host-proc"},
 		{"no api server", nil, []string{"KUBERNETES_SERVICE_HOST="}, "--kube-api-server"},
 	}
 	for _, c := range cases {

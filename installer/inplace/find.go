@@ -1,0 +1,228 @@
+// Package inplace repairs a running pod's traffic capture inside its network
+// namespace: Istio's repairPods mode, for pods that started before the
+// nftmesh-cni plugin was in place on their node.
+//
+// It owns finding a pod's network namespace from the host's /proc (by the
+// pod's IPs, the oldest process of the matching namespace being the pause
+// container) and programming the same plan the plugin would have
+// programmed, through the shared backend selection. It does not decide which
+// pods are broken (installer's repair controller does) and it does not
+// write to the API server. Functions return errors and never log.
+package inplace
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// ErrNotFound means no process on the host lives in a network namespace
+// holding any of the pod's IPs: the pod is gone, or its sandbox is not up.
+var ErrNotFound = errors.New("no network namespace on this host holds the pod's IPs")
+
+// Netns is a pod's network namespace as found through a process in it.
+type Netns struct {
+	// Path is <proc>/<pid>/ns/net of the oldest process in the namespace
+	// (the pause container), the path the backends program.
+	Path string
+	PID  int
+	// Dev and Inode identify the namespace (nsfs); a process that dies and
+	// whose PID is reused shows a different identity.
+	Dev, Inode uint64
+	// StartTicks is the process's start time (clock ticks after boot).
+	StartTicks uint64
+	// Candidates is how many distinct namespaces held one of the IPs; more
+	// than one means the choice fell to the oldest process, as in Istio.
+	Candidates int
+}
+
+type nsID struct{ dev, ino uint64 }
+
+// ownNetns is the namespace this process started in, read by the main
+// thread during package initialisation (before any thread can have moved).
+var ownNetns, ownNetnsErr = nsIdentity("/proc/thread-self/ns/net")
+
+// nsIdentity returns the namespace identity behind path (a /proc/PID/ns/net
+// magic link; stat follows it to the nsfs inode).
+func nsIdentity(path string) (nsID, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return nsID{}, err
+	}
+	return nsID{dev: uint64(st.Dev), ino: st.Ino}, nil
+}
+
+// StartTicks reads field 22 (starttime) of <proc>/<pid>/stat. The command
+// name (field 2) may hold spaces and parentheses, so fields are counted
+// from the last ')'.
+func StartTicks(procDir string, pid int) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join(procDir, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	return parseStartTicks(b)
+}
+
+func parseStartTicks(stat []byte) (uint64, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parsing /proc stat %q: no ')' after the command name", truncate(stat))
+	}
+	// After ')' come fields 3 (state), 4, ...: starttime (22) is the 20th.
+	fields := bytes.Fields(stat[i+1:])
+	const idx = 22 - 3
+	if len(fields) <= idx {
+		return 0, fmt.Errorf("parsing /proc stat %q: %d fields after the command name, want at least %d", truncate(stat), len(fields), idx+1)
+	}
+	v, err := strconv.ParseUint(string(fields[idx]), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parsing /proc stat starttime %q: %w", fields[idx], err)
+	}
+	return v, nil
+}
+
+func truncate(b []byte) string {
+	if len(b) > 80 {
+		return string(b[:80]) + "..."
+	}
+	return string(b)
+}
+
+// FindNetns walks procDir (the host's /proc) for the network namespace that
+// holds one of ips and returns it through its oldest process. Each namespace
+// is inspected once, through a netlink socket opened inside it
+// (netlink.NewHandleAt), so the caller's own thread never changes namespace.
+// The namespaces of procDir's PID 1 (the host's) and of the calling process
+// are never candidates: a pod IP there means a host-network pod, which has
+// no capture of its own.
+// Processes that vanish or cannot be inspected during the walk are skipped.
+func FindNetns(procDir string, ips []netip.Addr) (Netns, error) {
+	if len(ips) == 0 {
+		return Netns{}, errors.New("finding a pod's network namespace: the pod has no IPs")
+	}
+	want := map[netip.Addr]bool{}
+	for _, ip := range ips {
+		want[ip.Unmap()] = true
+	}
+	entries, err := os.ReadDir(procDir)
+	if err != nil {
+		return Netns{}, fmt.Errorf("finding a pod's network namespace: reading %s: %w", procDir, err)
+	}
+	// Never candidates: the host's namespace (PID 1's, when it may be
+	// read) and the agent's own (the host's too with hostNetwork).
+	skip := map[nsID]bool{}
+	if id, err := nsIdentity(filepath.Join(procDir, "1", "ns", "net")); err == nil {
+		skip[id] = true
+	}
+	if ownNetnsErr == nil {
+		skip[ownNetns] = true
+	}
+	// Nor this process: its threads visit pod namespaces (netlink and
+	// nftables sockets are opened from inside them), and /proc/PID/ns/net
+	// shows the main thread's.
+	self, _ := os.Readlink(filepath.Join(procDir, "self"))
+
+	type group struct {
+		pid   int
+		ticks uint64
+	}
+	// Oldest process per namespace.
+	groups := map[nsID]*group{}
+	var order []nsID
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 || e.Name() == self {
+			continue
+		}
+		id, err := nsIdentity(filepath.Join(procDir, e.Name(), "ns", "net"))
+		if err != nil || skip[id] {
+			continue // gone, a kernel thread, or not ours to see
+		}
+		ticks, err := StartTicks(procDir, pid)
+		if err != nil {
+			continue
+		}
+		g := groups[id]
+		if g == nil {
+			groups[id] = &group{pid: pid, ticks: ticks}
+			order = append(order, id)
+			continue
+		}
+		if ticks < g.ticks || (ticks == g.ticks && pid < g.pid) {
+			g.pid, g.ticks = pid, ticks
+		}
+	}
+
+	var best *Netns
+	candidates := 0
+	var lastErr error
+	for _, id := range order {
+		g := groups[id]
+		path := filepath.Join(procDir, strconv.Itoa(g.pid), "ns", "net")
+		ok, err := holdsAny(path, id, want)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if !ok {
+			continue
+		}
+		candidates++
+		if best == nil || g.ticks < best.StartTicks || (g.ticks == best.StartTicks && g.pid < best.PID) {
+			best = &Netns{Path: path, PID: g.pid, Dev: id.dev, Inode: id.ino, StartTicks: g.ticks}
+		}
+	}
+	if best == nil {
+		if lastErr != nil {
+			return Netns{}, fmt.Errorf("%w (%v); last error: %w", ErrNotFound, ips, lastErr)
+		}
+		return Netns{}, fmt.Errorf("%w (%v)", ErrNotFound, ips)
+	}
+	best.Candidates = candidates
+	return *best, nil
+}
+
+// holdsAny reports whether the namespace at path (still the namespace id)
+// has one of want's addresses on any interface.
+func holdsAny(path string, id nsID, want map[netip.Addr]bool) (bool, error) {
+	h, err := netns.GetFromPath(path)
+	if err != nil {
+		return false, nil // the process exited since the walk
+	}
+	defer h.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(h), &st); err != nil || (nsID{dev: uint64(st.Dev), ino: st.Ino}) != id {
+		return false, nil // PID reused by a process elsewhere
+	}
+	nh, err := netlink.NewHandleAt(h, syscall.NETLINK_ROUTE)
+	if err != nil {
+		return false, fmt.Errorf("opening netlink in %s: %w", path, err)
+	}
+	defer nh.Close()
+	// An interrupted dump (addresses changing meanwhile) may miss entries:
+	// look once more before answering no.
+	for attempt := 0; ; attempt++ {
+		addrs, err := nh.AddrList(nil, netlink.FAMILY_ALL)
+		interrupted := errors.Is(err, netlink.ErrDumpInterrupted)
+		if err != nil && !interrupted {
+			return false, fmt.Errorf("listing addresses in %s: %w", path, err)
+		}
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if ok && want[ip.Unmap()] {
+				return true, nil
+			}
+		}
+		if !interrupted || attempt > 0 {
+			return false, nil
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package inplace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/internal/backends"
+	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// Options configure a Repairer with the values the plugin on this node uses,
+// so a repaired pod ends up exactly as if the plugin had seen it.
+type Options struct {
+	ProcDir           string   // the host's /proc (/host/proc in the DaemonSet)
+	Backend           string   // auto|nftables|iptables-legacy
+	ExcludeNamespaces []string // never captured
+	PodNamespace      string   // the agent's own namespace
+}
+
+// Repairer implements installer.PodRepairer.
+type Repairer struct {
+	opts Options
+	skip podinfo.Config
+}
+
+var _ installer.PodRepairer = (*Repairer)(nil)
+
+// New checks the options without changing anything: the backend name is
+// known and procDir is a proc file system (its self/ns/net resolves).
+func New(opts Options) (*Repairer, error) {
+	if err := backends.Validate(opts.Backend); err != nil {
+		return nil, fmt.Errorf("configuring repair in place: %w", err)
+	}
+	if opts.ProcDir == "" {
+		return nil, errors.New("configuring repair in place: no host /proc directory")
+	}
+	if _, err := nsIdentity(filepath.Join(opts.ProcDir, "self", "ns", "net")); err != nil {
+		return nil, fmt.Errorf("configuring repair in place: %s is not a proc file system (mount the host's /proc there): %w", opts.ProcDir, err)
+	}
+	return &Repairer{
+		opts: opts,
+		skip: podinfo.Config{ExcludeNamespaces: opts.ExcludeNamespaces, PodNamespace: opts.PodNamespace},
+	}, nil
+}
+
+// PodIPs returns the pod's IPs from its status (podIPs, else podIP).
+func PodIPs(pod *corev1.Pod) ([]netip.Addr, error) {
+	var raw []string
+	for _, ip := range pod.Status.PodIPs {
+		raw = append(raw, ip.IP)
+	}
+	if len(raw) == 0 && pod.Status.PodIP != "" {
+		raw = append(raw, pod.Status.PodIP)
+	}
+	out := make([]netip.Addr, 0, len(raw))
+	for _, s := range raw {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("pod %s/%s status.podIPs: %q is not an IP address", pod.Namespace, pod.Name, s)
+		}
+		out = append(out, a.Unmap())
+	}
+	return out, nil
+}
+
+// RepairPod decides the pod's capture as the plugin does (podinfo.FromPod,
+// IPv6 rules only when the pod has an IPv6 address), finds its network
+// namespace through ProcDir and applies the plan with the backend the
+// shared selection picks there.
+func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.RepairReport, error) {
+	var rep installer.RepairReport
+	if pod.Spec.HostNetwork {
+		return rep, fmt.Errorf("%w: host network pod", installer.ErrRepairNotNeeded)
+	}
+	if why := r.skip.SkipBeforeLookup(podinfo.K8sArgs{PodNamespace: pod.Namespace, PodName: pod.Name}); why != "" {
+		return rep, fmt.Errorf("%w: %s", installer.ErrRepairNotNeeded, why)
+	}
+	inMesh, reason, spec, err := podinfo.FromPod(pod)
+	if err != nil {
+		// Bad annotations stay bad until the pod is recreated (the plugin
+		// would have failed it closed): retrying cannot help.
+		return rep, fmt.Errorf("%w: %w", installer.ErrRepairImpossible, err)
+	}
+	if !inMesh {
+		return rep, fmt.Errorf("%w: %s", installer.ErrRepairNotNeeded, reason)
+	}
+	ips, err := PodIPs(pod)
+	if err != nil {
+		return rep, err
+	}
+	if len(ips) == 0 {
+		return rep, fmt.Errorf("pod %s/%s has no IP yet", pod.Namespace, pod.Name)
+	}
+	strs := make([]string, len(ips))
+	for i, ip := range ips {
+		strs[i] = ip.String()
+	}
+	spec.IPv6 = podinfo.HasIPv6(strs)
+	plan, err := redirect.Build(spec)
+	if err != nil {
+		return rep, fmt.Errorf("%w: building capture rules for pod %s/%s: %w", installer.ErrRepairImpossible, pod.Namespace, pod.Name, err)
+	}
+	ns, err := FindNetns(r.opts.ProcDir, ips)
+	if err != nil {
+		return rep, fmt.Errorf("finding the network namespace of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	rep.Netns, rep.PID, rep.Candidates = ns.Path, ns.PID, ns.Candidates
+
+	backend, why, err := backends.Select(ctx, r.opts.Backend, ns.Path)
+	if err != nil {
+		return rep, fmt.Errorf("choosing a backend for pod %s/%s in %s: %w", pod.Namespace, pod.Name, ns.Path, err)
+	}
+	rep.Backend, rep.Why = backend.Name(), why
+	// The PID could have exited and been reused since the walk: program
+	// only the namespace that held the pod's IPs.
+	if id, err := nsIdentity(ns.Path); err != nil || id != (nsID{ns.Dev, ns.Inode}) {
+		if err == nil {
+			err = errors.New("the process left; its PID now belongs to another namespace")
+		}
+		return rep, fmt.Errorf("re-checking the network namespace %s of pod %s/%s: %w", ns.Path, pod.Namespace, pod.Name, err)
+	}
+	if err := backend.Apply(ctx, ns.Path, plan); err != nil {
+		// Apply is atomic; a partial state from an earlier attempt must not
+		// look like capture either.
+		if rerr := backend.Remove(ctx, ns.Path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = errors.Join(err, fmt.Errorf("cleaning up after the failure: %w", rerr))
+		}
+		return rep, fmt.Errorf("programming capture rules for pod %s/%s in %s: %w", pod.Namespace, pod.Name, ns.Path, err)
+	}
+	for _, t := range plan.Tables {
+		for _, c := range t.Chains {
+			rep.Rules += len(c.Rules)
+		}
+	}
+	return rep, nil
+}
