@@ -198,3 +198,5 @@ func TestRepairPodRealTraffic(t *testing.T) {
 		})
 	}
 }
+
+func podinfoFromPod(p *corev1.Pod) (bool, string, redirect.Spec, error) { return podinfo.FromPod(p) }
