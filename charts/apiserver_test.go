@@ -2,13 +2,16 @@ package charts
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,7 +21,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/installer/inplace"
 	"github.com/nftmesh/nftmesh/internal/kubetest"
+	"github.com/nftmesh/nftmesh/nft"
 )
 
 const agentNS = "nftmesh-system"
@@ -173,7 +178,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 	}
 
 	t.Run("label mode", func(t *testing.T) {
-		if _, err := runHelm(t, helmArgs("upgrade", "repair.enabled=true", "repair.deletePods=false", "repair.labelPods=true")...); err != nil {
+		if _, err := runHelm(t, helmArgs("upgrade", "repair.enabled=true", "repair.repairPods=false", "repair.labelPods=true")...); err != nil {
 			t.Fatal(err)
 		}
 		broken := meshPod(t, admin, "shop", "broken-l", "node-1", true)
@@ -209,7 +214,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 	})
 
 	t.Run("delete mode", func(t *testing.T) {
-		if _, err := runHelm(t, helmArgs("upgrade", "repair.enabled=true", "repair.deletePods=true")...); err != nil {
+		if _, err := runHelm(t, helmArgs("upgrade", "repair.enabled=true", "repair.repairPods=false", "repair.deletePods=true")...); err != nil {
 			t.Fatal(err)
 		}
 		broken := meshPod(t, admin, "shop", "broken-d", "node-1", true)
@@ -229,6 +234,81 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		sac := kubernetes.NewForConfigOrDie(s.ConfigFor(s.TokenFor(t, agentNS, "nftmesh-agent")))
 		if _, err := sac.CoreV1().Pods("shop").Patch(ctx, web.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{}, "status"); !apierrors.IsForbidden(err) {
 			t.Errorf("delete mode may patch pod status: %v", err)
+		}
+	})
+
+	t.Run("repair in place mode (default)", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("skipping: needs root (a network namespace and a process in it stand in for the running pod)")
+		}
+		if _, err := runHelm(t, helmArgs("upgrade", "repair.enabled=true")...); err != nil {
+			t.Fatal(err)
+		}
+		nsName := "e2e-chart-" + strings.ReplaceAll(time.Now().Format("150405.000"), ".", "")
+		ip := "100.127.31.7"
+		for _, args := range [][]string{
+			{"netns", "add", nsName},
+			{"-n", nsName, "link", "add", "eth0", "type", "veth", "peer", "name", "p0"},
+			{"-n", nsName, "addr", "add", ip + "/24", "dev", "eth0"},
+			{"-n", nsName, "link", "set", "eth0", "up"},
+		} {
+			if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+				t.Fatalf("ip %v: %v\n%s", args, err, out)
+			}
+			if args[0] == "netns" {
+				t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", nsName).Run() })
+			}
+		}
+		pause := exec.Command("ip", "netns", "exec", nsName, "sleep", "300")
+		if err := pause.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = pause.Process.Kill(); _ = pause.Wait() })
+		eventually(t, "sleeper in the pod namespace", func() bool {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pause.Process.Pid))
+			return strings.TrimSpace(string(b)) == "sleep"
+		})
+
+		broken := meshPod(t, admin, "shop", "broken-r", "node-1", true)
+		broken.Status.PodIP = ip
+		broken.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+		if _, err := admin.CoreV1().Pods("shop").UpdateStatus(ctx, broken, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// The agent's own configuration as the chart renders it, with the
+		// host's /proc at /proc since this test runs on the host.
+		cfg, err := installer.ParseConfig([]string{"--service-account-dir=", "--repair-enabled", "--repair-pods", "--node-name", "node-1", "--host-proc", "/proc", "--backend", "nftables"}, func(string) (string, bool) { return "", false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := inplace.New(inplace.Options{ProcDir: cfg.Repair.HostProc, Backend: cfg.Backend, ExcludeNamespaces: cfg.ExcludeNamespaces})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := kubernetes.NewForConfigOrDie(s.ConfigFor(s.TokenFor(t, agentNS, "nftmesh-agent")))
+		m := installer.NewMetrics()
+		rcon, err := installer.NewRepairController(c, cfg.Repair, r, zerolog.New(io.Discard), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- rcon.Run(cctx) }()
+		defer func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("repair controller: %v", err)
+			}
+		}()
+		eventually(t, "rules in the broken pod's namespace", func() bool {
+			p, err := nft.New().List(ctx, "/run/netns/"+nsName)
+			return err == nil && len(p.Tables) > 0
+		})
+		if got := testutil.ToFloat64(m.Repairs.WithLabelValues("repair", "success")); got != 1 {
+			t.Errorf("repair successes %v, want 1", got)
+		}
+		if err := c.CoreV1().Pods("shop").Delete(ctx, web.Name, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("repair-in-place mode may delete pods: %v", err)
 		}
 	})
 

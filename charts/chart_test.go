@@ -349,17 +349,22 @@ var podGet = rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pod
 
 var repairCases = []repairCase{
 	{name: "off", set: []string{"repair.enabled=false"}, mode: installer.RepairNone, caps: []corev1.Capability{"NET_ADMIN"}},
-	{name: "enabled-no-mode", set: []string{"repair.deletePods=false"}, mode: installer.RepairNone, caps: []corev1.Capability{"NET_ADMIN"}},
-	{name: "delete (default)", mode: installer.RepairDelete, caps: []corev1.Capability{"NET_ADMIN"}, rules: []rbacv1.PolicyRule{
+	{name: "enabled-no-mode", set: []string{"repair.repairPods=false"}, mode: installer.RepairNone, caps: []corev1.Capability{"NET_ADMIN"}},
+	{name: "delete", set: []string{"repair.repairPods=false", "repair.deletePods=true"}, mode: installer.RepairDelete, caps: []corev1.Capability{"NET_ADMIN"}, rules: []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch", "delete"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
 	}},
-	{name: "label", set: []string{"repair.deletePods=false", "repair.labelPods=true"}, mode: installer.RepairLabel, caps: []corev1.Capability{"NET_ADMIN"}, rules: []rbacv1.PolicyRule{
+	{name: "label", set: []string{"repair.repairPods=false", "repair.labelPods=true"}, mode: installer.RepairLabel, caps: []corev1.Capability{"NET_ADMIN"}, rules: []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
 	}},
-	{name: "repair in place", set: []string{"repair.repairPods=true"}, mode: installer.RepairInPlace, hostProc: true,
+	{name: "repair in place (default)", mode: installer.RepairInPlace, hostProc: true,
+		caps: []corev1.Capability{"NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"}, rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
+		}},
+	{name: "repair in place, nftables backend", set: []string{"backend=nftables"}, mode: installer.RepairInPlace, hostProc: true,
 		caps: []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}, rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
@@ -425,6 +430,17 @@ func TestRBACMatchesRepairMode(t *testing.T) {
 			}
 			if cfg.Repair.Mode() != c.mode {
 				t.Errorf("the agent's repair mode %q, want %q", cfg.Repair.Mode(), c.mode)
+			}
+			if c.hostProc {
+				mounted := ""
+				for _, vm := range c0.VolumeMounts {
+					if vm.Name == "host-proc" {
+						mounted = vm.MountPath
+					}
+				}
+				if mounted == "" || mounted != cfg.Repair.HostProc {
+					t.Errorf("host /proc mounted at %q, the agent looks in %q", mounted, cfg.Repair.HostProc)
+				}
 			}
 		})
 	}
