@@ -41,85 +41,90 @@ func Validate(name string) error {
 // would be split across both worlds); "auto" picks iptables-legacy only when
 // legacy nat/mangle tables there already hold rules (a primary CNI or tool
 // that lives in legacy tables) and the kernel supports legacy x_tables.
+//
+// It runs on every CNI ADD, so it reads the namespace as cheaply as it can:
+// one nftables table dump and one pass over the legacy tables that exist.
 func Select(ctx context.Context, name, netnsPath string) (redirect.Backend, string, error) {
 	if err := Validate(name); err != nil {
 		return nil, "", err
 	}
-	nb, lb := nft.New(), legacy.New()
-	ours := func(b redirect.Backend) (bool, error) {
-		p, err := b.List(ctx, netnsPath)
-		if err != nil {
-			return false, err
-		}
-		return !p.Empty(), nil
+	if err := ctx.Err(); err != nil {
+		return nil, "", err
 	}
-	legacyErr := legacy.LegacyAvailable()
-
 	switch name {
 	case NFTables:
-		if legacyErr == nil {
-			if has, err := ours(lb); err == nil && has {
-				return nil, "", fmt.Errorf("netns %s already has nftmesh rules from the iptables-legacy backend: refusing to add nftables rules beside them (remove them with `redirect clean --backend iptables-legacy`, or use --backend iptables-legacy)", netnsPath)
-			}
+		pr, err := legacy.Probe(netnsPath)
+		if err != nil {
+			return nil, "", fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
 		}
-		return nb, "requested", nil
+		if pr.Ours {
+			return nil, "", fmt.Errorf("netns %s already has nftmesh rules from the iptables-legacy backend: refusing to add nftables rules beside them (remove them with `redirect clean --backend iptables-legacy`, or use --backend iptables-legacy)", netnsPath)
+		}
+		return nft.New(), "requested", nil
 	case Legacy:
-		if legacyErr != nil {
-			return nil, "", fmt.Errorf("backend iptables-legacy: %w", legacyErr)
+		if err := legacy.LegacyAvailable(); err != nil {
+			return nil, "", fmt.Errorf("backend iptables-legacy: %w", err)
 		}
-		if has, err := ours(nb); err != nil {
+		ours, _, err := nftPresence(netnsPath)
+		if err != nil {
 			return nil, "", err
-		} else if has {
+		}
+		if ours {
 			return nil, "", fmt.Errorf("netns %s already has nftmesh rules from the nftables backend: refusing to add iptables-legacy rules beside them (remove them with `redirect clean --backend nftables`, or use --backend nftables)", netnsPath)
 		}
-		return lb, "requested", nil
+		return legacy.New(), "requested", nil
 	}
 
 	// auto
-	if has, err := ours(nb); err != nil {
+	ours, xt, err := nftPresence(netnsPath)
+	if err != nil {
 		return nil, "", err
-	} else if has {
-		return nb, "auto: nftmesh's nftables table already present", nil
 	}
-	if legacyErr != nil {
-		return nb, "auto: kernel has no legacy x_tables (" + legacyErr.Error() + ")", nil
+	if ours {
+		return nft.New(), "auto: nftmesh's nftables table already present", nil
 	}
-	if has, err := ours(lb); err == nil && has {
-		return lb, "auto: nftmesh's iptables-legacy chains already present", nil
+	if lerr := legacy.LegacyAvailable(); lerr != nil {
+		return nft.New(), "auto: kernel has no legacy x_tables (" + lerr.Error() + ")", nil
 	}
-	hasLegacy, err := legacy.HasLegacyRules(netnsPath)
+	pr, err := legacy.Probe(netnsPath)
 	if err != nil {
 		return nil, "", fmt.Errorf("auto-selecting a backend for %s: %w", netnsPath, err)
 	}
-	if hasLegacy {
-		return lb, "auto: legacy nat/mangle tables already hold rules", nil
+	switch {
+	case pr.Ours:
+		return legacy.New(), "auto: nftmesh's iptables-legacy chains already present", nil
+	case pr.NatOrMangleRules:
+		return legacy.New(), "auto: legacy nat/mangle tables already hold rules", nil
+	case xt:
+		return nft.New(), "auto: an iptables-nft ruleset is present (nf_tables world)", nil
 	}
-	if xt, err := hasIptablesNFT(netnsPath); err == nil && xt {
-		return nb, "auto: an iptables-nft ruleset is present (nf_tables world)", nil
-	}
-	return nb, "auto: default", nil
+	return nft.New(), "auto: default", nil
 }
 
-// hasIptablesNFT reports whether iptables-nft tables (ip/ip6 "nat" or
-// "mangle") exist in the netns.
-func hasIptablesNFT(netnsPath string) (bool, error) {
+// nftPresence reports, from one table dump, whether our table exists and
+// whether iptables-nft tables (ip/ip6 "nat" or "mangle") do.
+func nftPresence(netnsPath string) (ours, iptablesNFT bool, err error) {
 	h, err := netns.GetFromPath(netnsPath)
 	if err != nil {
-		return false, fmt.Errorf("opening netns %s: %w", netnsPath, err)
+		return false, false, fmt.Errorf("opening netns %s: %w", netnsPath, err)
 	}
 	defer h.Close()
 	c, err := nftables.New(nftables.WithNetNSFd(int(h)))
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
+	defer c.CloseLasting()
 	tables, err := c.ListTables()
 	if err != nil {
-		return false, fmt.Errorf("listing nftables tables in %s: %w", netnsPath, err)
+		return false, false, fmt.Errorf("listing nftables tables in %s: %w", netnsPath, err)
 	}
 	for _, t := range tables {
-		if (t.Family == nftables.TableFamilyIPv4 || t.Family == nftables.TableFamilyIPv6) && (t.Name == "nat" || t.Name == "mangle") {
-			return true, nil
+		switch {
+		case t.Family == nftables.TableFamilyINet && t.Name == nft.TableName:
+			ours = true
+		case (t.Family == nftables.TableFamilyIPv4 || t.Family == nftables.TableFamilyIPv6) && (t.Name == "nat" || t.Name == "mangle"):
+			iptablesNFT = true
 		}
 	}
-	return false, nil
+	return ours, iptablesNFT, nil
 }

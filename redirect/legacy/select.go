@@ -86,3 +86,62 @@ func HasLegacyRules(netns string) (bool, error) {
 	}
 	return false, nil
 }
+
+// Presence is what a netns holds in legacy x_tables, as backend selection
+// needs to know it: our chains or tagged rules, and anything at all in nat
+// or mangle.
+type Presence struct {
+	Ours             bool // nftmesh's ISTIO_* chains or tagged rules, any table or family
+	NatOrMangleRules bool // nat or mangle hold any rule or user chain, ours or not
+}
+
+// Probe reads the legacy tables of netns once, cheaply: tables that were
+// never instantiated there are not created. A kernel without legacy
+// x_tables has nothing.
+func Probe(netns string) (Presence, error) {
+	var pr Presence
+	if errors.Is(LegacyAvailable(), ErrLegacyUnavailable) {
+		return pr, nil
+	}
+	s, err := openSockets(netns, allFamilies)
+	if err != nil {
+		return pr, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
+	}
+	defer s.Close()
+	for _, fam := range allFamilies {
+		for _, name := range []string{"mangle", "nat", "raw"} {
+			if !s.tables[fam][name] {
+				continue
+			}
+			var t *table
+			for attempt := 1; ; attempt++ {
+				t, err = readTable(s.fd[fam], layoutFor(fam), name)
+				if !errors.Is(err, unix.EAGAIN) || attempt == maxAttempts {
+					break
+				}
+			}
+			if err != nil {
+				return pr, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
+			}
+			for _, c := range t.chains {
+				if c.hook < 0 {
+					if ourChain(c.name) {
+						pr.Ours = true
+					}
+					if name != "raw" {
+						pr.NatOrMangleRules = true
+					}
+				}
+				for _, e := range c.rules {
+					if ours(e) {
+						pr.Ours = true
+					}
+					if name != "raw" {
+						pr.NatOrMangleRules = true
+					}
+				}
+			}
+		}
+	}
+	return pr, nil
+}
