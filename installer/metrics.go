@@ -34,6 +34,8 @@ type Metrics struct {
 	Reinserts prometheus.Counter
 	Fights    prometheus.Counter
 	Repairs   *prometheus.CounterVec
+	// PluginEvents counts the plugin's decision lines seen in its log.
+	PluginEvents *prometheus.CounterVec
 }
 
 // NewMetrics registers the agent's series and the Go/process collectors.
@@ -60,8 +62,12 @@ func NewMetrics() *Metrics {
 			Namespace: metricsNamespace, Subsystem: metricsSubsystemRepair, Name: "pods_total",
 			Help: "Broken pods handled by the repair controller by mode and result.",
 		}, []string{"mode", "result"}),
+		PluginEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Subsystem: "plugin", Name: "events_total",
+			Help: "The plugin's decisions by CNI command and decision (capture, skip, error), from its log file.",
+		}, []string{"command", "decision"}),
 	}
-	m.Registry.MustRegister(m.Installs, m.Ready, m.Reinserts, m.Fights, m.Repairs,
+	m.Registry.MustRegister(m.Installs, m.Ready, m.Reinserts, m.Fights, m.Repairs, m.PluginEvents,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

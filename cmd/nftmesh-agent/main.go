@@ -129,6 +129,11 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		Str("conf_file", cfg.CNIConfFileName).Str("run_dir", cfg.AgentRunDir).Str("repair", string(cfg.Repair.Mode())).
 		Msg("starting")
 
+	// The plugin's log file, surfaced in this process's log (kubectl logs).
+	plog := installer.NewPluginLogFollower(cfg.AgentRunDir, os.Stderr, cfg.LogLevel, m)
+	plogDone := make(chan error, 1)
+	go func() { plogDone <- plog.Run(ctx) }()
+
 	repairDone := make(chan error, 1)
 	if repair != nil {
 		go func() { repairDone <- repair.Run(ctx) }()
@@ -151,6 +156,9 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	}
 	if err := <-repairDone; err != nil {
 		log.Error().Err(err).Msg("repair controller failed")
+	}
+	if err := <-plogDone; err != nil {
+		log.Warn().Err(err).Msg("following the plugin log failed; plugin lines stay in " + installer.PluginLogFileName + " only")
 	}
 	return code
 }

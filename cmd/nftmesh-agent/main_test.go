@@ -155,6 +155,28 @@ func TestAgentBinaryEndToEnd(t *testing.T) {
 		t.Errorf("/metrics %d: %.200s", code, body)
 	}
 
+	// A plugin run's log line, appended to the plugin's log file in the run
+	// dir, shows up in the agent's own log.
+	pf, err := os.OpenFile(filepath.Join(h.run, "nftmesh-cni.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pf.WriteString(`{"level":"info","plugin":"nftmesh-cni","command":"ADD","pod":"web-1","decision":"capture","time":"2026-01-02T03:04:05.678Z","message":"ADD capture"}` + "\n"); err != nil {
+		t.Fatal(err)
+	}
+	pf.Close()
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		_, body := httpGet("http://" + metrics + "/metrics")
+		if strings.Contains(body, `nftmesh_plugin_events_total{command="ADD",decision="capture"} 1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the plugin's log line was never counted:\n%s", body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -176,6 +198,9 @@ func TestAgentBinaryEndToEnd(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `"message":"cleanup done"`) {
 		t.Errorf("no cleanup log line")
+	}
+	if want := `{"level":"info","time":"2026-01-02T03:04:05.678Z","component":"cni-plugin","plugin":"nftmesh-cni","command":"ADD","pod":"web-1","decision":"capture","message":"ADD capture"}`; !strings.Contains(logs.String(), want) {
+		t.Errorf("the plugin's line is not in the agent's log as\n%s", want)
 	}
 }
 

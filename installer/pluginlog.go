@@ -1,0 +1,348 @@
+package installer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/rs/zerolog"
+)
+
+// PluginLogFileName is the file in the agent run dir the plugin appends its
+// JSON log lines to (cmd/nftmesh-cni's LogFileName; the plugin renames it to
+// PluginLogFileName+".1" when it grows past its cap).
+const PluginLogFileName = "nftmesh-cni.log"
+
+// PluginComponent is the "component" of re-emitted plugin lines.
+const PluginComponent = "cni-plugin"
+
+// maxPluginLine bounds one buffered line; a longer one is emitted in parts.
+const maxPluginLine = 64 << 10
+
+// pluginLogSafetyPoll re-reads the file now and then in case an fsnotify
+// event was lost (an overflowing inotify queue drops them).
+const pluginLogSafetyPoll = 5 * time.Second
+
+// PluginLogFollower surfaces the plugin's log file in the agent's log: it
+// follows <run dir>/nftmesh-cni.log (fsnotify on the dir, reading from the
+// last offset; it follows rotation by rename and truncation) and re-emits
+// every line as the agent's own JSON line with "component":"cni-plugin",
+// keeping the line's time, level, message and other fields. Istio does the
+// same through a unix socket; a file needs nothing running for the plugin
+// to log, and survives agent restarts.
+type PluginLogFollower struct {
+	dir  string
+	path string
+	out  zerolog.Logger
+	m    *Metrics
+
+	mu      sync.Mutex // one drain at a time: lines never interleave
+	f       *os.File
+	id      fileID
+	offset  int64
+	partial []byte
+
+	// Drained is signalled (non-blocking) after every drain; tests wait on
+	// it instead of sleeping.
+	Drained chan struct{}
+}
+
+type fileID struct{ dev, ino uint64 }
+
+// NewPluginLogFollower follows PluginLogFileName in runDir and writes the
+// re-emitted lines to w at level (lines below it are dropped, as the
+// agent's own). m may be nil.
+func NewPluginLogFollower(runDir string, w io.Writer, level zerolog.Level, m *Metrics) *PluginLogFollower {
+	return &PluginLogFollower{
+		dir:     runDir,
+		path:    filepath.Join(runDir, PluginLogFileName),
+		out:     zerolog.New(w).Level(level),
+		m:       m,
+		Drained: make(chan struct{}, 1),
+	}
+}
+
+// Run follows the file until ctx ends. Lines already in the file when it
+// starts are not re-emitted (they were surfaced by an earlier agent, or
+// predate it); everything appended afterwards is. The run dir is created
+// if missing, as the installer does.
+func (p *PluginLogFollower) Run(ctx context.Context) error {
+	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+		return fmt.Errorf("creating run dir %s for the plugin log: %w", p.dir, err)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watching the plugin log: %w", err)
+	}
+	defer w.Close()
+	if err := w.Add(p.dir); err != nil {
+		return fmt.Errorf("watching %s for the plugin log: %w", p.dir, err)
+	}
+	p.mu.Lock()
+	p.openAt(true)
+	p.mu.Unlock()
+	defer p.close()
+
+	tick := time.NewTicker(pluginLogSafetyPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			p.Drain() // lines written just before shutdown
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return nil
+			}
+			if filepath.Base(ev.Name) == PluginLogFileName {
+				p.Drain()
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return nil
+			}
+			// An overflow loses events, not data: the next drain reads on
+			// from the offset.
+			p.out.Warn().Str("component", "nftmesh-agent").Err(err).Msg("watching the plugin log")
+			p.Drain()
+		case <-tick.C:
+			p.Drain()
+		}
+	}
+}
+
+func (p *PluginLogFollower) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.f != nil {
+		_ = p.f.Close()
+		p.f = nil
+	}
+}
+
+// openAt opens the current file; atEnd starts after its present content.
+// A missing file is not an error: the plugin creates it on its first run.
+func (p *PluginLogFollower) openAt(atEnd bool) {
+	f, err := os.Open(p.path)
+	if err != nil {
+		return
+	}
+	id, size, err := statFile(f)
+	if err != nil {
+		_ = f.Close()
+		return
+	}
+	p.f, p.id, p.offset, p.partial = f, id, 0, nil
+	if atEnd {
+		p.offset = size
+	}
+}
+
+func statFile(f *os.File) (fileID, int64, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return fileID{}, 0, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}, fi.Size(), errors.New("no inode information")
+	}
+	return fileID{dev: uint64(st.Dev), ino: st.Ino}, fi.Size(), nil
+}
+
+// Drain re-emits every complete line appended since the last drain. After
+// a rotation it first finishes the old file (still open, now under its .1
+// name), then starts the new one from its beginning; after a truncation it
+// starts over at offset 0.
+func (p *PluginLogFollower) Drain() {
+	p.mu.Lock()
+	defer func() {
+		p.mu.Unlock()
+		select {
+		case p.Drained <- struct{}{}:
+		default:
+		}
+	}()
+	if p.f != nil {
+		if _, size, err := statFile(p.f); err == nil && size < p.offset {
+			p.offset, p.partial = 0, nil // truncated in place
+		}
+		p.readOn()
+	}
+	fi, err := os.Stat(p.path)
+	if err != nil {
+		return // rotated away and not recreated yet: keep the old file
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return
+	}
+	if p.f != nil && (fileID{dev: uint64(st.Dev), ino: st.Ino}) == p.id {
+		return
+	}
+	// A new file under the name: the old one is finished.
+	if p.f != nil {
+		p.flushPartial()
+		_ = p.f.Close()
+		p.f = nil
+	}
+	p.openAt(false)
+	if p.f != nil {
+		p.readOn()
+	}
+}
+
+func (p *PluginLogFollower) readOn() {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := p.f.ReadAt(buf, p.offset)
+		if n > 0 {
+			p.offset += int64(n)
+			p.consume(buf[:n])
+		}
+		if err != nil || n == 0 {
+			return
+		}
+	}
+}
+
+func (p *PluginLogFollower) consume(b []byte) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			p.partial = append(p.partial, b...)
+			if len(p.partial) > maxPluginLine {
+				p.flushPartial()
+			}
+			return
+		}
+		line := b[:i]
+		if len(p.partial) > 0 {
+			line = append(p.partial, line...)
+			p.partial = nil
+		}
+		p.emit(line)
+		b = b[i+1:]
+	}
+}
+
+func (p *PluginLogFollower) flushPartial() {
+	if len(p.partial) > 0 {
+		p.emit(p.partial)
+		p.partial = nil
+	}
+}
+
+// emit writes one plugin line through the agent's logger: level from the
+// line, "time" kept as written, "component":"cni-plugin", the other fields
+// in their order, and the message last. A line that is not a JSON object
+// is kept whole as the message.
+func (p *PluginLogFollower) emit(line []byte) {
+	line = bytes.TrimRight(line, "\r")
+	if len(bytes.TrimSpace(line)) == 0 {
+		return
+	}
+	fields, ok := parseLogLine(line)
+	if !ok {
+		p.out.Info().Str("component", PluginComponent).Bool("unparsed", true).Msg(string(line))
+		p.count("", "")
+		return
+	}
+	level := zerolog.NoLevel
+	var msg string
+	var command, decision string
+	for _, f := range fields {
+		switch f.key {
+		case zerolog.LevelFieldName:
+			var s string
+			if json.Unmarshal(f.raw, &s) == nil {
+				if l, err := zerolog.ParseLevel(s); err == nil && s != "" {
+					level = l
+				}
+			}
+		case zerolog.MessageFieldName:
+			_ = json.Unmarshal(f.raw, &msg)
+		case "command":
+			_ = json.Unmarshal(f.raw, &command)
+		case "decision":
+			_ = json.Unmarshal(f.raw, &decision)
+		}
+	}
+	e := p.out.WithLevel(level)
+	if e == nil {
+		p.count(command, decision)
+		return // below the agent's level
+	}
+	for _, f := range fields {
+		if f.key == zerolog.TimestampFieldName {
+			e = e.RawJSON(f.key, f.raw)
+		}
+	}
+	e = e.Str("component", PluginComponent)
+	for _, f := range fields {
+		switch f.key {
+		case zerolog.LevelFieldName, zerolog.MessageFieldName, zerolog.TimestampFieldName:
+		case "component":
+			e = e.RawJSON("plugin_component", f.raw) // never two "component" keys
+		default:
+			e = e.RawJSON(f.key, f.raw)
+		}
+	}
+	e.Msg(msg)
+	p.count(command, decision)
+}
+
+func (p *PluginLogFollower) count(command, decision string) {
+	if p.m == nil || decision == "" {
+		return
+	}
+	p.m.PluginEvents.WithLabelValues(strings.ToUpper(command), decision).Inc()
+}
+
+type logField struct {
+	key string
+	raw json.RawMessage
+}
+
+// parseLogLine reads a JSON object's members in order; ok is false for
+// anything else (or trailing data).
+func parseLogLine(line []byte) ([]logField, bool) {
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.UseNumber()
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, false
+	}
+	var out []logField
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		k, ok := t.(string)
+		if !ok {
+			return nil, false
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, false
+		}
+		out = append(out, logField{key: k, raw: raw})
+	}
+	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
+		return nil, false
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, false
+	}
+	return out, true
+}

@@ -1,0 +1,258 @@
+package installer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
+)
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// lines decodes every output line; a line that is not a JSON object fails
+// the test (the agent's log must stay machine-readable).
+func (l *lockedBuf) lines(t *testing.T) []map[string]any {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, s := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+		if s == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(s), &m); err != nil {
+			t.Fatalf("agent log line is not JSON: %v\n%s", err, s)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func (l *lockedBuf) raw() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func appendFile(t *testing.T, path, s string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func pluginLine(level, msg string, extra string) string {
+	return `{"level":"` + level + `","plugin":"nftmesh-cni","command":"ADD"` + extra + `,"time":"2026-01-02T03:04:05.678Z","message":"` + msg + `"}` + "\n"
+}
+
+func messages(ls []map[string]any) []string {
+	var out []string
+	for _, l := range ls {
+		m, _ := l["message"].(string)
+		out = append(out, m)
+	}
+	return out
+}
+
+// Drain by hand: appended lines come out once, in order, as the agent's
+// JSON with the plugin's time/level/message and fields, and
+// "component":"cni-plugin"; what was in the file before the follower
+// started is not repeated; partial lines wait for their newline; debug
+// lines are dropped at info; a non-JSON line is kept as a message.
+func TestPluginLogDrain(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, PluginLogFileName)
+	appendFile(t, path, pluginLine("info", "old", ""))
+	var out lockedBuf
+	m := NewMetrics()
+	f := NewPluginLogFollower(dir, &out, zerolog.InfoLevel, m)
+	f.openAt(true)
+	defer f.close()
+
+	appendFile(t, path, pluginLine("info", "ADD capture", `,"pod":"web-1","decision":"capture","rules":23`))
+	appendFile(t, path, pluginLine("debug", "backend chosen", ""))
+	appendFile(t, path, pluginLine("error", "ADD failed", `,"decision":"error","component":"x"`))
+	appendFile(t, path, `{"level":"warn","message":"half`)
+	f.Drain()
+	ls := out.lines(t)
+	if got := messages(ls); strings.Join(got, "|") != "ADD capture|ADD failed" {
+		t.Fatalf("messages %q", got)
+	}
+	first := ls[0]
+	for k, want := range map[string]any{"level": "info", "time": "2026-01-02T03:04:05.678Z", "component": PluginComponent, "pod": "web-1", "plugin": "nftmesh-cni", "rules": float64(23)} {
+		if first[k] != want {
+			t.Errorf("%s = %v, want %v (line %v)", k, first[k], want, first)
+		}
+	}
+	if ls[1]["level"] != "error" || ls[1]["plugin_component"] != "x" || ls[1]["component"] != PluginComponent {
+		t.Errorf("error line %v", ls[1])
+	}
+	if n := strings.Count(out.raw(), `"component"`); n != 2 {
+		t.Errorf("%d component keys in 2 lines:\n%s", n, out.raw())
+	}
+	// Field order is kept: level, time, component, then the plugin's.
+	if raw := strings.SplitN(out.raw(), "\n", 2)[0]; !strings.HasPrefix(raw, `{"level":"info","time":"2026-01-02T03:04:05.678Z","component":"cni-plugin","plugin":"nftmesh-cni","command":"ADD","pod":"web-1"`) {
+		t.Errorf("first line layout: %s", raw)
+	}
+
+	appendFile(t, path, ` line"}`+"\nnot json at all\n")
+	f.Drain()
+	ls = out.lines(t)
+	if len(ls) != 4 || ls[2]["message"] != "half line" || ls[2]["level"] != "warn" || ls[3]["message"] != "not json at all" || ls[3]["unparsed"] != true {
+		t.Fatalf("after completing the partial line: %v", ls)
+	}
+	if got := testutil.ToFloat64(m.PluginEvents.WithLabelValues("ADD", "capture")); got != 1 {
+		t.Errorf("plugin ADD capture events %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.PluginEvents.WithLabelValues("ADD", "error")); got != 1 {
+		t.Errorf("plugin ADD error events %v, want 1", got)
+	}
+	f.Drain()
+	if n := len(out.lines(t)); n != 4 {
+		t.Errorf("a drain without new data emitted %d lines", n-4)
+	}
+}
+
+// Rotation as the plugin does it (rename to .1, new file), with a plugin
+// run still appending to the old file after the rename, and truncation in
+// place: nothing is lost or repeated.
+func TestPluginLogRotationAndTruncation(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, PluginLogFileName)
+	var out lockedBuf
+	f := NewPluginLogFollower(dir, &out, zerolog.DebugLevel, nil)
+	f.openAt(true) // no file yet
+	defer f.close()
+
+	appendFile(t, path, pluginLine("info", "one", ""))
+	f.Drain()
+	old, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.WriteString(pluginLine("info", "two (old file, after the rename)", "")); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	f.Drain() // the name is gone: the old file is still read
+	appendFile(t, path, pluginLine("info", "three (new file)", ""))
+	f.Drain()
+	appendFile(t, path, pluginLine("info", "four", ""))
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	appendFile(t, path, pluginLine("info", "five", ""))
+	f.Drain()
+	want := "one|two (old file, after the rename)|three (new file)|five"
+	if got := strings.Join(messages(out.lines(t)), "|"); got != want {
+		t.Fatalf("messages\n got %s\nwant %s", got, want)
+	}
+}
+
+// Run with real fsnotify events: lines appear in the agent's output without
+// any explicit drain, across a rotation.
+func TestPluginLogFollowerRun(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run") // created by Run
+	path := filepath.Join(dir, PluginLogFileName)
+	var out lockedBuf
+	f := NewPluginLogFollower(dir, &out, zerolog.InfoLevel, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	waitFor := func(what string, n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for len(out.lines(t)) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s; output:\n%s", what, out.raw())
+			}
+			select {
+			case <-f.Drained:
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(dir); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("run dir never created")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // the watch is set right after the mkdir
+	for i := 0; i < 20; i++ {
+		appendFile(t, path, pluginLine("info", "line", ""))
+	}
+	waitFor("20 lines", 20)
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	appendFile(t, path, pluginLine("warn", "after rotation", ""))
+	waitFor("the line after rotation", 21)
+	ls := out.lines(t)
+	if len(ls) != 21 || ls[20]["message"] != "after rotation" || ls[20]["component"] != PluginComponent {
+		t.Fatalf("got %d lines, last %v", len(ls), ls[len(ls)-1])
+	}
+}
+
+func FuzzPluginLogLine(f *testing.F) {
+	f.Add([]byte(pluginLine("info", "ADD capture", `,"decision":"capture"`)))
+	f.Add([]byte(`{"level":7,"time":{},"message":["x"]}`))
+	f.Add([]byte(`{"a":1}{"b":2}`))
+	f.Add([]byte("\x00\xff{"))
+	m := NewMetrics()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var out bytes.Buffer
+		p := NewPluginLogFollower("unused", &out, zerolog.TraceLevel, m)
+		p.consume(append(b, '\n'))
+		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			if l == "" {
+				continue
+			}
+			var m map[string]any
+			if err := json.Unmarshal([]byte(l), &m); err != nil {
+				t.Fatalf("output is not JSON: %v\n%q from %q", err, l, b)
+			}
+			if m["component"] != PluginComponent {
+				t.Fatalf("component %v in %q", m["component"], l)
+			}
+		}
+	})
+}
