@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -99,6 +100,9 @@ func (b *Backend) tableExists(cc *nftables.Conn) (bool, error) {
 // Routes and loopback addresses follow; if they fail, the table is removed
 // again and what this call added is undone.
 func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) error {
+	if err := hostns.Refuse(netnsPath); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}

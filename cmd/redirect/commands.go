@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nftmesh/nftmesh/internal/backends"
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -83,6 +84,7 @@ func newValidateCmd() *cobra.Command {
 func newApplyCmd() *cobra.Command {
 	var sf specFlags
 	var netns, backend string
+	var allowOwn bool
 	cmd := &cobra.Command{
 		Use:   "apply --netns PATH (--pod FILE | --annotation k=v ...) [--backend auto|nftables|iptables-legacy]",
 		Short: "Install the capture rules into a network namespace (root)",
@@ -101,6 +103,7 @@ before. On failure nothing is left behind. PATH is a netns file such as
 			if err != nil {
 				return err
 			}
+			hostns.AllowOwn = allowOwn
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
 			b, why, err := backends.Select(ctx, backend, netns)
@@ -119,6 +122,7 @@ before. On failure nothing is left behind. PATH is a netns file such as
 	sf.register(cmd.Flags())
 	cmd.Flags().StringVar(&netns, "netns", "", "network namespace path")
 	cmd.Flags().StringVar(&backend, "backend", backends.Auto, "backend: auto, nftables or iptables-legacy")
+	cmd.Flags().BoolVar(&allowOwn, "allow-own-netns", false, "allow PATH to be the namespace redirect itself runs in (refused by default: that is usually the host's)")
 	return cmd
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -52,6 +53,9 @@ func (b *Backend) encoder(fd int, fam redirect.Family) *encoder {
 // every entry that is not ours; tables are written one after the other, and
 // if one fails the ones already written are put back as they were.
 func (b *Backend) Apply(ctx context.Context, netns string, p redirect.Plan) error {
+	if err := hostns.Refuse(netns); err != nil {
+		return err
+	}
 	if err := p.Verify(); err != nil {
 		return fmt.Errorf("applying plan to netns %s: %w", netns, err)
 	}
