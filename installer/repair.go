@@ -141,7 +141,7 @@ func NewRepairController(client kubernetes.Interface, cfg RepairConfig, repairer
 		o.LabelSelector = cfg.LabelSelectors
 	}))
 	c := &RepairController{
-		cfg: cfg, mode: mode, client: client, repairer: repairer, log: log.With().Str("component", "repair").Str("mode", string(mode)).Logger(), m: m,
+		cfg: cfg, mode: mode, client: client, repairer: repairer, log: log.With().Str("subsystem", "repair").Str("mode", string(mode)).Logger(), m: m,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nftmesh-repair"}),
 		factory:  factory,

@@ -4,7 +4,8 @@
 // service account of a real kube-apiserver), a container runtime's view of
 // the chain is driven through libcni inside a throw-away host network
 // namespace for a mesh pod stored in the API server, real connections prove
-// the capture, and the agent's SIGTERM leaves the host as it was.
+// the capture, a pod that started before the agent is repaired in place
+// (found through /proc), and the agent's SIGTERM leaves the host as it was.
 //
 // It has no non-test code; it needs root, the kube-apiserver test binary
 // (make kube-apiserver), etcd and Debian's containernetworking-plugins, and

@@ -325,9 +325,14 @@ func TestNodeEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The agent's service account, with the chart's plugin RBAC (get pods).
+	// The agent's service account, with the chart's RBAC in its default
+	// repairPods mode: get pods for the plugin; list/watch pods and create
+	// events for the repair controller.
 	api.ServiceAccount(t, agentNS, "nftmesh-agent")
-	api.Grant(t, agentNS, "nftmesh-agent", true, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}})
+	api.Grant(t, agentNS, "nftmesh-agent", true,
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}})
 	if err := os.WriteFile(filepath.Join(host.sa, "token"), []byte(api.TokenFor(t, agentNS, "nftmesh-agent")), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +356,56 @@ func TestNodeEndToEnd(t *testing.T) {
 	t.Cleanup(func() { fwd.Close() })
 	go forward(fwd, apiHostPort)
 
-	// Start the agent.
+	// A pod that started before the agent: the runtime ran the primary's
+	// conflist alone, so the pod runs (a process in its netns stands in
+	// for the pause container) without capture, and its istio-validation
+	// init container exits 126, crash-looping.
+	cni := func() *libcni.CNIConfig { return libcni.NewCNIConfigWithCacheDir([]string{host.bin}, host.cache, nil) }
+	api.EnsureNamespace(t, "shop")
+	early := createPod(t, api, "early-")
+	earlyNetnsName, earlyNetns := newNetns(t, "early")
+	earlyRT := runtimeConf(early, earlyNetns)
+	bridgeOnly, err := libcni.ConfListFromBytes(primary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var earlyIP string
+	if err := inNetns(hostNetns, func() error {
+		r, err := cni().AddNetworkList(ctx, bridgeOnly, earlyRT)
+		if err != nil {
+			return err
+		}
+		res, err := current.NewResultFromResult(r)
+		if err == nil {
+			earlyIP = res.IPs[0].Address.IP.String()
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("ADD of the primary alone for the early pod: %v", err)
+	}
+	t.Cleanup(func() { _ = inNetns(hostNetns, func() error { return cni().DelNetworkList(ctx, bridgeOnly, earlyRT) }) })
+	pause := exec.Command("ip", "netns", "exec", earlyNetnsName, "sleep", "300")
+	if err := pause.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pause.Process.Kill(); _ = pause.Wait() })
+	early.Status = corev1.PodStatus{
+		Phase: corev1.PodPending, PodIP: earlyIP, PodIPs: []corev1.PodIP{{IP: earlyIP}},
+		InitContainerStatuses: []corev1.ContainerStatus{{
+			Name: "istio-validation", RestartCount: 1,
+			State:                corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+			LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 126, Reason: "Error"}},
+		}},
+	}
+	if _, err := api.Client().CoreV1().Pods("shop").UpdateStatus(ctx, early, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := nft.New().List(ctx, earlyNetns); err != nil || len(p.Tables) != 0 {
+		t.Fatalf("the early pod has rules before the agent runs (%v)", err)
+	}
+	earlyOut := captureListener(t, earlyNetns, 15001)
+
+	// Start the agent, with the chart's default repair mode (in place).
 	health, metrics := freeAddr(t), freeAddr(t)
 	logPath := filepath.Join(tmp, "agent.log")
 	logFile, err := os.Create(logPath)
@@ -362,7 +416,8 @@ func TestNodeEndToEnd(t *testing.T) {
 	agent := exec.Command(agentBin,
 		"--cni-bin-dir", host.bin, "--cni-conf-dir", host.conf, "--agent-run-dir", host.run,
 		"--plugin-binary", pluginBin, "--service-account-dir", host.sa,
-		"--health-addr", health, "--metrics-addr", metrics, "--log-level", "debug")
+		"--health-addr", health, "--metrics-addr", metrics, "--log-level", "debug",
+		"--repair-enabled", "--repair-pods", "--host-proc", "/proc")
 	agent.Env = append(os.Environ(), "KUBERNETES_SERVICE_HOST="+apiHost, "KUBERNETES_SERVICE_PORT="+apiPort,
 		"POD_NAMESPACE="+agentNS, "NODE_NAME=node-1")
 	agent.Stdout, agent.Stderr = logFile, logFile
@@ -406,35 +461,40 @@ func TestNodeEndToEnd(t *testing.T) {
 		t.Fatalf("plugin binary not installed: %v", err)
 	}
 
-	// The pod, as the API server has it when the runtime sets it up.
-	api.EnsureNamespace(t, "shop")
-	pod, err := podinfo.ReadPodFile(filepath.Join(repoRoot(t), "testdata", "pods", "injected.yaml"))
+
+	// The early pod is repaired in place by the agent: its rules appear
+	// and its outbound traffic is captured from then on.
+	_, _, earlySpec, err := podinfo.FromPod(early)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod.Name = "web-" + randHex(3)
-	pod.Spec.NodeName = "node-1"
-	pod.Status = corev1.PodStatus{}
-	pod, err = api.Client().CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	earlySpec.IPv6 = false
+	earlyWant, err := redirect.Build(earlySpec)
 	if err != nil {
 		t.Fatal(err)
 	}
+	deadline := time.Now().Add(20 * time.Second)
+	for nft.New().Check(ctx, earlyNetns, earlyWant) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent never repaired the early pod: %v", nft.New().Check(ctx, earlyNetns, earlyWant))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := strings.Count(findLine(agentLog(), "repair controller started"), `"component"`); n != 1 {
+		t.Errorf("repair controller start line has %d component keys", n)
+	}
+	if err := dialFrom(earlyNetns, net.JoinHostPort(gatewayIP, "443")); err != nil {
+		t.Errorf("outbound connect from the repaired pod: %v", err)
+	}
+	expectCaptured(t, "repaired pod outbound "+gatewayIP+":443", earlyOut, gatewayIP+":443")
+	if line := findLine(agentLog(), `"subsystem":"repair"`, `"pod":"`+early.Name+`"`, "repaired the pod's capture in place"); line == "" {
+		t.Errorf("no repair line for %s in the agent log", early.Name)
+	}
+
+	// A new pod, as the API server has it when the runtime sets it up.
+	pod := createPod(t, api, "web-")
 	podNetnsName, podNetns := newNetns(t, "pod")
-	id := "e2e-" + randHex(8)
-	rt := &libcni.RuntimeConf{
-		ContainerID: id,
-		NetNS:       podNetns,
-		IfName:      "eth0",
-		Args: [][2]string{
-			{"IgnoreUnknown", "1"},
-			{"K8S_POD_NAMESPACE", pod.Namespace},
-			{"K8S_POD_NAME", pod.Name},
-			{"K8S_POD_INFRA_CONTAINER_ID", id},
-			{"K8S_POD_UID", string(pod.UID)},
-		},
-	}
-	// A handle per call: libcni initialises its exec helper lazily.
-	cni := func() *libcni.CNIConfig { return libcni.NewCNIConfigWithCacheDir([]string{host.bin}, host.cache, nil) }
+	rt := runtimeConf(pod, podNetns)
 	outbound := captureListener(t, podNetns, 15001)
 	inbound := captureListener(t, podNetns, 15006)
 
@@ -498,7 +558,7 @@ func TestNodeEndToEnd(t *testing.T) {
 	}
 
 	// The plugin's decision line is in the agent's log as its own line.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(10 * time.Second)
 	for {
 		line := findLine(agentLog(), `"component":"cni-plugin"`, `"decision":"capture"`, `"pod":"`+pod.Name+`"`)
 		if line != "" {
@@ -563,4 +623,39 @@ func findLine(s string, parts ...string) string {
 		}
 	}
 	return ""
+}
+
+// createPod stores the sample injected pod, bound to node-1, under a
+// unique name.
+func createPod(t *testing.T, api *kubetest.Server, prefix string) *corev1.Pod {
+	t.Helper()
+	pod, err := podinfo.ReadPodFile(filepath.Join(repoRoot(t), "testdata", "pods", "injected.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Name = prefix + randHex(3)
+	pod.Spec.NodeName = "node-1"
+	pod.Status = corev1.PodStatus{}
+	pod, err = api.Client().CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
+// runtimeConf is what kubelet's runtime passes for the pod's sandbox.
+func runtimeConf(pod *corev1.Pod, netnsPath string) *libcni.RuntimeConf {
+	id := "e2e-" + randHex(8)
+	return &libcni.RuntimeConf{
+		ContainerID: id,
+		NetNS:       netnsPath,
+		IfName:      "eth0",
+		Args: [][2]string{
+			{"IgnoreUnknown", "1"},
+			{"K8S_POD_NAMESPACE", pod.Namespace},
+			{"K8S_POD_NAME", pod.Name},
+			{"K8S_POD_INFRA_CONTAINER_ID", id},
+			{"K8S_POD_UID", string(pod.UID)},
+		},
+	}
 }
