@@ -61,7 +61,7 @@ fuzz:
 	  dir=./$$(dirname $$f); \
 	  for t in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | cut -c6-); do \
 	    echo "fuzz $$dir $$t ($(FUZZTIME))"; \
-	    $(GO) test $$dir -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) 2>&1 | tail -n 3; \
+	    $(GO) test $$dir -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s 2>&1 | tail -n 3; \
 	    test $${PIPESTATUS[0]} -eq 0 || exit 1; \
 	  done; \
 	done

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -54,11 +54,11 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 				return resolved{}, usageErr("--%s cannot be combined with --pod: the manifest's istio-proxy container decides it", name)
 			}
 		}
-		pod, err := podinfo.ReadPodFile(f.pod)
+		pod, err := meshpod.ReadManifest(f.pod)
 		if err != nil {
 			return resolved{}, usageErr("%v", err)
 		}
-		in, reason, spec, err := podinfo.FromPod(pod)
+		in, reason, spec, err := meshpod.Decide(pod)
 		subject := fmt.Sprintf("pod %s/%s", pod.Namespace, pod.Name)
 		if err != nil {
 			return resolved{}, usageErr("%v", err) // podinfo names the pod

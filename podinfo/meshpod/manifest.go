@@ -1,0 +1,104 @@
+package meshpod
+
+import (
+	"fmt"
+	"os"
+
+	"sigs.k8s.io/yaml"
+)
+
+// The manifest mirror: the JSON names of the Pod fields Decide reads, as
+// `kubectl get pod -o yaml|json` prints them. Other fields are ignored, as a
+// non-strict decode of a corev1.Pod ignores unknown ones.
+type manifest struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name        string            `json:"name"`
+		Namespace   string            `json:"namespace"`
+		Labels      map[string]string `json:"labels"`
+		Annotations map[string]string `json:"annotations"`
+	} `json:"metadata"`
+	Spec struct {
+		InitContainers []manifestContainer `json:"initContainers"`
+		Containers     []manifestContainer `json:"containers"`
+	} `json:"spec"`
+	Status struct {
+		PodIP  string `json:"podIP"`
+		PodIPs []struct {
+			IP string `json:"ip"`
+		} `json:"podIPs"`
+	} `json:"status"`
+}
+
+type manifestContainer struct {
+	Name string   `json:"name"`
+	Args []string `json:"args"`
+	Env  []struct {
+		Name  string `json:"name"`
+		Value string `json:"value"`
+	} `json:"env"`
+	SecurityContext *struct {
+		RunAsUser  *int64 `json:"runAsUser"`
+		RunAsGroup *int64 `json:"runAsGroup"`
+	} `json:"securityContext"`
+}
+
+// ReadManifest reads one Pod manifest file, YAML or JSON.
+func ReadManifest(path string) (*Pod, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading pod manifest: %w", err)
+	}
+	pod, err := ParseManifest(data)
+	if err != nil {
+		return nil, fmt.Errorf("reading pod manifest %s: %w", path, err)
+	}
+	return pod, nil
+}
+
+// ParseManifest decodes one Pod manifest, YAML or JSON. Any other kind, or a
+// document without a kind, is an error naming what was found.
+func ParseManifest(data []byte) (*Pod, error) {
+	var m manifest
+	if err := yaml.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("decoding Pod: %w", err)
+	}
+	switch {
+	case m.Kind == "":
+		return nil, fmt.Errorf("manifest has no kind (want kind: Pod)")
+	case m.Kind != "Pod":
+		return nil, fmt.Errorf("manifest kind is %q (want Pod)", m.Kind)
+	case m.APIVersion != "" && m.APIVersion != "v1":
+		return nil, fmt.Errorf("manifest apiVersion is %q (want v1)", m.APIVersion)
+	}
+	p := &Pod{
+		Namespace:   m.Metadata.Namespace,
+		Name:        m.Metadata.Name,
+		Labels:      m.Metadata.Labels,
+		Annotations: m.Metadata.Annotations,
+	}
+	conv := func(cs []manifestContainer) []Container {
+		var out []Container
+		for _, c := range cs {
+			oc := Container{Name: c.Name, Args: c.Args}
+			for _, e := range c.Env {
+				oc.Env = append(oc.Env, EnvVar{Name: e.Name, Value: e.Value})
+			}
+			if c.SecurityContext != nil {
+				oc.RunAsUser, oc.RunAsGroup = c.SecurityContext.RunAsUser, c.SecurityContext.RunAsGroup
+			}
+			out = append(out, oc)
+		}
+		return out
+	}
+	p.InitContainers = conv(m.Spec.InitContainers)
+	p.Containers = conv(m.Spec.Containers)
+	if m.Status.PodIP != "" {
+		p.PodIPs = append(p.PodIPs, m.Status.PodIP)
+	}
+	for _, ip := range m.Status.PodIPs {
+		p.PodIPs = append(p.PodIPs, ip.IP)
+	}
+	return p, nil
+}

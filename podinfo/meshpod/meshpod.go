@@ -1,0 +1,240 @@
+// Package meshpod is the pure in-mesh decision: given the few fields of a Pod
+// that Istio's CNI reads (names, labels, annotations, containers' args, env
+// and securityContext, pod IPs), whether the pod gets capture rules and with
+// which redirect.Spec. It imports nothing from Kubernetes, so the `redirect`
+// CLI can read Pod manifests without paying client-go's start-up cost;
+// podinfo.FromPod adapts a *corev1.Pod to it.
+package meshpod
+
+import (
+	"fmt"
+	"math"
+	"net/netip"
+	"strconv"
+
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// Container names and environment variables Istio's injector uses.
+const (
+	ProxyContainer = "istio-proxy"
+	InitContainer  = "istio-init"
+
+	EnvDisableEnvoy = "DISABLE_ENVOY"
+	EnvDNSCapture   = "ISTIO_META_DNS_CAPTURE"
+	EnvDualStack    = "ISTIO_DUAL_STACK"
+	EnvInvalidDrop  = "INVALID_DROP"
+)
+
+// Reasons Decide (and the CNI plugin's pre-lookup checks) give for a
+// decision. They are stable: logs and tests match on them.
+const (
+	ReasonNotKubernetes       = "not a kubernetes pod"
+	ReasonExcludedNamespace   = "namespace excluded"
+	ReasonAgentPod            = "agent's own pod"
+	ReasonIstioInit           = "istio-init container present"
+	ReasonEnvoyDisabled       = "DISABLE_ENVOY set on istio-proxy"
+	ReasonNoProxy             = "no istio-proxy container"
+	ReasonNotSidecar          = "proxy is not a sidecar (gateway)"
+	ReasonInjectLabelFalse    = "inject=false label"
+	ReasonInjectAnnotationOff = "inject=false annotation"
+	ReasonNotInjected         = "no sidecar.istio.io/status annotation"
+	ReasonInvalid             = "invalid capture settings"
+	ReasonInMesh              = "injected sidecar"
+)
+
+// Pod is what the decision reads of a Kubernetes Pod.
+type Pod struct {
+	Namespace, Name string
+	Labels          map[string]string
+	Annotations     map[string]string
+	InitContainers  []Container
+	Containers      []Container
+	// PodIPs are status.podIP and status.podIPs[].ip.
+	PodIPs []string
+}
+
+// Container is what the decision reads of a container.
+type Container struct {
+	Name       string
+	Args       []string
+	Env        []EnvVar
+	RunAsUser  *int64 // securityContext.runAsUser
+	RunAsGroup *int64 // securityContext.runAsGroup
+}
+
+// EnvVar is a container env entry; Value is empty for valueFrom entries
+// (Istio does not resolve them either).
+type EnvVar struct{ Name, Value string }
+
+// Decide decides whether pod gets sidecar capture rules and with which Spec.
+//
+// The checks follow Istio's CNI plugin, in its order: an istio-init container
+// (init or regular) means the pod redirects itself; DISABLE_ENVOY=true on the
+// proxy means proxyless; no istio-proxy container (init containers count, for
+// native sidecars); proxy args "proxy X" with X other than "sidecar" is a
+// gateway; sidecar.istio.io/inject false (the label overrides the annotation);
+// no sidecar.istio.io/status annotation means not injected. As in Istio, an
+// unparsable DISABLE_ENVOY or inject value is not a skip.
+//
+// For an in-mesh pod the Spec starts from redirect.DefaultSpec, takes the
+// proxy's runAsUser/runAsGroup (0 or unset keeps 1337), its literal env
+// ISTIO_META_DNS_CAPTURE, INVALID_DROP and ISTIO_DUAL_STACK (an empty value
+// counts as unset), turns IPv6 on when the pod already has an IPv6 address,
+// then applies the pod's annotations. All problems come back at once as a
+// *redirect.ValidationError, with inMesh true so that the caller fails closed
+// rather than skipping.
+func Decide(pod *Pod) (inMesh bool, reason string, spec redirect.Spec, err error) {
+	if pod == nil {
+		return false, "", redirect.Spec{}, fmt.Errorf("deciding capture: no pod")
+	}
+	var proxy *Container
+	hasInit := false
+	// Later containers win, as a name is unique per pod in valid objects.
+	for _, list := range [][]Container{pod.InitContainers, pod.Containers} {
+		for i := range list {
+			switch list[i].Name {
+			case InitContainer:
+				hasInit = true
+			case ProxyContainer:
+				proxy = &list[i]
+			}
+		}
+	}
+	if hasInit {
+		return false, ReasonIstioInit, redirect.Spec{}, nil
+	}
+	env := literalEnv(proxy)
+	if v, ok := env[EnvDisableEnvoy]; ok {
+		if b, perr := strconv.ParseBool(v); perr == nil && b {
+			return false, ReasonEnvoyDisabled, redirect.Spec{}, nil
+		}
+	}
+	if proxy == nil {
+		return false, ReasonNoProxy, redirect.Spec{}, nil
+	}
+	if len(proxy.Args) >= 2 && proxy.Args[0] == "proxy" && proxy.Args[1] != "sidecar" {
+		return false, ReasonNotSidecar, redirect.Spec{}, nil
+	}
+	if v, ok := pod.Labels[redirect.AnnotationInject]; ok {
+		if b, perr := strconv.ParseBool(v); perr == nil && !b {
+			return false, ReasonInjectLabelFalse, redirect.Spec{}, nil
+		}
+	} else if v, ok := pod.Annotations[redirect.AnnotationInject]; ok {
+		if b, perr := strconv.ParseBool(v); perr == nil && !b {
+			return false, ReasonInjectAnnotationOff, redirect.Spec{}, nil
+		}
+	}
+	if _, ok := pod.Annotations[redirect.AnnotationSidecarStatus]; !ok {
+		return false, ReasonNotInjected, redirect.Spec{}, nil
+	}
+
+	spec, err = specFor(pod, proxy, env)
+	if err != nil {
+		return true, ReasonInvalid, redirect.Spec{}, fmt.Errorf("reading capture settings of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return true, ReasonInMesh, spec, nil
+}
+
+// literalEnv returns the proxy container's env vars with a literal,
+// non-empty value. Later duplicates win, as in the kubelet.
+func literalEnv(c *Container) map[string]string {
+	env := map[string]string{}
+	if c == nil {
+		return env
+	}
+	for _, e := range c.Env {
+		if e.Value == "" {
+			delete(env, e.Name)
+			continue
+		}
+		env[e.Name] = e.Value
+	}
+	return env
+}
+
+func specFor(pod *Pod, proxy *Container, env map[string]string) (redirect.Spec, error) {
+	base := redirect.DefaultSpec()
+	var problems []redirect.FieldError
+
+	if id, fe := proxyID("runAsUser", proxy.RunAsUser); fe != nil {
+		problems = append(problems, *fe)
+	} else if id != 0 {
+		base.ProxyUIDs = []uint32{id}
+	}
+	if id, fe := proxyID("runAsGroup", proxy.RunAsGroup); fe != nil {
+		problems = append(problems, *fe)
+	} else if id != 0 {
+		base.ProxyGIDs = []uint32{id}
+	}
+
+	boolEnv := func(name string, dst *bool) {
+		v, ok := env[name]
+		if !ok {
+			return
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			problems = append(problems, redirect.FieldError{
+				Field:  "istio-proxy env " + name,
+				Value:  v,
+				Reason: "is not a boolean (want true or false)",
+			})
+			return
+		}
+		*dst = b
+	}
+	boolEnv(EnvDNSCapture, &base.CaptureDNS)
+	boolEnv(EnvInvalidDrop, &base.DropInvalid)
+	boolEnv(EnvDualStack, &base.IPv6)
+	if HasIPv6(pod.PodIPs) {
+		base.IPv6 = true
+	}
+
+	spec, err := redirect.ParseAnnotations(base, pod.Annotations)
+	if len(problems) == 0 {
+		return spec, err
+	}
+	if ve, ok := err.(*redirect.ValidationError); ok {
+		problems = append(problems, ve.Problems...)
+	} else if err != nil {
+		return redirect.Spec{}, err
+	}
+	return redirect.Spec{}, &redirect.ValidationError{Problems: problems}
+}
+
+// proxyID reads a runAsUser/runAsGroup value; nil and 0 give 0 (the caller
+// keeps the default 1337, as Istio does).
+func proxyID(field string, v *int64) (uint32, *redirect.FieldError) {
+	if v == nil {
+		return 0, nil
+	}
+	if *v < 0 || *v > math.MaxUint32 {
+		return 0, &redirect.FieldError{
+			Field:  "istio-proxy securityContext." + field,
+			Value:  strconv.FormatInt(*v, 10),
+			Reason: "is not a user or group id (want 0-4294967295)",
+		}
+	}
+	return uint32(*v), nil
+}
+
+// HasIPv6 reports whether any of the addresses (plain or CIDR notation) is
+// a global IPv6 address. Unparsable entries are ignored: they come from the
+// API server or the primary plugin, not from the user.
+func HasIPv6(addrs []string) bool {
+	for _, s := range addrs {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			p, perr := netip.ParsePrefix(s)
+			if perr != nil {
+				continue
+			}
+			a = p.Addr()
+		}
+		if a.Is6() && !a.Is4In6() && !a.IsLoopback() && !a.IsLinkLocalUnicast() {
+			return true
+		}
+	}
+	return false
+}
