@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -34,6 +35,13 @@ const (
 	exitFailed = 1
 	exitConfig = 2
 )
+
+// Repair in place enters pod namespaces from locked threads (netlink,
+// nftables sockets). Keeping the main goroutine on the main thread stops
+// one of those from being the main thread, whose namespace
+// /proc/self/ns/net shows and the backends' host-namespace guard compares
+// against.
+func init() { runtime.LockOSThread() }
 
 func main() {
 	os.Exit(run(os.Args[1:], os.LookupEnv))
