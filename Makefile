@@ -36,6 +36,7 @@ test-unit:
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem ./redirect/ ./nft/ ./redirect/legacy/
 	$(GO) test -run '^$$' -bench WholeProcess -benchtime 30x ./cmd/redirect/
+	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./cmd/nftmesh-cni/
 
 ## demo: a throw-away pod netns, real connections, where each one landed.
 demo: build

@@ -107,13 +107,6 @@ const (
 	natProtoSpec    = 0x02 // NF_NAT_RANGE_PROTO_SPECIFIED
 )
 
-// ext names an extension and the revision we encode; the backend lowers the
-// revision when the kernel lacks it (see revisions.go).
-type ext struct {
-	name string
-	rev  uint8
-}
-
 // encoder turns xrules into entries for one family, with the revisions the
 // kernel supports.
 type encoder struct {
