@@ -127,10 +127,12 @@ func podNetns(t testing.TB, addrs ...netip.Prefix) string {
 }
 
 // sleeper starts `sleep` inside the named netns (ip netns exec execs it, so
-// the PID is the sleeper's) and kills it in t.Cleanup.
-func sleeper(t testing.TB, netnsName string) int {
+// the PID is the sleeper's; wrapper, e.g. setpriv, execs too) and kills it
+// in t.Cleanup.
+func sleeper(t testing.TB, netnsName string, wrapper ...string) int {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", netnsName, "sleep", "300")
+	args := append(append([]string{"netns", "exec", netnsName}, wrapper...), "sleep", "300")
+	cmd := exec.Command("ip", args...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
