@@ -12,9 +12,12 @@
 // and Prometheus endpoints, and the repair controller for pods that started
 // before the plugin was in place.
 //
+// It also surfaces the plugin's log file in the agent's log
+// (PluginLogFollower).
+//
 // It does not program any capture rules and imports no backend: in-place
-// repair reaches the backends through the PodRepairer interface that the
-// command wires in. Functions return errors and never log, except Run and the
+// repair reaches the backends through the PodRepairer interface, which
+// installer/inplace implements and the command wires in. Functions return errors and never log, except Run and the
 // repair controller, which take the agent's zerolog logger because they are
 // long-running loops whose events matter to an operator.
 package installer

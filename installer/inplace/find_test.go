@@ -79,6 +79,9 @@ func TestStartTicksOfThisProcess(t *testing.T) {
 
 func needRoot(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("skipping: -short (needs root, network namespaces and nftables)")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: needs root (network namespaces, netlink in other namespaces, nftables)")
 	}
