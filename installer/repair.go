@@ -157,9 +157,20 @@ func NewRepairController(client kubernetes.Interface, cfg RepairConfig, repairer
 			c.queue.Add(key)
 		}
 	}
+	forget := func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if pod, ok := obj.(*corev1.Pod); ok {
+			c.mu.Lock()
+			delete(c.repaired, pod.UID) // UIDs are never reused: keep the set small
+			c.mu.Unlock()
+		}
+	}
 	if _, err := c.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    enqueue,
 		UpdateFunc: func(_, obj any) { enqueue(obj) },
+		DeleteFunc: forget,
 	}); err != nil {
 		return nil, fmt.Errorf("registering pod handler: %w", err)
 	}
