@@ -461,7 +461,6 @@ func TestNodeEndToEnd(t *testing.T) {
 		t.Fatalf("plugin binary not installed: %v", err)
 	}
 
-
 	// The early pod is repaired in place by the agent: its rules appear
 	// and its outbound traffic is captured from then on.
 	_, _, earlySpec, err := podinfo.FromPod(early)
