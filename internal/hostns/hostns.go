@@ -25,10 +25,13 @@ var ErrOwnNetns = errors.New("refusing to install capture rules in the caller's 
 // namespace is still refused.
 var AllowOwn = false
 
-var (
-	initNetns = "/proc/1/ns/net"
-	selfNetns = "/proc/self/ns/net"
-)
+var initNetns = "/proc/1/ns/net"
+
+// self is this process's own namespace, read once while package init runs
+// on the main thread and before any goroutine has switched a thread into a
+// pod namespace: /proc/self/ns/net follows the thread-group leader, which a
+// goroutine locked to the main thread may have moved.
+var self, selfErr = os.Stat("/proc/thread-self/ns/net")
 
 // Refuse returns an error wrapping ErrOwnNetns when path is this process's
 // network namespace (unless AllowOwn) or PID 1's, and nil otherwise. A path
@@ -41,7 +44,7 @@ func Refuse(path string) error {
 	if host, err := os.Stat(initNetns); err == nil && same(target, host) {
 		return fmt.Errorf("netns %s is the namespace of PID 1: %w", path, ErrOwnNetns)
 	}
-	if self, err := os.Stat(selfNetns); err == nil && same(target, self) && !AllowOwn {
+	if selfErr == nil && same(target, self) && !AllowOwn {
 		return fmt.Errorf("netns %s: %w", path, ErrOwnNetns)
 	}
 	return nil
