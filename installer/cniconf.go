@@ -43,10 +43,12 @@ func LoadConfFile(path string) (*libcni.NetworkConfigList, error) {
 		}
 		return l, nil
 	}
+	//lint:ignore SA1019 kubelet and containerd still load single-plugin .conf files; libcni reads them only through these
 	c, err := libcni.ConfFromFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("loading network config %s: %w", path, err)
 	}
+	//lint:ignore SA1019 kubelet and containerd still load single-plugin .conf files; libcni reads them only through these
 	l, err := libcni.ConfListFromConf(c)
 	if err != nil {
 		return nil, fmt.Errorf("loading network config %s: %w", path, err)
@@ -178,6 +180,7 @@ func InsertPlugin(path string, primary []byte, ours json.RawMessage) ([]byte, er
 		obj.set("plugins", marshalArray(append(kept, ours)))
 		out = obj
 	} else {
+		//lint:ignore SA1019 kubelet and containerd still load single-plugin .conf files; libcni reads them only through these
 		if _, err := libcni.ConfFromBytes(primary); err != nil {
 			return nil, fmt.Errorf("parsing %s: %w", path, err)
 		}
@@ -263,7 +266,9 @@ func HasPlugin(path string, b []byte) bool {
 		l, err = libcni.ConfListFromBytes(b)
 	} else {
 		var c *libcni.NetworkConfig
+		//lint:ignore SA1019 kubelet and containerd still load single-plugin .conf files; libcni reads them only through these
 		if c, err = libcni.ConfFromBytes(b); err == nil {
+			//lint:ignore SA1019 kubelet and containerd still load single-plugin .conf files; libcni reads them only through these
 			l, err = libcni.ConfListFromConf(c)
 		}
 	}
