@@ -1,18 +1,14 @@
 package nft
 
 import (
-	"flag"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/nftmesh/nftmesh/internal/golden"
 	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/redirect"
 )
-
-var updateGolden = flag.Bool("update", os.Getenv("UPDATE_GOLDEN") != "", "rewrite testdata/nft goldens")
 
 func TestGolden(t *testing.T) {
 	for _, sc := range scenarios.All {
@@ -29,20 +25,7 @@ func TestGolden(t *testing.T) {
 			if got != again {
 				t.Fatal("Render is not deterministic")
 			}
-			path := filepath.Join("..", "testdata", "nft", sc.Name+".nft")
-			if *updateGolden {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("reading golden (UPDATE_GOLDEN=1 go test ./nft/ -run Golden writes it): %v", err)
-			}
-			if got != string(want) {
-				t.Errorf("Render(%s) differs from %s (UPDATE_GOLDEN=1 to accept):\n%s", sc.Name, path, got)
-			}
+			golden.Check(t, "nft/"+sc.Name+".nft", got)
 		})
 	}
 }

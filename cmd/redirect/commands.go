@@ -93,11 +93,8 @@ before. On failure nothing is left behind. PATH is a netns file such as
 /var/run/netns/NAME or /proc/PID/ns/net.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if netns == "" {
-				return usageErr("--netns is required")
-			}
-			if err := backends.Validate(backend); err != nil {
-				return usageErr("--%v", err)
+			if err := checkTarget(netns, backend); err != nil {
+				return err
 			}
 			p, r, err := sf.plan(cmd.Flags())
 			if err != nil {
@@ -137,11 +134,8 @@ compares the live rules with what that pod should have, prints the differences
 ("-" expected but missing, "+" present but unexpected) and exits 3 when they differ.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if netns == "" {
-				return usageErr("--netns is required")
-			}
-			if err := backends.Validate(backend); err != nil {
-				return usageErr("--%v", err)
+			if err := checkTarget(netns, backend); err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			b, _, err := backends.Select(ctx, backend, netns)
@@ -198,11 +192,8 @@ func newCleanCmd() *cobra.Command {
 		Long:  `Removes our table (or chains), policy routes and the ::6 address. Nothing installed is success.`,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if netns == "" {
-				return usageErr("--netns is required")
-			}
-			if err := backends.Validate(backend); err != nil {
-				return usageErr("--%v", err)
+			if err := checkTarget(netns, backend); err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			b, _, err := backends.Select(ctx, backend, netns)
@@ -230,4 +221,16 @@ func orNone(s string) string {
 
 func joinU16(ps []uint16) string {
 	return redirect.PortSelector{Ports: ps}.String()
+}
+
+// checkTarget validates the --netns and --backend flags every kernel
+// command takes.
+func checkTarget(netns, backend string) error {
+	if netns == "" {
+		return usageErr("--netns is required")
+	}
+	if err := backends.Validate(backend); err != nil {
+		return usageErr("--%v", err)
+	}
+	return nil
 }

@@ -1,11 +1,10 @@
 package legacy
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/nftmesh/nftmesh/internal/golden"
 	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -14,10 +13,6 @@ var families = []struct {
 	fam redirect.Family
 	ext string
 }{{redirect.FamilyIPv4, "v4"}, {redirect.FamilyIPv6, "v6"}}
-
-func goldenPath(name, ext string) string {
-	return filepath.Join("..", "..", "testdata", "iptables", name+"."+ext)
-}
 
 func TestRenderGolden(t *testing.T) {
 	for _, sc := range scenarios.All {
@@ -31,20 +26,7 @@ func TestRenderGolden(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Render: %v", err)
 				}
-				path := goldenPath(sc.Name, f.ext)
-				if os.Getenv("UPDATE_GOLDEN") != "" {
-					if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-						t.Fatal(err)
-					}
-					return
-				}
-				want, err := os.ReadFile(path)
-				if err != nil {
-					t.Fatalf("reading golden (UPDATE_GOLDEN=1 writes it): %v", err)
-				}
-				if got != string(want) {
-					t.Errorf("render differs from %s:\n%s", path, lineDiff(string(want), got))
-				}
+				golden.Check(t, "iptables/"+sc.Name+"."+f.ext, got)
 			})
 		}
 	}
