@@ -1,6 +1,7 @@
 # nftmesh — thin Makefile of named targets. Run as root for the kernel tests
 # and the demo (they create throw-away network namespaces).
 
+SHELL     := /bin/bash
 GO        ?= go
 BIN       := bin
 GOBIN     := $(shell $(GO) env GOPATH)/bin
