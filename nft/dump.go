@@ -164,14 +164,14 @@ func parseExpr(name string, data []byte) (any, error) {
 		e = &expr.Redir{}
 	case "immediate":
 		imm := &expr.Immediate{}
-		if err := expr.Unmarshal(fam, data, imm); err != nil {
+		if err := unmarshalExpr(fam, data, imm); err != nil {
 			return nil, err
 		}
 		if imm.Register != unix.NFT_REG_VERDICT {
 			return imm, nil
 		}
 		v := &expr.Verdict{}
-		if err := expr.Unmarshal(fam, data, v); err != nil {
+		if err := unmarshalExpr(fam, data, v); err != nil {
 			return nil, err
 		}
 		return v, nil
@@ -196,8 +196,21 @@ func parseExpr(name string, data []byte) (any, error) {
 	default:
 		return nil, errUnknownExpr
 	}
-	if err := expr.Unmarshal(fam, data, e); err != nil {
+	if err := unmarshalExpr(fam, data, e); err != nil {
 		return nil, err
 	}
 	return e, nil
+}
+
+// unmarshalExpr is expr.Unmarshal that reports malformed attributes as an
+// error: google/nftables v0.3.0 indexes some of them without a length check
+// (a short verdict panics), and what we decode comes from a netlink dump we
+// must never crash on.
+func unmarshalExpr(fam byte, data []byte, e expr.Any) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("malformed expression attributes: %v", r)
+		}
+	}()
+	return expr.Unmarshal(fam, data, e)
 }
