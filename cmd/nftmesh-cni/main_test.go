@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -22,12 +21,12 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftmesh/nftmesh/internal/kubetest"
+	"github.com/nftmesh/nftmesh/internal/nettest"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -151,39 +150,8 @@ func newNetns(t testing.TB, kind string) (string, string) {
 	return name, "/run/netns/" + name
 }
 
-// inNetns runs fn on an OS thread switched into the namespace at path; a
-// process started by fn starts there too. If switching back fails the
-// thread stays locked and dies with the goroutine.
-func inNetns(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromPath(path)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- err
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(ferr, err)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
+// inNetns runs fn inside the namespace at path (see nettest.Do).
+func inNetns(path string, fn func() error) error { return nettest.Do(path, fn) }
 
 // host is a throw-away "node": a netns where the bridge lives and the chain
 // runs, a forwarder inside it to the API server (so the plugin reaches the

@@ -85,3 +85,8 @@ func setThreadCreds(uid, gid uint32) error {
 	}
 	return nil
 }
+
+// Do runs fn on an OS thread switched into the network namespace at nsPath
+// (ns.Do semantics): sockets and processes fn creates live there. If
+// switching back fails the thread stays locked and dies with its goroutine.
+func Do(nsPath string, fn func() error) error { return inNetns(nsPath, nil, fn) }
