@@ -9,7 +9,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -193,35 +192,12 @@ func newHost(t testing.TB, api *kubetest.Server, token string) *host {
 		t.Fatalf("listening in the host netns: %v", err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go forward(ln, strings.TrimPrefix(api.Host, "https://"))
+	go kubetest.Forward(ln, strings.TrimPrefix(api.Host, "https://"))
 	h.apiURL = "https://" + ln.Addr().String()
 	if err := api.WriteKubeconfigHost(filepath.Join(h.runDir, "kubeconfig"), h.apiURL, token); err != nil {
 		t.Fatal(err)
 	}
 	return h
-}
-
-// forward copies connections accepted in one netns to target, dialled from
-// the test process's own netns.
-func forward(ln net.Listener, target string) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				return
-			}
-			defer u.Close()
-			done := make(chan struct{}, 2)
-			go func() { _, _ = io.Copy(u, c); done <- struct{}{} }()
-			go func() { _, _ = io.Copy(c, u); done <- struct{}{} }()
-			<-done
-		}()
-	}
 }
 
 // pluginConf is our entry of the conflist; extra overrides fields.

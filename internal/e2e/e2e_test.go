@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -122,30 +121,6 @@ func newNetns(t *testing.T, kind string) (string, string) {
 
 // inNetns runs fn inside the namespace at path (see nettest.Do).
 func inNetns(path string, fn func() error) error { return nettest.Do(path, fn) }
-
-// forward accepts in one namespace and dials target from this process's
-// own: the API server's address is then the same from the host netns
-// (where the runtime runs the plugin) and from here (where the agent runs).
-func forward(ln net.Listener, target string) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				return
-			}
-			defer u.Close()
-			done := make(chan struct{}, 2)
-			go func() { _, _ = io.Copy(u, c); done <- struct{}{} }()
-			go func() { _, _ = io.Copy(c, u); done <- struct{}{} }()
-			<-done
-		}()
-	}
-}
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
@@ -322,7 +297,7 @@ func TestNodeEndToEnd(t *testing.T) {
 		t.Fatalf("API forwarder in the host netns: %v", err)
 	}
 	t.Cleanup(func() { fwd.Close() })
-	go forward(fwd, apiHostPort)
+	go kubetest.Forward(fwd, apiHostPort)
 
 	// A pod that started before the agent: the runtime ran the primary's
 	// conflist alone, so the pod runs (a process in its netns stands in

@@ -21,6 +21,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -457,4 +458,28 @@ func (s *Server) WriteKubeconfigHost(path, host, token string) error {
 		return fmt.Errorf("writing kubeconfig %s: %w", path, err)
 	}
 	return os.Chmod(path, 0o600)
+}
+
+// Forward copies every connection accepted on ln to target, dialled from
+// this process's own netns. Tests listen inside a throw-away "host" netns so
+// the API server's address is reachable from there as well as from here.
+func Forward(ln net.Listener, target string) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				return
+			}
+			defer u.Close()
+			done := make(chan struct{}, 2)
+			go func() { _, _ = io.Copy(u, c); done <- struct{}{} }()
+			go func() { _, _ = io.Copy(c, u); done <- struct{}{} }()
+			<-done
+		}()
+	}
 }
