@@ -62,14 +62,7 @@ update-golden:
 
 ## fuzz: every Fuzz target for FUZZTIME each (CI: 10s; by hand: FUZZTIME=5m).
 fuzz:
-	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' cmd nft redirect podinfo installer internal); do \
-	  dir=./$$(dirname $$f); \
-	  for t in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | cut -c6-); do \
-	    echo "fuzz $$dir $$t ($(FUZZTIME))"; \
-	    $(GO) test $$dir -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s 2>&1 | tail -n 3; \
-	    test $${PIPESTATUS[0]} -eq 0 || exit 1; \
-	  done; \
-	done
+	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft redirect podinfo installer internal
 
 kube-apiserver: $(APISERVER)
 $(APISERVER):
