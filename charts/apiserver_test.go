@@ -61,6 +61,35 @@ func meshPod(t *testing.T, c kubernetes.Interface, ns, name, node string, broken
 	return p
 }
 
+// waitChartRBAC waits until the authorizer grants the agent's
+// ServiceAccount every rule of the ClusterRoles the chart bound to it: RBAC
+// reaches the authorizer through an informer, a moment after helm returns.
+func waitChartRBAC(t *testing.T, s *kubetest.Server) {
+	t.Helper()
+	ctx := context.Background()
+	bindings, err := s.Client().RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, b := range bindings.Items {
+		for _, sub := range b.Subjects {
+			if sub.Kind != "ServiceAccount" || sub.Namespace != agentNS || sub.Name != "nftmesh-agent" || b.RoleRef.Kind != "ClusterRole" {
+				continue
+			}
+			role, err := s.Client().RbacV1().ClusterRoles().Get(ctx, b.RoleRef.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.WaitAllowed(t, agentNS, "nftmesh-agent", "", role.Rules...)
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatal("the chart bound no ClusterRole to nftmesh-agent")
+	}
+}
+
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -104,6 +133,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 	if !strings.Contains(out, "rollout status daemonset/nftmesh-agent") || !strings.Contains(out, "Repair: off") {
 		t.Errorf("install output lacks the NOTES on how to check it:\n%s", out)
 	}
+	waitChartRBAC(t, s)
 	if _, err := admin.AppsV1().DaemonSets(agentNS).Get(ctx, "nftmesh-agent", metav1.GetOptions{}); err != nil {
 		t.Fatalf("DaemonSet not installed: %v", err)
 	}
@@ -181,6 +211,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		if _, err := runHelm(t, helmArgs("upgrade", "repair.enabled=true", "repair.repairPods=false", "repair.labelPods=true")...); err != nil {
 			t.Fatal(err)
 		}
+		waitChartRBAC(t, s)
 		broken := meshPod(t, admin, "shop", "broken-l", "node-1", true)
 		other := meshPod(t, admin, "shop", "broken-other-node", "node-2", true)
 		stop := runRepair(t, "--repair-label-pods")
@@ -217,6 +248,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		if _, err := runHelm(t, helmArgs("upgrade", "repair.enabled=true", "repair.repairPods=false", "repair.deletePods=true")...); err != nil {
 			t.Fatal(err)
 		}
+		waitChartRBAC(t, s)
 		broken := meshPod(t, admin, "shop", "broken-d", "node-1", true)
 		stop := runRepair(t, "--repair-delete-pods")
 		defer stop()
@@ -244,6 +276,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		if _, err := runHelm(t, helmArgs("upgrade", "repair.enabled=true")...); err != nil {
 			t.Fatal(err)
 		}
+		waitChartRBAC(t, s)
 		nsName := "e2e-chart-" + strings.ReplaceAll(time.Now().Format("150405.000"), ".", "")
 		ip := "100.127.31.7"
 		for _, args := range [][]string{

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -419,6 +420,54 @@ func (s *Server) Grant(t testing.TB, namespace, name string, cluster bool, rules
 	}
 	if err != nil {
 		t.Fatalf("granting rules to %s/%s: %v", namespace, name, err)
+	}
+	scope := namespace
+	if cluster {
+		scope = ""
+	}
+	s.WaitAllowed(t, namespace, name, scope, rules...)
+}
+
+// WaitAllowed waits until the API server's authorizer lets ServiceAccount
+// namespace/name do everything rules name (in namespace scope; "" = every
+// namespace). RBAC objects reach the authorizer through an informer, so a
+// request made right after creating a binding can still be forbidden; tests
+// that create RBAC by other means (helm) call this before relying on it.
+func (s *Server) WaitAllowed(t testing.TB, namespace, name, scope string, rules ...rbacv1.PolicyRule) {
+	t.Helper()
+	user := "system:serviceaccount:" + namespace + ":" + name
+	groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}
+	var attrs []authorizationv1.ResourceAttributes
+	for _, r := range rules {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					a := authorizationv1.ResourceAttributes{Namespace: scope, Verb: v, Group: g, Resource: res}
+					if base, sub, ok := strings.Cut(res, "/"); ok {
+						a.Resource, a.Subresource = base, sub
+					}
+					if len(r.ResourceNames) > 0 {
+						a.Name = r.ResourceNames[0]
+					}
+					attrs = append(attrs, a)
+				}
+			}
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, a := range attrs {
+		for {
+			sar, err := s.client.AuthorizationV1().SubjectAccessReviews().Create(context.Background(),
+				&authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+					User: user, Groups: groups, ResourceAttributes: &a}}, metav1.CreateOptions{})
+			if err == nil && sar.Status.Allowed {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s is still not allowed to %s %s/%s in %q after 20 s (err %v)", user, a.Verb, a.Resource, a.Subresource, scope, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 }
 
