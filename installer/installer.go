@@ -17,6 +17,8 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"github.com/rs/zerolog"
 	"golang.org/x/time/rate"
+
+	"github.com/nftmesh/nftmesh/podinfo"
 )
 
 // debounce gathers a burst of file events (a rename makes several) into one
@@ -356,6 +358,11 @@ func (in *Installer) reconcile(ctx context.Context, dirty parts) (wrote bool, re
 		}
 		if w {
 			wrote = true
+			// A session resumed under the old kubeconfig's CA must not
+			// outlive it (the file names hash the CA; this drops leftovers).
+			if err := podinfo.RemoveTLSSessions(in.cfg.AgentRunDir); err != nil {
+				in.log.Warn().Err(err).Msg("removing the plugin's old TLS sessions")
+			}
 			in.log.Info().Str("file", in.cfg.KubeconfigPath()).Str("server", in.cfg.KubeAPIServer).Msg("wrote the plugin's kubeconfig")
 		}
 	}
@@ -597,6 +604,9 @@ func (in *Installer) Cleanup() error {
 	if cfg.ServiceAccountDir != "" {
 		if err := os.Remove(cfg.KubeconfigPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("removing kubeconfig: %w", err))
+		}
+		if err := podinfo.RemoveTLSSessions(cfg.AgentRunDir); err != nil {
+			errs = append(errs, fmt.Errorf("removing the plugin's TLS sessions: %w", err))
 		}
 	}
 	for _, d := range cfg.CNIBinDirs {

@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nftmesh/nftmesh/podinfo"
 )
 
 // host is a fake node file system in a temp dir.
@@ -238,10 +240,16 @@ func TestRunChainedRealWorldAndCleanup(t *testing.T) {
 				t.Errorf("token %q", kc.AuthInfos[PluginName].Token)
 			}
 
+			// A TLS session the plugin kept goes with the kubeconfig.
+			session := filepath.Join(h.run, podinfo.SessionFilePrefix+"0123")
+			if err := os.WriteFile(session, []byte("x"), 0o600); err != nil {
+				t.Fatal(err)
+			}
 			a.stop()
 			if err := a.in.Cleanup(); err != nil {
 				t.Fatal(err)
 			}
+			assertGone(t, session)
 			got, _ := os.ReadFile(p)
 			if !bytes.Equal(got, orig) {
 				t.Errorf("cleanup did not restore the original bytes:\n%s", got)

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"os"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -20,21 +24,41 @@ import (
 // core/v1 rather than the typed clientset: the clientset's scheme registers
 // every API group at init, which costs milliseconds on each plugin run.
 type PodClient struct {
-	rest rest.Interface
+	rest     rest.Interface
+	sessions *fileSessionCache // nil without WithTLSSessionDir
+}
+
+// ClientOption configures NewPodClient.
+type ClientOption func(*clientOptions)
+
+type clientOptions struct {
+	sessionDir string
+}
+
+// WithTLSSessionDir keeps the TLS session with the API server in a file in
+// dir (the agent's run dir), so the next process resumes it instead of a
+// full handshake (see tlssession.go). Configs with an exec or auth-provider
+// plugin, a custom transport or plain HTTP are left as they are.
+func WithTLSSessionDir(dir string) ClientOption {
+	return func(o *clientOptions) { o.sessionDir = dir }
 }
 
 // NewPodClient builds a client from a kubeconfig file. A missing or invalid
 // kubeconfig is an error (the caller fails closed).
-func NewPodClient(kubeconfig string) (*PodClient, error) {
+func NewPodClient(kubeconfig string, opts ...ClientOption) (*PodClient, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
 	}
-	return NewPodClientForConfig(cfg)
+	return NewPodClientForConfig(cfg, opts...)
 }
 
 // NewPodClientForConfig builds a client from a rest.Config.
-func NewPodClientForConfig(cfg *rest.Config) (*PodClient, error) {
+func NewPodClientForConfig(cfg *rest.Config, opts ...ClientOption) (*PodClient, error) {
+	var o clientOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	// Only what a pod GET decodes: Pod, and Status for error answers.
 	// Registering all of core/v1 costs a good part of a millisecond.
 	scheme := runtime.NewScheme()
@@ -54,11 +78,83 @@ func NewPodClientForConfig(cfg *rest.Config) (*PodClient, error) {
 	if c.UserAgent == "" {
 		c.UserAgent = "nftmesh-cni"
 	}
+	pc := &PodClient{}
+	if o.sessionDir != "" {
+		sessions, err := withSessionCache(c, o.sessionDir)
+		if err != nil {
+			return nil, fmt.Errorf("building TLS config for %s: %w", cfg.Host, err)
+		}
+		pc.sessions = sessions
+	}
 	rc, err := rest.RESTClientFor(c)
 	if err != nil {
 		return nil, fmt.Errorf("building REST client for %s: %w", cfg.Host, err)
 	}
-	return &PodClient{rest: rc}, nil
+	pc.rest = rc
+	return pc, nil
+}
+
+// withSessionCache gives c a transport of its own whose TLS config keeps
+// sessions in a file in dir. client-go has no hook for a session cache, so
+// the TLS config client-go would build is built here (rest.TLSConfigFor:
+// CA, client certificates, server name, insecure flag) and handed to an
+// HTTP/1.1 transport; client-go still wraps it with the bearer token and
+// user agent. It returns nil, leaving c alone, where that cannot be done
+// faithfully.
+func withSessionCache(c *rest.Config, dir string) (*fileSessionCache, error) {
+	if c.Transport != nil || c.WrapTransport != nil || c.ExecProvider != nil || c.AuthProvider != nil || c.Dial != nil {
+		return nil, nil
+	}
+	if strings.HasPrefix(strings.ToLower(c.Host), "http://") {
+		return nil, nil
+	}
+	tc, err := rest.TLSConfigFor(c)
+	if err != nil || tc == nil {
+		return nil, err // tc == nil: plain HTTP
+	}
+	ca := c.CAData
+	if len(ca) == 0 && c.CAFile != "" {
+		if ca, err = os.ReadFile(c.CAFile); err != nil {
+			return nil, err
+		}
+	}
+	cache := &fileSessionCache{path: sessionFileName(dir, c.Host, tc.ServerName, ca)}
+	cache.install(tc)
+	proxy := c.Proxy
+	if proxy == nil {
+		// As client-go's own transports: NO_PROXY may hold CIDRs.
+		proxy = utilnet.NewProxierWithNoProxyCIDR(http.ProxyFromEnvironment)
+	}
+	c.Transport = &http.Transport{
+		Proxy:               proxy,
+		DialContext:         (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:     tc,
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConnsPerHost: 2,
+	}
+	// The TLS settings now live in the transport (client-go refuses both).
+	c.TLSClientConfig = rest.TLSClientConfig{}
+	c.Insecure = false
+	return cache, nil
+}
+
+// TLSResumed reports whether the last TLS handshake resumed a kept session.
+func (c *PodClient) TLSResumed() bool {
+	if c.sessions == nil {
+		return false
+	}
+	c.sessions.mu.Lock()
+	defer c.sessions.mu.Unlock()
+	return c.sessions.resumed
+}
+
+// SessionWriteErr is the last error keeping the TLS session for the next
+// run (nil when there was none or no session cache is used).
+func (c *PodClient) SessionWriteErr() error {
+	if c.sessions == nil {
+		return nil
+	}
+	return c.sessions.WriteErr()
 }
 
 // Get fetches one pod, once, with a consistent (quorum) read.

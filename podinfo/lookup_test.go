@@ -16,27 +16,35 @@ import (
 	"github.com/nftmesh/nftmesh/internal/kubetest"
 )
 
-// TestGetPod runs the lookup against a real API server: found, not found
-// and forbidden answer at once; an unreachable server is retried until the
-// timeout.
-func TestGetPod(t *testing.T) {
-	api := kubetest.Start(t)
+// startWithPod starts an API server holding pod shop/web-1 and writes a
+// kubeconfig (returned with its token) for a ServiceAccount that may get pods.
+func startWithPod(t *testing.T) (api *kubetest.Server, kubeconfig, token string) {
+	t.Helper()
+	api = kubetest.Start(t)
 	api.EnsureNamespace(t, "shop")
-	ctx := context.Background()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "web-1", Namespace: "shop"},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "registry.example/web:1"}}},
 	}
-	if _, err := api.Client().CoreV1().Pods("shop").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if _, err := api.Client().CoreV1().Pods("shop").Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	reader := filepath.Join(dir, "reader")
-	token := api.ServiceAccount(t, "nftmesh", "reader")
+	token = api.ServiceAccount(t, "nftmesh", "reader")
 	api.Grant(t, "nftmesh", "reader", true, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}})
-	if err := api.WriteKubeconfig(reader, token); err != nil {
+	kubeconfig = filepath.Join(t.TempDir(), "reader")
+	if err := api.WriteKubeconfig(kubeconfig, token); err != nil {
 		t.Fatal(err)
 	}
+	return api, kubeconfig, token
+}
+
+// TestGetPod runs the lookup against a real API server: found, not found
+// and forbidden answer at once; an unreachable server is retried until the
+// timeout.
+func TestGetPod(t *testing.T) {
+	api, reader, token := startWithPod(t)
+	ctx := context.Background()
+	dir := t.TempDir()
 	denied := filepath.Join(dir, "denied")
 	if err := api.WriteKubeconfig(denied, api.ServiceAccount(t, "nftmesh", "nobody")); err != nil {
 		t.Fatal(err)

@@ -60,10 +60,12 @@ type invocation struct {
 	start time.Time
 	// lookupMS is how long the pod lookup took (kubeconfig, client, GET).
 	lookupMS float64
-	args     *skel.CmdArgs
-	conf     *podinfo.Config
-	k8s      podinfo.K8sArgs
-	log      zerolog.Logger
+	// tlsResumed: the lookup resumed a kept TLS session (no full handshake).
+	tlsResumed bool
+	args       *skel.CmdArgs
+	conf       *podinfo.Config
+	k8s        podinfo.K8sArgs
+	log        zerolog.Logger
 }
 
 // begin parses what every verb needs. On error the returned close is
@@ -98,7 +100,8 @@ func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
 		Str("netns", inv.args.Netns).
 		Str("backend", backend).
 		Float64("duration_ms", durationMS(inv.start)).
-		Float64("lookup_ms", inv.lookupMS)
+		Float64("lookup_ms", inv.lookupMS).
+		Bool("tls_resumed", inv.tlsResumed)
 }
 
 func (inv *invocation) backendName() string {
@@ -160,7 +163,7 @@ func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redir
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: kubeconfig %s is missing (is the nftmesh agent running on this node?)", inv.podRef(), inv.conf.Kubeconfig),
 			serr.Error()))
 	}
-	client, cerr := podinfo.NewPodClient(inv.conf.Kubeconfig)
+	client, cerr := podinfo.NewPodClient(inv.conf.Kubeconfig, podinfo.WithTLSSessionDir(inv.conf.AgentRunDir))
 	if cerr != nil {
 		return nil, nil, "", fail(types.NewError(CodePodLookup,
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: invalid kubeconfig", inv.podRef()), cerr.Error()))
@@ -173,6 +176,10 @@ func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redir
 		}
 		return nil, nil, "", fail(types.NewError(code,
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s (failing closed)", inv.podRef()), gerr.Error()))
+	}
+	inv.tlsResumed = client.TLSResumed()
+	if werr := client.SessionWriteErr(); werr != nil {
+		inv.log.Debug().Err(werr).Msg("keeping the TLS session for the next run failed (costs a full handshake next time)")
 	}
 	if inv.k8s.PodUID != "" && string(pod.UID) != inv.k8s.PodUID {
 		return nil, nil, "", fail(types.NewError(types.ErrTryAgainLater,
