@@ -34,9 +34,14 @@ test-unit:
 
 ## bench: Go benchmarks side by side, then the whole-process comparison with
 ## iptables-restore and nft (the binaries are only the competition here).
+# The kernel tears down the hundreds of network namespaces a group leaves
+# behind asynchronously, on the same cores; the pauses keep that work out of
+# the next group's figures.
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem ./redirect/ ./nft/ ./redirect/legacy/
+	sleep 15
 	$(GO) test -run '^$$' -bench WholeProcess -benchtime 30x ./cmd/redirect/
+	sleep 5
 	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./cmd/nftmesh-cni/
 
 ## demo: a throw-away pod netns, real connections, where each one landed.
