@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -31,16 +32,8 @@ func (b *Backend) List(ctx context.Context, netnsPath string) (redirect.Plan, er
 	if err := b.listTable(ns, &p); err != nil {
 		return redirect.Plan{}, fmt.Errorf("reading table inet %s in netns %s: %w", b.table, netnsPath, err)
 	}
-	h, err := newHandle(ns)
-	if err != nil {
+	if p.Routes, p.LoopbackAddrs, err = policyroute.List(ns); err != nil {
 		return redirect.Plan{}, fmt.Errorf("reading routes in netns %s: %w", netnsPath, err)
-	}
-	defer h.Close()
-	if p.Routes, err = listRoutes(h); err != nil {
-		return redirect.Plan{}, fmt.Errorf("reading routes in netns %s: %w", netnsPath, err)
-	}
-	if p.LoopbackAddrs, err = listLoopback(h); err != nil {
-		return redirect.Plan{}, fmt.Errorf("reading addresses in netns %s: %w", netnsPath, err)
 	}
 	return p, nil
 }

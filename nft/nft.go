@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
+	"github.com/nftmesh/nftmesh/internal/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -137,7 +138,7 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		err = b.afterBatch()
 	}
 	if err == nil {
-		err = applyRoutes(ns, p, existed)
+		err = policyroute.Apply(ns, p, existed)
 	}
 	if err != nil {
 		if derr := b.deleteTable(conn); derr != nil {
@@ -254,7 +255,7 @@ func (b *Backend) Remove(ctx context.Context, netnsPath string) error {
 	if err := b.deleteTable(conn); err != nil {
 		return fmt.Errorf("removing table inet %s in netns %s: %w", b.table, netnsPath, err)
 	}
-	if err := removeRoutes(ns); err != nil {
+	if err := policyroute.Remove(ns); err != nil {
 		return fmt.Errorf("removing routes in netns %s: %w", netnsPath, err)
 	}
 	return nil

@@ -1,4 +1,9 @@
-package nft
+// Package policyroute programs what a Plan needs besides packet rules,
+// whatever the rule backend: the TPROXY policy routing (fwmark →
+// table, local default route on lo) and the ::6 passthrough address on lo,
+// through rtnetlink on a handle bound to the pod's namespace. Both backends
+// use it, so both add, undo, list and remove these the same way.
+package policyroute
 
 import (
 	"errors"
@@ -58,10 +63,10 @@ func newHandle(ns netns.NsHandle) (*netlink.Handle, error) {
 	return h, nil
 }
 
-// applyRoutes programs p's policy routes and loopback addresses. What it
+// Apply programs p's policy routes and loopback addresses. What it
 // adds is undone if a later step fails. With reapply, routes and addresses
 // of an earlier plan that p no longer has are removed.
-func applyRoutes(ns netns.NsHandle, p redirect.Plan, reapply bool) (err error) {
+func Apply(ns netns.NsHandle, p redirect.Plan, reapply bool) (err error) {
 	if len(p.Routes) == 0 && len(p.LoopbackAddrs) == 0 && !reapply {
 		return nil
 	}
@@ -118,7 +123,7 @@ func applyRoutes(ns netns.NsHandle, p redirect.Plan, reapply bool) (err error) {
 	}
 	// Stale state of an earlier plan (TPROXY → REDIRECT, IPv6 → IPv4 only).
 	for _, r := range live {
-		if !slices.Contains(p.Routes, r) {
+		if ours(r) && !slices.Contains(p.Routes, r) {
 			if err := delPolicyRoute(h, r); err != nil {
 				return err
 			}
@@ -166,8 +171,14 @@ func delPassthrough(h *netlink.Handle) error {
 	return nil
 }
 
-// removeRoutes deletes the TPROXY routes and ::6 whatever plan put them there.
-func removeRoutes(ns netns.NsHandle) error {
+// ours tells our TPROXY policy route from another tool's fwmark routing,
+// which Apply and Remove leave alone.
+func ours(r redirect.PolicyRoute) bool {
+	return r.Mark == redirect.TProxyMark && r.Table == redirect.TProxyRouteTab
+}
+
+// Remove deletes the TPROXY routes and ::6 whatever plan put them there.
+func Remove(ns netns.NsHandle) error {
 	h, err := newHandle(ns)
 	if err != nil {
 		return err
@@ -178,7 +189,7 @@ func removeRoutes(ns netns.NsHandle) error {
 		return err
 	}
 	for _, r := range live {
-		if r.Mark == redirect.TProxyMark && r.Table == redirect.TProxyRouteTab {
+		if ours(r) {
 			if err := delPolicyRoute(h, r); err != nil {
 				return err
 			}
@@ -191,6 +202,25 @@ func removeRoutes(ns netns.NsHandle) error {
 		}
 	}
 	return delPassthrough(h)
+}
+
+// List returns the namespace's policy routes and lo's extra addresses, in
+// the Plan's terms (see listRoutes and listLoopback).
+func List(ns netns.NsHandle) ([]redirect.PolicyRoute, []netip.Prefix, error) {
+	h, err := newHandle(ns)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer h.Close()
+	routes, err := listRoutes(h)
+	if err != nil {
+		return nil, nil, err
+	}
+	addrs, err := listLoopback(h)
+	if err != nil {
+		return nil, nil, err
+	}
+	return routes, addrs, nil
 }
 
 // listRoutes returns the fwmark policy routes whose table holds a local
