@@ -337,6 +337,11 @@ func TestChartOnRealAPIServer(t *testing.T) {
 			p, err := nft.New().List(ctx, "/run/netns/"+nsName)
 			return err == nil && len(p.Tables) > 0
 		})
+		// The table is visible as soon as the batch commits; the repair
+		// counts once Apply has also done the routes and returned.
+		eventually(t, "the repair counted", func() bool {
+			return testutil.ToFloat64(m.Repairs.WithLabelValues("repair", "success")) >= 1
+		})
 		if got := testutil.ToFloat64(m.Repairs.WithLabelValues("repair", "success")); got != 1 {
 			t.Errorf("repair successes %v, want 1", got)
 		}
