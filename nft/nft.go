@@ -78,6 +78,21 @@ func openNetns(path string) (netns.NsHandle, error) {
 	return ns, nil
 }
 
+// connect opens the namespace and a netfilter netlink socket in it; the
+// caller closes both.
+func connect(netnsPath string) (netns.NsHandle, *netlink.Conn, error) {
+	ns, err := openNetns(netnsPath)
+	if err != nil {
+		return ns, nil, err
+	}
+	conn, err := dialRaw(ns)
+	if err != nil {
+		ns.Close()
+		return ns, nil, fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
+	}
+	return ns, conn, nil
+}
+
 func isNotExist(err error) bool {
 	return errors.Is(err, unix.ENOENT)
 }
@@ -111,15 +126,11 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 	if err != nil {
 		return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, err)
 	}
-	ns, err := openNetns(netnsPath)
+	ns, conn, err := connect(netnsPath)
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
-	conn, err := dialRaw(ns)
-	if err != nil {
-		return fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
-	}
 	defer conn.Close()
 	// One cheap query decides the batch: into a namespace without our
 	// table (the CNI ADD case) it only adds; otherwise it deletes and
@@ -240,15 +251,11 @@ func (b *Backend) Remove(ctx context.Context, netnsPath string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ns, err := openNetns(netnsPath)
+	ns, conn, err := connect(netnsPath)
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
-	conn, err := dialRaw(ns)
-	if err != nil {
-		return fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
-	}
 	defer conn.Close()
 	// No existence query: deleting a missing table fails with ENOENT,
 	// which is the success case here.

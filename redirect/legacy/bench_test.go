@@ -34,8 +34,9 @@ func BenchmarkApplyLegacy(b *testing.B) {
 	}
 }
 
-// BenchmarkReapplyLegacy: applying the same plan again (read, compare, no write).
-func BenchmarkReapplyLegacy(b *testing.B) {
+// appliedNetns is a fresh netns holding the default plan.
+func appliedNetns(b *testing.B) (*Backend, context.Context, string, redirect.Plan) {
+	b.Helper()
 	needRoot(b)
 	p := defaultPlan(b)
 	be := New()
@@ -44,6 +45,12 @@ func BenchmarkReapplyLegacy(b *testing.B) {
 	if err := be.Apply(ctx, path, p); err != nil {
 		b.Fatal(err)
 	}
+	return be, ctx, path, p
+}
+
+// BenchmarkReapplyLegacy: applying the same plan again (read, compare, no write).
+func BenchmarkReapplyLegacy(b *testing.B) {
+	be, ctx, path, p := appliedNetns(b)
 	for b.Loop() {
 		if err := be.Apply(ctx, path, p); err != nil {
 			b.Fatal(err)
@@ -53,14 +60,7 @@ func BenchmarkReapplyLegacy(b *testing.B) {
 
 // BenchmarkCheckLegacy: List + Diff of the default plan.
 func BenchmarkCheckLegacy(b *testing.B) {
-	needRoot(b)
-	p := defaultPlan(b)
-	be := New()
-	ctx := context.Background()
-	_, path := newNetns(b)
-	if err := be.Apply(ctx, path, p); err != nil {
-		b.Fatal(err)
-	}
+	be, ctx, path, p := appliedNetns(b)
 	for b.Loop() {
 		if err := be.Check(ctx, path, p); err != nil {
 			b.Fatal(err)
