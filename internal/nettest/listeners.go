@@ -8,13 +8,12 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/sockopt"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -31,10 +30,6 @@ func AppListener(port uint16) string { return fmt.Sprintf("app-%d", port) }
 
 // PeerListener names a peer listener by the address the connection reached.
 func PeerListener(dst netip.AddrPort) string { return "peer:" + dst.String() }
-
-// soOriginalDst is SO_ORIGINAL_DST (IPv4, level SOL_IP) and
-// IP6T_SO_ORIGINAL_DST (IPv6, level SOL_IPV6): both 80.
-const soOriginalDst = 80
 
 // ioTimeout bounds every read and write, so a probe whose packets are
 // swallowed fails fast instead of hanging.
@@ -168,9 +163,7 @@ func (l *Listeners) startTCP(ns, name string, port uint16, v6, transparent bool,
 	err := inNetns(ns, owner, func() error {
 		lc := net.ListenConfig{}
 		if transparent {
-			lc.Control = func(_, _ string, rc syscall.RawConn) error {
-				return setsockoptInt(rc, v6, unix.SOL_IP, unix.IP_TRANSPARENT, unix.SOL_IPV6, unix.IPV6_TRANSPARENT)
-			}
+			lc.Control = sockopt.Transparent
 		}
 		var err error
 		ln, err = lc.Listen(context.Background(), netw, addr)
@@ -202,7 +195,7 @@ func serveTCP(c *net.TCPConn, name string) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(ioTimeout))
 	local := addrPort(c.LocalAddr())
-	orig, err := originalDst(c, local.Addr().Is6())
+	orig, err := sockopt.Destination(c)
 	if err != nil {
 		orig = local
 	}
@@ -225,66 +218,6 @@ func addrPort(a net.Addr) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
-// originalDst reads SO_ORIGINAL_DST: the destination before a REDIRECT. It
-// fails (ENOENT) when conntrack has no entry for the connection.
-func originalDst(c *net.TCPConn, v6 bool) (netip.AddrPort, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	var out netip.AddrPort
-	var serr error
-	cerr := rc.Control(func(fd uintptr) {
-		if v6 {
-			var sa unix.RawSockaddrInet6
-			size := uint32(unsafe.Sizeof(sa))
-			serr = getsockopt(fd, unix.SOL_IPV6, soOriginalDst, unsafe.Pointer(&sa), &size)
-			out = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), ntohs(sa.Port))
-			return
-		}
-		var sa unix.RawSockaddrInet4
-		size := uint32(unsafe.Sizeof(sa))
-		serr = getsockopt(fd, unix.SOL_IP, soOriginalDst, unsafe.Pointer(&sa), &size)
-		out = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), ntohs(sa.Port))
-	})
-	if cerr != nil {
-		return netip.AddrPort{}, cerr
-	}
-	if serr != nil {
-		return netip.AddrPort{}, fmt.Errorf("reading SO_ORIGINAL_DST: %w", serr)
-	}
-	return out, nil
-}
-
-func getsockopt(fd uintptr, level, opt int, val unsafe.Pointer, size *uint32) error {
-	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, uintptr(level), uintptr(opt), uintptr(val), uintptr(unsafe.Pointer(size)), 0)
-	if e != 0 {
-		return e
-	}
-	return nil
-}
-
-// ntohs reads a port stored in network byte order.
-func ntohs(p uint16) uint16 {
-	b := (*[2]byte)(unsafe.Pointer(&p))
-	return uint16(b[0])<<8 | uint16(b[1])
-}
-
-func setsockoptInt(rc syscall.RawConn, v6 bool, lvl4, opt4, lvl6, opt6 int) error {
-	var serr error
-	err := rc.Control(func(fd uintptr) {
-		if v6 {
-			serr = unix.SetsockoptInt(int(fd), lvl6, opt6, 1)
-		} else {
-			serr = unix.SetsockoptInt(int(fd), lvl4, opt4, 1)
-		}
-	})
-	if err != nil {
-		return err
-	}
-	return serr
-}
-
 func (l *Listeners) startUDP(ns, name string, port uint16, v6 bool, owner *creds) error {
 	netw, host := network("udp", v6)
 	addr := fmt.Sprintf("%s:%d", host, port)
@@ -293,9 +226,7 @@ func (l *Listeners) startUDP(ns, name string, port uint16, v6 bool, owner *creds
 		// PKTINFO tells each datagram's destination (a wildcard socket has
 		// no single local address), and replies are sent from it so
 		// conntrack recognises them and undoes the REDIRECT.
-		lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-			return setsockoptInt(rc, v6, unix.IPPROTO_IP, unix.IP_PKTINFO, unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO)
-		}}
+		lc := net.ListenConfig{Control: sockopt.RecvPktinfo}
 		var err error
 		pc, err = lc.ListenPacket(context.Background(), netw, addr)
 		return err
@@ -329,7 +260,7 @@ func serveUDP(c *net.UDPConn, ct *netlink.Handle, name string, port uint16, v6 b
 			continue
 		}
 		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-		dst, ok := pktinfoDst(oob[:oobn])
+		dst, ok := sockopt.PktinfoDst(oob[:oobn])
 		if !ok {
 			continue
 		}
@@ -344,7 +275,7 @@ func serveUDP(c *net.UDPConn, ct *netlink.Handle, name string, port uint16, v6 b
 		}
 		b, _ := json.Marshal(Reply{Listener: n, Orig: orig.String(), Local: local.String(), Peer: from.String()})
 		_ = c.SetWriteDeadline(time.Now().Add(ioTimeout))
-		_, _, _ = c.WriteMsgUDPAddrPort(b, pktinfoSrc(dst), from)
+		_, _, _ = c.WriteMsgUDPAddrPort(b, sockopt.PktinfoSrc(dst), from)
 	}
 }
 
@@ -377,42 +308,4 @@ func conntrackOrig(h *netlink.Handle, v6 bool, local, from netip.AddrPort) (neti
 		return netip.AddrPortFrom(od.Unmap(), f.Forward.DstPort), true
 	}
 	return netip.AddrPort{}, false
-}
-
-func pktinfoDst(oob []byte) (netip.Addr, bool) {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return netip.Addr{}, false
-	}
-	for _, m := range msgs {
-		switch {
-		case m.Header.Level == unix.IPPROTO_IP && m.Header.Type == unix.IP_PKTINFO && len(m.Data) >= unix.SizeofInet4Pktinfo:
-			pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&m.Data[0]))
-			return netip.AddrFrom4(pi.Addr), true
-		case m.Header.Level == unix.IPPROTO_IPV6 && m.Header.Type == unix.IPV6_PKTINFO && len(m.Data) >= unix.SizeofInet6Pktinfo:
-			pi := (*unix.Inet6Pktinfo)(unsafe.Pointer(&m.Data[0]))
-			return netip.AddrFrom16(pi.Addr), true
-		}
-	}
-	return netip.Addr{}, false
-}
-
-// pktinfoSrc is a control message that sends a datagram from src.
-func pktinfoSrc(src netip.Addr) []byte {
-	if src.Is4() {
-		b := make([]byte, unix.CmsgSpace(unix.SizeofInet4Pktinfo))
-		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
-		h.Level, h.Type = unix.IPPROTO_IP, unix.IP_PKTINFO
-		h.SetLen(unix.CmsgLen(unix.SizeofInet4Pktinfo))
-		pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&b[unix.CmsgLen(0)]))
-		pi.Spec_dst = src.As4()
-		return b
-	}
-	b := make([]byte, unix.CmsgSpace(unix.SizeofInet6Pktinfo))
-	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
-	h.Level, h.Type = unix.IPPROTO_IPV6, unix.IPV6_PKTINFO
-	h.SetLen(unix.CmsgLen(unix.SizeofInet6Pktinfo))
-	pi := (*unix.Inet6Pktinfo)(unsafe.Pointer(&b[unix.CmsgLen(0)]))
-	pi.Addr = src.As16()
-	return b
 }
