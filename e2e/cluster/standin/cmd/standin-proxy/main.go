@@ -1,0 +1,119 @@
+// Command standin-proxy stands in for Envoy and the istio-agent in the
+// istio-proxy container of an Istio-injected pod, for tests on machines that
+// cannot pull Istio's proxy image.
+//
+// It listens where Envoy listens when traffic is captured: 15001 (outbound)
+// and 15006 (inbound), IPv4 and IPv6, both IP_TRANSPARENT in TPROXY mode;
+// TCP and UDP 15053 (the DNS proxy). Each connection is answered with one
+// JSON line naming the pod, the listener and the original destination, and
+// logged as one JSON event on stdout (package standin has the format). It
+// serves readiness on 15021 (GET /healthz/ready, which the injected
+// readinessProbe and, for native sidecars, startupProbe hit) and answers
+// everything on the status port 15020 (the injected preStop drain request
+// goes there). With -connect it also connects out periodically, as Envoy
+// does to upstreams: those connections come from the proxy's own identity
+// and must leave the pod uncaptured.
+//
+// It runs as whatever the injected securityContext says (UID 1337 in
+// REDIRECT mode; UID 0, GID 1337 with NET_ADMIN in TPROXY mode) and logs
+// that identity. The mode comes from ISTIO_META_INTERCEPTION_MODE, which the
+// injector sets in the container's environment.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/nftmesh/nftmesh/e2e/cluster/standin"
+)
+
+func main() {
+	var (
+		targets standin.Targets
+		mode    = flag.String("mode", envOr("ISTIO_META_INTERCEPTION_MODE", "REDIRECT"), "interception mode: REDIRECT or TPROXY (TPROXY makes the capture listeners IP_TRANSPARENT)")
+		every   = flag.Duration("every", 2*time.Second, "period of the -connect dials")
+	)
+	flag.Var(&targets, "connect", "host:port, tcp://host:port or udp://host:port to connect to periodically as the proxy (repeatable, comma-separated)")
+	flag.Parse()
+	if *mode != "REDIRECT" && *mode != "TPROXY" {
+		standin.Fatal("standin-proxy", fmt.Errorf("-mode %q is not REDIRECT or TPROXY", *mode))
+	}
+	if *every <= 0 {
+		standin.Fatal("standin-proxy", fmt.Errorf("-every %v is not positive", *every))
+	}
+
+	log := standin.NewLog(os.Stdout, "proxy", standin.PodName())
+	ctx, stop := standin.SignalContext()
+	defer stop()
+
+	var ready atomic.Bool
+	srv := &standin.Server{}
+	tproxy := *mode == "TPROXY"
+	err := srv.ServeTCP(log, standin.ListenerOutbound, 15001, tproxy)
+	if err == nil {
+		err = srv.ServeTCP(log, standin.ListenerInbound, 15006, tproxy)
+	}
+	if err == nil {
+		err = srv.ServeTCP(log, standin.ListenerDNS, 15053, false)
+	}
+	if err == nil {
+		err = srv.ServeUDP(log, standin.ListenerDNS, 15053)
+	}
+	if err == nil {
+		err = srv.ServeHTTP(log, "health-15021", 15021, health(&ready))
+	}
+	if err == nil {
+		err = srv.ServeHTTP(log, "status-15020", 15020, status(log, &ready))
+	}
+	if err != nil {
+		_ = srv.Close()
+		standin.Fatal("standin-proxy", err)
+	}
+	ready.Store(true)
+	uid, gid := standin.Identity()
+	log.Emit(standin.Event{Event: standin.EventReady, UID: uid, GID: gid, Target: targets.String()})
+
+	standin.DialLoop(ctx, log, targets, *every)
+	<-ctx.Done()
+	log.Emit(standin.Event{Event: standin.EventStopping})
+	_ = srv.Close()
+}
+
+// health answers the injected probes: 200 on /healthz/ready once every
+// listener is up, 503 before.
+func health(ready *atomic.Bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz/ready", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+// status answers every request on the status port with 200 and logs it,
+// except the readiness path, which probes would flood the log with.
+func status(log *standin.Log, ready *atomic.Bool) http.Handler {
+	h := health(ready)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz/ready" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		log.Emit(standin.Event{Event: standin.EventHTTP, Listener: "status-15020", Target: r.Method + " " + r.URL.Path, Peer: r.RemoteAddr})
+		_, _ = w.Write([]byte("ok\n"))
+	})
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,227 @@
+package standin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nftmesh/nftmesh/internal/sockopt"
+)
+
+// ioTimeout bounds every read and write of a server or dialer, so a
+// connection whose packets are swallowed fails fast instead of hanging.
+const ioTimeout = 3 * time.Second
+
+// Server is a set of running listeners; Close stops them all and waits for
+// their goroutines.
+type Server struct {
+	mu      sync.Mutex
+	closers []func() error
+	wg      sync.WaitGroup
+}
+
+// Close stops every listener and waits for the connections in flight.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	closers := s.closers
+	s.closers = nil
+	s.mu.Unlock()
+	var errs []error
+	for _, c := range closers {
+		if err := c(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	s.wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (s *Server) add(c func() error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closers = append(s.closers, c)
+}
+
+// families are the socket families a server listens on: IPv4 always, IPv6
+// where the pod has it (a pod without IPv6 refuses the socket; that is not
+// an error). Each family gets its own socket (tcp6 wildcard sockets are
+// IPV6_V6ONLY in Go), as Envoy's listeners do.
+var families = []struct {
+	suffix, host string
+}{{"4", "0.0.0.0"}, {"6", "::"}}
+
+// noIPv6 reports whether err says the pod has no IPv6 to listen on.
+func noIPv6(err error) bool {
+	return errors.Is(err, syscall.EAFNOSUPPORT) || errors.Is(err, syscall.EADDRNOTAVAIL) || errors.Is(err, syscall.EPROTONOSUPPORT)
+}
+
+// ServeTCP listens on port (IPv4 and, if present, IPv6) and answers every
+// connection with one Reply line: the pod, name, and the connection's
+// original destination. transparent sets IP_TRANSPARENT, which a listener
+// needs to accept what a TPROXY rule delivers (and which needs
+// CAP_NET_ADMIN: without it ServeTCP fails rather than listen in a way
+// TPROXY cannot reach).
+func (s *Server) ServeTCP(log *Log, name string, port uint16, transparent bool) error {
+	for _, f := range families {
+		netw := "tcp" + f.suffix
+		addr := net.JoinHostPort(f.host, fmt.Sprint(port))
+		lc := net.ListenConfig{}
+		if transparent {
+			lc.Control = sockopt.Transparent
+		}
+		ln, err := lc.Listen(context.Background(), netw, addr)
+		if err != nil {
+			if f.suffix == "6" && noIPv6(err) {
+				continue
+			}
+			return fmt.Errorf("listening for %s on %s %s: %w", name, netw, addr, err)
+		}
+		s.add(ln.Close)
+		uid, gid := Identity()
+		log.Emit(Event{Event: EventListening, Proto: "tcp", Listener: name, Local: ln.Addr().String(), UID: uid, GID: gid})
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					if errors.Is(err, net.ErrClosed) {
+						return
+					}
+					// Out of file descriptors and the like: back off
+					// instead of spinning.
+					time.Sleep(50 * time.Millisecond)
+					continue
+				}
+				s.wg.Add(1)
+				go func() {
+					defer s.wg.Done()
+					answerTCP(log, name, c.(*net.TCPConn))
+				}()
+			}
+		}()
+	}
+	return nil
+}
+
+func answerTCP(log *Log, name string, c *net.TCPConn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(ioTimeout))
+	r := Reply{Pod: log.Pod(), Listener: name, Local: addrPort(c.LocalAddr()).String(), Peer: addrPort(c.RemoteAddr()).String()}
+	e := Event{Event: EventAccepted, Proto: "tcp", Listener: name, Local: r.Local, Peer: r.Peer}
+	if orig, err := sockopt.Destination(c); err != nil {
+		e.Error = err.Error()
+	} else {
+		r.Orig = orig.String()
+		e.Orig = r.Orig
+	}
+	b, _ := json.Marshal(r)
+	if _, err := c.Write(append(b, '\n')); err != nil && e.Error == "" {
+		e.Error = fmt.Sprintf("writing reply: %v", err)
+	}
+	log.Emit(e)
+}
+
+// ServeUDP listens for datagrams on port (IPv4 and, if present, IPv6) and
+// answers each with a Reply datagram sent from the address it reached, so
+// conntrack recognises the answer and undoes a REDIRECT on the way back.
+// The original destination of a datagram is not known without conntrack
+// queries (which need CAP_NET_ADMIN), so Reply.Orig stays empty: a datagram
+// that reached this port was redirected to it.
+func (s *Server) ServeUDP(log *Log, name string, port uint16) error {
+	for _, f := range families {
+		netw := "udp" + f.suffix
+		addr := net.JoinHostPort(f.host, fmt.Sprint(port))
+		lc := net.ListenConfig{Control: sockopt.RecvPktinfo}
+		pc, err := lc.ListenPacket(context.Background(), netw, addr)
+		if err != nil {
+			if f.suffix == "6" && noIPv6(err) {
+				continue
+			}
+			return fmt.Errorf("listening for %s on %s %s: %w", name, netw, addr, err)
+		}
+		s.add(pc.Close)
+		uid, gid := Identity()
+		log.Emit(Event{Event: EventListening, Proto: "udp", Listener: name, Local: pc.LocalAddr().String(), UID: uid, GID: gid})
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			answerUDP(log, name, pc.(*net.UDPConn))
+		}()
+	}
+	return nil
+}
+
+func answerUDP(log *Log, name string, c *net.UDPConn) {
+	port := addrPort(c.LocalAddr()).Port()
+	buf := make([]byte, 1500)
+	oob := make([]byte, 256)
+	for {
+		_, oobn, _, from, err := c.ReadMsgUDPAddrPort(buf, oob)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		dst, ok := sockopt.PktinfoDst(oob[:oobn])
+		if !ok {
+			continue
+		}
+		dst = dst.Unmap()
+		r := Reply{Pod: log.Pod(), Listener: name, Local: netip.AddrPortFrom(dst, port).String(), Peer: from.String()}
+		e := Event{Event: EventAccepted, Proto: "udp", Listener: name, Local: r.Local, Peer: r.Peer}
+		b, _ := json.Marshal(r)
+		_ = c.SetWriteDeadline(time.Now().Add(ioTimeout))
+		if _, _, err := c.WriteMsgUDPAddrPort(b, sockopt.PktinfoSrc(dst), from); err != nil {
+			e.Error = fmt.Sprintf("writing reply: %v", err)
+		}
+		log.Emit(e)
+	}
+}
+
+// ServeHTTP serves h on port over TCP (IPv4 and, if present, IPv6): the
+// proxy's readiness (15021) and status (15020) ports, which kubelet probes
+// from the node and which capture excludes.
+func (s *Server) ServeHTTP(log *Log, name string, port uint16, h http.Handler) error {
+	for _, f := range families {
+		netw := "tcp" + f.suffix
+		addr := net.JoinHostPort(f.host, fmt.Sprint(port))
+		ln, err := net.Listen(netw, addr)
+		if err != nil {
+			if f.suffix == "6" && noIPv6(err) {
+				continue
+			}
+			return fmt.Errorf("listening for %s on %s %s: %w", name, netw, addr, err)
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: ioTimeout}
+		s.add(srv.Close)
+		log.Emit(Event{Event: EventListening, Proto: "tcp", Listener: name, Local: ln.Addr().String()})
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			_ = srv.Serve(ln)
+		}()
+	}
+	return nil
+}
+
+func addrPort(a net.Addr) netip.AddrPort {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	case *net.UDPAddr:
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
+}
