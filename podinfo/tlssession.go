@@ -194,6 +194,12 @@ func decodeSession(b []byte) (key string, ticket, state []byte, err error) {
 		if w <= 0 || n > uint64(len(rest)-w) {
 			return "", nil, nil, fmt.Errorf("session file: part %d truncated", i)
 		}
+		// Uvarint also reads padded encodings (0x80 0x00 is 0). Only the
+		// shortest one is what encodeSession writes, so only it is a
+		// session file: one meaning, one encoding.
+		if w != uvarintLen(n) {
+			return "", nil, nil, fmt.Errorf("session file: part %d length is not minimally encoded", i)
+		}
 		parts[i] = rest[w : w+int(n)]
 		rest = rest[w+int(n):]
 	}
@@ -204,6 +210,12 @@ func decodeSession(b []byte) (key string, ticket, state []byte, err error) {
 		return "", nil, nil, errors.New("session file: empty ticket or state")
 	}
 	return string(parts[0]), parts[1], parts[2], nil
+}
+
+// uvarintLen is the length of the shortest uvarint encoding of n.
+func uvarintLen(n uint64) int {
+	var b [binary.MaxVarintLen64]byte
+	return binary.PutUvarint(b[:], n)
 }
 
 // RemoveTLSSessions deletes the session files in dir (the agent's run dir):

@@ -38,6 +38,9 @@ func TestSessionFileRoundTrip(t *testing.T) {
 		"empty ticket":     encodeSession("k", nil, []byte("s")),
 		"empty state":      encodeSession("k", []byte("t"), nil),
 		"length past data": append([]byte(sessionMagic), 5, 'k'),
+		// 0x80 0x00 reads as 0: a second encoding of the same file.
+		"padded key length":    []byte(sessionMagic + "\x80\x00\x01t\x01s"),
+		"padded ticket length": []byte(sessionMagic + "\x01k\x81\x00t\x01s"),
 	} {
 		if _, _, _, err := decodeSession(in); err == nil {
 			t.Errorf("%s: decoded without error", name)
