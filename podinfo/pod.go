@@ -75,7 +75,3 @@ func containers(cs []corev1.Container) []meshpod.Container {
 	}
 	return out
 }
-
-// HasIPv6 reports whether any of the addresses (plain or CIDR notation) is
-// a global IPv6 address.
-func HasIPv6(addrs []string) bool { return meshpod.HasIPv6(addrs) }

@@ -168,13 +168,26 @@ func TestFromPodSpec(t *testing.T) {
 		}, func(*redirect.Spec) {}},
 		{"empty env value is unset", func(p *corev1.Pod) { setEnv(p, EnvDNSCapture, "") }, func(*redirect.Spec) {}},
 		{"drop invalid", func(p *corev1.Pod) { setEnv(p, EnvInvalidDrop, "1") }, func(s *redirect.Spec) { s.DropInvalid = true }},
-		{"dual stack env", func(p *corev1.Pod) { setEnv(p, EnvDualStack, "true") }, func(s *redirect.Spec) { s.IPv6 = true }},
-		{"v6 pod IP", func(p *corev1.Pod) {
+		// IPv6 as Istio decides it (meshpod.IPv6Capture), predicted from the
+		// pod IPs in the order the kernel lists them: IPv4 first.
+		{"dual stack env, no pod IPs: nothing is IPv6", func(p *corev1.Pod) { setEnv(p, EnvDualStack, "true") }, func(s *redirect.Spec) { s.DualStack = true }},
+		{"dual stack env, v4 pod IP only", func(p *corev1.Pod) {
+			setEnv(p, EnvDualStack, "true")
+			p.Status.PodIPs = []corev1.PodIP{{IP: "198.51.100.3"}}
+		}, func(s *redirect.Spec) { s.DualStack = true }},
+		{"dual-stack pod IPs without dual stack env: IPv4 only", func(p *corev1.Pod) {
 			p.Status.PodIPs = []corev1.PodIP{{IP: "198.51.100.3"}, {IP: "2001:db8::3"}}
-		}, func(s *redirect.Spec) { s.IPv6 = true }},
+		}, func(*redirect.Spec) {}},
+		{"dual-stack pod IPs, v6 listed first, without dual stack env: IPv4 only", func(p *corev1.Pod) {
+			p.Status.PodIPs = []corev1.PodIP{{IP: "2001:db8::3"}, {IP: "198.51.100.3"}}
+		}, func(*redirect.Spec) {}},
+		{"dual-stack pod IPs with dual stack env", func(p *corev1.Pod) {
+			setEnv(p, EnvDualStack, "true")
+			p.Status.PodIPs = []corev1.PodIP{{IP: "198.51.100.3"}, {IP: "2001:db8::3"}}
+		}, func(s *redirect.Spec) { s.IPv6, s.DualStack = true, true }},
 		{"v6 primary pod IP", func(p *corev1.Pod) { p.Status.PodIP = "2001:db8::3" }, func(s *redirect.Spec) { s.IPv6 = true }},
 		{"v4 pod IP only", func(p *corev1.Pod) { p.Status.PodIPs = []corev1.PodIP{{IP: "198.51.100.3"}} }, func(*redirect.Spec) {}},
-		{"v6 pod IP overrides dual stack false", func(p *corev1.Pod) {
+		{"v6-only pod with dual stack false", func(p *corev1.Pod) {
 			setEnv(p, EnvDualStack, "false")
 			p.Status.PodIPs = []corev1.PodIP{{IP: "2001:db8::3"}}
 		}, func(s *redirect.Spec) { s.IPv6 = true }},
@@ -212,7 +225,7 @@ func specDiff(want, got redirect.Spec) string {
 		return "build: " + errors.Join(err1, err2).Error()
 	}
 	d := redirect.Diff(pw, pg)
-	if want.IPv6 != got.IPv6 || want.CaptureDNS != got.CaptureDNS || want.DropInvalid != got.DropInvalid {
+	if want.IPv6 != got.IPv6 || want.DualStack != got.DualStack || want.CaptureDNS != got.CaptureDNS || want.DropInvalid != got.DropInvalid {
 		d = append(d, "flags differ")
 	}
 	return strings.Join(d, "\n")
@@ -361,28 +374,6 @@ func TestReadPodFileBadInput(t *testing.T) {
 	}
 	if _, err := ReadPodFile(filepath.Join(dir, "missing.yaml")); err == nil || !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("missing file: error = %v, want ErrNotExist", err)
-	}
-}
-
-func TestHasIPv6(t *testing.T) {
-	tests := []struct {
-		in   []string
-		want bool
-	}{
-		{nil, false},
-		{[]string{"198.51.100.1"}, false},
-		{[]string{"2001:db8::1"}, true},
-		{[]string{"2001:db8::1/64"}, true},
-		{[]string{"198.51.100.1/24", "2001:db8::1/64"}, true},
-		{[]string{"fe80::1"}, false},
-		{[]string{"::1"}, false},
-		{[]string{"::ffff:198.51.100.1"}, false},
-		{[]string{"garbage", "2001:db8::1"}, true},
-	}
-	for _, tt := range tests {
-		if got := HasIPv6(tt.in); got != tt.want {
-			t.Errorf("HasIPv6(%v) = %v, want %v", tt.in, got, tt.want)
-		}
 	}
 }
 

@@ -103,7 +103,14 @@ type Spec struct {
 	// the app's DNS conntrack entries with zones.
 	CaptureDNS  bool
 	DropInvalid bool
-	IPv6        bool
+	// IPv6 turns on the IPv6 rules and ::6 on lo. Istio decides it from the
+	// pod's addresses and DualStack (see meshpod.IPv6Capture); Build only
+	// reads IPv6.
+	IPv6 bool
+	// DualStack is the sidecar's ISTIO_DUAL_STACK: its Envoy listens on IPv6
+	// as well as IPv4, so a pod with an address of each family gets both
+	// captured, not only the family of its first address.
+	DualStack bool
 
 	// HostIPv4LoopbackCIDR is the loopback range outbound traffic to which is
 	// never captured (ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR).

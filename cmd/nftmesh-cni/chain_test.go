@@ -19,7 +19,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftmesh/nftmesh/internal/kubetest"
+	"github.com/nftmesh/nftmesh/internal/nettest"
 	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -321,51 +323,134 @@ func TestChainConcurrent(t *testing.T) {
 	}
 }
 
-// TestChainDualStack: a v6 address from host-local turns on the v6 rules.
+// TestChainDualStack runs [bridge + dual-stack host-local, nftmesh-cni]
+// through libcni and proves with real connections in both families what
+// Istio does with a dual-stack pod (IPv4 listed first): when its sidecar is
+// not dual-stack, only IPv4 is captured and IPv6 connections, outbound and
+// inbound, go straight to their destination, with no ::6 on lo; with
+// ISTIO_DUAL_STACK=true both families are captured and ::6 is on lo. CHECK
+// agrees with the rules ADD installed.
 func TestChainDualStack(t *testing.T) {
 	needEnv(t)
-	h := newHost(t, env.api, env.token)
-	pod := createPod(t, env.api, loadPod(t, "injected.yaml"))
-	_, nsPath := newNetns(t, "pod")
-	cl := h.conflist(t, "1.0.0", nil)
-	// Replace the IPAM ranges with a dual-stack pair.
-	var bridge map[string]any
-	if err := json.Unmarshal(cl.Plugins[0].Bytes, &bridge); err != nil {
-		t.Fatal(err)
+	for _, dualStack := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ISTIO_DUAL_STACK=%t", dualStack), func(t *testing.T) {
+			h := newHost(t, env.api, env.token)
+			p := loadPod(t, "injected.yaml")
+			if dualStack {
+				for i := range p.Spec.Containers {
+					if p.Spec.Containers[i].Name == podinfo.ProxyContainer {
+						p.Spec.Containers[i].Env = append(p.Spec.Containers[i].Env, corev1.EnvVar{Name: podinfo.EnvDualStack, Value: "true"})
+					}
+				}
+			}
+			pod := createPod(t, env.api, p)
+			nsName, nsPath := newNetns(t, "pod")
+			cl := h.conflist(t, "1.0.0", nil)
+			// Replace the IPAM ranges with a dual-stack pair.
+			var bridge map[string]any
+			if err := json.Unmarshal(cl.Plugins[0].Bytes, &bridge); err != nil {
+				t.Fatal(err)
+			}
+			bridge["ipam"].(map[string]any)["ranges"] = []any{
+				[]any{map[string]any{"subnet": "198.51.100.0/24"}},
+				[]any{map[string]any{"subnet": "2001:db8:100::/64"}},
+			}
+			data, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": "nftmesh-test", "plugins": []any{bridge, h.pluginConf(nil)}})
+			cl, err := libcni.ConfListFromBytes(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rt := runtimeConf(pod, nsPath)
+			res, err := h.add(cl, rt)
+			if err != nil {
+				t.Fatalf("ADD: %v", err)
+			}
+			t.Cleanup(func() { _ = h.del(cl, rt) })
+			r, _ := current.NewResultFromResult(res)
+			var pod4, pod6, gw4, gw6 netip.Addr
+			for _, ip := range r.IPs {
+				a, _ := netip.AddrFromSlice(ip.Address.IP)
+				g, _ := netip.AddrFromSlice(ip.Gateway)
+				if a.Unmap().Is4() {
+					pod4, gw4 = a.Unmap(), g.Unmap()
+				} else {
+					pod6, gw6 = a, g
+				}
+			}
+			if !pod4.IsValid() || !pod6.IsValid() || !gw4.IsValid() || !gw6.IsValid() {
+				t.Fatalf("host-local did not give an address and gateway of each family: %s", mustJSON(r))
+			}
+			if err := nft.New().Check(context.Background(), nsPath, wantPlan(t, pod, dualStack)); err != nil {
+				t.Fatalf("rules after ADD: %v", err)
+			}
+			out, err := exec.Command("ip", "-n", nsName, "-6", "addr", "show", "dev", "lo").CombinedOutput()
+			if err != nil || strings.Contains(string(out), "::6/128") != dualStack {
+				t.Errorf("::6 on lo: %t, want %t (%v):\n%s", strings.Contains(string(out), "::6/128"), dualStack, err, out)
+			}
+			if err := h.check(cl, rt); err != nil {
+				t.Fatalf("CHECK: %v", err)
+			}
+
+			// The bridge's gateway addresses stand for the world (a listener
+			// on port 80 in the node's namespace); the node connects to the
+			// pod's app port.
+			topo := &nettest.Topology{PodNetns: nsName, PeerNetns: strings.TrimPrefix(h.netnsPath, "/run/netns/"), PodIface: "eth0",
+				AppPorts: []uint16{8080}, PeerTCPPorts: []uint16{80}, PeerUDPPorts: []uint16{}}
+			ls, err := nettest.StartListeners(topo, nettest.ListenerOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = ls.Close() })
+			ap := netip.AddrPortFrom
+			app := func(dst netip.AddrPort) nettest.Probe {
+				return nettest.Probe{From: nettest.FromApp, UID: nettest.AppUID, GID: nettest.AppGID, Proto: redirect.ProtoTCP, Dst: dst}
+			}
+			node := func(dst netip.AddrPort) nettest.Probe {
+				return nettest.Probe{From: nettest.FromPeer, Proto: redirect.ProtoTCP, Dst: dst}
+			}
+			out6, in6 := nettest.PeerListener(ap(gw6, 80)), nettest.AppListener(8080)
+			if dualStack {
+				out6, in6 = nettest.ListenerOutbound, nettest.ListenerInbound
+			}
+			cases := []nettest.ProbeCase{
+				{Name: "app→gateway-v4:80", Probe: app(ap(gw4, 80)), WantLanded: nettest.ListenerOutbound, WantOrig: ap(gw4, 80)},
+				{Name: "app→gateway-v6:80", Probe: app(ap(gw6, 80)), WantLanded: out6, WantOrig: ap(gw6, 80)},
+				{Name: "node→pod-v4:8080", Probe: node(ap(pod4, 8080)), WantLanded: nettest.ListenerInbound, WantOrig: ap(pod4, 8080)},
+				{Name: "node→pod-v6:8080", Probe: node(ap(pod6, 8080)), WantLanded: in6, WantOrig: ap(pod6, 8080)},
+			}
+			waitReachable(t, topo, ap(gw6, 80))
+			for _, o := range nettest.RunProbes(topo, cases) {
+				if !o.OK() {
+					t.Errorf("MISMATCH %s", o)
+				} else {
+					t.Logf("ok %s", o)
+				}
+			}
+
+			if err := h.del(cl, rt); err != nil {
+				t.Fatal(err)
+			}
+			assertNoRules(t, nsPath)
+		})
 	}
-	bridge["ipam"].(map[string]any)["ranges"] = []any{
-		[]any{map[string]any{"subnet": "198.51.100.0/24"}},
-		[]any{map[string]any{"subnet": "2001:db8:100::/64"}},
-	}
-	data, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": "nftmesh-test", "plugins": []any{bridge, h.pluginConf(nil)}})
-	cl, err := libcni.ConfListFromBytes(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt := runtimeConf(pod, nsPath)
-	res, err := h.add(cl, rt)
-	if err != nil {
-		t.Fatalf("ADD: %v", err)
-	}
-	r, _ := current.NewResultFromResult(res)
-	hasV6 := false
-	for _, ip := range r.IPs {
-		if a, ok := netip.AddrFromSlice(ip.Address.IP); ok && a.Unmap().Is6() {
-			hasV6 = true
+}
+
+// waitReachable waits until dst (in the node's namespace) answers a
+// connection from the pod sent as the proxy, whose traffic is never
+// captured: until the bridge's duplicate address detection is over, a
+// missing answer would look like a capture failure.
+func waitReachable(t *testing.T, topo *nettest.Topology, dst netip.AddrPort) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := topo.Probe(nettest.Probe{From: nettest.FromApp, UID: 1337, GID: 1337, Proto: redirect.ProtoTCP, Dst: dst})
+		if got.Landed == nettest.PeerListener(dst) {
+			return
 		}
-	}
-	if !hasV6 {
-		t.Fatalf("host-local gave no v6 address: %s", mustJSON(r))
-	}
-	if err := nft.New().Check(context.Background(), nsPath, wantPlan(t, pod, true)); err != nil {
-		t.Fatalf("dual-stack pod: %v", err)
-	}
-	out, err := exec.Command("ip", "-n", strings.TrimPrefix(nsPath, "/run/netns/"), "-6", "addr", "show", "dev", "lo").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "::6/128") {
-		t.Errorf("::6 not on lo (%v):\n%s", err, out)
-	}
-	if err := h.del(cl, rt); err != nil {
-		t.Fatal(err)
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not reachable from the pod as the proxy after 10s: %s", dst, got)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

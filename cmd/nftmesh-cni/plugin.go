@@ -18,7 +18,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -132,22 +134,6 @@ func printPrevResult(conf *podinfo.Config) error {
 	return types.PrintResult(conf.PrevResult, conf.CNIVersion)
 }
 
-// prevIPs lists the addresses the primary plugin gave the pod.
-func prevIPs(conf *podinfo.Config) ([]string, error) {
-	if conf.PrevResult == nil {
-		return nil, nil
-	}
-	res, err := current.NewResultFromResult(conf.PrevResult)
-	if err != nil {
-		return nil, fmt.Errorf("converting prevResult: %w", err)
-	}
-	ips := make([]string, 0, len(res.IPs))
-	for _, ip := range res.IPs {
-		ips = append(ips, ip.Address.IP.String())
-	}
-	return ips, nil
-}
-
 // lookup fetches the pod and decides. A nil plan with a nil error means
 // the pod is not in the mesh (reason says why).
 func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redirect.Plan, reason string, err error) {
@@ -193,15 +179,16 @@ func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redir
 	if !inMesh {
 		return pod, nil, reason, nil
 	}
-	ips, ierr := prevIPs(inv.conf)
-	if ierr != nil {
-		return nil, nil, "", fail(types.NewError(types.ErrDecodingFailure, "nftmesh-cni: invalid prevResult", ierr.Error()))
+	// IPv6 capture as Istio decides it: from the addresses inside the pod's
+	// namespace, in the kernel's order, and the sidecar's ISTIO_DUAL_STACK.
+	// Capturing IPv6 for a sidecar that does not listen on it would break
+	// the app's IPv6 connections.
+	addrs, aerr := netnsaddr.List(inv.args.Netns)
+	if aerr != nil {
+		return nil, nil, "", fail(types.NewError(types.ErrIOFailure,
+			fmt.Sprintf("nftmesh-cni: reading the addresses of pod %s", inv.podRef()), aerr.Error()))
 	}
-	if len(ips) > 0 {
-		// As Istio decides from the pod's addresses: v6 rules only when the
-		// pod has a v6 address (adding ::6 to lo fails where v6 is off).
-		spec.IPv6 = podinfo.HasIPv6(ips)
-	}
+	spec.IPv6 = meshpod.IPv6Capture(addrs, spec.DualStack)
 	p, berr := redirect.Build(spec)
 	if berr != nil {
 		return nil, nil, "", fail(types.NewError(CodeInvalidCapture,

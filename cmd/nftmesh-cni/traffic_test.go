@@ -1,10 +1,13 @@
 package main
 
 import (
+	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nftmesh/nftmesh/internal/nettest"
+	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -12,22 +15,41 @@ import (
 // TestRealTraffic: after the plugin's ADD (the built binary, exec'd as a
 // runtime does), real connections from the app, the proxy's UID, the
 // passthrough address and a peer land where Istio's chains send them, with
-// the original destination intact. A pod outside the mesh keeps direct
-// connectivity. Expectations come from nettest's independent oracle.
+// the original destination intact, in every address family the pod has. A
+// pod outside the mesh keeps direct connectivity. Expectations come from
+// nettest's independent oracle.
+//
+// IPv6 is captured as Istio decides: a dual-stack pod whose sidecar is not
+// dual-stack (injected.yaml) gets IPv4 capture only, whichever family its
+// primary plugin listed first; with ISTIO_DUAL_STACK=true (annotated.json)
+// both; an IPv6-only pod IPv6.
 func TestRealTraffic(t *testing.T) {
 	needEnv(t)
 	runDir := agentRunDir(t, env.token)
-	for _, file := range []string{"injected.yaml", "annotated.json", "no-sidecar.yaml"} {
-		t.Run(file, func(t *testing.T) {
+	for _, tc := range []struct {
+		file     string
+		stack    scenarios.Stack
+		wantIPv6 bool
+	}{
+		{"injected.yaml", scenarios.StackIPv4, false},
+		{"injected.yaml", scenarios.StackDual, false},
+		{"injected.yaml", scenarios.StackDualV6First, false},
+		{"injected.yaml", scenarios.StackIPv6, true},
+		{"annotated.json", scenarios.StackDual, true},
+		{"no-sidecar.yaml", scenarios.StackDual, false},
+	} {
+		t.Run(tc.file+"/"+strings.ReplaceAll(tc.stack.String(), " ", "-"), func(t *testing.T) {
+			file := tc.file
 			pod := createPod(t, env.api, loadPod(t, file))
 			inMesh, _, spec, err := podinfo.FromPod(pod)
 			if err != nil {
 				t.Fatal(err)
 			}
-			spec.IPv6 = true // the prevResult below is dual-stack
+			spec.IPv6 = tc.wantIPv6
 			topo, err := nettest.NewTopology(func() nettest.TopologyOptions {
 				o := nettest.TopologyOptionsFor(spec)
 				o.Prefix = "cni-"
+				o.Stack = tc.stack
 				return o
 			}())
 			if err != nil {
@@ -48,13 +70,18 @@ func TestRealTraffic(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = ls.Close() })
 
+			var ips []any // as the primary plugin listed them
+			for _, a := range tc.stack.Added() {
+				bits := 24
+				if a.Is6() {
+					bits = 64
+				}
+				ips = append(ips, map[string]any{"address": netip.PrefixFrom(a, bits).String(), "interface": 0})
+			}
 			prev := map[string]any{
 				"cniVersion": "1.0.0",
 				"interfaces": []any{map[string]any{"name": topo.PodIface, "sandbox": topo.PodNetnsPath()}},
-				"ips": []any{
-					map[string]any{"address": nettest.PodV4.String() + "/30", "interface": 0},
-					map[string]any{"address": nettest.PodV6.String() + "/64", "interface": 0},
-				},
+				"ips":        ips,
 			}
 			id := "ctr-" + randHex(6)
 			start := time.Now()
@@ -63,6 +90,11 @@ func TestRealTraffic(t *testing.T) {
 				t.Fatalf("ADD: %v\nstdout %s\nstderr %s", err, out, stderr)
 			}
 			t.Logf("ADD took %v", since(start))
+			if inMesh {
+				if err := nettest.CheckPassthroughV6(topo, tc.wantIPv6); err != nil {
+					t.Error(err)
+				}
+			}
 
 			var want *redirect.Spec
 			if inMesh {

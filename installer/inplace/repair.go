@@ -12,7 +12,9 @@ import (
 
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/internal/backends"
+	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -72,9 +74,10 @@ func PodIPs(pod *corev1.Pod) ([]netip.Addr, error) {
 }
 
 // RepairPod decides the pod's capture as the plugin does (podinfo.FromPod,
-// IPv6 rules only when the pod has an IPv6 address), finds its network
-// namespace through ProcDir and applies the plan with the backend the
-// shared selection picks there.
+// then IPv6 capture from the addresses in the pod's network namespace and
+// its sidecar's ISTIO_DUAL_STACK, as Istio decides it), finds that
+// namespace through ProcDir and applies the plan with the backend the shared
+// selection picks there.
 func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.RepairReport, error) {
 	var rep installer.RepairReport
 	if pod.Spec.HostNetwork {
@@ -99,20 +102,21 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.Re
 	if len(ips) == 0 {
 		return rep, fmt.Errorf("pod %s/%s has no IP yet", pod.Namespace, pod.Name)
 	}
-	strs := make([]string, len(ips))
-	for i, ip := range ips {
-		strs[i] = ip.String()
-	}
-	spec.IPv6 = podinfo.HasIPv6(strs)
-	plan, err := redirect.Build(spec)
-	if err != nil {
-		return rep, fmt.Errorf("%w: building capture rules for pod %s/%s: %w", installer.ErrRepairImpossible, pod.Namespace, pod.Name, err)
-	}
 	ns, err := FindNetns(r.opts.ProcDir, ips)
 	if err != nil {
 		return rep, fmt.Errorf("finding the network namespace of pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	rep.Netns, rep.PID, rep.Candidates = ns.Path, ns.PID, ns.Candidates
+	// Read before the identity re-check below, which also covers them.
+	addrs, err := netnsaddr.List(ns.Path)
+	if err != nil {
+		return rep, fmt.Errorf("reading the addresses of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	spec.IPv6 = meshpod.IPv6Capture(addrs, spec.DualStack)
+	plan, err := redirect.Build(spec)
+	if err != nil {
+		return rep, fmt.Errorf("%w: building capture rules for pod %s/%s: %w", installer.ErrRepairImpossible, pod.Namespace, pod.Name, err)
+	}
 
 	backend, why, err := backends.Select(ctx, r.opts.Backend, ns.Path)
 	if err != nil {

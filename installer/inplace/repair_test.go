@@ -3,6 +3,7 @@ package inplace
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -109,16 +110,29 @@ func TestRepairPodNotFound(t *testing.T) {
 	}
 }
 
-// A running "pod" (a sleeping process in nettest's pod namespace) that
-// started without capture: before the repair real traffic goes straight
-// through; RepairPod finds the namespace through /proc by the pod's IPs,
-// programs the plan the plugin would have, and afterwards every probe lands
-// where Istio's chains send it (nettest's independent oracle).
+// A running dual-stack "pod" (a sleeping process in nettest's pod
+// namespace) that started without capture: before the repair real traffic
+// goes straight through; RepairPod finds the namespace through /proc by the
+// pod's IPs, programs the plan the plugin would have, and afterwards every
+// probe, IPv4 and IPv6, lands where Istio's chains send it (nettest's
+// independent oracle). As in Istio, IPv6 is captured only when the sidecar
+// is dual-stack (ISTIO_DUAL_STACK=true): the pod's first address is IPv4.
 func TestRepairPodRealTraffic(t *testing.T) {
 	needRoot(t)
-	for _, backend := range []string{"auto", "iptables-legacy"} {
-		t.Run(backend, func(t *testing.T) {
+	for _, tc := range []struct {
+		backend   string
+		dualStack bool
+	}{{"auto", false}, {"iptables-legacy", false}, {"auto", true}} {
+		t.Run(fmt.Sprintf("%s/dual-stack-sidecar=%t", tc.backend, tc.dualStack), func(t *testing.T) {
+			backend := tc.backend
 			pod := loadPod(t, "injected.yaml", nettest.PodV4, nettest.PodV6)
+			if tc.dualStack {
+				for i := range pod.Spec.Containers {
+					if pod.Spec.Containers[i].Name == podinfo.ProxyContainer {
+						pod.Spec.Containers[i].Env = append(pod.Spec.Containers[i].Env, corev1.EnvVar{Name: podinfo.EnvDualStack, Value: "true"})
+					}
+				}
+			}
 			inMesh, _, spec, err := podinfo.FromPod(pod)
 			if err != nil || !inMesh {
 				t.Fatalf("sample pod not in mesh: %v", err)
@@ -170,7 +184,7 @@ func TestRepairPodRealTraffic(t *testing.T) {
 				t.Errorf("backend %s, want %s", rep.Backend, backend)
 			}
 
-			spec.IPv6 = true // the pod has an IPv6 address
+			spec.IPv6 = tc.dualStack
 			want, err := redirect.Build(spec)
 			if err != nil {
 				t.Fatal(err)

@@ -164,7 +164,23 @@ func (o oracle) probes() []namedProbe {
 	// veth, named after the first), and drop-invalid's drop itself (it
 	// needs hand-made conntrack-invalid packets); there, the probes show
 	// that valid traffic is unaffected.
-	return ps
+	//
+	// Nor, on a single-stack pod, anything to or from an address of the
+	// family it lacks: connect fails before a packet exists, whatever the
+	// rules. Every dual-stack pod is probed in both families.
+	return slices.DeleteFunc(ps, func(np namedProbe) bool { return !o.podHasFamily(np.p.Dst.Addr()) })
+}
+
+// podHasFamily reports whether the pod can send to (or be reached at) a:
+// it has an address of a's family, or a is on lo.
+func (o oracle) podHasFamily(a netip.Addr) bool {
+	switch {
+	case a.IsLoopback() || a == PassthroughV6:
+		return true
+	case a.Is4():
+		return o.t.Stack.Has4()
+	}
+	return o.t.Stack.Has6()
 }
 
 // verdict is what the nat rules do with a connection's first packet.

@@ -37,7 +37,35 @@ func TestHostsLieInScenarioRanges(t *testing.T) {
 func TestExpectations(t *testing.T) {
 	ap := netip.AddrPortFrom
 	peer := func(a netip.Addr, port uint16) string { return PeerListener(ap(a, port)) }
+	// A dual-stack pod whose sidecar is not dual-stack: IPv4 only.
+	v4Sidecar := map[string]string{
+		"app→other-v4:80":            ListenerOutbound,
+		"app→other-v6:80":            peer(OtherV6Host, 80), // no IPv6 rules: straight out
+		"app→included-v6:80":         peer(IncludedV6Host, 80),
+		"peer→pod-v4:8080":           ListenerInbound,
+		"peer→pod-v6:8080":           AppListener(8080), // straight to the app
+		"app→pod-v6:8080 (lo)":       AppListener(8080),
+		"proxy-uid→pod-v6:8080 (lo)": AppListener(8080),
+		"proxy-uid→pod-v4:8080 (lo)": ListenerInbound,
+	}
 	want := map[string]map[string]string{
+		"ipv4-only-dual-stack-sidecar": {
+			"app→other-v4:80":  ListenerOutbound,
+			"peer→pod-v4:8080": ListenerInbound,
+		},
+		"dual-stack-ipv4-sidecar":            v4Sidecar,
+		"dual-stack-ipv6-first-ipv4-sidecar": v4Sidecar,
+		"ipv6-only": {
+			"app→other-v6:80":            ListenerOutbound,
+			"app→other-v6:53/udp":        peer(OtherV6Host, 53),
+			"peer→pod-v6:8080":           ListenerInbound,
+			"peer→pod-v6:8081":           ListenerInbound,
+			"passthrough→pod-v6:8080":    AppListener(8080),
+			"proxy-uid→pod-v6:8080 (lo)": ListenerInbound,
+			"app→127.0.0.2:8080 (lo)":    AppListener(8080),
+			"validation→127.0.0.6:15002": ListenerInbound,
+			"validation-v6→[::6]:15002":  LandedRefused,
+		},
 		"defaults": {
 			"app→other-v4:80":             ListenerOutbound,
 			"app→other-v6:80":             ListenerOutbound,
@@ -59,10 +87,9 @@ func TestExpectations(t *testing.T) {
 			"validation-v6→[::6]:15002":   LandedRefused,
 		},
 		"ipv4-only": {
-			"app→other-v4:80":  ListenerOutbound,
-			"app→other-v6:80":  peer(OtherV6Host, 80),
-			"peer→pod-v6:8080": AppListener(8080),
-			"peer→pod-v4:8080": ListenerInbound,
+			"app→other-v4:80":            ListenerOutbound,
+			"peer→pod-v4:8080":           ListenerInbound,
+			"validation→127.0.0.6:15002": ListenerInbound,
 		},
 		"include-inbound-ports": {
 			"peer→pod-v4:8080": ListenerInbound,
@@ -167,10 +194,18 @@ func TestExpectations(t *testing.T) {
 			if o.PodIface == "" {
 				o.PodIface = "eth0"
 			}
-			topo := &Topology{PodIface: o.PodIface, AppPorts: DefaultAppPorts, PeerTCPPorts: DefaultPeerTCPPorts, PeerUDPPorts: DefaultPeerUDPPorts}
+			topo := &Topology{PodIface: o.PodIface, Stack: sc.Stack, AppPorts: DefaultAppPorts, PeerTCPPorts: DefaultPeerTCPPorts, PeerUDPPorts: DefaultPeerUDPPorts}
 			cases := ExpectedProbesFor(&spec, topo)
 			got := map[string]ProbeCase{}
+			var to4, to6 int // probes to non-loopback addresses, by family
 			for _, c := range cases {
+				if a := c.Probe.Dst.Addr(); !a.IsLoopback() && a != PassthroughV6 {
+					if a.Is4() {
+						to4++
+					} else {
+						to6++
+					}
+				}
 				if _, dup := got[c.Name]; dup {
 					t.Errorf("duplicate probe name %q", c.Name)
 				}
@@ -178,6 +213,11 @@ func TestExpectations(t *testing.T) {
 				if c.Why == "" {
 					t.Errorf("%s: no reason given", c.Name)
 				}
+			}
+			// A family the pod lacks cannot be probed; every family it has
+			// is, captured or not.
+			if (to4 > 0) != sc.Stack.Has4() || (to6 > 0) != sc.Stack.Has6() {
+				t.Errorf("%s pod: %d IPv4 and %d IPv6 probes", sc.Stack, to4, to6)
 			}
 			pins, ok := want[sc.Name]
 			if !ok {

@@ -3,9 +3,13 @@ package nettest
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"slices"
 	"time"
 
+	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/internal/scenarios"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -68,11 +72,13 @@ type TestingT interface {
 	Cleanup(func())
 }
 
-// AssertScenario builds a topology for the scenario, starts the listeners,
-// applies the scenario's plan with backend into the pod namespace, sends
-// every probe of ExpectedProbes and reports each mismatch with the probe's
-// name, the expected and the actual landing. Everything is removed in
-// t.Cleanup.
+// AssertScenario builds a topology for the scenario (with the scenario's
+// address families), checks that Istio's IPv6 decision taken from the
+// addresses the kernel lists there is the scenario's, starts the listeners,
+// applies the scenario's plan with backend into the pod namespace, checks
+// that ::6 is on lo exactly when IPv6 is captured, sends every probe of
+// ExpectedProbes and reports each mismatch with the probe's name, the
+// expected and the actual landing. Everything is removed in t.Cleanup.
 func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario) {
 	t.Helper()
 	spec, err := sc.Spec()
@@ -83,7 +89,9 @@ func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario)
 	if err != nil {
 		t.Fatalf("building plan of scenario %s: %v", sc.Name, err)
 	}
-	topo, err := NewTopology(TopologyOptionsFor(spec))
+	opts := TopologyOptionsFor(spec)
+	opts.Stack = sc.Stack
+	topo, err := NewTopology(opts)
 	if err != nil {
 		t.Fatalf("scenario %s: %v", sc.Name, err)
 	}
@@ -92,6 +100,9 @@ func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario)
 			t.Errorf("scenario %s: %v", sc.Name, err)
 		}
 	})
+	if err := CheckIPv6Decision(topo, spec); err != nil {
+		t.Fatalf("scenario %s: %v", sc.Name, err)
+	}
 	ls, err := StartListeners(topo, ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
 	if err != nil {
 		t.Fatalf("scenario %s: %v", sc.Name, err)
@@ -108,6 +119,9 @@ func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario)
 	if err := backend.Apply(ctx, topo.PodNetnsPath(), plan); err != nil {
 		t.Fatalf("scenario %s: applying with %s: %v", sc.Name, backend.Name(), err)
 	}
+	if err := CheckPassthroughV6(topo, spec.IPv6); err != nil {
+		t.Errorf("scenario %s, backend %s: %v", sc.Name, backend.Name(), err)
+	}
 	cases := ExpectedProbesFor(&spec, topo)
 	bad := 0
 	for _, o := range RunProbes(topo, cases) {
@@ -123,4 +137,36 @@ func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario)
 		t.Logf("ok %s in %v%s", o, o.Took.Round(time.Millisecond), retry)
 	}
 	t.Logf("scenario %s, backend %s: %d/%d probes as expected", sc.Name, backend.Name(), len(cases)-bad, len(cases))
+}
+
+// CheckIPv6Decision reads the pod namespace's addresses as the kernel lists
+// them and checks that they are the topology's Stack in the order
+// scenarios.Stack.Listed predicts, and that Istio's decision over them
+// (meshpod.IPv6Capture with spec.DualStack) is spec.IPv6.
+func CheckIPv6Decision(topo *Topology, spec redirect.Spec) error {
+	all, err := netnsaddr.List(topo.PodNetnsPath())
+	if err != nil {
+		return err
+	}
+	counted := slices.DeleteFunc(slices.Clone(all), func(a netip.Addr) bool { return !meshpod.Counts(a) })
+	if want := topo.Stack.Listed(); !slices.Equal(counted, want) {
+		return fmt.Errorf("pod namespace (%s) lists %v, of which %v count for Istio's IPv6 decision; want %v", topo.Stack, all, counted, want)
+	}
+	if got := meshpod.IPv6Capture(all, spec.DualStack); got != spec.IPv6 {
+		return fmt.Errorf("IPv6 capture decided from the pod namespace's addresses %v (dual-stack sidecar %t) is %t, the spec says %t", all, spec.DualStack, got, spec.IPv6)
+	}
+	return nil
+}
+
+// CheckPassthroughV6 checks that ::6 is on the pod's lo exactly when want
+// (IPv6 captured): Istio adds it only then.
+func CheckPassthroughV6(topo *Topology, want bool) error {
+	all, err := netnsaddr.List(topo.PodNetnsPath())
+	if err != nil {
+		return err
+	}
+	if got := slices.Contains(all, PassthroughV6); got != want {
+		return fmt.Errorf("%s on the pod's lo: %t, want %t (addresses %v)", PassthroughV6, got, want, all)
+	}
+	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -29,10 +30,11 @@ const netnsDir = "/run/netns"
 // its own pair of namespaces, so concurrent topologies do not collide.
 var (
 	// The pod's veth and the peer's end, 198.18.0.0/15 (benchmarking range)
-	// and a ULA /64.
-	PodV4  = netip.MustParseAddr("198.18.0.2")
+	// and a ULA /64. The pod has the families its Stack says; the peer has
+	// both.
+	PodV4  = scenarios.PodV4
 	PeerV4 = netip.MustParseAddr("198.18.0.1")
-	PodV6  = netip.MustParseAddr("fd00:6e74:7300::2")
+	PodV6  = scenarios.PodV6
 	PeerV6 = netip.MustParseAddr("fd00:6e74:7300::1")
 
 	// Hosts the peer owns, one inside each of internal/scenarios' ranges and
@@ -79,6 +81,9 @@ type TopologyOptions struct {
 	// if nil).
 	PeerTCPPorts []uint16
 	PeerUDPPorts []uint16
+	// Stack is the pod's address families, and the order its interface
+	// gets them (scenarios.StackDual if zero).
+	Stack scenarios.Stack
 }
 
 // TopologyOptionsFor returns the options a scenario's spec needs: the pod's
@@ -97,12 +102,14 @@ func TopologyOptionsFor(s redirect.Spec) TopologyOptions {
 }
 
 // Topology is a throw-away "pod" network namespace and a "peer" namespace
-// joined by a veth pair. The pod has PodV4/PodV6 and default routes via the
-// peer; the peer owns the external hosts (…Host addresses) on its lo and
-// routes ThroughPodV4/V6 back through the pod.
+// joined by a veth pair. The pod has PodV4 and/or PodV6 (as Stack says) and
+// a default route via the peer for each; the peer owns the external hosts
+// (…Host addresses) on its lo and routes ThroughPodV4/V6 back through the
+// pod.
 type Topology struct {
 	PodNetns, PeerNetns string // names under /run/netns
 	PodIface, PeerIface string
+	Stack               scenarios.Stack
 
 	AppPorts     []uint16
 	PeerTCPPorts []uint16
@@ -141,6 +148,7 @@ func NewTopology(opts TopologyOptions) (_ *Topology, err error) {
 		PeerNetns:    base + "-peer",
 		PodIface:     opts.PodIface,
 		PeerIface:    "peer0",
+		Stack:        opts.Stack,
 		AppPorts:     orDefault(opts.AppPorts, DefaultAppPorts),
 		PeerTCPPorts: orDefault(opts.PeerTCPPorts, DefaultPeerTCPPorts),
 		PeerUDPPorts: orDefault(opts.PeerUDPPorts, DefaultPeerUDPPorts),
@@ -290,17 +298,19 @@ func (t *Topology) wire() error {
 		}
 	}
 
-	for _, a := range []struct {
-		h    *netlink.Handle
-		link netlink.Link
-		addr netip.Prefix
-	}{
-		{pod, podLink, netip.PrefixFrom(PodV4, 24)},
-		{pod, podLink, netip.PrefixFrom(PodV6, 64)},
-		{peer, peerLink, netip.PrefixFrom(PeerV4, 24)},
-		{peer, peerLink, netip.PrefixFrom(PeerV6, 64)},
-	} {
-		if err := addAddr(a.h, a.link, a.addr); err != nil {
+	// The pod's addresses in the order of its Stack: the kernel lists them
+	// in its own order, which the IPv6 decision depends on.
+	for _, a := range t.Stack.Added() {
+		bits := 24
+		if a.Is6() {
+			bits = 64
+		}
+		if err := addAddr(pod, podLink, netip.PrefixFrom(a, bits)); err != nil {
+			return err
+		}
+	}
+	for _, a := range []netip.Prefix{netip.PrefixFrom(PeerV4, 24), netip.PrefixFrom(PeerV6, 64)} {
+		if err := addAddr(peer, peerLink, a); err != nil {
 			return err
 		}
 	}
@@ -329,6 +339,9 @@ func (t *Topology) wire() error {
 		if n.ip.Is6() {
 			fam = netlink.FAMILY_V6
 		}
+		if !t.hasFamily(n.ip) {
+			continue
+		}
 		neigh := &netlink.Neigh{LinkIndex: n.link.Attrs().Index, Family: fam, State: netlink.NUD_PERMANENT,
 			IP: net.IP(n.ip.AsSlice()), HardwareAddr: n.mac}
 		if err := n.h.NeighSet(neigh); err != nil {
@@ -348,12 +361,23 @@ func (t *Topology) wire() error {
 		{peer, peerLink, netip.PrefixFrom(ThroughPodV6, 128), PodV6},
 	}
 	for _, r := range routes {
+		if !t.hasFamily(r.gw) {
+			continue
+		}
 		route := &netlink.Route{LinkIndex: r.link.Attrs().Index, Dst: ipNet(r.dst), Gw: net.IP(r.gw.AsSlice())}
 		if err := r.h.RouteAdd(route); err != nil {
 			return fmt.Errorf("adding route %s via %s: %w", r.dst, r.gw, err)
 		}
 	}
 	return nil
+}
+
+// hasFamily reports whether the pod has an address of a's family.
+func (t *Topology) hasFamily(a netip.Addr) bool {
+	if a.Is4() {
+		return t.Stack.Has4()
+	}
+	return t.Stack.Has6()
 }
 
 // refresh re-reads a link (its attributes, such as the MAC, as they are now).

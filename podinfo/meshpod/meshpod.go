@@ -9,7 +9,6 @@ package meshpod
 import (
 	"fmt"
 	"math"
-	"net/netip"
 	"strconv"
 
 	"github.com/nftmesh/nftmesh/redirect"
@@ -80,8 +79,9 @@ type EnvVar struct{ Name, Value string }
 // For an in-mesh pod the Spec starts from redirect.DefaultSpec, takes the
 // proxy's runAsUser/runAsGroup (0 or unset keeps 1337), its literal env
 // ISTIO_META_DNS_CAPTURE, INVALID_DROP and ISTIO_DUAL_STACK (an empty value
-// counts as unset), turns IPv6 on when the pod already has an IPv6 address,
-// then applies the pod's annotations. All problems come back at once as a
+// counts as unset), predicts IPv6 capture from the pod's IPs with
+// IPv6Capture (callers holding the pod's network namespace decide from its
+// addresses instead), then applies the pod's annotations. All problems come back at once as a
 // *redirect.ValidationError, with inMesh true so that the caller fails closed
 // rather than skipping.
 func Decide(pod *Pod) (inMesh bool, reason string, spec redirect.Spec, err error) {
@@ -186,10 +186,10 @@ func specFor(pod *Pod, proxy *Container, env map[string]string) (redirect.Spec, 
 	}
 	boolEnv(EnvDNSCapture, &base.CaptureDNS)
 	boolEnv(EnvInvalidDrop, &base.DropInvalid)
-	boolEnv(EnvDualStack, &base.IPv6)
-	if HasIPv6(pod.PodIPs) {
-		base.IPv6 = true
-	}
+	boolEnv(EnvDualStack, &base.DualStack)
+	// A prediction from the pod's IPs, for manifests; callers that can read
+	// the pod's network namespace decide again from its addresses.
+	base.IPv6 = IPv6Capture(KernelOrder(parseIPs(pod.PodIPs)), base.DualStack)
 
 	spec, err := redirect.ParseAnnotations(base, pod.Annotations)
 	if len(problems) == 0 {
@@ -217,24 +217,4 @@ func proxyID(field string, v *int64) (uint32, *redirect.FieldError) {
 		}
 	}
 	return uint32(*v), nil
-}
-
-// HasIPv6 reports whether any of the addresses (plain or CIDR notation) is
-// a global IPv6 address. Unparsable entries are ignored: they come from the
-// API server or the primary plugin, not from the user.
-func HasIPv6(addrs []string) bool {
-	for _, s := range addrs {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			p, perr := netip.ParsePrefix(s)
-			if perr != nil {
-				continue
-			}
-			a = p.Addr()
-		}
-		if a.Is6() && !a.Is4In6() && !a.IsLoopback() && !a.IsLinkLocalUnicast() {
-			return true
-		}
-	}
-	return false
 }

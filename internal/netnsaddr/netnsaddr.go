@@ -1,0 +1,66 @@
+// Package netnsaddr reads the addresses of a network namespace in the order
+// the kernel lists them, which is what decides a pod's IPv6 capture
+// (meshpod.IPv6Capture). It reads through an rtnetlink socket opened inside
+// the namespace (netlink.NewHandleAt); the calling thread never changes
+// namespace and nothing is executed.
+//
+// It owns only the reading: no decision, no writes.
+package netnsaddr
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// dumpAttempts bounds the retries of an address dump that the kernel
+// reports as interrupted (addresses changed while it ran).
+const dumpAttempts = 3
+
+// List returns every address on every interface of the network namespace at
+// path (such as /var/run/netns/NAME or /proc/PID/ns/net), loopback and
+// link-local ones included, in the order the kernel lists them.
+//
+// That order is one RTM_GETADDR dump for all families, as net.InterfaceAddrs
+// gets it inside the namespace (and so as Istio sees them): every IPv4
+// address, interface by interface, then every IPv6 one. For a
+// point-to-point address it is the local end.
+func List(path string) ([]netip.Addr, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("listing addresses: opening network namespace %s: %w", path, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("listing addresses: opening rtnetlink in %s: %w", path, err)
+	}
+	defer h.Close()
+	for attempt := 1; ; attempt++ {
+		// FAMILY_ALL asks for AF_UNSPEC: one dump of every family, in the
+		// kernel's order, not two dumps concatenated in ours.
+		as, err := h.AddrList(nil, netlink.FAMILY_ALL)
+		if errors.Is(err, netlink.ErrDumpInterrupted) && attempt < dumpAttempts {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("listing addresses in %s: %w", path, err)
+		}
+		out := make([]netip.Addr, 0, len(as))
+		for _, a := range as {
+			if a.IPNet == nil {
+				continue
+			}
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if !ok {
+				continue
+			}
+			out = append(out, ip)
+		}
+		return out, nil
+	}
+}
