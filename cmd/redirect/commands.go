@@ -66,7 +66,7 @@ func newValidateCmd() *cobra.Command {
 			fmt.Fprintf(w, "  outbound ranges:     %s (excluded: %s)\n", orNone(s.OutboundIPRanges.String()), orNone(redirect.CIDRSelector{Prefixes: s.OutboundIPRangesExclude}.String()))
 			fmt.Fprintf(w, "  outbound ports:      included %s, excluded %s\n", orNone(joinU16(s.OutboundPorts)), orNone(joinU16(s.OutboundPortsExclude)))
 			fmt.Fprintf(w, "  proxy uid/gid:       %v / %v\n", s.ProxyUIDs, s.ProxyGIDs)
-			fmt.Fprintf(w, "  dns capture, ipv6:   %t, %t\n", s.CaptureDNS, s.IPv6)
+			fmt.Fprintf(w, "  dns capture, ipv6:   %t, %t (dual-stack sidecar: %t)\n", s.CaptureDNS, s.IPv6, s.DualStack)
 			rules := 0
 			for _, t := range p.Tables {
 				for _, c := range t.Chains {
@@ -96,7 +96,7 @@ before. On failure nothing is left behind. PATH is a netns file such as
 			if err := checkTarget(netns, backend); err != nil {
 				return err
 			}
-			p, r, err := sf.plan(cmd.Flags())
+			p, r, err := sf.planIn(cmd.Flags(), netns)
 			if err != nil {
 				return err
 			}
@@ -159,7 +159,7 @@ compares the live rules with what that pod should have, prints the differences
 				fmt.Fprint(w, out)
 				return nil
 			}
-			want, r, err := sf.plan(cmd.Flags())
+			want, r, err := sf.planIn(cmd.Flags(), netns)
 			if err != nil {
 				return err
 			}

@@ -38,6 +38,7 @@ func TestCLIBadInput(t *testing.T) {
 		{"unknown flag", []string{"render", "--bogus"}, exitUsage, []string{"bogus"}},
 		{"pod and annotation", []string{"render", "--pod", "x.yaml", "-a", redirect.AnnotationIncludeInboundPorts + "=80"}, exitUsage, []string{"--pod and --annotation"}},
 		{"pod and proxy flag", []string{"render", "--pod", "x.yaml", "--dns-capture"}, exitUsage, []string{"--dns-capture", "--pod"}},
+		{"pod and dual-stack flag", []string{"render", "--pod", "x.yaml", "--dual-stack"}, exitUsage, []string{"--dual-stack", "--pod"}},
 		{"missing pod file", []string{"render", "--pod", filepath.Join(pod, "does-not-exist.yaml")}, exitUsage, []string{"does-not-exist.yaml"}},
 		{"apply without netns", []string{"apply"}, exitUsage, []string{"--netns"}},
 		{"bad backend", []string{"apply", "--netns", "/proc/self/ns/net", "--backend", "ebpf"}, exitUsage, []string{`"ebpf"`}},

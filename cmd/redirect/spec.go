@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -17,6 +18,7 @@ type specFlags struct {
 	pod         string
 	annotations []string
 	ipv6        bool
+	dualStack   bool
 	dns         bool
 	dropInvalid bool
 	uids        string
@@ -26,7 +28,8 @@ type specFlags struct {
 func (f *specFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.pod, "pod", "", "Pod manifest (YAML or JSON) to take the spec from, as the CNI plugin would")
 	fs.StringArrayVarP(&f.annotations, "annotation", "a", nil, "pod annotation `key=value` (repeatable), e.g. traffic.sidecar.istio.io/excludeOutboundIPRanges=10.0.0.0/8")
-	fs.BoolVar(&f.ipv6, "ipv6", false, "the pod has IPv6 (dual-stack): also capture IPv6 and add ::6/128 to lo")
+	fs.BoolVar(&f.ipv6, "ipv6", false, "also capture IPv6 and add ::6/128 to lo; with --netns the default is decided from the namespace's addresses as Istio does")
+	fs.BoolVar(&f.dualStack, "dual-stack", false, "the sidecar is dual-stack (ISTIO_DUAL_STACK=true): with --netns, capture IPv6 whenever the namespace has an IPv6 address, not only when its first address is IPv6")
 	fs.BoolVar(&f.dns, "dns-capture", false, "capture DNS to the agent on 15053 (ISTIO_META_DNS_CAPTURE=true)")
 	fs.BoolVar(&f.dropInvalid, "drop-invalid", false, "drop conntrack-invalid packets (INVALID_DROP=true)")
 	fs.StringVar(&f.uids, "proxy-uid", "1337", "proxy UIDs whose traffic is never captured (comma list)")
@@ -43,13 +46,14 @@ type resolved struct {
 
 // resolve builds the Spec. Flags that describe the proxy container conflict
 // with --pod (the manifest says it), except --ipv6, which the manifest
-// cannot know before the pod has IPs.
+// cannot know before the pod has IPs: without it the manifest's pod IPs
+// predict it (see inNetns for commands that have the pod's namespace).
 func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 	if f.pod != "" {
 		if len(f.annotations) > 0 {
 			return resolved{}, usageErr("--pod and --annotation cannot be combined: put the annotations in the manifest")
 		}
-		for _, name := range []string{"dns-capture", "drop-invalid", "proxy-uid", "proxy-gid"} {
+		for _, name := range []string{"dns-capture", "drop-invalid", "dual-stack", "proxy-uid", "proxy-gid"} {
 			if fs.Changed(name) {
 				return resolved{}, usageErr("--%s cannot be combined with --pod: the manifest's istio-proxy container decides it", name)
 			}
@@ -91,7 +95,7 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 		}
 	}
 	base := redirect.DefaultSpec()
-	base.IPv6, base.CaptureDNS, base.DropInvalid = f.ipv6, f.dns, f.dropInvalid
+	base.IPv6, base.DualStack, base.CaptureDNS, base.DropInvalid = f.ipv6, f.dualStack, f.dns, f.dropInvalid
 	var err error
 	if base.ProxyUIDs, err = parseIDs("--proxy-uid", f.uids); err != nil {
 		return resolved{}, err
@@ -128,9 +132,24 @@ func parseIDs(flag, v string) ([]uint32, error) {
 // plan resolves the flags and builds the plan; notInMesh reports a pod the
 // CNI would skip (exit code 4, reason on stderr).
 func (f *specFlags) plan(fs *pflag.FlagSet) (redirect.Plan, resolved, error) {
+	return f.planIn(fs, "")
+}
+
+// planIn is plan for a pod living in the network namespace at netns (none
+// if ""): unless --ipv6 is given, IPv6 is captured as Istio decides from
+// that namespace's addresses and the sidecar's dual-stack setting, as the
+// CNI plugin does.
+func (f *specFlags) planIn(fs *pflag.FlagSet, netns string) (redirect.Plan, resolved, error) {
 	r, err := f.resolve(fs)
 	if err != nil {
 		return redirect.Plan{}, r, err
+	}
+	if netns != "" && !fs.Changed("ipv6") && r.inMesh {
+		addrs, err := netnsaddr.List(netns)
+		if err != nil {
+			return redirect.Plan{}, r, failure(err)
+		}
+		r.spec.IPv6 = meshpod.IPv6Capture(addrs, r.spec.DualStack)
 	}
 	if !r.inMesh {
 		return redirect.Plan{}, r, &exitError{exitNotInMesh, fmt.Errorf("%s is not in the mesh: %s", r.subject, r.reason)}
