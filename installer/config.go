@@ -25,6 +25,9 @@ const PluginName = "nftmesh-cni"
 // when no name is configured; the YYY prefix sorts it after primaries.
 const DefaultStandaloneConfName = "YYY-nftmesh-cni.conf"
 
+// LogFormats the agent writes its log in.
+var LogFormats = []string{"json", "text"}
+
 // Backends the plugin understands.
 var Backends = []string{"auto", "nftables", "iptables-legacy"}
 
@@ -60,7 +63,11 @@ type Config struct {
 	MetricsAddr       string
 	Backend           string
 	LogLevel          zerolog.Level
+	LogFormat         string
 	APITimeout        time.Duration
+	// NetworkName is the standalone config's "name": Multus finds the
+	// config of a NetworkAttachmentDefinition without one by this name.
+	NetworkName string
 
 	// ReinstallRate (per second) and ReinstallBurst throttle rewrites of
 	// the CNI config; FightThreshold re-inserts within FightWindow are
@@ -164,6 +171,7 @@ func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
 	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "host CNI config dir")
 	fs.StringVar(&c.CNIConfFileName, "cni-conf-file-name", "", "CNI config file to use instead of discovering the primary one (standalone: the file to write)")
 	fs.BoolVar(&c.Chained, "chained", true, "insert into the primary CNI config (false: write a standalone config for Multus)")
+	fs.StringVar(&c.NetworkName, "cni-network-name", PluginName, "standalone only: the config's network name, which Multus matches against the NetworkAttachmentDefinition pods reference")
 	fs.StringVar(&c.AgentRunDir, "agent-run-dir", "/var/run/nftmesh", "run dir shared with the plugin (kubeconfig, state, logs); same path on host and in the pod")
 	fs.StringVar(&c.PluginBinary, "plugin-binary", "/opt/cni/bin/"+PluginName, "the "+PluginName+" binary to install")
 	fs.StringVar(&c.ServiceAccountDir, "service-account-dir", "/var/run/secrets/kubernetes.io/serviceaccount", "service-account dir with token and ca.crt for the plugin's kubeconfig (empty: write no kubeconfig)")
@@ -175,7 +183,8 @@ func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
 	fs.StringVar(&c.HealthAddr, "health-addr", ":8000", "listen address for /healthz and /readyz (empty: off)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":15014", "listen address for /metrics (empty: off)")
 	fs.StringVar(&c.Backend, "backend", "auto", "capture backend for the plugin: "+strings.Join(Backends, "|"))
-	fs.StringVar(logLevel, "log-level", "info", "log level of the agent and the plugin: debug|info|warn|error")
+	fs.StringVar(logLevel, "log-level", "info", "log level of the agent and the plugin: debug|info|warn|error, or Istio's scope:level list (the most verbose applies)")
+	fs.StringVar(&c.LogFormat, "log-format", "json", "the agent's log lines: "+strings.Join(LogFormats, "|"))
 	fs.DurationVar(&c.APITimeout, "api-timeout", 30*time.Second, "how long the plugin retries its pod lookup before failing")
 	fs.Float64Var(&c.ReinstallRate, "reinstall-rate", 1, "max CNI config rewrites per second once the burst is used")
 	fs.IntVar(&c.ReinstallBurst, "reinstall-burst", 5, "CNI config rewrites allowed at once")
@@ -468,15 +477,16 @@ func (c *Config) finish(logLevel string, sources map[string]string, getenv func(
 	if !slices.Contains(Backends, c.Backend) {
 		return bad("backend", c.Backend, "must be one of "+strings.Join(Backends, ", "))
 	}
-	lvl := strings.ToLower(strings.TrimSpace(logLevel))
-	if lvl == "warning" {
-		lvl = "warn"
+	lvl, err := ParseLogLevel(logLevel)
+	if err != nil {
+		return bad("log-level", logLevel, err.Error())
 	}
-	switch lvl {
-	case "debug", "info", "warn", "error":
-		c.LogLevel, _ = zerolog.ParseLevel(lvl)
-	default:
-		return bad("log-level", logLevel, "must be one of debug, info, warn, error")
+	c.LogLevel = lvl
+	if !slices.Contains(LogFormats, c.LogFormat) {
+		return bad("log-format", c.LogFormat, "must be one of "+strings.Join(LogFormats, ", "))
+	}
+	if errs := validation.IsDNS1123Subdomain(c.NetworkName); len(errs) > 0 {
+		return bad("cni-network-name", c.NetworkName, "not a NetworkAttachmentDefinition name: "+strings.Join(errs, "; "))
 	}
 	if c.APITimeout <= 0 || c.APITimeout > 10*time.Minute {
 		return bad("api-timeout", c.APITimeout.String(), "must be between 0 and 10m")

@@ -34,7 +34,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		AgentRunDir: "/var/run/nftmesh", PluginBinary: "/opt/cni/bin/nftmesh-cni",
 		ServiceAccountDir: "/var/run/secrets/kubernetes.io/serviceaccount", KubeAPIServer: "https://10.96.0.1:443",
 		ExcludeNamespaces: []string{"kube-system"}, HealthAddr: ":8000", MetricsAddr: ":15014",
-		Backend: "auto", LogLevel: zerolog.InfoLevel, APITimeout: 30 * time.Second,
+		Backend: "auto", LogLevel: zerolog.InfoLevel, LogFormat: "json", NetworkName: "nftmesh-cni", APITimeout: 30 * time.Second,
 		ReinstallRate: 1, ReinstallBurst: 5, FightThreshold: 5, FightWindow: time.Minute,
 		Repair: RepairConfig{InitContainerName: "istio-validation", InitContainerExitCode: 126,
 			SidecarAnnotation: "sidecar.istio.io/status", BrokenPodLabelKey: "cni.istio.io/uninitialized", BrokenPodLabelValue: "true",
@@ -243,4 +243,101 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		_ = c.PluginConf().JSON()
 	})
+}
+
+func TestParseLogLevelIstioForms(t *testing.T) {
+	good := []struct {
+		in   string
+		want zerolog.Level
+	}{
+		{"info", zerolog.InfoLevel},
+		{"WARNING", zerolog.WarnLevel},
+		{"default:info", zerolog.InfoLevel},
+		{"default:info,cni-plugin:debug", zerolog.DebugLevel},
+		{"cni:warn, default:error", zerolog.WarnLevel},
+		{"default:none", zerolog.ErrorLevel},
+		{"default:fatal,install:error", zerolog.ErrorLevel},
+		{"error,repair:info", zerolog.InfoLevel},
+	}
+	for _, g := range good {
+		got, err := ParseLogLevel(g.in)
+		if err != nil || got != g.want {
+			t.Errorf("ParseLogLevel(%q) = %v, %v; want %v", g.in, got, err, g.want)
+		}
+	}
+	bad := []struct{ in, names string }{
+		{"", "empty"},
+		{"  ", "empty"},
+		{"trace", `"trace"`},
+		{"default:loud", `"loud"`},
+		{"default:info,", `item ""`},
+		{":info", `scope ""`},
+		{"my scope:info", `"my scope"`},
+		{"default:info:debug", `"info:debug"`},
+		{strings.Repeat("x", 500) + ":info", "..."},
+	}
+	for _, b := range bad {
+		_, err := ParseLogLevel(b.in)
+		if err == nil {
+			t.Errorf("ParseLogLevel(%q) accepted", b.in)
+			continue
+		}
+		if !strings.Contains(err.Error(), b.names) || len(err.Error()) > 300 {
+			t.Errorf("ParseLogLevel(%q): %q should name %s, bounded", b.in, err, b.names)
+		}
+	}
+	// Through the agent's configuration, as the chart passes it.
+	c, err := ParseConfig(nil, withEnv(map[string]string{"NFTMESH_LOG_LEVEL": "default:info,cni-plugin:debug"}))
+	if err != nil || c.LogLevel != zerolog.DebugLevel || c.PluginConf().LogLevel != "debug" {
+		t.Errorf("scope form through the environment: %v %+v", err, c)
+	}
+}
+
+// FuzzParseLogLevel: any string is a level or an error naming what is
+// wrong, never a panic or a level the plugin would not accept.
+func FuzzParseLogLevel(f *testing.F) {
+	for _, s := range []string{"info", "default:info,cni-plugin:debug", "a:none", ",", ":", "x:y:z"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		l, err := ParseLogLevel(s)
+		if err != nil {
+			if len(err.Error()) > 400 {
+				t.Fatalf("unbounded error: %d bytes", len(err.Error()))
+			}
+			return
+		}
+		switch l {
+		case zerolog.DebugLevel, zerolog.InfoLevel, zerolog.WarnLevel, zerolog.ErrorLevel:
+		default:
+			t.Fatalf("ParseLogLevel(%q) = %v", s, l)
+		}
+	})
+}
+
+func TestStandaloneNetworkName(t *testing.T) {
+	c, err := ParseConfig([]string{"--chained=false"}, withEnv(map[string]string{"NFTMESH_CNI_NETWORK_NAME": "istio-cni"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc := c.PluginConf(); pc.Name != "istio-cni" || pc.Type != PluginName {
+		t.Errorf("standalone conf name %q type %q, want istio-cni %s", pc.Name, pc.Type, PluginName)
+	}
+	c, err = ParseConfig(nil, withEnv(map[string]string{"NFTMESH_CNI_NETWORK_NAME": "istio-cni"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc := c.PluginConf(); pc.Name != PluginName {
+		t.Errorf("chained entry renamed to %q", pc.Name)
+	}
+	for _, bad := range []string{"", "Istio_CNI", "default/istio-cni", strings.Repeat("a", 254)} {
+		if _, err := ParseConfig([]string{"--cni-network-name", bad}, withEnv(nil)); err == nil || !strings.Contains(err.Error(), "--cni-network-name") {
+			t.Errorf("network name %q: %v", bad, err)
+		}
+	}
+	for _, bad := range []string{"yaml", "JSON", ""} {
+		if _, err := ParseConfig([]string{"--log-format", bad}, withEnv(nil)); err == nil || !strings.Contains(err.Error(), "--log-format") {
+			t.Errorf("log format %q: %v", bad, err)
+		}
+	}
 }

@@ -39,6 +39,9 @@ func (c *Config) PluginConf() PluginConf {
 	}
 	if !c.Chained {
 		pc.CNIVersion = StandaloneCNIVersion
+		if c.NetworkName != "" {
+			pc.Name = c.NetworkName
+		}
 	}
 	return pc
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/signal"
@@ -48,7 +49,7 @@ func main() {
 }
 
 func run(args []string, getenv func(string) (string, bool)) int {
-	base := zerolog.New(os.Stderr).With().Timestamp().Str("component", "nftmesh-agent").Logger()
+	base := newLogger(os.Stderr, "json")
 	cfg, err := installer.ParseConfig(args, getenv)
 	if errors.Is(err, pflag.ErrHelp) {
 		fmt.Fprintf(os.Stdout, "Usage: nftmesh-agent [flags]\n\nEvery flag can also be set as NFTMESH_<FLAG> (e.g. NFTMESH_CNI_CONF_DIR);\nIstio's install-cni variables (CNI_CONF_NAME, CHAINED_CNI_PLUGIN, EXCLUDE_NAMESPACES,\nMOUNTED_CNI_NET_DIR, REPAIR_*, ...) are accepted too. Flags win over variables.\n\n%s", installer.Usage())
@@ -58,7 +59,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		base.Error().Err(err).Msg("invalid configuration; nothing was changed on the host")
 		return exitConfig
 	}
-	log := base.Level(cfg.LogLevel)
+	log := newLogger(os.Stderr, cfg.LogFormat).Level(cfg.LogLevel)
 
 	m := installer.NewMetrics()
 	in, err := installer.New(cfg, log, m)
@@ -192,4 +193,14 @@ func repairClient(cfg *installer.Config) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("building the repair controller's API client: %w", err)
 	}
 	return c, nil
+}
+
+// newLogger writes JSON lines, or with format "text" plain lines without
+// colour for those who read the agent's log as text (Istio's agent writes
+// text unless told to write JSON).
+func newLogger(w io.Writer, format string) zerolog.Logger {
+	if format == "text" {
+		w = zerolog.ConsoleWriter{Out: w, NoColor: true, TimeFormat: time.RFC3339}
+	}
+	return zerolog.New(w).With().Timestamp().Str("component", "nftmesh-agent").Logger()
 }

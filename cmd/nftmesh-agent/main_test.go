@@ -242,3 +242,20 @@ func TestAgentBinaryBadConfigTouchesNothing(t *testing.T) {
 		})
 	}
 }
+
+// --log-format text (the chart's global.logAsJson=false) writes plain
+// lines; the default stays one JSON object per line.
+func TestLogFormat(t *testing.T) {
+	var j, txt bytes.Buffer
+	for w, format := range map[*bytes.Buffer]string{&j: "json", &txt: "text"} {
+		l := newLogger(w, format)
+		l.Info().Str("file", "/etc/cni/net.d/10-x.conflist").Msg("inserted")
+	}
+	if !strings.HasPrefix(j.String(), "{") || !strings.Contains(j.String(), `"message":"inserted"`) {
+		t.Errorf("json line %q", j.String())
+	}
+	line := txt.String()
+	if strings.HasPrefix(line, "{") || !strings.Contains(line, "INF inserted") || !strings.Contains(line, "file=/etc/cni/net.d/10-x.conflist") || strings.Contains(line, "\x1b[") {
+		t.Errorf("text line %q", line)
+	}
+}

@@ -1,0 +1,75 @@
+package installer
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/rs/zerolog"
+)
+
+// istioLevels maps every level name an Istio log flag accepts to ours.
+// nftmesh always reports its errors, so Istio's none and fatal become error.
+var istioLevels = map[string]zerolog.Level{
+	"debug":   zerolog.DebugLevel,
+	"info":    zerolog.InfoLevel,
+	"warn":    zerolog.WarnLevel,
+	"warning": zerolog.WarnLevel,
+	"error":   zerolog.ErrorLevel,
+	"fatal":   zerolog.ErrorLevel,
+	"none":    zerolog.ErrorLevel,
+}
+
+// maxLevelItem bounds the part of a bad value quoted in an error.
+const maxLevelItem = 40
+
+// ParseLogLevel reads the level of the agent and the plugin: debug, info,
+// warn (or warning), error, or Istio's scope form as its charts write it,
+// scope:level pairs separated by commas (default:info,cni-plugin:debug),
+// where an item without a scope stands for the default scope. nftmesh has
+// one level for all of its logging, so the most verbose level named for any
+// scope applies: whoever asked for debug on one scope sees debug lines.
+func ParseLogLevel(s string) (zerolog.Level, error) {
+	if strings.TrimSpace(s) == "" {
+		return zerolog.NoLevel, fmt.Errorf("is empty")
+	}
+	best := zerolog.Disabled
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		scope, name, scoped := strings.Cut(item, ":")
+		if !scoped {
+			name, scope = scope, "default"
+		}
+		if !validScope(scope) {
+			return zerolog.NoLevel, fmt.Errorf("item %q: scope %q is not a scope name (letters, digits, '-', '_', '.')", bound(item), bound(scope))
+		}
+		lvl, ok := istioLevels[strings.ToLower(strings.TrimSpace(name))]
+		if !ok {
+			return zerolog.NoLevel, fmt.Errorf("item %q: %q is not a level (want debug, info, warn, error, or Istio's fatal or none)", bound(item), bound(name))
+		}
+		if lvl < best {
+			best = lvl
+		}
+	}
+	return best, nil
+}
+
+func validScope(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func bound(s string) string {
+	if len(s) > maxLevelItem {
+		return s[:maxLevelItem] + "..."
+	}
+	return s
+}
