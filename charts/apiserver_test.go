@@ -357,3 +357,99 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		t.Errorf("ClusterRole left after uninstall: %v", err)
 	}
 }
+
+// nadCRD is Multus's NetworkAttachmentDefinition CRD, reduced to what an
+// API server needs to store the chart's object.
+const nadCRD = `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition",
+"metadata":{"name":"network-attachment-definitions.k8s.cni.cncf.io"},
+"spec":{"group":"k8s.cni.cncf.io","scope":"Namespaced",
+"names":{"plural":"network-attachment-definitions","singular":"network-attachment-definition","kind":"NetworkAttachmentDefinition","shortNames":["net-attach-def"]},
+"versions":[{"name":"v1","served":true,"storage":true,"schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
+
+// A real API server accepts what the Istio values file and each platform
+// render: the GKE quota, OpenShift's NetworkAttachmentDefinition in
+// default and its SCC rule, the seccomp, AppArmor and NetworkPolicy objects.
+func TestPlatformsAndIstioValuesOnRealAPIServer(t *testing.T) {
+	helm(t)
+	s := kubetest.Start(t)
+	ctx := context.Background()
+	admin := s.Client()
+	kc := filepath.Join(t.TempDir(), "admin.kubeconfig")
+	if err := s.WriteKubeconfig(kc, s.AdminToken()); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.CoreV1().RESTClient().Post().AbsPath("/apis/apiextensions.k8s.io/v1/customresourcedefinitions").
+		SetHeader("Content-Type", "application/json").Body([]byte(nadCRD)).Do(ctx).Error(); err != nil {
+		t.Fatalf("creating the NetworkAttachmentDefinition CRD: %v", err)
+	}
+	nadPath := func(ns, name string) string {
+		return fmt.Sprintf("/apis/k8s.cni.cncf.io/v1/namespaces/%s/network-attachment-definitions/%s", ns, name)
+	}
+	eventually(t, "the CRD served", func() bool {
+		err := admin.CoreV1().RESTClient().Get().AbsPath("/apis/k8s.cni.cncf.io/v1/namespaces/default/network-attachment-definitions").Do(ctx).Error()
+		return err == nil
+	})
+	helmDo := func(verb string, args ...string) string {
+		t.Helper()
+		a := append([]string{verb, "nftmesh", chartDir, "--kubeconfig", kc, "--namespace", agentNS, "--create-namespace"}, args...)
+		if verb == "upgrade" {
+			a = append(a, "--reset-values")
+		}
+		out, err := runHelm(t, a...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+
+	out := helmDo("install", "-f", filepath.Join("testdata", "istio-cni-values.yaml"))
+	// The notes name what nothing reads (the other charts' globals, and
+	// cniNetnsDir, which Istio mounts in ambient mode only) and the image.
+	for _, want := range []string{"global.meshID", "global.istioNamespace", "cniNetnsDir", "Image: registry.example.com/mirror/nftmesh-agent:1.2.3-debug"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("install notes lack %q:\n%s", want, out)
+		}
+	}
+	q, err := admin.CoreV1().ResourceQuotas(agentNS).Get(ctx, "nftmesh-agent-resource-quota", metav1.GetOptions{})
+	if err != nil || q.Spec.Hard.Pods().String() != "64" {
+		t.Errorf("resource quota: %v %+v", err, q)
+	}
+	if _, err := admin.NetworkingV1().NetworkPolicies(agentNS).Get(ctx, "nftmesh-agent", metav1.GetOptions{}); err != nil {
+		t.Errorf("network policy: %v", err)
+	}
+	ds, err := admin.AppsV1().DaemonSets(agentNS).Get(ctx, "nftmesh-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc := ds.Spec.Template.Spec.Containers[0].SecurityContext; sc.AppArmorProfile == nil || sc.SeccompProfile == nil || sc.SeccompProfile.LocalhostProfile == nil {
+		t.Errorf("security context as stored: %+v", sc)
+	}
+
+	helmDo("upgrade", "--set", "platform=openshift")
+	if err := admin.CoreV1().RESTClient().Get().AbsPath(nadPath("default", "istio-cni")).Do(ctx).Error(); err != nil {
+		t.Errorf("NetworkAttachmentDefinition default/istio-cni: %v", err)
+	}
+	role, err := admin.RbacV1().ClusterRoles().Get(ctx, "nftmesh-agent", metav1.GetOptions{})
+	if err != nil || len(role.Rules) != 2 || role.Rules[1].Resources[0] != "securitycontextconstraints" {
+		t.Errorf("openshift ClusterRole: %v %+v", err, role)
+	}
+	if _, err := admin.CoreV1().ResourceQuotas(agentNS).Get(ctx, "nftmesh-agent-resource-quota", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("quota left after the upgrade to openshift: %v", err)
+	}
+
+	helmDo("upgrade", "--set", "platform=gke")
+	q, err = admin.CoreV1().ResourceQuotas(agentNS).Get(ctx, "nftmesh-agent-resource-quota", metav1.GetOptions{})
+	if err != nil || q.Spec.Hard.Pods().String() != "5000" || q.Spec.ScopeSelector == nil || q.Spec.ScopeSelector.MatchExpressions[0].Values[0] != "system-node-critical" {
+		t.Errorf("gke quota: %v %+v", err, q)
+	}
+	if err := admin.CoreV1().RESTClient().Get().AbsPath(nadPath("default", "istio-cni")).Do(ctx).Error(); !apierrors.IsNotFound(err) {
+		t.Errorf("NetworkAttachmentDefinition left after the upgrade to gke: %v", err)
+	}
+	ds, err = admin.AppsV1().DaemonSets(agentNS).Get(ctx, "nftmesh-agent", metav1.GetOptions{})
+	if err != nil || hostPath(ds, "cni-bin-dir") != "/home/kubernetes/bin" {
+		t.Errorf("gke bin dir: %v", err)
+	}
+	if _, err := runHelm(t, "uninstall", "nftmesh", "--kubeconfig", kc, "--namespace", agentNS); err != nil {
+		t.Fatal(err)
+	}
+}

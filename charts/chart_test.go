@@ -1,5 +1,5 @@
 // Package charts holds the tests of the Helm chart in ./nftmesh: lint and
-// template for every profile, strict decoding of every rendered object,
+// template for every platform, strict decoding of every rendered object,
 // the schema, RBAC per repair mode, and an install into a real API server.
 package charts
 
@@ -10,13 +10,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
@@ -70,14 +73,16 @@ type nad struct {
 
 // rendered is a chart rendering decoded strictly into typed objects.
 type rendered struct {
-	SA            []*corev1.ServiceAccount
-	Roles         []*rbacv1.ClusterRole
-	Bindings      []*rbacv1.ClusterRoleBinding
-	ConfigMaps    []*corev1.ConfigMap
-	DaemonSets    []*appsv1.DaemonSet
-	NADs          []*nad
-	Raw           string
-	ObjectsByKind map[string]int
+	SA              []*corev1.ServiceAccount
+	Roles           []*rbacv1.ClusterRole
+	Bindings        []*rbacv1.ClusterRoleBinding
+	ConfigMaps      []*corev1.ConfigMap
+	DaemonSets      []*appsv1.DaemonSet
+	NADs            []*nad
+	Quotas          []*corev1.ResourceQuota
+	NetworkPolicies []*networkingv1.NetworkPolicy
+	Raw             string
+	ObjectsByKind   map[string]int
 }
 
 func strictDecode(t testing.TB, doc []byte, into any) {
@@ -95,7 +100,13 @@ func strictDecode(t testing.TB, doc []byte, into any) {
 
 func render(t testing.TB, args ...string) *rendered {
 	t.Helper()
-	out, err := runHelm(t, append([]string{"template", "nftmesh", chartDir, "--namespace", "nftmesh-system"}, args...)...)
+	return renderChart(t, chartDir, args...)
+}
+
+// renderChart renders chart (a directory or a packaged .tgz).
+func renderChart(t testing.TB, chart string, args ...string) *rendered {
+	t.Helper()
+	out, err := runHelm(t, append([]string{"template", "nftmesh", chart, "--namespace", "nftmesh-system"}, args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,6 +151,14 @@ func render(t testing.TB, args ...string) *rendered {
 			o := &nad{}
 			strictDecode(t, b, o)
 			r.NADs = append(r.NADs, o)
+		case "v1/ResourceQuota":
+			o := &corev1.ResourceQuota{}
+			strictDecode(t, b, o)
+			r.Quotas = append(r.Quotas, o)
+		case "networking.k8s.io/v1/NetworkPolicy":
+			o := &networkingv1.NetworkPolicy{}
+			strictDecode(t, b, o)
+			r.NetworkPolicies = append(r.NetworkPolicies, o)
 		default:
 			t.Fatalf("unexpected object %s %s in the chart", tm.APIVersion, tm.Kind)
 		}
@@ -181,110 +200,173 @@ func hostPath(ds *appsv1.DaemonSet, volume string) string {
 	return ""
 }
 
-type profile struct {
-	file             string
-	binDir, confDir  string
-	chained          bool
-	confName         string
-	wantNAD, wantSCC bool
+// platform is what Istio's platform profile (manifests/helm-profiles in
+// istio/istio) makes its chart render, and what ours must render for the
+// same --set platform=<name>.
+type platform struct {
+	name            string
+	binDir, confDir string
+	chained         bool
+	confName        string
+	quota           bool
+	nadNS, nadName  string // the Multus network; "" = no NetworkAttachmentDefinition
+	wantSCC         bool
+	seLinuxType     string
+	networkName     string // the standalone conf's name the agent writes
 }
 
-var profiles = []profile{
-	{file: "", binDir: "/opt/cni/bin", confDir: "/etc/cni/net.d", chained: true},
-	{file: "values-gke.yaml", binDir: "/home/kubernetes/bin", confDir: "/etc/cni/net.d", chained: true},
-	{file: "values-openshift.yaml", binDir: "/var/lib/cni/bin", confDir: "/etc/cni/multus/net.d", chained: false, confName: "nftmesh-cni.conf", wantNAD: true, wantSCC: true},
-	{file: "values-k3s.yaml", binDir: "/var/lib/rancher/k3s/data/cni", confDir: "/var/lib/rancher/k3s/agent/etc/cni/net.d", chained: true},
-	{file: "values-microk8s.yaml", binDir: "/var/snap/microk8s/current/opt/cni/bin", confDir: "/var/snap/microk8s/current/args/cni-network", chained: true},
-	{file: "values-minikube.yaml", binDir: "/opt/cni/bin", confDir: "/etc/cni/net.d", chained: true},
+var platforms = []platform{
+	{name: "", binDir: "/opt/cni/bin", confDir: "/etc/cni/net.d", chained: true},
+	{name: "gke", binDir: "/home/kubernetes/bin", confDir: "/etc/cni/net.d", chained: true, quota: true},
+	{name: "openshift", binDir: "/var/lib/cni/bin", confDir: "/etc/cni/multus/net.d", chained: false, confName: "istio-cni.conf",
+		nadNS: "default", nadName: "istio-cni", wantSCC: true, seLinuxType: "spc_t", networkName: "istio-cni"},
+	{name: "k3s", binDir: "/var/lib/rancher/k3s/data/cni", confDir: "/var/lib/rancher/k3s/agent/etc/cni/net.d", chained: true},
+	{name: "k3d", binDir: "/bin", confDir: "/var/lib/rancher/k3s/agent/etc/cni/net.d", chained: true},
+	{name: "microk8s", binDir: "/var/snap/microk8s/current/opt/cni/bin", confDir: "/var/snap/microk8s/current/args/cni-network", chained: true},
+	{name: "minikube", binDir: "/opt/cni/bin", confDir: "/etc/cni/net.d", chained: true},
+	{name: "eks", binDir: "/opt/cni/bin", confDir: "/etc/cni/net.d", chained: true},
+	{name: "aks", binDir: "/opt/cni/bin", confDir: "/etc/cni/net.d", chained: true},
 }
 
-func TestLintAndTemplateEveryProfile(t *testing.T) {
-	files, _ := filepath.Glob(filepath.Join(chartDir, "values-*.yaml"))
-	if len(files) != len(profiles)-1 {
-		t.Fatalf("profiles on disk %v do not match the test table", files)
+func TestLintAndTemplateEveryPlatform(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join(chartDir, "files", "platform-*.yaml"))
+	if len(files) != len(platforms)-1 {
+		t.Fatalf("platforms in the chart %v do not match the test table", files)
 	}
-	for _, p := range profiles {
-		name := p.file
+	for _, p := range platforms {
+		name := p.name
 		if name == "" {
 			name = "default"
 		}
 		t.Run(name, func(t *testing.T) {
 			var args []string
-			if p.file != "" {
-				args = []string{"-f", filepath.Join(chartDir, p.file)}
+			if p.name != "" {
+				args = []string{"--set", "platform=" + p.name}
 			}
 			if out, err := runHelm(t, append([]string{"lint", "--strict", chartDir}, args...)...); err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}
 			r := render(t, args...)
-			ds := r.ds(t)
-			spec := ds.Spec.Template.Spec
-			if ds.Name != "nftmesh-agent" || spec.PriorityClassName != "system-node-critical" {
-				t.Errorf("name %q priorityClass %q", ds.Name, spec.PriorityClassName)
-			}
-			if spec.NodeSelector["kubernetes.io/os"] != "linux" {
-				t.Errorf("nodeSelector %v", spec.NodeSelector)
-			}
-			if !slices.ContainsFunc(spec.Tolerations, func(tl corev1.Toleration) bool {
-				return tl.Operator == corev1.TolerationOpExists && tl.Key == "" && tl.Effect == ""
-			}) {
-				t.Errorf("does not tolerate every taint: %v", spec.Tolerations)
-			}
-			c := spec.Containers[0]
-			if rp := c.ReadinessProbe; rp == nil || rp.HTTPGet == nil || rp.HTTPGet.Path != "/readyz" {
-				t.Errorf("readiness probe %v", rp)
-			}
-			if got := hostPath(ds, "cni-bin-dir"); got != p.binDir {
-				t.Errorf("bin dir %s, want %s", got, p.binDir)
-			}
-			if got := hostPath(ds, "cni-conf-dir"); got != p.confDir {
-				t.Errorf("conf dir %s, want %s", got, p.confDir)
-			}
-			if got := hostPath(ds, "agent-run-dir"); got != "/var/run/nftmesh" {
-				t.Errorf("run dir %s", got)
-			}
-			sc := c.SecurityContext
-			if sc == nil || sc.Privileged == nil || *sc.Privileged || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
-				t.Errorf("security context %+v", sc)
-			}
-			if len(r.SA) != 1 || spec.ServiceAccountName != r.SA[0].Name {
-				t.Errorf("service account")
-			}
-			if (len(r.NADs) == 1) != p.wantNAD {
-				t.Errorf("NetworkAttachmentDefinition: %d", len(r.NADs))
-			}
-			scc := slices.ContainsFunc(r.Roles, func(cr *rbacv1.ClusterRole) bool {
-				return slices.ContainsFunc(cr.Rules, func(pr rbacv1.PolicyRule) bool { return slices.Contains(pr.Resources, "securitycontextconstraints") })
-			})
-			if scc != p.wantSCC {
-				t.Errorf("SCC rule present: %v", scc)
-			}
-
-			// The agent accepts the rendered configuration, and it means
-			// what the profile says.
-			env := r.agentEnv(t)
-			cfg, err := installer.ParseConfig(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
-			if err != nil {
-				t.Fatalf("the agent rejects the chart's config: %v", err)
-			}
-			if cfg.Chained != p.chained || !slices.Equal(cfg.ExcludeNamespaces, []string{"kube-system"}) ||
-				cfg.PodNamespace != "nftmesh-system" || cfg.AgentRunDir != "/var/run/nftmesh" {
-				t.Errorf("agent config %+v", cfg)
-			}
-			if p.confName != "" && cfg.CNIConfFileName != p.confName {
-				t.Errorf("conf file %q, want %q", cfg.CNIConfFileName, p.confName)
-			}
-			mounts := map[string]string{}
-			for _, m := range c.VolumeMounts {
-				mounts[m.Name] = m.MountPath
-			}
-			if mounts["cni-bin-dir"] != cfg.CNIBinDirs[0] || mounts["cni-conf-dir"] != cfg.CNIConfDir || mounts["agent-run-dir"] != cfg.AgentRunDir {
-				t.Errorf("mounts %v do not match the agent's dirs %v %s %s", mounts, cfg.CNIBinDirs, cfg.CNIConfDir, cfg.AgentRunDir)
-			}
-			if got := r.agentEnv(t)["NFTMESH_HEALTH_ADDR"]; got != fmt.Sprintf(":%d", rpPort(c)) {
-				t.Errorf("health addr %s vs probe port", got)
+			checkPlatform(t, r, p)
+			if p.name != "" {
+				// Istio's global.platform selects the same.
+				checkPlatform(t, render(t, "--set", "global.platform="+p.name), p)
 			}
 		})
+	}
+}
+
+func checkPlatform(t *testing.T, r *rendered, p platform) {
+	t.Helper()
+	ds := r.ds(t)
+	spec := ds.Spec.Template.Spec
+	if ds.Name != "nftmesh-agent" || spec.PriorityClassName != "system-node-critical" {
+		t.Errorf("name %q priorityClass %q", ds.Name, spec.PriorityClassName)
+	}
+	if spec.NodeSelector["kubernetes.io/os"] != "linux" {
+		t.Errorf("nodeSelector %v", spec.NodeSelector)
+	}
+	if !slices.ContainsFunc(spec.Tolerations, func(tl corev1.Toleration) bool {
+		return tl.Operator == corev1.TolerationOpExists && tl.Key == "" && tl.Effect == ""
+	}) {
+		t.Errorf("does not tolerate every taint: %v", spec.Tolerations)
+	}
+	c := spec.Containers[0]
+	if rp := c.ReadinessProbe; rp == nil || rp.HTTPGet == nil || rp.HTTPGet.Path != "/readyz" {
+		t.Errorf("readiness probe %v", rp)
+	}
+	if got := hostPath(ds, "cni-bin-dir"); got != p.binDir {
+		t.Errorf("bin dir %s, want %s", got, p.binDir)
+	}
+	if got := hostPath(ds, "cni-conf-dir"); got != p.confDir {
+		t.Errorf("conf dir %s, want %s", got, p.confDir)
+	}
+	if got := hostPath(ds, "agent-run-dir"); got != "/var/run/nftmesh" {
+		t.Errorf("run dir %s", got)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.Privileged == nil || *sc.Privileged || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("security context %+v", sc)
+	}
+	if got := ""; sc != nil && sc.SELinuxOptions != nil {
+		got = sc.SELinuxOptions.Type
+		if got != p.seLinuxType {
+			t.Errorf("SELinux type %q, want %q", got, p.seLinuxType)
+		}
+	} else if p.seLinuxType != "" {
+		t.Errorf("no SELinux options, want type %s", p.seLinuxType)
+	}
+	if len(r.SA) != 1 || spec.ServiceAccountName != r.SA[0].Name {
+		t.Errorf("service account")
+	}
+	switch {
+	case p.nadName == "" && len(r.NADs) != 0:
+		t.Errorf("NetworkAttachmentDefinition rendered: %+v", r.NADs[0].ObjectMeta)
+	case p.nadName != "" && (len(r.NADs) != 1 || r.NADs[0].Name != p.nadName || r.NADs[0].Namespace != p.nadNS):
+		t.Errorf("NetworkAttachmentDefinitions %v, want %s/%s", r.NADs, p.nadNS, p.nadName)
+	}
+	scc := slices.ContainsFunc(r.Roles, func(cr *rbacv1.ClusterRole) bool {
+		return slices.ContainsFunc(cr.Rules, func(pr rbacv1.PolicyRule) bool {
+			return slices.Equal(pr.APIGroups, []string{"security.openshift.io"}) && slices.Equal(pr.Resources, []string{"securitycontextconstraints"}) &&
+				slices.Equal(pr.ResourceNames, []string{"privileged"}) && slices.Equal(pr.Verbs, []string{"use"})
+		})
+	})
+	if scc != p.wantSCC {
+		t.Errorf("use of the privileged SCC granted: %v, want %v", scc, p.wantSCC)
+	}
+	if p.quota {
+		checkQuota(t, r, "5000")
+	} else if len(r.Quotas) != 0 {
+		t.Errorf("ResourceQuota rendered: %+v", r.Quotas[0].Spec)
+	}
+
+	// The agent accepts the rendered configuration, and it means what the
+	// platform says.
+	env := r.agentEnv(t)
+	cfg, err := installer.ParseConfig(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err != nil {
+		t.Fatalf("the agent rejects the chart's config: %v", err)
+	}
+	if cfg.Chained != p.chained || !slices.Equal(cfg.ExcludeNamespaces, []string{"kube-system"}) ||
+		cfg.PodNamespace != "nftmesh-system" || cfg.AgentRunDir != "/var/run/nftmesh" {
+		t.Errorf("agent config %+v", cfg)
+	}
+	if p.confName != "" && cfg.CNIConfFileName != p.confName {
+		t.Errorf("conf file %q, want %q", cfg.CNIConfFileName, p.confName)
+	}
+	if p.networkName != "" {
+		// Multus finds the config of a NetworkAttachmentDefinition without
+		// one by the name inside the standalone file.
+		if got := cfg.PluginConf().Name; got != p.networkName || got != r.NADs[0].Name {
+			t.Errorf("standalone conf name %q, want %q (the NetworkAttachmentDefinition's)", got, p.networkName)
+		}
+	}
+	mounts := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = m.MountPath
+	}
+	if mounts["cni-bin-dir"] != cfg.CNIBinDirs[0] || mounts["cni-conf-dir"] != cfg.CNIConfDir || mounts["agent-run-dir"] != cfg.AgentRunDir {
+		t.Errorf("mounts %v do not match the agent's dirs %v %s %s", mounts, cfg.CNIBinDirs, cfg.CNIConfDir, cfg.AgentRunDir)
+	}
+	if got := env["NFTMESH_HEALTH_ADDR"]; got != fmt.Sprintf(":%d", rpPort(c)) {
+		t.Errorf("health addr %s vs probe port", got)
+	}
+}
+
+// checkQuota: a quota on system-node-critical pods, as GKE requires
+// outside kube-system.
+func checkQuota(t *testing.T, r *rendered, pods string) {
+	t.Helper()
+	if len(r.Quotas) != 1 {
+		t.Fatalf("%d ResourceQuotas, want 1", len(r.Quotas))
+	}
+	q := r.Quotas[0]
+	if got := q.Spec.Hard[corev1.ResourcePods]; got.Cmp(resource.MustParse(pods)) != 0 || len(q.Spec.Hard) != 1 {
+		t.Errorf("quota hard %v, want pods %s", q.Spec.Hard, pods)
+	}
+	want := []corev1.ScopedResourceSelectorRequirement{{ScopeName: corev1.ResourceQuotaScopePriorityClass, Operator: corev1.ScopeSelectorOpIn, Values: []string{"system-node-critical"}}}
+	if q.Spec.ScopeSelector == nil || !reflect.DeepEqual(q.Spec.ScopeSelector.MatchExpressions, want) || q.Namespace != "nftmesh-system" {
+		t.Errorf("quota %s/%s scope %+v", q.Namespace, q.Name, q.Spec.ScopeSelector)
 	}
 }
 
@@ -312,11 +394,20 @@ func TestSchemaRejectsTyposAndWrongTypes(t *testing.T) {
 		{"apiTimeout=soon", "apiTimeout"},
 		{"metricsPort=70000", "metricsPort"},
 		{"repair.initContainerExitCode=300", "initContainerExitCode"},
+		{"logging.level=default:loud", "level"},
+		{"global.logging.level=cni-plugin", "level"},
+		{"resourceQuotas.pods=lots", "pods"},
+		{"resourceQuotas.enabld=true", "enabld"},
+		{"seccompProfile.type=Off", "seccompProfile"},
+		{"multusNetwork=default/Istio_CNI", "multusNetwork"},
+		{"global.resourceScope=some", "resourceScope"},
+		{"env.A.b=1", "env"},
+		{"useAppArmorAnnotation=maybe", "useAppArmorAnnotation"},
 	}
 	for _, b := range bad {
 		t.Run(b.set, func(t *testing.T) {
 			flag := "--set"
-			if strings.Contains(b.set, "=maybe") || strings.Contains(b.set, "Port=") {
+			if strings.Contains(b.set, "=maybe") || strings.Contains(b.set, "Port=") || strings.HasPrefix(b.set, "resourceQuotas.pods") {
 				flag = "--set-string"
 				if strings.Contains(b.set, "Port=") {
 					flag = "--set"
@@ -331,7 +422,7 @@ func TestSchemaRejectsTyposAndWrongTypes(t *testing.T) {
 			}
 		})
 	}
-	if _, err := runHelm(t, "template", "nftmesh", chartDir, "--set", "chained=false", "--set", "cniConfFileName=nftmesh-cni.conf", "--set", "logging.level=debug"); err != nil {
+	if _, err := runHelm(t, "template", "nftmesh", chartDir, "--set", "chained=false", "--set", "cniConfFileName=nftmesh-cni.conf", "--set", "logging.level=default:info\\,cni-plugin:debug"); err != nil {
 		t.Errorf("valid values rejected: %v", err)
 	}
 }

@@ -7,6 +7,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- with .Values.revision }}
+istio.io/rev: {{ . | quote }}
+{{- end }}
+{{- with .Values.ownerName }}
+install.operator.istio.io/owning-resource: {{ . | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "nftmesh.selectorLabels" -}}
@@ -24,6 +30,109 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/* The image tag: tag, global.tag, then the chart's appVersion; a variant
+other than distroless (the published image already is) is appended as Istio
+does. */}}
+{{- define "nftmesh.tag" -}}
+{{- $g := .Values.global | default dict -}}
+{{- $tag := "" -}}
+{{- if kindIs "map" .Values.image -}}{{- $tag = .Values.image.tag | default "" | toString -}}{{- end -}}
+{{- $tag = $tag | default (.Values.tag | default "" | toString) | default ($g.tag | default "" | toString) | default .Chart.AppVersion -}}
+{{- $variant := .Values.variant | default $g.variant | default "" -}}
+{{- $tag }}{{ if and $variant (ne $variant "distroless") }}-{{ $variant }}{{ end -}}
+{{- end -}}
+
+{{/* The image reference. image as a string: Istio's image name under hub,
+or used as is when it contains a "/". image as a map: repository (default
+<hub>/nftmesh) and tag. hub defaults to global.hub, then ghcr.io/nftmesh. */}}
 {{- define "nftmesh.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $g := .Values.global | default dict -}}
+{{- $hub := .Values.hub | default $g.hub | default "ghcr.io/nftmesh" | trimSuffix "/" -}}
+{{- $img := .Values.image | default "nftmesh" -}}
+{{- if kindIs "map" $img -}}
+{{- $img.repository | default (printf "%s/nftmesh" $hub) }}:{{ include "nftmesh.tag" . }}
+{{- else if contains "/" $img -}}
+{{- $img }}
+{{- else -}}
+{{- $hub }}/{{ $img }}:{{ include "nftmesh.tag" . }}
+{{- end -}}
+{{- end -}}
+
+{{- define "nftmesh.pullPolicy" -}}
+{{- $g := .Values.global | default dict -}}
+{{- $p := .Values.pullPolicy -}}
+{{- if and (not $p) (kindIs "map" .Values.image) -}}{{- $p = .Values.image.pullPolicy -}}{{- end -}}
+{{- $p | default $g.imagePullPolicy | default "IfNotPresent" -}}
+{{- end -}}
+
+{{/* imagePullSecrets ([{name}]) and Istio's global.imagePullSecrets (names), as a YAML list. */}}
+{{- define "nftmesh.pullSecrets" -}}
+{{- $g := .Values.global | default dict -}}
+{{- $out := list -}}
+{{- range concat (.Values.imagePullSecrets | default list) ($g.imagePullSecrets | default list) -}}
+{{- $s := ternary . (dict "name" .) (kindIs "map" .) -}}
+{{- if not (has $s $out) -}}{{- $out = append $out $s -}}{{- end -}}
+{{- end -}}
+{{- if $out -}}{{ toYaml $out }}{{- end -}}
+{{- end -}}
+
+{{/* The host's CNI bin dir; empty picks GKE's when the platform or the
+server's version says GKE, as Istio's chart does. */}}
+{{- define "nftmesh.cniBinDir" -}}
+{{- $gke := or (eq .Values.platform "gke") (contains "-gke" .Capabilities.KubeVersion.Version) -}}
+{{- .Values.cniBinDir | default (ternary "/home/kubernetes/bin" "/opt/cni/bin" $gke) -}}
+{{- end -}}
+
+{{- define "nftmesh.logLevel" -}}
+{{- $g := .Values.global | default dict -}}
+{{- .Values.logging.level | default (dig "logging" "level" "" $g) | default "info" -}}
+{{- end -}}
+
+{{/* JSON lines unless global.logAsJson is set to false (Istio's default
+is text; nftmesh's is JSON). */}}
+{{- define "nftmesh.logFormat" -}}
+{{- $g := .Values.global | default dict -}}
+{{- if and (hasKey $g "logAsJson") (not (kindIs "invalid" $g.logAsJson)) (not $g.logAsJson) -}}text{{- else -}}json{{- end -}}
+{{- end -}}
+
+{{/* global.nativeNftables (Istio's switch to nftables) turns auto into nftables. */}}
+{{- define "nftmesh.backend" -}}
+{{- $g := .Values.global | default dict -}}
+{{- if and (eq .Values.backend "auto") $g.nativeNftables -}}nftables{{- else -}}{{ .Values.backend }}{{- end -}}
+{{- end -}}
+
+{{/* The Multus network as namespace and name. */}}
+{{- define "nftmesh.multusNamespace" -}}{{ splitList "/" .Values.multusNetwork | first }}{{- end -}}
+{{- define "nftmesh.multusName" -}}{{ splitList "/" .Values.multusNetwork | last }}{{- end -}}
+
+{{/* Whether global.resourceScope lets the chart render resources of a
+scope ("cluster" or "namespace"). */}}
+{{- define "nftmesh.inScope" -}}
+{{- $s := dig "resourceScope" "all" (.ctx.Values.global | default dict) -}}
+{{- if or (eq $s "all") (eq $s .scope) -}}true{{- end -}}
+{{- end -}}
+
+{{/* A scalar as the string an environment variable holds: whole numbers
+without an exponent (YAML numbers arrive as floats), booleans as true/false. */}}
+{{- define "nftmesh.envValue" -}}
+{{- if kindIs "float64" . -}}
+{{- if eq (floor .) . -}}{{ printf "%.0f" . }}{{- else -}}{{ . }}{{- end -}}
+{{- else if kindIs "invalid" . -}}
+{{- else -}}{{ toString . }}{{- end -}}
+{{- end -}}
+
+{{/* Resource requirements without null entries, so a user's null removes a
+default; empty resources fall back to global.defaultResources. */}}
+{{- define "nftmesh.resources" -}}
+{{- $g := .Values.global | default dict -}}
+{{- $r := .Values.resources | default $g.defaultResources | default dict -}}
+{{- $out := dict -}}
+{{- range $kind, $vals := $r -}}
+{{- $kept := dict -}}
+{{- range $name, $q := ($vals | default dict) -}}
+{{- if not (kindIs "invalid" $q) -}}{{- $_ := set $kept $name $q -}}{{- end -}}
+{{- end -}}
+{{- if $kept -}}{{- $_ := set $out $kind $kept -}}{{- end -}}
+{{- end -}}
+{{- if $out -}}{{ toYaml $out }}{{- end -}}
 {{- end -}}

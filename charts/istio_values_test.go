@@ -1,0 +1,418 @@
+package charts
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/nftmesh/nftmesh/installer"
+)
+
+func (r *rendered) agentConfig(t *testing.T) *installer.Config {
+	t.Helper()
+	env := r.agentEnv(t)
+	cfg, err := installer.ParseConfig(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err != nil {
+		t.Fatalf("the agent rejects the chart's config: %v", err)
+	}
+	return cfg
+}
+
+func pullSecretNames(refs []corev1.LocalObjectReference) []string {
+	var out []string
+	for _, r := range refs {
+		out = append(out, r.Name)
+	}
+	return out
+}
+
+// A values file written for Istio's istio-cni chart, with its value names,
+// renders, and every value in it takes effect.
+func TestIstioValuesFileTakesEffect(t *testing.T) {
+	file := filepath.Join("testdata", "istio-cni-values.yaml")
+	if out, err := runHelm(t, "lint", "--strict", chartDir, "-f", file); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	r := render(t, "-f", file)
+	ds := r.ds(t)
+	pod := ds.Spec.Template
+	c := pod.Spec.Containers[0]
+
+	// hub, image, tag, variant, pullPolicy.
+	if c.Image != "registry.example.com/mirror/nftmesh-agent:1.2.3-debug" || c.ImagePullPolicy != corev1.PullAlways {
+		t.Errorf("image %s policy %s", c.Image, c.ImagePullPolicy)
+	}
+	// global.imagePullSecrets (Istio's list of names): on the pod and its
+	// ServiceAccount.
+	if got := pullSecretNames(pod.Spec.ImagePullSecrets); !slices.Equal(got, []string{"regcred"}) {
+		t.Errorf("pod pull secrets %v", got)
+	}
+	if got := pullSecretNames(r.SA[0].ImagePullSecrets); !slices.Equal(got, []string{"regcred"}) {
+		t.Errorf("service account pull secrets %v", got)
+	}
+
+	cfg := r.agentConfig(t)
+	// logging.level in Istio's scope form: the most verbose scope wins, for
+	// the agent and the plugin.
+	if cfg.LogLevel != zerolog.DebugLevel || cfg.PluginConf().LogLevel != "debug" {
+		t.Errorf("log level %v / plugin %s, want debug", cfg.LogLevel, cfg.PluginConf().LogLevel)
+	}
+	// global.logAsJson=false: plain-text lines.
+	if cfg.LogFormat != "text" {
+		t.Errorf("log format %s, want text", cfg.LogFormat)
+	}
+	// global.nativeNftables: the nftables backend (and no NET_RAW for the
+	// iptables-legacy one).
+	if cfg.Backend != "nftables" {
+		t.Errorf("backend %s, want nftables", cfg.Backend)
+	}
+	// The dirs and file, chained, excludeNamespaces, repair.*.
+	if hostPath(ds, "cni-bin-dir") != "/usr/libexec/cni" || hostPath(ds, "cni-conf-dir") != "/etc/kubernetes/cni/net.d" ||
+		cfg.CNIConfFileName != "10-calico.conflist" || !cfg.Chained || !slices.Equal(cfg.ExcludeNamespaces, []string{"kube-system", "istio-system"}) {
+		t.Errorf("dirs %s %s, agent %+v", hostPath(ds, "cni-bin-dir"), hostPath(ds, "cni-conf-dir"), cfg)
+	}
+	if cfg.Repair.Mode() != installer.RepairDelete || cfg.Repair.InitContainerName != "istio-validation" || cfg.Repair.BrokenPodLabelKey != "cni.istio.io/uninitialized" {
+		t.Errorf("repair %+v", cfg.Repair)
+	}
+
+	sc := c.SecurityContext
+	// seccompProfile as given.
+	if sp := sc.SeccompProfile; sp == nil || sp.Type != corev1.SeccompProfileTypeLocalhost || sp.LocalhostProfile == nil || *sp.LocalhostProfile != "profiles/cni.json" {
+		t.Errorf("seccomp %+v", sc.SeccompProfile)
+	}
+	// seLinuxOptions.
+	if so := sc.SELinuxOptions; so == nil || so.Type != "spc_t" || so.Level != "s0" {
+		t.Errorf("SELinux %+v", sc.SELinuxOptions)
+	}
+	// useAppArmorAnnotation=false: the securityContext field, no annotation.
+	if ap := sc.AppArmorProfile; ap == nil || ap.Type != corev1.AppArmorProfileTypeUnconfined {
+		t.Errorf("AppArmor profile %+v", sc.AppArmorProfile)
+	}
+	if _, ok := pod.Annotations["container.apparmor.security.beta.kubernetes.io/agent"]; ok {
+		t.Error("AppArmor annotation with useAppArmorAnnotation=false")
+	}
+	// resources, and GOMEMLIMIT from the memory limit.
+	if got := c.Resources.Requests[corev1.ResourceCPU]; got.Cmp(resource.MustParse("50m")) != 0 {
+		t.Errorf("cpu request %v", got.String())
+	}
+	if got := c.Resources.Limits[corev1.ResourceMemory]; got.Cmp(resource.MustParse("256Mi")) != 0 {
+		t.Errorf("memory limit %v", got.String())
+	}
+	// resourceQuotas.{enabled,pods}.
+	checkQuota(t, r, "64")
+	// global.networkPolicy.enabled: probes and scrapes in, everything out.
+	if len(r.NetworkPolicies) != 1 {
+		t.Fatalf("%d NetworkPolicies", len(r.NetworkPolicies))
+	}
+	np := r.NetworkPolicies[0]
+	var ports []int32
+	for _, in := range np.Spec.Ingress {
+		for _, p := range in.Ports {
+			ports = append(ports, p.Port.IntVal)
+		}
+	}
+	if !slices.Equal(ports, []int32{15014, 8000}) || len(np.Spec.Egress) != 1 || np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != "nftmesh-agent" {
+		t.Errorf("network policy %+v", np.Spec)
+	}
+	// affinity, labels, annotations, tolerations, update strategy, grace.
+	if a := pod.Spec.Affinity; a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Key != "mesh" {
+		t.Errorf("affinity %+v", pod.Spec.Affinity)
+	}
+	if ds.Labels["team"] != "platform" || pod.Labels["tier"] != "node" || pod.Annotations["example.com/owner"] != "platform" {
+		t.Errorf("labels %v / %v, annotations %v", ds.Labels, pod.Labels, pod.Annotations)
+	}
+	if len(pod.Spec.Tolerations) != 1 || pod.Spec.Tolerations[0].Key != "dedicated" {
+		t.Errorf("tolerations %+v", pod.Spec.Tolerations)
+	}
+	if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxUnavailable.IntVal != 3 {
+		t.Errorf("update strategy %+v", ds.Spec.UpdateStrategy)
+	}
+	if g := pod.Spec.TerminationGracePeriodSeconds; g == nil || *g != 45 {
+		t.Errorf("termination grace %v", g)
+	}
+	// revision and ownerName: Istio's labels on every object.
+	for _, o := range []map[string]string{ds.Labels, r.ConfigMaps[0].Labels, r.SA[0].Labels, r.Roles[0].Labels} {
+		if o["istio.io/rev"] != "canary" || o["install.operator.istio.io/owning-resource"] != "istio-cni-operator" {
+			t.Errorf("labels %v", o)
+		}
+	}
+	// env values of any scalar type, as the strings a variable holds.
+	want := map[string]string{"EXTRA_STRING": "hello", "EXTRA_INT": "42", "EXTRA_BIG": "1000000", "EXTRA_FLOAT": "1.5", "EXTRA_BOOL": "true"}
+	for k, v := range want {
+		if got := r.ConfigMaps[0].Data[k]; got != v {
+			t.Errorf("env %s = %q, want %q", k, got, v)
+		}
+	}
+
+}
+
+// Istio's global values apply where the chart-level value is unset.
+func TestIstioGlobalValuesTakeEffect(t *testing.T) {
+	file := filepath.Join("testdata", "istio-global-values.yaml")
+	if out, err := runHelm(t, "lint", "--strict", chartDir, "-f", file); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	r := render(t, "-f", file)
+	ds := r.ds(t)
+	c := ds.Spec.Template.Spec.Containers[0]
+	// global.hub, global.tag; global.variant distroless is the published
+	// image itself (no suffix); global.imagePullPolicy.
+	if c.Image != "registry.example.com/global/nftmesh:9.9.9" || c.ImagePullPolicy != corev1.PullNever {
+		t.Errorf("image %s policy %s", c.Image, c.ImagePullPolicy)
+	}
+	if got := pullSecretNames(ds.Spec.Template.Spec.ImagePullSecrets); !slices.Equal(got, []string{"global-cred"}) {
+		t.Errorf("pull secrets %v", got)
+	}
+	cfg := r.agentConfig(t)
+	if cfg.LogLevel != zerolog.WarnLevel || cfg.LogFormat != "json" {
+		t.Errorf("global.logging.level/logAsJson: %v %s", cfg.LogLevel, cfg.LogFormat)
+	}
+	// global.platform k3d.
+	if hostPath(ds, "cni-bin-dir") != "/bin" {
+		t.Errorf("global.platform k3d: bin dir %s", hostPath(ds, "cni-bin-dir"))
+	}
+	// resources null: global.defaultResources.
+	if got := c.Resources.Requests[corev1.ResourceMemory]; got.Cmp(resource.MustParse("30Mi")) != 0 || len(c.Resources.Limits) != 0 {
+		t.Errorf("resources %+v, want global.defaultResources", c.Resources)
+	}
+	for _, e := range c.Env {
+		if e.Name == "GOMEMLIMIT" {
+			t.Error("GOMEMLIMIT without a memory limit")
+		}
+	}
+	// A variant other than distroless is appended, as Istio does.
+	if got := render(t, "-f", file, "--set", "global.variant=debug").ds(t).Spec.Template.Spec.Containers[0].Image; got != "registry.example.com/global/nftmesh:9.9.9-debug" {
+		t.Errorf("global.variant debug: %s", got)
+	}
+	// A full reference in image is used as is.
+	if got := render(t, "-f", file, "--set", "image=mirror.example/x/agent@sha256:0123").ds(t).Spec.Template.Spec.Containers[0].Image; got != "mirror.example/x/agent@sha256:0123" {
+		t.Errorf("image reference: %s", got)
+	}
+}
+
+// Istio's umbrella layout (cni: prefix) reads as top-level values.
+func TestIstioUmbrellaPrefix(t *testing.T) {
+	r := render(t, "-f", filepath.Join("testdata", "istio-umbrella-values.yaml"))
+	ds := r.ds(t)
+	cfg := r.agentConfig(t)
+	if hostPath(ds, "cni-bin-dir") != "/var/lib/cni/bin" || !slices.Equal(cfg.ExcludeNamespaces, []string{"kube-system", "monitoring"}) || cfg.LogLevel != zerolog.WarnLevel {
+		t.Errorf("cni.* not applied: bin %s, agent %+v", hostPath(ds, "cni-bin-dir"), cfg)
+	}
+	if got := ds.Spec.Template.Spec.Containers[0].Image; got != "registry.example.com/umbrella/nftmesh:3.0.0" {
+		t.Errorf("image %s", got)
+	}
+}
+
+// nftmesh's own image names keep working next to Istio's.
+func TestOwnImageValues(t *testing.T) {
+	r := render(t, "--set", "image.repository=reg.example/team/nftmesh", "--set", "image.tag=v7", "--set", "image.pullPolicy=Always", "--set", "imagePullSecrets[0].name=own")
+	c := r.ds(t).Spec.Template.Spec.Containers[0]
+	if c.Image != "reg.example/team/nftmesh:v7" || c.ImagePullPolicy != corev1.PullAlways {
+		t.Errorf("image %s policy %s", c.Image, c.ImagePullPolicy)
+	}
+	if got := pullSecretNames(r.SA[0].ImagePullSecrets); !slices.Equal(got, []string{"own"}) {
+		t.Errorf("pull secrets %v", got)
+	}
+	def := render(t).ds(t).Spec.Template.Spec.Containers[0]
+	if !strings.HasPrefix(def.Image, "ghcr.io/nftmesh/nftmesh:") || def.ImagePullPolicy != corev1.PullIfNotPresent {
+		t.Errorf("default image %s policy %s", def.Image, def.ImagePullPolicy)
+	}
+}
+
+// A platform selects its settings inside the chart; the user's values still
+// win over the platform's, and the packaged chart needs no other file.
+func TestPlatformPrecedenceAndPackagedChart(t *testing.T) {
+	r := render(t, "--set", "platform=gke", "--set", "cniBinDir=/opt/cni/bin", "--set", "resourceQuotas.enabled=false")
+	if got := hostPath(r.ds(t), "cni-bin-dir"); got != "/opt/cni/bin" || len(r.Quotas) != 0 {
+		t.Errorf("user values lost to the platform: bin %s, %d quotas", got, len(r.Quotas))
+	}
+	// platform wins over global.platform.
+	if got := hostPath(render(t, "--set", "platform=k3d", "--set", "global.platform=k3s").ds(t), "cni-bin-dir"); got != "/bin" {
+		t.Errorf("platform k3d with global.platform k3s: %s", got)
+	}
+	// An empty cniBinDir outside GKE (helm's --kube-version drops a -gke
+	// suffix, so the GKE side of this needs a GKE server).
+	if got := hostPath(render(t, "--set", "cniBinDir=", "--kube-version", "v1.33.2").ds(t), "cni-bin-dir"); got != "/opt/cni/bin" {
+		t.Errorf("empty cniBinDir elsewhere: %s", got)
+	}
+	// Istio's demo profile.
+	r = render(t, "--set", "profile=demo")
+	if got := r.ds(t).Spec.Template.Spec.Containers[0].Resources.Requests[corev1.ResourceMemory]; got.Cmp(resource.MustParse("40Mi")) != 0 {
+		t.Errorf("demo profile memory request %s", got.String())
+	}
+	_, err := runHelm(t, "template", "nftmesh", chartDir, "--set", "platform=gcp")
+	if err == nil || !strings.Contains(err.Error(), `platform "gcp": unknown`) || !strings.Contains(err.Error(), "gke, k3d") {
+		t.Errorf("unknown platform: %v", err)
+	}
+
+	dir := t.TempDir()
+	if _, err := runHelm(t, "package", chartDir, "--destination", dir); err != nil {
+		t.Fatal(err)
+	}
+	pkgs, _ := filepath.Glob(filepath.Join(dir, "nftmesh-*.tgz"))
+	if len(pkgs) != 1 {
+		t.Fatalf("packages %v", pkgs)
+	}
+	for _, p := range platforms {
+		if p.name == "" {
+			continue
+		}
+		t.Run("packaged/"+p.name, func(t *testing.T) {
+			checkPlatform(t, renderChart(t, pkgs[0], "--set", "platform="+p.name), p)
+		})
+	}
+	readme, err := runHelm(t, "show", "readme", pkgs[0])
+	if err != nil || !strings.Contains(readme, "| `platform`") {
+		t.Errorf("helm show readme on the package: %v\n%.300s", err, readme)
+	}
+}
+
+// Values only Istio's ambient mode uses are refused by the chart with a
+// message saying so, not by the schema.
+func TestAmbientValuesRefused(t *testing.T) {
+	for _, set := range []string{
+		"ambient.enabled=true", "profile=ambient", "global.profile=ambient", "ambient.dnsCapture=false",
+		"ambient.shareHostNetworkNamespace=true", "trustedZtunnelNamespace=kube-system",
+	} {
+		t.Run(set, func(t *testing.T) {
+			_, err := runHelm(t, "template", "nftmesh", chartDir, "--set", set)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, "ambient") || !strings.Contains(msg, "sidecar pods only") || strings.Contains(msg, "schema") {
+				t.Errorf("message does not say why: %s", msg)
+			}
+		})
+	}
+	_, err := runHelm(t, "template", "nftmesh", chartDir, "--set", "istioOwnedCNIConfig=true")
+	if err == nil || !strings.Contains(err.Error(), "does not write a conflist of its own") {
+		t.Errorf("istioOwnedCNIConfig: %v", err)
+	}
+	if _, err := runHelm(t, "template", "nftmesh", chartDir, "--set", "ambient.enabled=false"); err != nil {
+		t.Errorf("ambient.enabled=false refused: %v", err)
+	}
+}
+
+// global.resourceScope renders only the cluster or the namespace objects.
+func TestResourceScope(t *testing.T) {
+	r := render(t, "--set", "global.resourceScope=cluster", "--set", "platform=gke")
+	if len(r.Roles) == 0 || len(r.DaemonSets)+len(r.ConfigMaps)+len(r.SA)+len(r.Quotas) != 0 {
+		t.Errorf("cluster scope: %v", r.ObjectsByKind)
+	}
+	r = render(t, "--set", "global.resourceScope=namespace", "--set", "platform=gke")
+	if len(r.Roles)+len(r.Bindings) != 0 || len(r.DaemonSets) != 1 || len(r.Quotas) != 1 {
+		t.Errorf("namespace scope: %v", r.ObjectsByKind)
+	}
+}
+
+// AppArmor: unconfined through the annotation before Kubernetes 1.30 and the
+// securityContext field from 1.30, unless useAppArmorAnnotation says which.
+func TestAppArmor(t *testing.T) {
+	for _, c := range []struct {
+		args       []string
+		annotation bool
+	}{
+		{[]string{"--kube-version", "v1.29.4"}, true},
+		{[]string{"--kube-version", "v1.30.0"}, false},
+		{[]string{"--kube-version", "v1.33.1", "--set", "useAppArmorAnnotation=true"}, true},
+		{[]string{"--kube-version", "v1.29.4", "--set", "useAppArmorAnnotation=false"}, false},
+	} {
+		ds := render(t, c.args...).ds(t)
+		ann := ds.Spec.Template.Annotations["container.apparmor.security.beta.kubernetes.io/agent"] == "unconfined"
+		ap := ds.Spec.Template.Spec.Containers[0].SecurityContext.AppArmorProfile
+		field := ap != nil && ap.Type == corev1.AppArmorProfileTypeUnconfined
+		if ann != c.annotation || field == c.annotation {
+			t.Errorf("%v: annotation %v, field %v", c.args, ann, field)
+		}
+	}
+}
+
+// The Multus network is configurable; the agent's standalone conf follows.
+func TestMultusNetworkName(t *testing.T) {
+	r := render(t, "--set", "platform=openshift", "--set", "multusNetwork=mesh/nftmesh-capture")
+	if len(r.NADs) != 1 || r.NADs[0].Namespace != "mesh" || r.NADs[0].Name != "nftmesh-capture" {
+		t.Fatalf("NetworkAttachmentDefinition %+v", r.NADs)
+	}
+	if got := r.agentConfig(t).PluginConf().Name; got != "nftmesh-capture" {
+		t.Errorf("standalone conf name %s", got)
+	}
+	if _, err := runHelm(t, "template", "nftmesh", chartDir, "--set", "multusNetwork=istio-cni"); err == nil {
+		t.Error("a network without a namespace accepted")
+	}
+}
+
+// env values of any scalar type, from --set too (integers arrive as int64
+// there, as float64 from a file).
+func TestEnvScalars(t *testing.T) {
+	r := render(t, "--set", "env.A=1000000", "--set", "env.B=true", "--set", "env.C=x", "--set", "env.NFTMESH_API_TIMEOUT=5s")
+	d := r.ConfigMaps[0].Data
+	if d["A"] != "1000000" || d["B"] != "true" || d["C"] != "x" {
+		t.Errorf("env %v", d)
+	}
+	// A name the chart sets itself is overridden, not duplicated.
+	if cfg := r.agentConfig(t); cfg.APITimeout.String() != "5s" {
+		t.Errorf("env did not override NFTMESH_API_TIMEOUT: %v", cfg.APITimeout)
+	}
+	if _, err := runHelm(t, "template", "nftmesh", chartDir, "--set", "env.A.b=1"); err == nil {
+		t.Error("a map in env accepted")
+	}
+}
+
+// The chart README (helm show readme) has a row for every value the schema
+// accepts, top-level and global.
+func TestReadmeListsEveryValue(t *testing.T) {
+	readme, err := runHelm(t, "show", "readme", chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Definitions struct {
+			Values struct {
+				Properties map[string]struct {
+					Properties map[string]json.RawMessage `json:"properties"`
+				} `json:"properties"`
+			} `json:"values"`
+		} `json:"definitions"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	var missing []string
+	row := func(name string) bool {
+		return regexp.MustCompile("(?m)^\\| `" + regexp.QuoteMeta(name) + "(`|\\.)").MatchString(readme)
+	}
+	for name, p := range schema.Definitions.Values.Properties {
+		if name == "_internal_defaults_do_not_set" {
+			continue
+		}
+		if name == "global" {
+			for g := range p.Properties {
+				if !row("global." + g) {
+					missing = append(missing, "global."+g)
+				}
+			}
+			continue
+		}
+		if !row(name) {
+			missing = append(missing, name)
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Errorf("README has no row for %v", missing)
+	}
+}
