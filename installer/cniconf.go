@@ -224,7 +224,8 @@ func InsertPlugin(path string, primary []byte, ours json.RawMessage) ([]byte, er
 }
 
 // verifyOurList checks that b loads as a list whose entries of our type are
-// exactly one, equal to ours.
+// exactly one, equal to ours, and last: the plugin works on the result of
+// the plugins before it (prevResult), so nothing may come after it.
 func verifyOurList(b []byte, ours json.RawMessage) error {
 	l, err := libcni.ConfListFromBytes(b)
 	if err != nil {
@@ -245,6 +246,9 @@ func verifyOurList(b []byte, ours json.RawMessage) error {
 	}
 	if n != 1 {
 		return fmt.Errorf("%d %s entries, want 1", n, PluginName)
+	}
+	if last := l.Plugins[len(l.Plugins)-1].Network.Type; last != PluginName {
+		return fmt.Errorf("the %s entry is not last (%s comes after it)", PluginName, last)
 	}
 	return nil
 }

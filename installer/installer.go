@@ -9,11 +9,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/fsnotify/fsnotify"
 	"github.com/rs/zerolog"
 	"golang.org/x/time/rate"
@@ -209,7 +211,7 @@ func (in *Installer) installConf(ctx context.Context) (wrote bool, err error) {
 		if have, err := os.ReadFile(p); err == nil && bytes.Equal(have, want) {
 			return false, nil
 		}
-		if err := in.throttle(ctx, p, nil); err != nil {
+		if err := in.throttle(ctx, p); err != nil {
 			return false, err
 		}
 		mode, uid, gid := fileOwner(p, 0o644)
@@ -230,55 +232,111 @@ func (in *Installer) installConf(ctx context.Context) (wrote bool, err error) {
 	if err := in.checkConf(false); err == nil {
 		return false, nil
 	}
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return false, fmt.Errorf("reading primary config %s: %w", p, err)
+	// Wait first and read after: bytes read before a wait may be stale by
+	// the time they are written.
+	if err := in.throttle(ctx, p); err != nil {
+		return false, err
 	}
+	for range casAttempts {
+		wrote, err := in.insertOnce()
+		if !errors.Is(err, errChanged) {
+			return wrote, err
+		}
+	}
+	return false, fmt.Errorf("inserting %s into %s: the file %w %d times in a row; retrying on its next change", PluginName, p, errChanged, casAttempts)
+}
+
+// insertOnce reads the primary config and writes it back with our entry,
+// unless it changes in between (errChanged: read again). The state file
+// records the primary's bytes just read, so cleanup restores its latest
+// version, never an older one.
+func (in *Installer) insertOnce() (bool, error) {
+	p, err := in.primary(false)
+	if err != nil {
+		return false, err
+	}
+	if err := in.checkConf(false); err == nil {
+		return false, nil
+	}
+	base, err := readSnapshot(p)
+	if err != nil {
+		return false, fmt.Errorf("reading primary config: %w", err)
+	}
+	if !base.exists {
+		return false, errChanged // gone since discovery: discover again
+	}
+	b := base.data
 	out, err := InsertPlugin(p, b, in.ours)
 	if err != nil {
 		return false, err
 	}
-	target := ListPath(p)
-	hadOurs := HasPlugin(p, b)
-	if err := in.throttle(ctx, p, b); err != nil {
-		return false, err
+	target, cur := ListPath(p), base
+	if target != p {
+		if cur, err = readSnapshot(target); err != nil {
+			return false, fmt.Errorf("reading %s before converting %s: %w", target, p, err)
+		}
 	}
+	hadOurs := HasPlugin(p, b)
 
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	mode, uid, gid := fileOwner(p, 0o644)
+	mode, uid, gid := base.mode, base.uid, base.gid
 	rec := confRecord{
 		Written: target, WrittenSum: sum(out),
 		Original: p, OriginalBytes: b, OriginalMode: mode, OriginalUID: uid, OriginalGID: gid,
 	}
+	if target != p {
+		// A linked .conf goes away as a link and comes back as one.
+		rec.OriginalLink, _ = os.Readlink(p)
+	}
+	var prev *confRecord
+	if old := in.st.record(target); old != nil {
+		c := *old
+		prev = &c
+	}
 	if hadOurs {
-		old := in.st.record(target)
 		switch {
-		case old != nil && target == p && old.WrittenSum == sum(b):
+		case prev != nil && target == p && prev.WrittenSum == sum(b):
 			// Our own earlier write, only our entry changed: the
 			// primary's bytes are still the recorded ones.
-			rec.Original, rec.OriginalBytes = old.Original, old.OriginalBytes
-			rec.OriginalMode, rec.OriginalUID, rec.OriginalGID = old.OriginalMode, old.OriginalUID, old.OriginalGID
+			rec.Original, rec.OriginalBytes = prev.Original, prev.OriginalBytes
+			rec.OriginalMode, rec.OriginalUID, rec.OriginalGID = prev.OriginalMode, prev.OriginalUID, prev.OriginalGID
+			rec.OriginalLink = prev.OriginalLink
 		default:
-			// Left by an agent that lost its state: the best we can
-			// restore is the primary without our entry.
+			// Written by someone else with our entry in it (moved,
+			// edited, or left by an agent that lost its state): the
+			// best original is that content without our entry.
 			stripped, changed, err := RemovePlugin(p, b)
 			if err == nil && changed {
 				rec.OriginalBytes = stripped
 			}
 		}
 	}
+	// The record goes first, so a crash right after the write still
+	// knows the original.
 	in.st.put(rec)
 	if err := saveState(in.statePath(), in.st); err != nil {
+		in.st.drop(target, prev)
 		return false, err
 	}
-	if err := writeFileAtomic(target, out, mode, uid, gid); err != nil {
+	if err := replaceIfUnchanged(cur, out, mode, uid, gid); err != nil {
+		in.st.drop(target, prev)
+		if serr := saveState(in.statePath(), in.st); serr != nil {
+			in.log.Warn().Err(serr).Msg("restoring the agent state after a failed write")
+		}
+		if errors.Is(err, errChanged) {
+			return false, err
+		}
 		return false, fmt.Errorf("writing %s: %w", target, err)
 	}
 	if target != p {
 		// The .conflist sorts after its .conf twin, so the runtime keeps
-		// using the old file until it is gone: remove it last.
-		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// using the old file until it is gone: remove it last, and only
+		// while it is still the version we converted.
+		if err := removeIfUnchanged(base); err != nil {
+			if errors.Is(err, errChanged) {
+				return true, err
+			}
 			return true, fmt.Errorf("removing %s after converting it to %s: %w", p, target, err)
 		}
 	}
@@ -286,9 +344,9 @@ func (in *Installer) installConf(ctx context.Context) (wrote bool, err error) {
 	return true, nil
 }
 
-// throttle counts a re-insert, reports fights and waits for the limiter.
-// primaryBytes (nil for standalone) names the likely culprit.
-func (in *Installer) throttle(ctx context.Context, path string, primaryBytes []byte) error {
+// throttle counts a re-insert, reports fights (naming the likely culprit
+// from path's content) and waits for the limiter.
+func (in *Installer) throttle(ctx context.Context, path string) error {
 	if in.installed {
 		in.m.Reinserts.Inc()
 		now := time.Now()
@@ -305,7 +363,7 @@ func (in *Installer) throttle(ctx context.Context, path string, primaryBytes []b
 			if now.Sub(in.lastWarn) >= in.cfg.FightWindow {
 				in.lastWarn = now
 				in.log.Warn().Str("file", path).Int("reinserts", len(in.reinserts)).Dur("window", in.cfg.FightWindow).
-					Str("likely_cause", likelyCause(primaryBytes)).
+					Str("likely_cause", likelyCause(path)).
 					Msg("another component keeps rewriting the CNI config and removing " + PluginName + "; pods may start without capture until it stops")
 			}
 		}
@@ -317,8 +375,9 @@ func (in *Installer) throttle(ctx context.Context, path string, primaryBytes []b
 }
 
 // likelyCause names the fix for the primary CNIs known to revert other
-// plugins' entries.
-func likelyCause(primary []byte) string {
+// plugins' entries, from the config file they write.
+func likelyCause(path string) string {
+	primary, _ := os.ReadFile(path)
 	s := strings.ToLower(string(primary))
 	switch {
 	case strings.Contains(s, "cilium"):
@@ -381,8 +440,8 @@ func (in *Installer) reconcile(ctx context.Context, dirty parts) (wrote bool, re
 
 // watchSet classifies file events by what they invalidate.
 type watchSet struct {
-	confDir, runDir, saDir string
-	binDirs                map[string]bool
+	runDir, saDir     string
+	confDirs, binDirs map[string]bool // confDirs: the conf dir and linked configs' dirs
 }
 
 func (w *watchSet) classify(ev fsnotify.Event) parts {
@@ -394,7 +453,7 @@ func (w *watchSet) classify(ev fsnotify.Event) parts {
 	if w.binDirs[dir] && base == PluginName {
 		p |= partBinaries
 	}
-	if dir == w.confDir {
+	if w.confDirs[dir] {
 		p |= partConf
 	}
 	if dir == w.runDir && base == "kubeconfig" {
@@ -404,6 +463,25 @@ func (w *watchSet) classify(ev fsnotify.Event) parts {
 		p |= partKubeconfig
 	}
 	return p
+}
+
+// linkedConfDirs returns the directories, other than the conf dir, that
+// hold the targets of the symlinked config files we chain into.
+func (in *Installer) linkedConfDirs() []string {
+	if in.lastPrimary == "" {
+		return nil
+	}
+	var out []string
+	for _, p := range []string{in.lastPrimary, ListPath(in.lastPrimary)} {
+		fi, err := os.Lstat(p)
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			continue
+		}
+		if rp, err := resolve(p); err == nil && filepath.Dir(rp) != in.cfg.CNIConfDir {
+			out = append(out, filepath.Dir(rp))
+		}
+	}
+	return out
 }
 
 // Run installs the plugin and keeps it installed until ctx ends. It does
@@ -434,9 +512,26 @@ func (in *Installer) Run(ctx context.Context) error {
 		return fmt.Errorf("creating file watcher: %w", err)
 	}
 	defer watcher.Close()
-	ws := &watchSet{confDir: cfg.CNIConfDir, runDir: cfg.AgentRunDir, saDir: cfg.ServiceAccountDir, binDirs: map[string]bool{}}
+	ws := &watchSet{runDir: cfg.AgentRunDir, saDir: cfg.ServiceAccountDir, binDirs: map[string]bool{},
+		confDirs: map[string]bool{cfg.CNIConfDir: true}}
 	for _, d := range cfg.CNIBinDirs {
 		ws.binDirs[d] = true
+	}
+	// A config that is a symlink changes in its target's directory, which
+	// the conf dir's watch does not see; added reports a new watch.
+	watchLinked := func() (added bool) {
+		for _, d := range in.linkedConfDirs() {
+			if ws.confDirs[d] {
+				continue
+			}
+			if err := watcher.Add(d); err != nil {
+				in.log.Warn().Err(err).Str("dir", d).Msg("watching the directory of a linked CNI config; its changes are seen on the next conf dir event only")
+				continue
+			}
+			ws.confDirs[d] = true
+			added = true
+		}
+		return added
 	}
 	addWatches := func() error {
 		dirs := append([]string{cfg.CNIConfDir, cfg.AgentRunDir}, cfg.CNIBinDirs...)
@@ -448,6 +543,7 @@ func (in *Installer) Run(ctx context.Context) error {
 				return fmt.Errorf("watching %s: %w", d, err)
 			}
 		}
+		watchLinked()
 		return nil
 	}
 
@@ -506,7 +602,14 @@ func (in *Installer) Run(ctx context.Context) error {
 		}
 
 		// Wait for the next relevant event.
-		for got := parts(0); got == 0; {
+		got := parts(0)
+		if watchLinked() {
+			// The reconcile just found a linked config: check it again
+			// now that its directory is watched.
+			got = partConf
+			dirty |= got
+		}
+		for got == 0 {
 			select {
 			case <-ctx.Done():
 				return nil
@@ -555,12 +658,14 @@ func (in *Installer) Run(ctx context.Context) error {
 
 // Cleanup undoes the install: our entry leaves the CNI config (restoring the
 // primary's own bytes when the file is still what we wrote), then the
-// kubeconfig and the binaries go. It keeps going after an error and
-// returns them all.
+// kubeconfig and the binaries go, but only once no config names our plugin
+// any more: a runtime would otherwise fail every new pod on the node. It
+// keeps going after an error and returns them all.
 func (in *Installer) Cleanup() error {
 	in.setNotReady(errors.New("shutting down"))
 	var errs []error
 	cfg := in.cfg
+	var written []string
 	if cfg.Chained {
 		in.mu.Lock()
 		st := in.st
@@ -572,6 +677,7 @@ func (in *Installer) Cleanup() error {
 		in.mu.Unlock()
 		var left []confRecord
 		for _, r := range st.Confs {
+			written = append(written, r.Written)
 			if err := restoreRecord(r); err != nil {
 				errs = append(errs, err)
 				left = append(left, r)
@@ -581,6 +687,7 @@ func (in *Installer) Cleanup() error {
 		}
 		// A primary we never recorded (state lost) may still hold our entry.
 		if p, _, err := FindPrimary(cfg.CNIConfDir); err == nil && p != "" {
+			written = append(written, p)
 			if err := stripFile(p); err != nil {
 				errs = append(errs, err)
 			}
@@ -601,6 +708,12 @@ func (in *Installer) Cleanup() error {
 			}
 		}
 	}
+	if refs := referencing(cfg.CNIConfDir, written); len(refs) > 0 {
+		err := fmt.Errorf("keeping the %s binary and its kubeconfig: %s still name %s, and a runtime would fail every new pod without them",
+			PluginName, strings.Join(refs, ", "), PluginName)
+		in.log.Error().Err(err).Msg("cleanup incomplete")
+		return errors.Join(append(errs, err)...)
+	}
 	if cfg.ServiceAccountDir != "" {
 		if err := os.Remove(cfg.KubeconfigPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("removing kubeconfig: %w", err))
@@ -617,21 +730,63 @@ func (in *Installer) Cleanup() error {
 	return errors.Join(errs...)
 }
 
-// restoreRecord undoes one rewrite.
-func restoreRecord(r confRecord) error {
-	cur, err := os.ReadFile(r.Written)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil // the primary removed it; nothing of ours is left there
+// referencing lists the config files a runtime could load (those in dir,
+// and the extra ones) that still name our plugin. An unreadable file
+// counts: it may.
+func referencing(dir string, extra []string) []string {
+	files, err := libcni.ConfFiles(dir, ConfExtensions)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return []string{dir + " (unreadable: " + err.Error() + ")"}
 	}
+	seen := map[string]bool{}
+	var out []string
+	for _, f := range append(files, extra...) {
+		if seen[f] {
+			continue
+		}
+		seen[f] = true
+		b, err := os.ReadFile(f)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			out = append(out, f+" (unreadable: "+err.Error()+")")
+		case HasPlugin(f, b):
+			out = append(out, f)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// restoreRecord undoes one rewrite, starting over when the file changes
+// under it.
+func restoreRecord(r confRecord) error {
+	for range casAttempts {
+		err := restoreOnce(r)
+		if !errors.Is(err, errChanged) {
+			return err
+		}
+	}
+	return fmt.Errorf("restoring %s: the file %w %d times in a row", r.Written, errChanged, casAttempts)
+}
+
+func restoreOnce(r confRecord) error {
+	cur, err := readSnapshot(r.Written)
 	if err != nil {
 		return fmt.Errorf("reading %s for cleanup: %w", r.Written, err)
 	}
-	if sum(cur) != r.WrittenSum {
+	if !cur.exists {
+		return nil // the primary removed it; nothing of ours is left there
+	}
+	if cur.sum != r.WrittenSum {
 		// Changed after our write: keep the change, drop only our entry.
-		return stripFile(r.Written)
+		return stripSnapshot(cur)
 	}
 	if r.Original == r.Written {
-		if err := writeFileAtomic(r.Written, r.OriginalBytes, r.OriginalMode, r.OriginalUID, r.OriginalGID); err != nil {
+		if err := replaceIfUnchanged(cur, r.OriginalBytes, r.OriginalMode, r.OriginalUID, r.OriginalGID); err != nil {
+			if errors.Is(err, errChanged) {
+				return err
+			}
 			return fmt.Errorf("restoring %s: %w", r.Written, err)
 		}
 		return nil
@@ -639,13 +794,39 @@ func restoreRecord(r confRecord) error {
 	// We had turned Original (.conf) into Written (.conflist). Put the .conf
 	// back first (it sorts first, so the runtime switches to it at once),
 	// unless the primary already wrote a new one.
-	if _, err := os.Stat(r.Original); errors.Is(err, fs.ErrNotExist) {
-		if err := writeFileAtomic(r.Original, r.OriginalBytes, r.OriginalMode, r.OriginalUID, r.OriginalGID); err != nil {
-			return fmt.Errorf("restoring %s: %w", r.Original, err)
+	if _, err := os.Lstat(r.Original); errors.Is(err, fs.ErrNotExist) {
+		if err := restoreOriginal(r); err != nil {
+			return err
 		}
 	}
-	if err := os.Remove(r.Written); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := removeIfUnchanged(cur); err != nil {
+		if errors.Is(err, errChanged) {
+			return err
+		}
 		return fmt.Errorf("removing %s: %w", r.Written, err)
+	}
+	return nil
+}
+
+// restoreOriginal puts a converted .conf back where it was: as the link it
+// was while the link's target still holds the recorded bytes, else as a
+// file with those bytes. A .conf the primary writes meanwhile wins.
+func restoreOriginal(r confRecord) error {
+	if r.OriginalLink != "" {
+		t := r.OriginalLink
+		if !filepath.IsAbs(t) {
+			t = filepath.Join(filepath.Dir(r.Original), t)
+		}
+		if b, err := os.ReadFile(t); err == nil && bytes.Equal(b, r.OriginalBytes) {
+			if err := os.Symlink(r.OriginalLink, r.Original); err != nil && !errors.Is(err, fs.ErrExist) {
+				return fmt.Errorf("restoring the link %s: %w", r.Original, err)
+			}
+			return nil
+		}
+	}
+	err := replaceIfUnchanged(snapshot{name: r.Original, path: r.Original}, r.OriginalBytes, r.OriginalMode, r.OriginalUID, r.OriginalGID)
+	if err != nil && !errors.Is(err, errChanged) {
+		return fmt.Errorf("restoring %s: %w", r.Original, err)
 	}
 	return nil
 }
@@ -655,20 +836,33 @@ func stripFile(path string) error {
 	if !isListFile(path) {
 		return nil
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
+	for range casAttempts {
+		cur, err := readSnapshot(path)
+		if err != nil {
+			return fmt.Errorf("reading %s for cleanup: %w", path, err)
 		}
-		return fmt.Errorf("reading %s for cleanup: %w", path, err)
+		if err := stripSnapshot(cur); !errors.Is(err, errChanged) {
+			return err
+		}
 	}
-	out, changed, err := RemovePlugin(path, b)
+	return fmt.Errorf("removing %s from %s: the file %w %d times in a row", PluginName, path, errChanged, casAttempts)
+}
+
+// stripSnapshot writes cur's content without our entry back, unless the
+// file changed since cur was read (errChanged).
+func stripSnapshot(cur snapshot) error {
+	if !cur.exists || !isListFile(cur.name) {
+		return nil
+	}
+	out, changed, err := RemovePlugin(cur.name, cur.data)
 	if err != nil || !changed {
 		return err
 	}
-	mode, uid, gid := fileOwner(path, 0o644)
-	if err := writeFileAtomic(path, out, mode, uid, gid); err != nil {
-		return fmt.Errorf("removing %s from %s: %w", PluginName, path, err)
+	if err := replaceIfUnchanged(cur, out, cur.mode, cur.uid, cur.gid); err != nil {
+		if errors.Is(err, errChanged) {
+			return err
+		}
+		return fmt.Errorf("removing %s from %s: %w", PluginName, cur.name, err)
 	}
 	return nil
 }

@@ -27,6 +27,9 @@ type confRecord struct {
 	OriginalMode  fs.FileMode `json:"original_mode"`
 	OriginalUID   int         `json:"original_uid"`
 	OriginalGID   int         `json:"original_gid"`
+	// OriginalLink is the symlink Original was, when converting it
+	// removed the link (its target is left alone).
+	OriginalLink string `json:"original_link,omitempty"`
 }
 
 type agentState struct {
@@ -53,6 +56,21 @@ func (s *agentState) put(r confRecord) {
 		return
 	}
 	s.Confs = append(s.Confs, r)
+}
+
+// drop puts back prev as the record of written (nil: no record), undoing a
+// put whose write did not happen.
+func (s *agentState) drop(written string, prev *confRecord) {
+	if prev != nil {
+		s.put(*prev)
+		return
+	}
+	for i := range s.Confs {
+		if s.Confs[i].Written == written {
+			s.Confs = append(s.Confs[:i], s.Confs[i+1:]...)
+			return
+		}
+	}
 }
 
 func loadState(path string) (agentState, error) {
