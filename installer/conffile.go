@@ -1,6 +1,7 @@
 package installer
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -28,6 +30,37 @@ var errChanged = errors.New("changed while being rewritten")
 // casAttempts bounds the read-compute-swap rounds of one change; a file that
 // keeps changing longer than that is retried on the next file event.
 const casAttempts = 8
+
+// tornWait is the pause before reading again a file that is not complete
+// JSON: a primary writing in place leaves it truncated only for a moment.
+const tornWait = 20 * time.Millisecond
+
+// retryChanged runs f until it does not report errChanged, at most
+// casAttempts times; then the last errChanged is returned.
+func retryChanged(f func() error) error {
+	var err error
+	for range casAttempts {
+		if err = f(); !errors.Is(err, errChanged) {
+			return err
+		}
+	}
+	return fmt.Errorf("still changing after %d attempts: %w", casAttempts, err)
+}
+
+// complete reports errChanged, after a pause, for content that is not
+// complete JSON, so the caller reads again rather than fail on a file
+// caught in the middle of an in-place write.
+func complete(s snapshot) error {
+	if s.exists && !json.Valid(s.data) {
+		time.Sleep(tornWait)
+		return fmt.Errorf("%s is not complete JSON, perhaps half written: %w", s.name, errChanged)
+	}
+	return nil
+}
+
+// beforeSwap, when set (tests only), runs between the final check and the
+// rename, where another writer can slip in.
+var beforeSwap func(path string)
 
 // snapshot is a config file's content and identity as read.
 type snapshot struct {
@@ -169,6 +202,9 @@ func replaceIfUnchanged(base snapshot, data []byte, mode fs.FileMode, uid, gid i
 		}
 		return err
 	}
+	if beforeSwap != nil {
+		beforeSwap(base.path)
+	}
 	if !base.exists {
 		// Nothing to displace: only create, never replace.
 		if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, base.path, unix.RENAME_NOREPLACE); err != nil {
@@ -251,6 +287,9 @@ func removeIfUnchanged(base snapshot) error {
 			err = errChanged
 		}
 		return err
+	}
+	if beforeSwap != nil {
+		beforeSwap(name)
 	}
 	if err := unix.Renameat2(unix.AT_FDCWD, name, unix.AT_FDCWD, tmp, unix.RENAME_NOREPLACE); err != nil {
 		if errors.Is(err, unix.ENOENT) {

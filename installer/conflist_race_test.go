@@ -2,6 +2,7 @@ package installer
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -115,6 +116,7 @@ func TestPrimaryBurstKeepsLastWrite(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitSettled(t, a, p, want)
+			t.Logf("writes started over because the file changed under them: %d", a.in.casConflicts.Load())
 			if err := VerifyInstalled(p, ours); err != nil {
 				t.Fatal(err)
 			}
@@ -148,4 +150,218 @@ func describe(b []byte) string {
 	}
 	n, _ := strconv.Atoi(string(m[1]))
 	return fmt.Sprintf("write %d", n-1400)
+}
+
+// Cleanup runs while the primary rewrites its file: whatever the
+// interleaving, the file ends as the primary's last write, never as an
+// older version we recorded.
+func TestCleanupDuringPrimaryBurst(t *testing.T) {
+	h := newHost(t)
+	p := filepath.Join(h.conf, "10-calico.conflist")
+	if err := os.WriteFile(p, primaryVersion(t, 0), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config(t)
+	a := startAgent(t, cfg)
+	a.waitReady(t)
+	a.stop()
+
+	const writes = 200
+	done := make(chan []byte)
+	go func() {
+		var last []byte
+		for i := 1; i <= writes; i++ {
+			last = primaryVersion(t, i)
+			primaryWrite(t, p, last, i%2 == 0)
+		}
+		done <- last
+	}()
+	// The restore may or may not see the burst; either way it must not
+	// write over a version newer than the one it read.
+	err := a.in.Cleanup()
+	last := <-done
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(p); !bytes.Equal(got, last) {
+		t.Errorf("after cleanup the file holds %s, want the primary's last write (%s)", describe(got), describe(last))
+	}
+}
+
+// Someone moves our entry away from the end of the list: the plugin would
+// then miss the primary's result (prevResult), so it goes back to last,
+// and cleanup still restores the primary's own bytes.
+func TestEntryMovedBackToLast(t *testing.T) {
+	for _, pos := range []string{"first", "middle"} {
+		t.Run(pos, func(t *testing.T) {
+			h := newHost(t)
+			p, orig := h.put(t, "10-calico.conflist", 0o644)
+			cfg := h.config(t)
+			a := startAgent(t, cfg)
+			a.waitReady(t)
+			ours := cfg.PluginConf().JSON()
+			installed, _ := os.ReadFile(p)
+
+			obj, err := parseObject(installed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, _ := obj.get("plugins")
+			var plugins []json.RawMessage
+			if err := json.Unmarshal(raw, &plugins); err != nil {
+				t.Fatal(err)
+			}
+			entry, rest := plugins[len(plugins)-1], plugins[:len(plugins)-1]
+			var moved []json.RawMessage
+			if pos == "first" {
+				moved = append([]json.RawMessage{entry}, rest...)
+			} else {
+				moved = append(append(append(moved, rest[0]), entry), rest[1:]...)
+			}
+			obj.set("plugins", marshalArray(moved))
+			b, err := obj.marshal()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			a.waitFor(t, "our entry back to last", func() bool {
+				got, _ := os.ReadFile(p)
+				return bytes.Equal(got, installed) && a.in.Ready() == nil
+			})
+			if err := VerifyInstalled(p, ours); err != nil {
+				t.Fatal(err)
+			}
+			a.stop()
+			if err := a.in.Cleanup(); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := os.ReadFile(p); !bytes.Equal(got, orig) {
+				t.Errorf("cleanup did not restore the primary's bytes:\n%s", got)
+			}
+		})
+	}
+}
+
+// A config that is a symlink (some installers keep the real file
+// elsewhere) stays a symlink: the agent writes through to the target, in
+// the target's directory, follows the primary's rewrites there, and cleanup
+// restores the target's bytes with the link in place.
+func TestSymlinkedConflist(t *testing.T) {
+	for _, relative := range []bool{false, true} {
+		t.Run(fmt.Sprintf("relative=%v", relative), func(t *testing.T) {
+			h := newHost(t)
+			realDir := filepath.Join(h.root, "var/lib/primary")
+			if err := os.MkdirAll(realDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			target := filepath.Join(realDir, "10-calico.conflist")
+			if err := os.WriteFile(target, primaryVersion(t, 0), 0o640); err != nil {
+				t.Fatal(err)
+			}
+			link := filepath.Join(h.conf, "10-calico.conflist")
+			dest := target
+			if relative {
+				var err error
+				if dest, err = filepath.Rel(h.conf, target); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Symlink(dest, link); err != nil {
+				t.Fatal(err)
+			}
+			assertLink := func(when string) {
+				t.Helper()
+				if d, err := os.Readlink(link); err != nil || d != dest {
+					t.Fatalf("%s: %s is no longer the symlink to %s (%q, %v)", when, link, dest, d, err)
+				}
+			}
+			cfg := h.config(t)
+			a := startAgent(t, cfg)
+			a.waitReady(t)
+			ours := cfg.PluginConf().JSON()
+			assertLink("after install")
+			if err := VerifyInstalled(target, ours); err != nil {
+				t.Fatalf("the target does not hold our entry: %v", err)
+			}
+			if m := modeOf(t, target); m != 0o640 {
+				t.Errorf("target mode %v, want the primary's 0640", m)
+			}
+
+			// The primary rewrites its real file, in place and by rename.
+			var last []byte
+			for i := 1; i <= 4; i++ {
+				last = primaryVersion(t, i)
+				primaryWrite(t, target, last, i%2 == 0)
+				want, err := InsertPlugin(target, last, ours)
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.waitFor(t, fmt.Sprintf("re-insert after write %d", i), func() bool {
+					got, _ := os.ReadFile(target)
+					return bytes.Equal(got, want)
+				})
+				assertLink(fmt.Sprintf("after write %d", i))
+			}
+			a.stop()
+			if err := a.in.Cleanup(); err != nil {
+				t.Fatal(err)
+			}
+			assertLink("after cleanup")
+			if got, _ := os.ReadFile(target); !bytes.Equal(got, last) {
+				t.Errorf("cleanup did not restore the target's bytes: it holds %s, want %s", describe(got), describe(last))
+			}
+			for _, d := range []string{h.conf, realDir} {
+				entries, _ := os.ReadDir(d)
+				if len(entries) != 1 {
+					t.Errorf("%s holds %d entries after cleanup, want 1", d, len(entries))
+				}
+			}
+		})
+	}
+}
+
+// A single-plugin .conf that is a symlink becomes our .conflist (the
+// runtime needs a list); the link is removed, never its target, and
+// cleanup puts the link back.
+func TestSymlinkedConfConverted(t *testing.T) {
+	h := newHost(t)
+	realDir := filepath.Join(h.root, "var/lib/primary")
+	if err := os.MkdirAll(realDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	orig, err := os.ReadFile(filepath.Join(testConfDir, "10-bridge.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(realDir, "bridge.conf")
+	if err := os.WriteFile(target, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(h.conf, "10-bridge.conf")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config(t)
+	a := startAgent(t, cfg)
+	a.waitReady(t)
+	assertGone(t, link)
+	if err := VerifyInstalled(filepath.Join(h.conf, "10-bridge.conflist"), cfg.PluginConf().JSON()); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(target); !bytes.Equal(got, orig) {
+		t.Error("the link's target was modified")
+	}
+	a.stop()
+	if err := a.in.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := os.Readlink(link); err != nil || d != target {
+		t.Errorf("the link was not restored (%q, %v)", d, err)
+	}
+	assertGone(t, filepath.Join(h.conf, "10-bridge.conflist"))
+	if got, _ := os.ReadFile(target); !bytes.Equal(got, orig) {
+		t.Error("the link's target was modified")
+	}
 }

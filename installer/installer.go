@@ -62,6 +62,10 @@ type Installer struct {
 	ready   atomic.Bool
 	lastErr atomic.Pointer[error]
 
+	// casConflicts counts writes of the CNI config started over because
+	// the file changed under them (tests report it).
+	casConflicts atomic.Int64
+
 	// Reconciled is signalled (non-blocking) after every reconcile; tests
 	// wait on it instead of sleeping.
 	Reconciled chan struct{}
@@ -237,13 +241,18 @@ func (in *Installer) installConf(ctx context.Context) (wrote bool, err error) {
 	if err := in.throttle(ctx, p); err != nil {
 		return false, err
 	}
-	for range casAttempts {
-		wrote, err := in.insertOnce()
-		if !errors.Is(err, errChanged) {
-			return wrote, err
+	err = retryChanged(func() error {
+		w, err := in.insertOnce()
+		wrote = wrote || w
+		if errors.Is(err, errChanged) {
+			in.casConflicts.Add(1)
 		}
+		return err
+	})
+	if errors.Is(err, errChanged) {
+		return wrote, fmt.Errorf("inserting %s into %s (retrying on its next change): %w", PluginName, p, err)
 	}
-	return false, fmt.Errorf("inserting %s into %s: the file %w %d times in a row; retrying on its next change", PluginName, p, errChanged, casAttempts)
+	return wrote, err
 }
 
 // insertOnce reads the primary config and writes it back with our entry,
@@ -264,6 +273,9 @@ func (in *Installer) insertOnce() (bool, error) {
 	}
 	if !base.exists {
 		return false, errChanged // gone since discovery: discover again
+	}
+	if err := complete(base); err != nil {
+		return false, err
 	}
 	b := base.data
 	out, err := InsertPlugin(p, b, in.ours)
@@ -295,21 +307,21 @@ func (in *Installer) insertOnce() (bool, error) {
 		prev = &c
 	}
 	if hadOurs {
+		stripped, changed, err := RemovePlugin(p, b)
 		switch {
-		case prev != nil && target == p && prev.WrittenSum == sum(b):
-			// Our own earlier write, only our entry changed: the
-			// primary's bytes are still the recorded ones.
+		case prev != nil && target == p && (prev.WrittenSum == sum(b) ||
+			err == nil && changed && prev.Original == p && sameEntry(stripped, prev.OriginalBytes)):
+			// Our own earlier write, or one where only our entry
+			// changed (edited, or moved from last): the primary's bytes
+			// are still the recorded ones.
 			rec.Original, rec.OriginalBytes = prev.Original, prev.OriginalBytes
 			rec.OriginalMode, rec.OriginalUID, rec.OriginalGID = prev.OriginalMode, prev.OriginalUID, prev.OriginalGID
 			rec.OriginalLink = prev.OriginalLink
-		default:
-			// Written by someone else with our entry in it (moved,
-			// edited, or left by an agent that lost its state): the
-			// best original is that content without our entry.
-			stripped, changed, err := RemovePlugin(p, b)
-			if err == nil && changed {
-				rec.OriginalBytes = stripped
-			}
+		case err == nil && changed:
+			// Written by someone else with our entry in it (or left by
+			// an agent that lost its state): the best original is that
+			// content without our entry.
+			rec.OriginalBytes = stripped
 		}
 	}
 	// The record goes first, so a crash right after the write still
@@ -709,10 +721,12 @@ func (in *Installer) Cleanup() error {
 		}
 	}
 	if refs := referencing(cfg.CNIConfDir, written); len(refs) > 0 {
-		err := fmt.Errorf("keeping the %s binary and its kubeconfig: %s still name %s, and a runtime would fail every new pod without them",
-			PluginName, strings.Join(refs, ", "), PluginName)
-		in.log.Error().Err(err).Msg("cleanup incomplete")
-		return errors.Join(append(errs, err)...)
+		what := "the CNI config " + refs[0] + " still names"
+		if len(refs) > 1 {
+			what = "the CNI configs " + strings.Join(refs, ", ") + " still name"
+		}
+		return errors.Join(append(errs, fmt.Errorf("keeping the %s binary and its kubeconfig: %s the plugin, and without them the runtime would fail every new pod on the node",
+			PluginName, what))...)
 	}
 	if cfg.ServiceAccountDir != "" {
 		if err := os.Remove(cfg.KubeconfigPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -761,13 +775,13 @@ func referencing(dir string, extra []string) []string {
 // restoreRecord undoes one rewrite, starting over when the file changes
 // under it.
 func restoreRecord(r confRecord) error {
-	for range casAttempts {
-		err := restoreOnce(r)
-		if !errors.Is(err, errChanged) {
-			return err
+	if err := retryChanged(func() error { return restoreOnce(r) }); err != nil {
+		if errors.Is(err, errChanged) {
+			return fmt.Errorf("restoring %s: %w", r.Written, err)
 		}
+		return err
 	}
-	return fmt.Errorf("restoring %s: the file %w %d times in a row", r.Written, errChanged, casAttempts)
+	return nil
 }
 
 func restoreOnce(r confRecord) error {
@@ -777,6 +791,9 @@ func restoreOnce(r confRecord) error {
 	}
 	if !cur.exists {
 		return nil // the primary removed it; nothing of ours is left there
+	}
+	if err := complete(cur); err != nil {
+		return err
 	}
 	if cur.sum != r.WrittenSum {
 		// Changed after our write: keep the change, drop only our entry.
@@ -836,16 +853,20 @@ func stripFile(path string) error {
 	if !isListFile(path) {
 		return nil
 	}
-	for range casAttempts {
+	err := retryChanged(func() error {
 		cur, err := readSnapshot(path)
 		if err != nil {
 			return fmt.Errorf("reading %s for cleanup: %w", path, err)
 		}
-		if err := stripSnapshot(cur); !errors.Is(err, errChanged) {
+		if err := complete(cur); err != nil {
 			return err
 		}
+		return stripSnapshot(cur)
+	})
+	if errors.Is(err, errChanged) {
+		return fmt.Errorf("removing %s from %s: %w", PluginName, path, err)
 	}
-	return fmt.Errorf("removing %s from %s: the file %w %d times in a row", PluginName, path, errChanged, casAttempts)
+	return err
 }
 
 // stripSnapshot writes cur's content without our entry back, unless the
