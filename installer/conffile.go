@@ -31,29 +31,36 @@ var errChanged = errors.New("changed while being rewritten")
 // keeps changing longer than that is retried on the next file event.
 const casAttempts = 8
 
-// tornWait is the pause before reading again a file that is not complete
-// JSON: a primary writing in place leaves it truncated only for a moment.
-const tornWait = 20 * time.Millisecond
+// tornWait is the first pause before reading again a file that is not
+// complete JSON (doubling each round, 1.3 s in all): a primary writing in
+// place leaves it truncated only until its write call runs, which a loaded
+// node may delay.
+const tornWait = 10 * time.Millisecond
+
+// errTorn is content that is not complete JSON: read again after a pause.
+var errTorn = fmt.Errorf("not complete JSON, perhaps half written: %w", errChanged)
 
 // retryChanged runs f until it does not report errChanged, at most
 // casAttempts times; then the last errChanged is returned.
 func retryChanged(f func() error) error {
 	var err error
-	for range casAttempts {
+	for i := range casAttempts {
 		if err = f(); !errors.Is(err, errChanged) {
 			return err
+		}
+		if errors.Is(err, errTorn) && i < casAttempts-1 {
+			time.Sleep(tornWait << i)
 		}
 	}
 	return fmt.Errorf("still changing after %d attempts: %w", casAttempts, err)
 }
 
-// complete reports errChanged, after a pause, for content that is not
-// complete JSON, so the caller reads again rather than fail on a file
-// caught in the middle of an in-place write.
+// complete reports errTorn for content that is not complete JSON, so the
+// caller reads again rather than fail on a file caught in the middle of an
+// in-place write.
 func complete(s snapshot) error {
 	if s.exists && !json.Valid(s.data) {
-		time.Sleep(tornWait)
-		return fmt.Errorf("%s is not complete JSON, perhaps half written: %w", s.name, errChanged)
+		return fmt.Errorf("%s: %w", s.name, errTorn)
 	}
 	return nil
 }
