@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/nftmesh/nftmesh/internal/quote"
 )
 
 // PluginName is the plugin's binary name and its conf "type".
@@ -133,7 +135,7 @@ func (e *ConfigError) Error() string {
 	if e.Source != "" && e.Source != "flag" {
 		src = " (from " + e.Source + ")"
 	}
-	return fmt.Sprintf("--%s%s %q: %s", e.Flag, src, e.Value, e.Reason)
+	return fmt.Sprintf("--%s%s %s: %s", e.Flag, src, quote.Value(e.Value), e.Reason)
 }
 
 // envAlias is a foreign (Istio) environment variable accepted for a flag;

@@ -341,3 +341,16 @@ func TestStandaloneNetworkName(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigErrorBounded: a huge bad value is named by its flag and quoted
+// by its start, not echoed whole into the log.
+func TestConfigErrorBounded(t *testing.T) {
+	huge := strings.Repeat("n", 1<<20)
+	_, err := ParseConfig([]string{"--backend", huge}, withEnv(nil))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	if msg := err.Error(); len(msg) > 1024 || !strings.Contains(msg, "--backend") || !strings.Contains(msg, "bytes cut)") {
+		t.Errorf("error is %d bytes: %.300s", len(msg), msg)
+	}
+}

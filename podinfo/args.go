@@ -3,6 +3,8 @@ package podinfo
 import (
 	"fmt"
 	"strings"
+
+	"github.com/nftmesh/nftmesh/internal/quote"
 )
 
 // K8sArgs are the pod identity kubelet passes in CNI_ARGS.
@@ -25,7 +27,7 @@ func ParseK8sArgs(cniArgs string) (K8sArgs, error) {
 		}
 		k, v, ok := strings.Cut(pair, "=")
 		if !ok {
-			return K8sArgs{}, fmt.Errorf("parsing CNI_ARGS: %q is not KEY=VALUE", pair)
+			return K8sArgs{}, fmt.Errorf("parsing CNI_ARGS: %s is not KEY=VALUE", quote.Value(pair))
 		}
 		var dst *string
 		switch k {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nftmesh/nftmesh/internal/quote"
 )
 
 // Plugin config defaults.
@@ -75,7 +77,7 @@ func (e *ConfigError) Error() string {
 	if e.Value == "" {
 		return fmt.Sprintf("plugin config field %q: %s", e.Field, e.Reason)
 	}
-	return fmt.Sprintf("plugin config field %q: %q %s", e.Field, e.Value, e.Reason)
+	return fmt.Sprintf("plugin config field %q: %s %s", e.Field, quote.Value(e.Value), e.Reason)
 }
 
 // ParseConfig decodes and validates the plugin config (CNI stdin). Every

@@ -7,6 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nftmesh/nftmesh/internal/quote"
 )
 
 // ReadPodFile reads one Pod manifest, YAML or JSON (as `kubectl get pod -o
@@ -34,9 +36,9 @@ func ParsePod(data []byte) (*corev1.Pod, error) {
 	case tm.Kind == "":
 		return nil, fmt.Errorf("manifest has no kind (want kind: Pod)")
 	case tm.Kind != "Pod":
-		return nil, fmt.Errorf("manifest kind is %q (want Pod)", tm.Kind)
+		return nil, fmt.Errorf("manifest kind is %s (want Pod)", quote.Value(tm.Kind))
 	case tm.APIVersion != "" && tm.APIVersion != "v1":
-		return nil, fmt.Errorf("manifest apiVersion is %q (want v1)", tm.APIVersion)
+		return nil, fmt.Errorf("manifest apiVersion is %s (want v1)", quote.Value(tm.APIVersion))
 	}
 	var pod corev1.Pod
 	if err := yaml.Unmarshal(data, &pod); err != nil {

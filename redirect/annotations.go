@@ -82,16 +82,16 @@ func ParseAnnotations(base Spec, annotations map[string]string) (Spec, error) {
 	// (mode, base values) without repeating problems already reported.
 	var rest problems
 	s.validate(&rest)
-	for _, p := range rest {
+	for _, p := range rest.list {
 		dup := false
-		for _, q := range ps {
+		for _, q := range ps.list {
 			if q.Field == p.Field {
 				dup = true
 				break
 			}
 		}
 		if !dup {
-			ps = append(ps, p)
+			ps.addErr(p)
 		}
 	}
 	return s, ps.err()

@@ -2,6 +2,7 @@ package redirect
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -155,6 +156,54 @@ func TestValidateTypedSpec(t *testing.T) {
 	}
 }
 
+// TestHugeAnnotationBounded: a huge invalid annotation gives an error of a
+// few KiB that still names the field and shows the start of the value, and
+// says how much was cut or how many more problems there were.
+func TestHugeAnnotationBounded(t *testing.T) {
+	const mib = 1 << 20
+	oneItem := strings.Repeat("9", mib)             // one bad port of 1 MiB
+	manyItems := strings.Repeat("x,", mib/2)        // 524288 bad ports
+	wildcard := "*," + strings.Repeat("80,", mib/3) // '*' mixed: the whole value is the problem
+	for _, tc := range []struct {
+		name, field, value string
+		want               []string
+	}{
+		{"one huge item", AnnotationIncludeInboundPorts, oneItem,
+			[]string{AnnotationIncludeInboundPorts, `"999`, "bytes cut)", "is not a port"}},
+		{"many bad items", AnnotationExcludeOutboundPorts, manyItems,
+			[]string{"524288 problems", AnnotationExcludeOutboundPorts, `"x" is not a port`, fmt.Sprintf("and %d more", mib/2-MaxProblems)}},
+		{"huge value with a wildcard", AnnotationIncludeOutboundIPRanges, "*," + strings.Repeat("10.0.0.0/8,", mib/11),
+			[]string{AnnotationIncludeOutboundIPRanges, `"*,10.0.0.0/8,`, "bytes cut)", "mixes '*'"}},
+		{"huge wildcard port list", AnnotationIncludeInboundPorts, wildcard,
+			[]string{AnnotationIncludeInboundPorts, "bytes cut)", "mixes '*'"}},
+		{"huge mode", AnnotationInterceptionMode, strings.Repeat("R", mib),
+			[]string{AnnotationInterceptionMode, fmt.Sprintf("(%d of %d bytes cut)", mib-quoteMax, mib)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseAnnotations(DefaultSpec(), map[string]string{tc.field: tc.value})
+			if err == nil {
+				t.Fatal("a huge invalid annotation was accepted")
+			}
+			msg := err.Error()
+			if len(msg) > 8<<10 {
+				t.Errorf("error is %d bytes for a %d-byte annotation: %.300s...", len(msg), len(tc.value), msg)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %.600q does not contain %q", msg, w)
+				}
+			}
+			var ve *ValidationError
+			if !errors.As(err, &ve) || len(ve.Problems) > MaxProblems {
+				t.Errorf("error keeps %d problems, want at most %d", len(ve.Problems), MaxProblems)
+			}
+		})
+	}
+}
+
+// quoteMax is how many bytes of a value an error shows.
+const quoteMax = 256
+
 // FuzzParseAnnotations: any annotation values give either a ValidationError
 // naming a known annotation, or a Spec that Build turns into a Plan that
 // passes Verify. Never a panic.
@@ -187,6 +236,11 @@ func FuzzParseAnnotations(f *testing.F) {
 				if _, known := ann[p.Field]; !known {
 					t.Fatalf("problem names unknown field %q: %v", p.Field, p)
 				}
+			}
+			// Each problem shows at most quoteMax bytes of its value, which
+			// %q may spell as up to 10 characters per rune.
+			if max := MaxProblems*(200+10*quoteMax) + 100; len(err.Error()) > max {
+				t.Fatalf("error of %d bytes (bound %d)", len(err.Error()), max)
 			}
 			return
 		}

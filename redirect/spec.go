@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/nftmesh/nftmesh/internal/quote"
 )
 
 // Fixed ports and marks of Istio's sidecar capture.
@@ -145,23 +147,38 @@ func (e FieldError) Error() string {
 	if strings.Contains(e.Field, "/") {
 		kind = "annotation"
 	}
-	return fmt.Sprintf("%s %s: %q %s", kind, e.Field, e.Value, e.Reason)
+	// The value is echoed into CNI errors and log lines: bounded, so a
+	// huge annotation gives a short error.
+	return fmt.Sprintf("%s %s: %s %s", kind, e.Field, quote.Value(e.Value), e.Reason)
 }
 
-// ValidationError lists every problem found in a spec at once.
-type ValidationError struct{ Problems []FieldError }
+// MaxProblems bounds the problems a ValidationError keeps. A long list of
+// bad items (an annotation of thousands of "x,") is reported by its first
+// problems and a count, so neither the error nor the memory grows with it.
+const MaxProblems = 20
+
+// ValidationError lists every problem found in a spec at once (the first
+// MaxProblems of them, and how many more there were).
+type ValidationError struct {
+	Problems []FieldError
+	// Omitted counts the problems found beyond MaxProblems.
+	Omitted int
+}
 
 func (e *ValidationError) Error() string {
-	if len(e.Problems) == 1 {
+	if len(e.Problems) == 1 && e.Omitted == 0 {
 		return e.Problems[0].Error()
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d problems: ", len(e.Problems))
+	fmt.Fprintf(&b, "%d problems: ", len(e.Problems)+e.Omitted)
 	for i, p := range e.Problems {
 		if i > 0 {
 			b.WriteString("; ")
 		}
 		b.WriteString(p.Error())
+	}
+	if e.Omitted > 0 {
+		fmt.Fprintf(&b, "; and %d more", e.Omitted)
 	}
 	return b.String()
 }
@@ -175,17 +192,42 @@ func (e *ValidationError) Unwrap() []error {
 	return out
 }
 
-type problems []FieldError
-
-func (p *problems) add(field, value, format string, args ...any) {
-	*p = append(*p, FieldError{Field: field, Value: value, Reason: fmt.Sprintf(format, args...)})
-}
-
-func (p problems) err() error {
-	if len(p) == 0 {
+// NewValidationError builds the error for a list of problems, keeping the
+// first MaxProblems and counting the rest (with omitted more found
+// elsewhere); nil when there are none.
+func NewValidationError(list []FieldError, omitted int) *ValidationError {
+	if len(list) == 0 && omitted == 0 {
 		return nil
 	}
-	return &ValidationError{Problems: p}
+	if len(list) > MaxProblems {
+		omitted += len(list) - MaxProblems
+		list = list[:MaxProblems:MaxProblems]
+	}
+	return &ValidationError{Problems: list, Omitted: omitted}
+}
+
+type problems struct {
+	list    []FieldError
+	omitted int
+}
+
+func (p *problems) add(field, value, format string, args ...any) {
+	p.addErr(FieldError{Field: field, Value: value, Reason: fmt.Sprintf(format, args...)})
+}
+
+func (p *problems) addErr(fe FieldError) {
+	if len(p.list) >= MaxProblems {
+		p.omitted++
+		return
+	}
+	p.list = append(p.list, fe)
+}
+
+func (p *problems) err() error {
+	if ve := NewValidationError(p.list, p.omitted); ve != nil {
+		return ve
+	}
+	return nil
 }
 
 // Validate checks a typed Spec (one built in code rather than parsed from

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftmesh/nftmesh/internal/netnsaddr"
+	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -77,8 +78,8 @@ func begin(verb string, args *skel.CmdArgs) (*invocation, func(), error) {
 	conf, err := podinfo.ParseConfig(args.StdinData)
 	if err != nil {
 		inv.log, _ = newLogger(nil, verb)
-		inv.log.Error().Err(err).Msg("invalid plugin config")
-		return inv, func() {}, types.NewError(types.ErrInvalidNetworkConfig, "nftmesh-cni: invalid plugin config", err.Error())
+		inv.log.Error().Str("error", detail(err)).Msg("invalid plugin config")
+		return inv, func() {}, types.NewError(types.ErrInvalidNetworkConfig, "nftmesh-cni: invalid plugin config", detail(err))
 	}
 	inv.conf = conf
 	var closeLog func()
@@ -198,13 +199,14 @@ func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redir
 }
 
 // detail is the per-field text of a validation error (each annotation or
-// env var with its value), or the error itself.
+// env var with its value), or the error itself, bounded: it goes into the
+// CNI error kubelet shows and into the log.
 func detail(err error) string {
 	var ve *redirect.ValidationError
 	if errors.As(err, &ve) {
-		return ve.Error()
+		return quote.Text(ve.Error())
 	}
-	return err.Error()
+	return quote.Text(err.Error())
 }
 
 func cmdAdd(args *skel.CmdArgs) error {
@@ -250,6 +252,8 @@ func cmdAdd(args *skel.CmdArgs) error {
 
 // failWith is fail naming the backend actually chosen.
 func (inv *invocation) failWith(backend string, err *types.Error) error {
+	// Every error a verb returns passes here: one bound on what it echoes.
+	err.Msg, err.Details = quote.Text(err.Msg), quote.Text(err.Details)
 	inv.event(inv.log.Error(), backend).Str("decision", "error").Uint("code", err.Code).Str("error", err.Error()).Msg(inv.verb + " failed")
 	return err
 }

@@ -137,3 +137,39 @@ func FuzzCLIAnnotationFlags(f *testing.F) {
 		}
 	})
 }
+
+// TestCLIHugeInputBounded: a huge bad value gives a one-line error of a few
+// hundred bytes naming the flag or annotation, not the value echoed whole.
+func TestCLIHugeInputBounded(t *testing.T) {
+	huge := strings.Repeat("7", 1<<20)
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		mention []string
+	}{
+		{"annotation value", []string{"validate", "-a", redirect.AnnotationExcludeOutboundIPRanges + "=" + huge}, []string{redirect.AnnotationExcludeOutboundIPRanges}},
+		{"many bad items", []string{"validate", "-a", redirect.AnnotationIncludeInboundPorts + "=" + strings.Repeat("0,", 1<<19)}, []string{"524288 problems", "and 524268 more"}},
+		{"not key=value", []string{"render", "-a", huge}, []string{"--annotation", "key=value"}},
+		{"unknown annotation", []string{"render", "-a", huge + "=1"}, []string{"not a capture annotation"}},
+		{"proxy uid", []string{"render", "--proxy-uid", huge}, []string{"--proxy-uid"}},
+		{"format", []string{"render", "--format", huge}, []string{"--format"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(t, tc.args...)
+			if code != exitUsage || out != "" {
+				t.Fatalf("exit %d, stdout %d bytes", code, len(out))
+			}
+			if len(errOut) > 8<<10 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+				t.Errorf("stderr is %d bytes: %.300s", len(errOut), errOut)
+			}
+			for _, m := range tc.mention {
+				if !strings.Contains(errOut, m) {
+					t.Errorf("stderr %.500q does not mention %q", errOut, m)
+				}
+			}
+			if tc.name != "many bad items" && !strings.Contains(errOut, "bytes cut)") {
+				t.Errorf("stderr %.500q does not say the value was cut", errOut)
+			}
+		})
+	}
+}

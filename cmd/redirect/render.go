@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/legacy"
@@ -37,7 +38,7 @@ func render(p redirect.Plan, format string) (string, error) {
 	case "plan":
 		return strings.Join(redirect.Describe(p), "\n") + "\n", nil
 	}
-	return "", usageErr("--format %q: want nft, iptables, json or plan", format)
+	return "", usageErr("--format %s: want nft, iptables, json or plan", quote.Value(format))
 }
 
 // hasIPv6 reports whether any rule applies to IPv6.

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/nftmesh/nftmesh/internal/netnsaddr"
+	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -77,11 +78,11 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 	for _, kv := range f.annotations {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || strings.TrimSpace(k) == "" {
-			return resolved{}, usageErr("--annotation %q: want key=value", kv)
+			return resolved{}, usageErr("--annotation %s: want key=value", quote.Value(kv))
 		}
 		k = strings.TrimSpace(k)
 		if _, dup := ann[k]; dup {
-			return resolved{}, usageErr("--annotation %s given twice", k)
+			return resolved{}, usageErr("--annotation %s given twice", quote.Value(k))
 		}
 		ann[k] = v
 	}
@@ -91,7 +92,7 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 	}
 	for k := range ann {
 		if !known[k] {
-			return resolved{}, usageErr("--annotation %s: not a capture annotation (known: %s)", k, strings.Join(redirect.CaptureAnnotations, ", "))
+			return resolved{}, usageErr("--annotation %s: not a capture annotation (known: %s)", quote.Value(k), strings.Join(redirect.CaptureAnnotations, ", "))
 		}
 	}
 	base := redirect.DefaultSpec()
@@ -119,12 +120,12 @@ func parseIDs(flag, v string) ([]uint32, error) {
 		}
 		n, err := strconv.ParseUint(s, 10, 32)
 		if err != nil || n == 0 {
-			return nil, usageErr("%s %q: not a non-zero numeric ID", flag, s)
+			return nil, usageErr("%s %s: not a non-zero numeric ID", flag, quote.Value(s))
 		}
 		out = append(out, uint32(n))
 	}
 	if len(out) == 0 {
-		return nil, usageErr("%s %q: at least one ID is required", flag, v)
+		return nil, usageErr("%s %s: at least one ID is required", flag, quote.Value(v))
 	}
 	return out, nil
 }

@@ -5,6 +5,8 @@ import (
 	"os"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/nftmesh/nftmesh/internal/quote"
 )
 
 // The manifest mirror: the JSON names of the Pod fields Decide reads, as
@@ -68,9 +70,9 @@ func ParseManifest(data []byte) (*Pod, error) {
 	case m.Kind == "":
 		return nil, fmt.Errorf("manifest has no kind (want kind: Pod)")
 	case m.Kind != "Pod":
-		return nil, fmt.Errorf("manifest kind is %q (want Pod)", m.Kind)
+		return nil, fmt.Errorf("manifest kind is %s (want Pod)", quote.Value(m.Kind))
 	case m.APIVersion != "" && m.APIVersion != "v1":
-		return nil, fmt.Errorf("manifest apiVersion is %q (want v1)", m.APIVersion)
+		return nil, fmt.Errorf("manifest apiVersion is %s (want v1)", quote.Value(m.APIVersion))
 	}
 	p := &Pod{
 		Namespace:   m.Metadata.Namespace,

@@ -11,6 +11,7 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -131,7 +132,7 @@ func Decide(pod *Pod) (inMesh bool, reason string, spec redirect.Spec, err error
 
 	spec, err = specFor(pod, proxy, env)
 	if err != nil {
-		return true, ReasonInvalid, redirect.Spec{}, fmt.Errorf("reading capture settings of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		return true, ReasonInvalid, redirect.Spec{}, fmt.Errorf("reading capture settings of pod %s: %w", quote.TextN(pod.Namespace+"/"+pod.Name, quote.MaxValue), err)
 	}
 	return true, ReasonInMesh, spec, nil
 }
@@ -195,12 +196,14 @@ func specFor(pod *Pod, proxy *Container, env map[string]string) (redirect.Spec, 
 	if len(problems) == 0 {
 		return spec, err
 	}
+	omitted := 0
 	if ve, ok := err.(*redirect.ValidationError); ok {
 		problems = append(problems, ve.Problems...)
+		omitted = ve.Omitted
 	} else if err != nil {
 		return redirect.Spec{}, err
 	}
-	return redirect.Spec{}, &redirect.ValidationError{Problems: problems}
+	return redirect.Spec{}, redirect.NewValidationError(problems, omitted)
 }
 
 // proxyID reads a runAsUser/runAsGroup value; nil and 0 give 0 (the caller

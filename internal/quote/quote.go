@@ -1,0 +1,72 @@
+// Package quote bounds the user input that error messages and log lines
+// echo back. A value is quoted so that its edges and any control bytes are
+// visible; a long one is cut, with a marker saying how much, so that a
+// 1 MB annotation yields a readable error of a few hundred bytes instead of
+// a 1 MB CNI error and log line. It does not decide which values are shown:
+// callers name the field and pass the value.
+package quote
+
+import (
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+)
+
+// MaxValue is how many bytes of a value Value shows: enough for any valid
+// annotation a person types, a list of a dozen CIDRs, a path.
+const MaxValue = 256
+
+// MaxText is how many bytes of a free text (an error message that may
+// itself hold values) Text keeps by default.
+const MaxText = 4096
+
+// Value quotes v as %q does. Beyond MaxValue bytes only the first MaxValue
+// (cut at a rune boundary) are quoted, followed by the marker
+// "... (N of M bytes cut)".
+func Value(v string) string { return ValueN(v, MaxValue) }
+
+// ValueN is Value with a bound of n bytes.
+func ValueN(v string, n int) string {
+	head, cut := clip(v, n)
+	if cut == 0 {
+		return strconv.Quote(v)
+	}
+	return strconv.Quote(head) + marker(cut, len(v))
+}
+
+// Text bounds free text, unquoted (it is already a message), to MaxText
+// bytes with the same marker.
+func Text(s string) string { return TextN(s, MaxText) }
+
+// TextN is Text with a bound of n bytes.
+func TextN(s string, n int) string {
+	head, cut := clip(s, n)
+	if cut == 0 {
+		return s
+	}
+	return head + marker(cut, len(s))
+}
+
+func marker(cut, total int) string {
+	return fmt.Sprintf("... (%d of %d bytes cut)", cut, total)
+}
+
+// clip returns at most n bytes of s, not splitting a UTF-8 sequence, and
+// how many bytes were left out.
+func clip(s string, n int) (string, int) {
+	if n < 0 {
+		n = 0
+	}
+	if len(s) <= n {
+		return s, 0
+	}
+	end := n
+	// Step back to the start of the rune the bound falls in, so the head
+	// never ends in half a rune (which %q would show as \x escapes). At
+	// most UTFMax-1 bytes: invalid input may hold long runs of
+	// continuation bytes.
+	for end > 0 && end > n-(utf8.UTFMax-1) && !utf8.RuneStart(s[end]) {
+		end--
+	}
+	return s[:end], len(s) - end
+}
