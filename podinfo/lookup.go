@@ -2,12 +2,16 @@ package podinfo
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +22,8 @@ import (
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nftmesh/nftmesh/internal/quote"
 )
 
 // PodClient reads pods from the API server. It is a bare REST client for
@@ -26,6 +32,9 @@ import (
 type PodClient struct {
 	rest     rest.Interface
 	sessions *fileSessionCache // nil without WithTLSSessionDir
+	// attemptTime bounds one GET inside GetPod's deadline, so a server
+	// that accepted the connection but stalls is asked again.
+	attemptTime time.Duration
 }
 
 // ClientOption configures NewPodClient.
@@ -78,7 +87,7 @@ func NewPodClientForConfig(cfg *rest.Config, opts ...ClientOption) (*PodClient, 
 	if c.UserAgent == "" {
 		c.UserAgent = "nftmesh-cni"
 	}
-	pc := &PodClient{}
+	pc := &PodClient{attemptTime: maxAttemptTime}
 	if o.sessionDir != "" {
 		sessions, err := withSessionCache(c, o.sessionDir)
 		if err != nil {
@@ -185,11 +194,12 @@ const (
 	maxAttemptTime  = 5 * time.Second
 )
 
-// GetPod fetches a pod, retrying transient failures (unreachable server,
-// timeouts, 429/5xx) with backoff until timeout has passed. Answers that a
-// retry cannot change come back at once: not found, forbidden (RBAC),
-// unauthorized, bad request. kubelet retries the whole sandbox creation, so
-// the caller fails closed on any error.
+// GetPod fetches a pod, retrying what may get better by waiting (an
+// unreachable or slow server, 429, 5xx) with backoff until timeout has
+// passed. Every other answer comes back at once with its own cause: not
+// found, forbidden (RBAC), unauthorized, bad request, an answer that is not
+// a Pod, a request client-go refuses to build. kubelet retries the whole
+// sandbox creation, so the caller fails closed on any error.
 //
 // The first read is served from the API server's watch cache (the same
 // cache kubelet learned about the pod from), which saves an etcd round
@@ -197,6 +207,10 @@ const (
 // with the same name. A cached miss or a UID mismatch is re-read with a
 // consistent read, so staleness can cost time but never a wrong answer
 // about which pod this is.
+//
+// The answer must be the pod asked for: a Pod with another namespace or
+// name (a misrouted or forged answer) is an error naming both, whether or
+// not wantUID is known.
 func (c *PodClient) GetPod(ctx context.Context, namespace, name, wantUID string, timeout time.Duration) (*corev1.Pod, error) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -204,9 +218,13 @@ func (c *PodClient) GetPod(ctx context.Context, namespace, name, wantUID string,
 	delay := firstRetryDelay
 	cached := true
 	for attempt := 1; ; attempt++ {
-		actx, acancel := context.WithTimeout(ctx, maxAttemptTime)
+		actx, acancel := context.WithTimeout(ctx, c.attemptTime)
 		pod, err := c.get(actx, namespace, name, cached)
 		acancel()
+		if err == nil && (pod.Namespace != namespace || pod.Name != name) {
+			return nil, fmt.Errorf("getting pod %s/%s: the API server answered with pod %s: %w",
+				namespace, name, quote.Value(pod.Namespace+"/"+pod.Name), ErrWrongPod)
+		}
 		if err == nil && cached && wantUID != "" && string(pod.UID) != wantUID {
 			cached = false
 			continue
@@ -223,21 +241,78 @@ func (c *PodClient) GetPod(ctx context.Context, namespace, name, wantUID string,
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("getting pod %s/%s: API server not reachable within %s (%d attempts): %w",
-				namespace, name, time.Since(start).Round(time.Millisecond), attempt, err)
+			return nil, fmt.Errorf("getting pod %s/%s: %s within %s (%d attempts): %w",
+				namespace, name, transientWhat(err), time.Since(start).Round(time.Millisecond), attempt, err)
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, maxRetryDelay)
 	}
 }
 
-// Retryable reports whether a failed pod GET may succeed when repeated.
+// ErrWrongPod: the API server's answer is a Pod, but not the one asked for.
+var ErrWrongPod = errors.New("not the pod asked for")
+
+// Retryable reports whether a failed pod GET may succeed when repeated:
+// the server was not reached or did not answer in time, or it answered
+// 429, 408 or 5xx. Anything else is final: a 4xx answer, an answer that
+// does not decode as a Pod, a request client-go refused to build (an
+// invalid name), a certificate the server presented that does not verify,
+// or a cancelled caller.
 func Retryable(err error) bool {
+	if err == nil {
+		return false
+	}
 	var st apierrors.APIStatus
 	if errors.As(err, &st) {
-		code := st.Status().Code
-		return code == http.StatusTooManyRequests || code >= 500 || code == 0
+		s := st.Status()
+		switch {
+		case s.Code == http.StatusTooManyRequests, s.Code == http.StatusRequestTimeout, s.Code >= 500:
+			return true
+		case s.Reason == metav1.StatusReasonTimeout, s.Reason == metav1.StatusReasonServerTimeout, s.Reason == metav1.StatusReasonTooManyRequests:
+			return true
+		}
+		return false
 	}
-	// Transport errors: refused, reset, DNS, TLS handshake timeouts.
-	return true
+	if errors.Is(err, context.Canceled) {
+		return false
+	}
+	// An attempt that ran out of its own time; GetPod's overall deadline
+	// still ends the retries.
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	// Certificate problems are transport errors too, but waiting does not
+	// change the certificate the server presents or the CA we trust.
+	var (
+		unknownCA  x509.UnknownAuthorityError
+		invalid    x509.CertificateInvalidError
+		hostname   x509.HostnameError
+		verifyFail *tls.CertificateVerificationError
+	)
+	if errors.As(err, &unknownCA) || errors.As(err, &invalid) || errors.As(err, &hostname) || errors.As(err, &verifyFail) {
+		return false
+	}
+	// Refused, reset, unreachable, DNS, dial and TLS handshake timeouts, a
+	// connection closed mid-answer.
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// transientWhat names, for the give-up message, what kept going wrong.
+func transientWhat(err error) string {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		if st.Status().Code == http.StatusTooManyRequests {
+			return "API server still throttling"
+		}
+		return "API server still failing"
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "no answer from the API server"
+	}
+	return "API server not reachable"
 }

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// The tests in this file play the API server with a local HTTP server, so
+// they need neither root nor the kube-apiserver build: they stop before any
+// rule would be programmed.
+
+// fakeAPIRunDir is an agent run dir whose kubeconfig points at a local HTTP
+// server answering every request with answer; it counts the requests.
+func fakeAPIRunDir(t *testing.T, answer http.HandlerFunc) (string, *atomic.Int32) {
+	t.Helper()
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		answer(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	kc := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: %q}}]\n"+
+		"users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n", srv.URL)
+	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir, &n
+}
+
+func servePod(t *testing.T, pod *corev1.Pod) http.HandlerFunc {
+	body, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+	}
+}
+
+// addVia runs ADD in-process against a fake API, with api_timeout long
+// enough that a retry loop would show in the time taken.
+func addVia(t *testing.T, runDir, cniArgs string) (stdout string, cerr *types.Error, took time.Duration) {
+	t.Helper()
+	conf := directConf(t, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.20/24"), map[string]any{"api_timeout": "20s"})
+	vars := cniVars("ADD", "/run/netns/nonexistent", "ctr-1", cniArgs)
+	vars["CNI_NETNS_OVERRIDE"] = "1"
+	start := time.Now()
+	stdout, cerr = runSkel(t, vars, conf)
+	return stdout, cerr, time.Since(start)
+}
+
+func injectedPod(t *testing.T) *corev1.Pod {
+	pod := loadPod(t, "injected.yaml")
+	pod.UID = "uid-1"
+	return pod
+}
+
+// TestAddHugeAnnotationBounded: a 1 MiB invalid annotation fails ADD with
+// a CNI error and a log line of a few KiB that name the annotation.
+func TestAddHugeAnnotationBounded(t *testing.T) {
+	pod := injectedPod(t)
+	pod.Annotations[redirect.AnnotationExcludeOutboundIPRanges] = strings.Repeat("10.0.0.1,", 1<<20/9)
+	runDir, _ := fakeAPIRunDir(t, servePod(t, pod))
+	stdout, cerr, _ := addVia(t, runDir, cniArgsFor(pod, "ctr-1"))
+	if cerr == nil || cerr.Code != CodeInvalidCapture {
+		t.Fatalf("ADD = %v, want code %d", cerr, CodeInvalidCapture)
+	}
+	logged, err := os.ReadFile(filepath.Join(runDir, LogFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, text := range map[string]string{"CNI error": cerr.Error(), "stdout": stdout, "log": string(logged)} {
+		if len(text) > 16<<10 {
+			t.Errorf("%s is %d bytes: %.300s...", what, len(text), text)
+		}
+		for _, want := range []string{redirect.AnnotationExcludeOutboundIPRanges, "10.0.0.1", "116508 problems", "and 116488 more"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("%s %.500q does not contain %q", what, text, want)
+			}
+		}
+	}
+}
+
+// TestAddAPIAnswerNotAPod: an answer that is not the pod fails ADD at once
+// with its cause and the lookup error code (not "try again later").
+func TestAddAPIAnswerNotAPod(t *testing.T) {
+	pod := injectedPod(t)
+	other := pod.DeepCopy()
+	other.Name = "someone-else"
+	for _, tc := range []struct {
+		name    string
+		cniArgs string
+		answer  http.HandlerFunc
+		want    []string
+	}{
+		{"garbage JSON", cniArgsFor(pod, "ctr-1"), func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"kind":"Pod","metadata":`)
+		}, []string{pod.Name, "unexpected end of JSON input"}},
+		{"another kind", cniArgsFor(pod, "ctr-1"), func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x"}}`)
+		}, []string{pod.Name, `"ConfigMap"`}},
+		// Without K8S_POD_UID only the name and namespace can tell the
+		// answer is for this pod.
+		{"another pod, no UID", fmt.Sprintf("K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s", pod.Namespace, pod.Name), servePod(t, other),
+			[]string{pod.Namespace + "/" + pod.Name, pod.Namespace + "/someone-else"}},
+		{"invalid pod name", fmt.Sprintf("K8S_POD_NAMESPACE=%s;K8S_POD_NAME=a/b", pod.Namespace), servePod(t, pod),
+			[]string{"invalid resource name"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runDir, n := fakeAPIRunDir(t, tc.answer)
+			_, cerr, took := addVia(t, runDir, tc.cniArgs)
+			if cerr == nil {
+				t.Fatal("ADD succeeded")
+			}
+			if cerr.Code != CodePodLookup {
+				t.Errorf("code %d, want %d (%v)", cerr.Code, CodePodLookup, cerr)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(cerr.Error(), w) {
+					t.Errorf("ADD error %q does not say %s", cerr, w)
+				}
+			}
+			if strings.Contains(cerr.Error(), "not reachable") {
+				t.Errorf("ADD error %q blames the connection", cerr)
+			}
+			if took > 3*time.Second || n.Load() > 1 {
+				t.Errorf("ADD failed after %v and %d requests, want at once", took, n.Load())
+			}
+		})
+	}
+}
