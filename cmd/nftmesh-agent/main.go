@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"syscall"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/inplace"
+	"github.com/nftmesh/nftmesh/internal/version"
 )
 
 // Exit codes: 2 is bad configuration, found before any host file is touched.
@@ -49,10 +51,16 @@ func main() {
 }
 
 func run(args []string, getenv func(string) (string, bool)) int {
+	// The agent takes no arguments, so --version anywhere is the request,
+	// answered before any configuration is read.
+	if slices.Contains(args, "--version") {
+		fmt.Fprintln(os.Stdout, version.Line("nftmesh-agent"))
+		return exitOK
+	}
 	base := newLogger(os.Stderr, "json")
 	cfg, err := installer.ParseConfig(args, getenv)
 	if errors.Is(err, pflag.ErrHelp) {
-		fmt.Fprintf(os.Stdout, "Usage: nftmesh-agent [flags]\n\nEvery flag can also be set as NFTMESH_<FLAG> (e.g. NFTMESH_CNI_CONF_DIR);\nIstio's install-cni variables (CNI_CONF_NAME, CHAINED_CNI_PLUGIN, EXCLUDE_NAMESPACES,\nMOUNTED_CNI_NET_DIR, REPAIR_*, ...) are accepted too. Flags win over variables.\n\n%s", installer.Usage())
+		fmt.Fprintf(os.Stdout, "Usage: nftmesh-agent [flags]\n       nftmesh-agent --version\n\nEvery flag can also be set as NFTMESH_<FLAG> (e.g. NFTMESH_CNI_CONF_DIR);\nIstio's install-cni variables (CNI_CONF_NAME, CHAINED_CNI_PLUGIN, EXCLUDE_NAMESPACES,\nMOUNTED_CNI_NET_DIR, REPAIR_*, ...) are accepted too. Flags win over variables.\n\n%s", installer.Usage())
 		return exitOK
 	}
 	if err != nil {
@@ -134,7 +142,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	log.Info().Strs("bin_dirs", cfg.CNIBinDirs).Str("conf_dir", cfg.CNIConfDir).Bool("chained", cfg.Chained).
+	log.Info().Str("version", version.Get()).Strs("bin_dirs", cfg.CNIBinDirs).Str("conf_dir", cfg.CNIConfDir).Bool("chained", cfg.Chained).
 		Str("conf_file", cfg.CNIConfFileName).Str("run_dir", cfg.AgentRunDir).Str("repair", string(cfg.Repair.Mode())).
 		Msg("starting")
 

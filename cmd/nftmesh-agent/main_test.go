@@ -17,11 +17,15 @@ import (
 	"github.com/containernetworking/cni/libcni"
 )
 
+// testVersion is stamped into the agent the tests build, as the Makefile
+// stamps the real version.
+const testVersion = "v0.0.0-agent-test"
+
 // buildAgent compiles this command once per test binary.
 func buildAgent(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "nftmesh-agent")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd := exec.Command("go", "build", "-ldflags=-X github.com/nftmesh/nftmesh/internal/version.Version="+testVersion, "-o", bin, ".")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -199,8 +203,32 @@ func TestAgentBinaryEndToEnd(t *testing.T) {
 	if !strings.Contains(logs.String(), `"message":"cleanup done"`) {
 		t.Errorf("no cleanup log line")
 	}
+	var starting string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, `"message":"starting"`) {
+			starting = line
+		}
+	}
+	if !strings.Contains(starting, `"version":"`+testVersion+`"`) {
+		t.Errorf("the start line %q does not carry the version %s", starting, testVersion)
+	}
 	if want := `{"level":"info","time":"2026-01-02T03:04:05.678Z","component":"cni-plugin","plugin":"nftmesh-cni","command":"ADD","pod":"web-1","decision":"capture","message":"ADD capture"}`; !strings.Contains(logs.String(), want) {
 		t.Errorf("the plugin's line is not in the agent's log as\n%s", want)
+	}
+}
+
+// --version prints the stamped version and exits before reading any
+// configuration (none is given here, which would otherwise be exit 2).
+func TestAgentVersion(t *testing.T) {
+	bin := buildAgent(t)
+	cmd := exec.Command(bin, "--version")
+	cmd.Env = []string{"KUBERNETES_SERVICE_HOST="}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("--version: %v\n%s", err, out)
+	}
+	if want := "nftmesh-agent " + testVersion + " (go"; !strings.HasPrefix(string(out), want) {
+		t.Errorf("--version printed %q, want it to start with %q", out, want)
 	}
 }
 

@@ -23,18 +23,19 @@
 package main
 
 import (
+	"fmt"
+	"os"
 	"runtime/debug"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/version"
-)
+	cniversion "github.com/containernetworking/cni/pkg/version"
 
-// buildVersion is set with -ldflags "-X main.buildVersion=...".
-var buildVersion = "dev"
+	"github.com/nftmesh/nftmesh/internal/version"
+)
 
 // supportedVersions are the CNI spec versions a conflist may use. A chained
 // plugin needs prevResult, which exists from 0.3.x.
-var supportedVersions = version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0")
+var supportedVersions = cniversion.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
 func main() {
 	// A plugin run lives for milliseconds and allocates a few MB: collecting
@@ -42,7 +43,18 @@ func main() {
 	// should a huge prevResult or pod object arrive.
 	debug.SetGCPercent(-1)
 	debug.SetMemoryLimit(128 << 20)
-	skel.PluginMainFuncs(cniFuncs(), supportedVersions, "nftmesh-cni "+buildVersion+": chained CNI plugin installing Istio sidecar capture rules")
+	// A runtime never passes arguments and always sets CNI_COMMAND, so
+	// --version cannot be mistaken for a CNI call.
+	if len(os.Args) == 2 && os.Args[1] == "--version" && os.Getenv("CNI_COMMAND") == "" {
+		fmt.Println(version.Line("nftmesh-cni"))
+		return
+	}
+	skel.PluginMainFuncs(cniFuncs(), supportedVersions, about())
+}
+
+// about is what the plugin prints on stderr when run without CNI_COMMAND.
+func about() string {
+	return "nftmesh-cni " + version.Get() + ": chained CNI plugin installing Istio sidecar capture rules"
 }
 
 func cniFuncs() skel.CNIFuncs {

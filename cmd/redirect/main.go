@@ -10,6 +10,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/nftmesh/nftmesh/internal/version"
 )
 
 // Exit codes, documented in --help.
@@ -76,9 +78,11 @@ istio-proxy container) into nftables rules inside a network namespace, exactly a
 the nftmesh CNI plugin does, without Kubernetes and without any iptables or nft binary.
 
 ` + exitCodesHelp,
+		Version:       version.Get(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate(version.Line("redirect") + "\n")
 	root.AddCommand(newRenderCmd(), newValidateCmd(), newApplyCmd(), newInspectCmd(), newCleanCmd(), newDemoCmd())
 	for _, c := range root.Commands() {
 		c.Long = c.Short + ".\n\n" + c.Long + "\n\n" + exitCodesHelp
