@@ -408,15 +408,15 @@ func TestChainDualStack(t *testing.T) {
 			node := func(dst netip.AddrPort) nettest.Probe {
 				return nettest.Probe{From: nettest.FromPeer, Proto: redirect.ProtoTCP, Dst: dst}
 			}
-			out6, in6 := nettest.PeerListener(ap(gw6, 80)), nettest.AppListener(8080)
+			out6, in6, why6 := nettest.PeerListener(ap(gw6, 80)), nettest.AppListener(8080), "IPv6 not captured: the sidecar is not dual-stack"
 			if dualStack {
-				out6, in6 = nettest.ListenerOutbound, nettest.ListenerInbound
+				out6, in6, why6 = nettest.ListenerOutbound, nettest.ListenerInbound, "IPv6 captured: ISTIO_DUAL_STACK=true"
 			}
 			cases := []nettest.ProbeCase{
-				{Name: "app→gateway-v4:80", Probe: app(ap(gw4, 80)), WantLanded: nettest.ListenerOutbound, WantOrig: ap(gw4, 80)},
-				{Name: "app→gateway-v6:80", Probe: app(ap(gw6, 80)), WantLanded: out6, WantOrig: ap(gw6, 80)},
-				{Name: "node→pod-v4:8080", Probe: node(ap(pod4, 8080)), WantLanded: nettest.ListenerInbound, WantOrig: ap(pod4, 8080)},
-				{Name: "node→pod-v6:8080", Probe: node(ap(pod6, 8080)), WantLanded: in6, WantOrig: ap(pod6, 8080)},
+				{Name: "app→gateway-v4:80", Probe: app(ap(gw4, 80)), WantLanded: nettest.ListenerOutbound, WantOrig: ap(gw4, 80), Why: "IPv4 captured"},
+				{Name: "app→gateway-v6:80", Probe: app(ap(gw6, 80)), WantLanded: out6, WantOrig: ap(gw6, 80), Why: why6},
+				{Name: "node→pod-v4:8080", Probe: node(ap(pod4, 8080)), WantLanded: nettest.ListenerInbound, WantOrig: ap(pod4, 8080), Why: "IPv4 captured"},
+				{Name: "node→pod-v6:8080", Probe: node(ap(pod6, 8080)), WantLanded: in6, WantOrig: ap(pod6, 8080), Why: why6},
 			}
 			waitReachable(t, topo, ap(gw6, 80))
 			for _, o := range nettest.RunProbes(topo, cases) {
