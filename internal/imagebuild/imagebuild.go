@@ -34,6 +34,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -199,14 +200,16 @@ func tree(files []File) (map[string]File, error) {
 	return entries, nil
 }
 
-const maxQuoted = 200
+// maxQuoted bounds a path in an error message; %q may write 4 bytes for
+// each byte of it.
+const maxQuoted = 64
 
 // quote bounds a user-supplied path in an error message.
 func quote(s string) string {
 	if len(s) > maxQuoted {
-		s = s[:maxQuoted] + "..."
+		return strconv.Quote(s[:maxQuoted]) + "..."
 	}
-	return fmt.Sprintf("%q", s)
+	return strconv.Quote(s)
 }
 
 func validFile(f File) error {

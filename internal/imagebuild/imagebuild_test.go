@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -310,13 +311,14 @@ func TestBuildRejectsBadFiles(t *testing.T) {
 		{"dir with data", []File{{Path: "/d", Mode: fs.ModeDir, Data: []byte("x")}}, `a directory has no data`},
 		{"file with target", []File{{Path: "/f", Target: "x"}}, `a regular file has no symlink target`},
 		{"device", []File{{Path: "/dev/null", Mode: fs.ModeDevice | fs.ModeCharDevice | 0o666}}, `is not a regular file, directory or symlink`},
-		{"long path is bounded", []File{reg(strings.Repeat("x", 5000))}, `xxx...": the path must be absolute`},
+		{"long path is bounded", []File{reg(strings.Repeat("x", 5000))}, `xxx"...: the path must be absolute`},
+		{"long binary path is bounded", []File{reg(strings.Repeat("\x84", 5000))}, `\x84"...: the path must be absolute`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Build(tc.files, Config{})
 			if err == nil {
-				t.Fatalf("Build accepted %+v", tc.files)
+				t.Fatalf("Build accepted %.200q", fmt.Sprint(tc.files))
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q, want it to contain %q", err, tc.want)
@@ -362,6 +364,10 @@ func FuzzLayer(f *testing.F) {
 		files := []File{{Path: p1, Mode: 0o644, Data: data}, second}
 		tarBytes, err := Layer(files, time.Unix(1, 0))
 		if err != nil {
+			// Two paths at most, each bounded.
+			if len(err.Error()) > 700 {
+				t.Errorf("unbounded error: %d bytes", len(err.Error()))
+			}
 			return
 		}
 		found := map[string]int{}

@@ -128,10 +128,12 @@ func parseCreated(s string) (time.Time, error) {
 	// Beyond year 9999 RFC 3339, which the config's time is written in,
 	// has no representation.
 	if err != nil || secs < 0 || secs > 253402300799 {
-		if len(s) > 40 {
-			s = s[:40] + "..."
+		// %q may write 4 bytes for each input byte: 24 keep the message short.
+		quoted := strconv.Quote(s)
+		if len(s) > 24 {
+			quoted = strconv.Quote(s[:24]) + "..."
 		}
-		return time.Time{}, fmt.Errorf("--created (SOURCE_DATE_EPOCH) %q is not Unix seconds between 0 and 253402300799", s)
+		return time.Time{}, fmt.Errorf("--created (SOURCE_DATE_EPOCH) %s is not Unix seconds between 0 and 253402300799", quoted)
 	}
 	return time.Unix(secs, 0).UTC(), nil
 }

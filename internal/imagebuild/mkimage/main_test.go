@@ -30,7 +30,7 @@ func TestParseCreated(t *testing.T) {
 			t.Errorf("parseCreated(%q) = %v, %v; want %v UTC", tc.in, got, err, tc.want)
 		}
 	}
-	for _, in := range []string{"-1", "1.5", "2023-11-14", " 1", "0x10", "253402300800", "99999999999999999999", strings.Repeat("9", 500)} {
+	for _, in := range []string{"-1", "1.5", "2023-11-14", " 1", "0x10", "253402300800", "99999999999999999999", strings.Repeat("9", 500), strings.Repeat("\x84", 500)} {
 		_, err := parseCreated(in)
 		if err == nil {
 			t.Errorf("parseCreated(%q) accepted it", in)
