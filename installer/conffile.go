@@ -127,7 +127,9 @@ func readSnapshot(path string) (snapshot, error) {
 
 func readAt(path string) (snapshot, error) {
 	s := snapshot{name: path, path: path}
-	f, err := os.Open(path)
+	// Non-blocking, so a FIFO planted under a config's name cannot hang
+	// the agent (regular files ignore the flag).
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return s, nil
 	}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // primaryVersion is the primary CNI's config as its n-th write makes it:
@@ -363,5 +365,36 @@ func TestSymlinkedConfConverted(t *testing.T) {
 	assertGone(t, filepath.Join(h.conf, "10-bridge.conflist"))
 	if got, _ := os.ReadFile(target); !bytes.Equal(got, orig) {
 		t.Error("the link's target was modified")
+	}
+}
+
+// A FIFO planted under the config's name must not hang cleanup (opening
+// one for reading blocks until a writer comes).
+func TestCleanupDoesNotHangOnFIFO(t *testing.T) {
+	h := newHost(t)
+	p, _ := h.put(t, "10-calico.conflist", 0o644)
+	cfg := h.config(t)
+	a := startAgent(t, cfg)
+	a.waitReady(t)
+	a.stop()
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.in.Cleanup() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), p) {
+			t.Errorf("want an error naming %s, got %v", p, err)
+		}
+	case <-time.After(10 * time.Second):
+		// Unblock the stuck open so the test binary can finish.
+		if f, err := os.OpenFile(p, os.O_WRONLY, 0); err == nil {
+			f.Close()
+		}
+		t.Fatal("cleanup hangs on a FIFO in place of the config")
 	}
 }

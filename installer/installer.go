@@ -206,8 +206,7 @@ func (in *Installer) checkConf(logSkipped bool) error {
 }
 
 // installConf makes the CNI config hold our entry; wrote says whether it
-// changed a file, and reinsert whether the primary had lost our entry
-// after an earlier install.
+// changed a file. A rewrite after the first install counts as a re-insert.
 func (in *Installer) installConf(ctx context.Context) (wrote bool, err error) {
 	if !in.cfg.Chained {
 		p := in.standalonePath()
@@ -222,6 +221,7 @@ func (in *Installer) installConf(ctx context.Context) (wrote bool, err error) {
 		if err := writeFileAtomic(p, want, mode, uid, gid); err != nil {
 			return false, fmt.Errorf("writing standalone config %s: %w", p, err)
 		}
+		in.countReinsert(p)
 		return true, nil
 	}
 
@@ -249,6 +249,9 @@ func (in *Installer) installConf(ctx context.Context) (wrote bool, err error) {
 		}
 		return err
 	})
+	if wrote {
+		in.countReinsert(p)
+	}
 	if errors.Is(err, errChanged) {
 		return wrote, fmt.Errorf("inserting %s into %s (retrying on its next change): %w", PluginName, p, err)
 	}
@@ -356,34 +359,39 @@ func (in *Installer) insertOnce() (bool, error) {
 	return true, nil
 }
 
-// throttle counts a re-insert, reports fights (naming the likely culprit
-// from path's content) and waits for the limiter.
+// throttle waits for the rate limiter before a rewrite of path.
 func (in *Installer) throttle(ctx context.Context, path string) error {
-	if in.installed {
-		in.m.Reinserts.Inc()
-		now := time.Now()
-		cut := now.Add(-in.cfg.FightWindow)
-		kept := in.reinserts[:0]
-		for _, t := range in.reinserts {
-			if t.After(cut) {
-				kept = append(kept, t)
-			}
-		}
-		in.reinserts = append(kept, now)
-		if len(in.reinserts) > in.cfg.FightThreshold {
-			in.m.Fights.Inc()
-			if now.Sub(in.lastWarn) >= in.cfg.FightWindow {
-				in.lastWarn = now
-				in.log.Warn().Str("file", path).Int("reinserts", len(in.reinserts)).Dur("window", in.cfg.FightWindow).
-					Str("likely_cause", likelyCause(path)).
-					Msg("another component keeps rewriting the CNI config and removing " + PluginName + "; pods may start without capture until it stops")
-			}
-		}
-	}
 	if err := in.limiter.Wait(ctx); err != nil {
 		return fmt.Errorf("waiting to rewrite %s: %w", path, err)
 	}
 	return nil
+}
+
+// countReinsert counts a rewrite after the first install and reports a
+// fight, naming the likely culprit from path's content.
+func (in *Installer) countReinsert(path string) {
+	if !in.installed {
+		return
+	}
+	in.m.Reinserts.Inc()
+	now := time.Now()
+	cut := now.Add(-in.cfg.FightWindow)
+	kept := in.reinserts[:0]
+	for _, t := range in.reinserts {
+		if t.After(cut) {
+			kept = append(kept, t)
+		}
+	}
+	in.reinserts = append(kept, now)
+	if len(in.reinserts) > in.cfg.FightThreshold {
+		in.m.Fights.Inc()
+		if now.Sub(in.lastWarn) >= in.cfg.FightWindow {
+			in.lastWarn = now
+			in.log.Warn().Str("file", path).Int("reinserts", len(in.reinserts)).Dur("window", in.cfg.FightWindow).
+				Str("likely_cause", likelyCause(path)).
+				Msg("another component keeps rewriting the CNI config and removing " + PluginName + "; pods may start without capture until it stops")
+		}
+	}
 }
 
 // likelyCause names the fix for the primary CNIs known to revert other
@@ -745,8 +753,8 @@ func (in *Installer) Cleanup() error {
 }
 
 // referencing lists the config files a runtime could load (those in dir,
-// and the extra ones) that still name our plugin. An unreadable file
-// counts: it may.
+// and the extra ones) that still name our plugin. A regular file we cannot
+// read counts: it may.
 func referencing(dir string, extra []string) []string {
 	files, err := libcni.ConfFiles(dir, ConfExtensions)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -759,12 +767,14 @@ func referencing(dir string, extra []string) []string {
 			continue
 		}
 		seen[f] = true
-		b, err := os.ReadFile(f)
+		if fi, err := os.Stat(f); err == nil && !fi.Mode().IsRegular() {
+			continue // no runtime loads a FIFO or a directory
+		}
+		s, err := readSnapshot(f)
 		switch {
-		case errors.Is(err, fs.ErrNotExist):
 		case err != nil:
 			out = append(out, f+" (unreadable: "+err.Error()+")")
-		case HasPlugin(f, b):
+		case s.exists && HasPlugin(f, s.data):
 			out = append(out, f)
 		}
 	}
