@@ -2,22 +2,24 @@ package podinfo
 
 import (
 	"fmt"
-	"os"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nftmesh/nftmesh/internal/quote"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 )
 
-// ReadPodFile reads one Pod manifest, YAML or JSON (as `kubectl get pod -o
-// yaml|json` prints it). Any other kind, or a document without a kind, is an
-// error naming what was found.
+// ReadPodFile reads the one Pod of a manifest file, YAML or JSON (as
+// `kubectl get pod -o yaml|json` prints it), capped at
+// meshpod.MaxManifestSize. Any other kind, or a document without a kind, is
+// an error naming what was found; a stream of several objects is read as
+// meshpod.SelectPod reads it.
 func ReadPodFile(path string) (*corev1.Pod, error) {
-	data, err := os.ReadFile(path)
+	data, err := meshpod.ReadManifestData(path)
 	if err != nil {
-		return nil, fmt.Errorf("reading pod manifest: %w", err)
+		return nil, err
 	}
 	pod, err := ParsePod(data)
 	if err != nil {
@@ -26,8 +28,13 @@ func ReadPodFile(path string) (*corev1.Pod, error) {
 	return pod, nil
 }
 
-// ParsePod decodes one Pod manifest, YAML or JSON.
+// ParsePod decodes the one Pod of a manifest, YAML or JSON, chosen as
+// meshpod.ParseManifest chooses it.
 func ParsePod(data []byte) (*corev1.Pod, error) {
+	data, err := meshpod.SelectPod(data, "")
+	if err != nil {
+		return nil, err
+	}
 	var tm metav1.TypeMeta
 	if err := yaml.Unmarshal(data, &tm); err != nil {
 		return nil, fmt.Errorf("decoding manifest: %w", err)

@@ -353,7 +353,7 @@ func TestReadPodFileBadInput(t *testing.T) {
 		name, content, want string
 	}{
 		{"deployment", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n", `kind is "Deployment"`},
-		{"list", `{"apiVersion":"v1","kind":"List","items":[]}`, `kind is "List"`},
+		{"empty list", `{"apiVersion":"v1","kind":"List","items":[]}`, "no Pod in the manifest (found an empty List)"},
 		{"no kind", "metadata: {name: x}\n", "no kind"},
 		{"wrong apiVersion", "apiVersion: v2\nkind: Pod\n", `apiVersion is "v2"`},
 		{"not yaml", "kind: [Pod\n", "decoding manifest"},

@@ -66,8 +66,8 @@ func BenchmarkWholeProcess(b *testing.B) {
 		cmds [][]string // run one after the other inside the netns
 	}
 	tools := []tool{
-		{"redirect-nft", [][]string{{self, "apply", "--netns", "/proc/self/ns/net", "--backend", "nftables", "--ipv6", "--allow-own-netns"}}},
-		{"redirect-legacy", [][]string{{self, "apply", "--netns", "/proc/self/ns/net", "--backend", "iptables-legacy", "--ipv6", "--allow-own-netns"}}},
+		{"redirect-nft", [][]string{{self, "apply", "--netns", "/proc/self/ns/net", "--backend", "nftables", "--defaults", "--ipv6", "--allow-own-netns"}}},
+		{"redirect-legacy", [][]string{{self, "apply", "--netns", "/proc/self/ns/net", "--backend", "iptables-legacy", "--defaults", "--ipv6", "--allow-own-netns"}}},
 		{"iptables-restore", [][]string{{"iptables-legacy-restore", "--noflush", v4File}, {"ip6tables-legacy-restore", "--noflush", v6File}}},
 		{"nft-f", [][]string{{"nft", "-f", nftFile}}},
 	}

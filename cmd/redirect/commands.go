@@ -86,7 +86,7 @@ func newApplyCmd() *cobra.Command {
 	var netns, backend string
 	var allowOwn bool
 	cmd := &cobra.Command{
-		Use:   "apply --netns PATH (--pod FILE | --annotation k=v ...) [--backend auto|nftables|iptables-legacy]",
+		Use:   "apply --netns PATH (--pod FILE | --annotation k=v ... | --defaults) [--backend auto|nftables|iptables-legacy]",
 		Short: "Install the capture rules into a network namespace (root)",
 		Long: `Installs the rules in one atomic step, replacing what nftmesh installed there
 before. On failure nothing is left behind. PATH is a netns file such as
@@ -117,6 +117,7 @@ before. On failure nothing is left behind. PATH is a netns file such as
 		},
 	}
 	sf.register(cmd.Flags())
+	sf.requireInput(cmd.Flags())
 	cmd.Flags().StringVar(&netns, "netns", "", "network namespace path")
 	cmd.Flags().StringVar(&backend, "backend", backends.Auto, "backend: auto, nftables or iptables-legacy")
 	cmd.Flags().BoolVar(&allowOwn, "allow-own-netns", false, "allow PATH to be the namespace redirect itself runs in (refused by default: that is usually the host's)")

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"strconv"
 	"strings"
 
@@ -17,7 +19,12 @@ import (
 // manifest, or annotations plus the proxy container's settings.
 type specFlags struct {
 	pod         string
+	name        string
 	annotations []string
+	// needInput: the command refuses to run without --pod, --annotation or
+	// --defaults (apply: installing Istio's defaults must be asked for).
+	needInput   bool
+	defaults    bool
 	ipv6        bool
 	dualStack   bool
 	dns         bool
@@ -27,7 +34,8 @@ type specFlags struct {
 }
 
 func (f *specFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.pod, "pod", "", "Pod manifest (YAML or JSON) to take the spec from, as the CNI plugin would")
+	fs.StringVar(&f.pod, "pod", "", "Pod manifest (YAML or JSON; - reads standard input) to take the spec from, as the CNI plugin would")
+	fs.StringVar(&f.name, "name", "", "with --pod: the Pod to take when the manifest holds several (documents or a List), as NAME or NAMESPACE/NAME")
 	fs.StringArrayVarP(&f.annotations, "annotation", "a", nil, "pod annotation `key=value` (repeatable), e.g. traffic.sidecar.istio.io/excludeOutboundIPRanges=10.0.0.0/8")
 	fs.BoolVar(&f.ipv6, "ipv6", false, "also capture IPv6 and add ::6/128 to lo; with --netns the default is decided from the namespace's addresses as Istio does")
 	fs.BoolVar(&f.dualStack, "dual-stack", false, "the sidecar is dual-stack (ISTIO_DUAL_STACK=true): with --netns, capture IPv6 whenever the namespace has an IPv6 address, not only when its first address is IPv6")
@@ -35,6 +43,33 @@ func (f *specFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.dropInvalid, "drop-invalid", false, "drop conntrack-invalid packets (INVALID_DROP=true)")
 	fs.StringVar(&f.uids, "proxy-uid", "1337", "proxy UIDs whose traffic is never captured (comma list)")
 	fs.StringVar(&f.gids, "proxy-gid", "1337", "proxy GIDs whose traffic is never captured (comma list)")
+}
+
+// requireInput makes the command refuse to run without a spec source, and
+// registers --defaults to ask for Istio's defaults explicitly.
+func (f *specFlags) requireInput(fs *pflag.FlagSet) {
+	f.needInput = true
+	fs.BoolVar(&f.defaults, "defaults", false, "use Istio's default capture (no --pod or --annotation): all outbound, all inbound ports")
+}
+
+// stdin is where --pod - reads the manifest from.
+var stdin io.Reader = os.Stdin
+
+// readPod reads the --pod manifest (a file, or standard input for "-") and
+// picks the Pod --name names.
+func (f *specFlags) readPod() (*meshpod.Pod, error) {
+	if f.pod != "-" {
+		return meshpod.ReadManifestNamed(f.pod, f.name)
+	}
+	data, err := meshpod.ReadCapped(stdin, "from standard input")
+	if err != nil {
+		return nil, err
+	}
+	pod, err := meshpod.ParseManifestNamed(data, f.name)
+	if err != nil {
+		return nil, fmt.Errorf("reading pod manifest from standard input: %w", err)
+	}
+	return pod, nil
 }
 
 // resolved is the outcome of reading the spec flags.
@@ -50,6 +85,14 @@ type resolved struct {
 // cannot know before the pod has IPs: without it the manifest's pod IPs
 // predict it (see inNetns for commands that have the pod's namespace).
 func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
+	switch {
+	case f.name != "" && f.pod == "":
+		return resolved{}, usageErr("--name picks a Pod from the --pod manifest: give --pod too")
+	case f.defaults && (f.pod != "" || len(f.annotations) > 0):
+		return resolved{}, usageErr("--defaults cannot be combined with --pod or --annotation: it stands for a pod without capture annotations")
+	case f.needInput && f.pod == "" && len(f.annotations) == 0 && !f.defaults:
+		return resolved{}, usageErr("no capture settings given: use --pod FILE, --annotation key=value, or --defaults for Istio's default capture")
+	}
 	if f.pod != "" {
 		if len(f.annotations) > 0 {
 			return resolved{}, usageErr("--pod and --annotation cannot be combined: put the annotations in the manifest")
@@ -59,7 +102,7 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 				return resolved{}, usageErr("--%s cannot be combined with --pod: the manifest's istio-proxy container decides it", name)
 			}
 		}
-		pod, err := meshpod.ReadManifest(f.pod)
+		pod, err := f.readPod()
 		if err != nil {
 			return resolved{}, usageErr("%v", err)
 		}

@@ -2,7 +2,6 @@ package meshpod
 
 import (
 	"fmt"
-	"os"
 
 	"sigs.k8s.io/yaml"
 
@@ -46,22 +45,34 @@ type manifestContainer struct {
 	} `json:"securityContext"`
 }
 
-// ReadManifest reads one Pod manifest file, YAML or JSON.
-func ReadManifest(path string) (*Pod, error) {
-	data, err := os.ReadFile(path)
+// ReadManifest reads the one Pod of a manifest file, YAML or JSON (see
+// SelectPod for streams of several objects).
+func ReadManifest(path string) (*Pod, error) { return ReadManifestNamed(path, "") }
+
+// ReadManifestNamed reads the Pod called name ("NAME" or "NAMESPACE/NAME";
+// "" for the only one) from a manifest file.
+func ReadManifestNamed(path, name string) (*Pod, error) {
+	data, err := ReadManifestData(path)
 	if err != nil {
-		return nil, fmt.Errorf("reading pod manifest: %w", err)
+		return nil, err
 	}
-	pod, err := ParseManifest(data)
+	pod, err := ParseManifestNamed(data, name)
 	if err != nil {
 		return nil, fmt.Errorf("reading pod manifest %s: %w", path, err)
 	}
 	return pod, nil
 }
 
-// ParseManifest decodes one Pod manifest, YAML or JSON. Any other kind, or a
-// document without a kind, is an error naming what was found.
-func ParseManifest(data []byte) (*Pod, error) {
+// ParseManifest decodes the one Pod of a manifest, YAML or JSON. Any other
+// kind, or a document without a kind, is an error naming what was found.
+func ParseManifest(data []byte) (*Pod, error) { return ParseManifestNamed(data, "") }
+
+// ParseManifestNamed decodes the Pod called name from a manifest stream.
+func ParseManifestNamed(data []byte, name string) (*Pod, error) {
+	data, err := SelectPod(data, name)
+	if err != nil {
+		return nil, err
+	}
 	var m manifest
 	if err := yaml.Unmarshal(data, &m); err != nil {
 		return nil, fmt.Errorf("decoding Pod: %w", err)

@@ -7,7 +7,7 @@ import (
 
 func TestParseManifestBadInput(t *testing.T) {
 	cases := []struct{ name, doc, want string }{
-		{"not yaml", "::: [", "decoding Pod"},
+		{"not yaml", "::: [", "decoding manifest"},
 		{"no kind", "apiVersion: v1\nmetadata: {name: x}\n", "no kind"},
 		{"wrong kind", "apiVersion: apps/v1\nkind: Deployment\n", `"Deployment"`},
 		{"wrong version", "apiVersion: v2\nkind: Pod\n", `"v2"`},
@@ -37,6 +37,8 @@ func FuzzParseManifest(f *testing.F) {
 	f.Add([]byte("apiVersion: v1\nkind: Pod\nmetadata:\n  annotations: {sidecar.istio.io/status: x}\nspec:\n  containers:\n  - name: istio-proxy\n    args: [proxy, sidecar]\n"))
 	f.Add([]byte(`{"kind":"Pod","metadata":{"annotations":{"sidecar.istio.io/status":"{}","traffic.sidecar.istio.io/excludeOutboundIPRanges":"10.0.0.1"}},"spec":{"containers":[{"name":"istio-proxy","securityContext":{"runAsUser":-1}}]}}`))
 	f.Add([]byte("kind: Pod\nstatus: {podIPs: [{ip: '2001:db8::1'}]}\n"))
+	f.Add([]byte("kind: Pod\nmetadata: {name: a}\n---\nkind: Pod\nmetadata: {name: b}\n"))
+	f.Add([]byte(`{"kind":"List","items":[{"kind":"Pod","metadata":{"name":"a","annotations":{"sidecar.istio.io/status":"{}"}}}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := ParseManifest(data)
 		if err != nil {
