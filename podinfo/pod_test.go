@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -380,11 +381,11 @@ func TestReadPodFileBadInput(t *testing.T) {
 // FuzzFromPod builds pods from fuzzed annotations, env, args and ids. FromPod
 // must never panic, and an in-mesh answer without error must build.
 func FuzzFromPod(f *testing.F) {
-	f.Add("proxy", "sidecar", "true", "false", "", "*", "192.0.2.0/24", "REDIRECT", "", int64(1337), int64(1337), true)
-	f.Add("proxy", "router", "", "", "", "", "", "", "false", int64(0), int64(0), true)
-	f.Add("", "", "yes", "1", "2", "8080,70000", "10.0.0.1", "TPROXY", "true", int64(-1), int64(1<<40), false)
-	f.Add("proxy", "sidecar", "", "", "", "", "::/0,*", "NONE", "", int64(0), int64(0), true)
-	f.Fuzz(func(t *testing.T, arg0, arg1, dns, drop, dual, inPorts, exclCIDR, mode, inject string, uid, gid int64, status bool) {
+	f.Add("proxy", "sidecar", "true", "false", "", "*", "192.0.2.0/24", "REDIRECT", "", int64(1337), int64(1337), true, "198.51.100.7", "2001:db8::7")
+	f.Add("proxy", "router", "", "", "", "", "", "", "false", int64(0), int64(0), true, "", "")
+	f.Add("", "", "yes", "1", "2", "8080,70000", "10.0.0.1", "TPROXY", "true", int64(-1), int64(1<<40), false, "fe80::1", "::ffff:1.2.3.4")
+	f.Add("proxy", "sidecar", "", "", "true", "", "::/0,*", "NONE", "", int64(0), int64(0), true, "2001:db8::7/64", "x")
+	f.Fuzz(func(t *testing.T, arg0, arg1, dns, drop, dual, inPorts, exclCIDR, mode, inject string, uid, gid int64, status bool, ip1, ip2 string) {
 		p := meshPod()
 		proxyOf(p).Args = []string{arg0, arg1}
 		setEnv(p, EnvDNSCapture, dns, EnvInvalidDrop, drop, EnvDualStack, dual)
@@ -396,6 +397,7 @@ func FuzzFromPod(f *testing.F) {
 		if !status {
 			delete(p.Annotations, redirect.AnnotationSidecarStatus)
 		}
+		p.Status.PodIPs = []corev1.PodIP{{IP: ip1}, {IP: ip2}}
 		inMesh, reason, spec, err := FromPod(p)
 		if reason == "" {
 			t.Fatal("empty reason")
@@ -411,6 +413,24 @@ func FuzzFromPod(f *testing.F) {
 		}
 		if _, err := redirect.Build(spec); err != nil {
 			t.Fatalf("in-mesh spec does not build: %v", err)
+		}
+		// IPv6 capture needs an IPv6 pod IP that counts.
+		if spec.IPv6 {
+			v6 := false
+			for _, s := range []string{ip1, ip2} {
+				a, err := netip.ParseAddr(s)
+				if err != nil {
+					pr, perr := netip.ParsePrefix(s)
+					if perr != nil {
+						continue
+					}
+					a = pr.Addr()
+				}
+				v6 = v6 || (meshpod.Counts(a) && a.Unmap().Is6())
+			}
+			if !v6 {
+				t.Fatalf("IPv6 captured for pod IPs %q, %q", ip1, ip2)
+			}
 		}
 	})
 }

@@ -124,6 +124,23 @@ func TestChainPassthrough(t *testing.T) {
 	}
 }
 
+// addEvent is the plugin's ADD capture log line for pod.
+func addEvent(t *testing.T, runDir string, pod *corev1.Pod) map[string]any {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(runDir, LogFileName))
+	if err != nil {
+		t.Fatalf("reading plugin log: %v", err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		var ev map[string]any
+		if json.Unmarshal([]byte(line), &ev) == nil && ev["pod"] == pod.Name && ev["command"] == "ADD" && ev["decision"] == "capture" {
+			return ev
+		}
+	}
+	t.Fatalf("no ADD capture line for pod %s in the log:\n%s", pod.Name, data)
+	return nil
+}
+
 // assertLogged finds the decision line of pod in the plugin's log file.
 func assertLogged(t *testing.T, runDir string, pod *corev1.Pod, decision, reason string) {
 	t.Helper()
@@ -389,6 +406,9 @@ func TestChainDualStack(t *testing.T) {
 			}
 			if err := h.check(cl, rt); err != nil {
 				t.Fatalf("CHECK: %v", err)
+			}
+			if got := addEvent(t, h.runDir, pod)["ipv6"]; got != dualStack {
+				t.Errorf("ADD log line says ipv6 %v, want %v", got, dualStack)
 			}
 
 			// The bridge's gateway addresses stand for the world (a listener

@@ -246,7 +246,8 @@ func cmdAdd(args *skel.CmdArgs) error {
 			fmt.Sprintf("nftmesh-cni: programming capture rules for pod %s in %s", inv.podRef(), args.Netns), err.Error()))
 	}
 	inv.event(inv.log.Info(), backend.Name()).Str("decision", "capture").Str("reason", reason).
-		Int("rules", ruleCount(*plan)).Msg("ADD capture")
+		Int("rules", ruleCount(*plan)).Bool("ipv6", len(plan.LoopbackAddrs) > 0). // ::6 comes with IPv6 capture
+		Msg("ADD capture")
 	return printPrevResult(inv.conf)
 }
 
