@@ -603,6 +603,14 @@ func (in *Installer) Run(ctx context.Context) error {
 			}
 			in.setNotReady(err)
 			dirty = partConf
+		case errors.Is(err, errChanged):
+			// The primary is still writing its config (a burst on its
+			// start): not a failure, the next write's event (or the
+			// timer, if that event came too early) tries again.
+			in.log.Warn().Err(err).Msg("the CNI config keeps changing; inserting " + PluginName + " after its next change")
+			in.setNotReady(err)
+			retry = time.After(time.Second)
+			dirty = partConf
 		default:
 			in.m.Installs.WithLabelValues(result).Inc()
 			in.setNotReady(err)
