@@ -7,6 +7,7 @@ BIN       := bin
 GOBIN     := $(shell $(GO) env GOPATH)/bin
 CACHE     := .cache
 APISERVER := $(CACHE)/kube-apiserver
+ISTIO_BINS := $(CACHE)/pilot-agent $(CACHE)/istioctl
 HELM      := $(GOBIN)/helm
 HELM_VERSION ?= v3.22.0
 STATICCHECK_VERSION ?= v0.8.2
@@ -30,7 +31,7 @@ GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false \
 export KUBE_APISERVER_BIN := $(abspath $(APISERVER))
 export HELM_BIN := $(HELM)
 
-.PHONY: all build image chart version test test-unit bench demo lint update-golden fuzz kube-apiserver helm staticcheck clean
+.PHONY: all build image chart version test test-unit bench demo lint update-golden fuzz kube-apiserver helm staticcheck clean istio pilot-agent istio-manifests standin
 
 all: build
 
@@ -105,6 +106,24 @@ fuzz:
 kube-apiserver: $(APISERVER)
 $(APISERVER):
 	./internal/kubetest/build-apiserver.sh $(abspath $(APISERVER))
+
+## istio: Istio's own pilot-agent and istioctl, built from the istio.io/istio
+## module pinned in internal/istiotest/istio (cached in .cache/, kept if
+## present). pilot-agent alone is what the injected istio-validation runs.
+istio: $(ISTIO_BINS)
+pilot-agent: $(CACHE)/pilot-agent
+$(CACHE)/pilot-agent $(CACHE)/istioctl:
+	./internal/istiotest/build-istio.sh $(CACHE) $(notdir $@)
+
+## istio-manifests: regenerate testdata/istio with Istio's injector (review the diff).
+istio-manifests: $(CACHE)/istioctl
+	UPDATE_GOLDEN=1 $(GO) test -count=1 -run 'TestIstioInjectGolden' ./internal/istiotest/
+
+## standin: the static programs injected pods run offline (bin/standin/):
+## standin-proxy (istio-proxy), standin-app (the app), pause (the sandbox).
+standin:
+	@mkdir -p $(BIN)/standin
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o $(BIN)/standin/ ./e2e/cluster/standin/cmd/...
 
 helm: $(HELM)
 $(HELM):

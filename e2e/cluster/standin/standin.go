@@ -102,6 +102,9 @@ type Event struct {
 	Target   string `json:"target,omitempty"`
 	Reply    *Reply `json:"reply,omitempty"`
 	Error    string `json:"error,omitempty"`
+	// Args are the arguments a program ignored ("ready" event of the
+	// proxy: the injected Envoy arguments).
+	Args []string `json:"args,omitempty"`
 	// TookMS is how long a dial took, connect to reply, in milliseconds.
 	TookMS float64 `json:"took_ms,omitempty"`
 }

@@ -24,6 +24,7 @@ func main() {
 		ports   standin.Ports
 		targets standin.Targets
 		every   = flag.Duration("every", 2*time.Second, "period of the -connect dials")
+		pod     = flag.String("pod", standin.PodName(), "pod name to report (default: the hostname, which Kubernetes sets to the pod's name)")
 	)
 	flag.Var(&ports, "listen", "TCP port to serve (repeatable, comma-separated)")
 	flag.Var(&targets, "connect", "host:port, tcp://host:port or udp://host:port to connect to periodically (repeatable, comma-separated)")
@@ -32,7 +33,7 @@ func main() {
 		standin.Fatal("standin-app", fmt.Errorf("-every %v is not positive", *every))
 	}
 
-	log := standin.NewLog(os.Stdout, "app", standin.PodName())
+	log := standin.NewLog(os.Stdout, "app", *pod)
 	ctx, stop := standin.SignalContext()
 	defer stop()
 

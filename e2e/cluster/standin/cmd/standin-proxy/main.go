@@ -14,6 +14,11 @@
 // does to upstreams: those connections come from the proxy's own identity
 // and must leave the pod uncaptured.
 //
+// Flags come first; the first argument that is not a flag ends them, so the
+// injected `proxy sidecar --domain ...` arguments can stay in place behind
+// the stand-in's command (they are reported in the "ready" event and
+// otherwise ignored).
+//
 // It runs as whatever the injected securityContext says (UID 1337 in
 // REDIRECT mode; UID 0, GID 1337 with NET_ADMIN in TPROXY mode) and logs
 // that identity. The mode comes from ISTIO_META_INTERCEPTION_MODE, which the
@@ -36,6 +41,7 @@ func main() {
 		targets standin.Targets
 		mode    = flag.String("mode", envOr("ISTIO_META_INTERCEPTION_MODE", "REDIRECT"), "interception mode: REDIRECT or TPROXY (TPROXY makes the capture listeners IP_TRANSPARENT)")
 		every   = flag.Duration("every", 2*time.Second, "period of the -connect dials")
+		pod     = flag.String("pod", standin.PodName(), "pod name to report (default: the hostname, which Kubernetes sets to the pod's name)")
 	)
 	flag.Var(&targets, "connect", "host:port, tcp://host:port or udp://host:port to connect to periodically as the proxy (repeatable, comma-separated)")
 	flag.Parse()
@@ -46,7 +52,7 @@ func main() {
 		standin.Fatal("standin-proxy", fmt.Errorf("-every %v is not positive", *every))
 	}
 
-	log := standin.NewLog(os.Stdout, "proxy", standin.PodName())
+	log := standin.NewLog(os.Stdout, "proxy", *pod)
 	ctx, stop := standin.SignalContext()
 	defer stop()
 
@@ -75,7 +81,7 @@ func main() {
 	}
 	ready.Store(true)
 	uid, gid := standin.Identity()
-	log.Emit(standin.Event{Event: standin.EventReady, UID: uid, GID: gid, Target: targets.String()})
+	log.Emit(standin.Event{Event: standin.EventReady, UID: uid, GID: gid, Target: targets.String(), Args: flag.Args()})
 
 	standin.DialLoop(ctx, log, targets, *every)
 	<-ctx.Done()
