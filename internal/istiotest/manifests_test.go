@@ -71,7 +71,7 @@ func TestIstioInjectGolden(t *testing.T) {
 		t.Skip("runs istioctl (-short)")
 	}
 	dir := TestdataDir()
-	if v := strings.TrimSpace(string(istioctl(t, "version", "--remote=false", "--short"))); v != BinaryVersion {
+	if v := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(istioctl(t, "version", "--remote=false", "--short"))), "client version:")); v != BinaryVersion {
 		t.Fatalf("istioctl reports version %q, want %q: a stale build? delete .cache/istioctl and run `make istio`", v, BinaryVersion)
 	}
 

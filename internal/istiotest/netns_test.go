@@ -153,6 +153,13 @@ func runInjectedPod(t *testing.T, p injectedPod, agent string, agentErr error, b
 		logs[c.Name] = startIn(t, topo.PodNetnsPath(), c, spec.SecurityContext, withPod(argv, p.Name))
 	}
 
+	// Kubernetes sends Service traffic only to ready pods: the other pod
+	// starts dialing once the proxy is up (see
+	// TestTProxyInboundBeforeProxyListens for why that matters).
+	if inMesh {
+		waitReady(t, logs[ProxyContainer])
+	}
+
 	// The other pod: serves peerPort, dials every TCP port of the app.
 	var appPorts []int32
 	var dials []string
@@ -251,6 +258,27 @@ func (c check) wait(t *testing.T, logs map[string]*syncBuffer) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// waitReady waits until a stand-in logged its "ready" event.
+func waitReady(t *testing.T, b *syncBuffer) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !isReady(t, b) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stand-in not ready within 10s:\n%s", b.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func isReady(t *testing.T, b *syncBuffer) bool {
+	for _, e := range events(t, b) {
+		if e.Event == standin.EventReady {
+			return true
+		}
+	}
+	return false
 }
 
 func events(t *testing.T, b *syncBuffer) []standin.Event {
@@ -360,7 +388,15 @@ type standinBins struct{ proxy, app string }
 
 func buildStandins(t *testing.T) standinBins {
 	t.Helper()
-	dir := t.TempDir()
+	// Not t.TempDir: its 0700 parent would keep UID 1337 from running them.
+	dir, err := os.MkdirTemp("", "istiotest-standin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command("go", "build", "-o", dir+"/", "./e2e/cluster/standin/cmd/standin-proxy", "./e2e/cluster/standin/cmd/standin-app")
 	cmd.Dir = RepoRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -456,6 +492,11 @@ func startIn(t *testing.T, ns string, c corev1.Container, pod *corev1.PodSecurit
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() {
+		// A Go program that has not installed its handlers yet dies of
+		// SIGTERM: give the stand-in time to come up first.
+		for i := 0; i < 100 && !isReady(t, out) && len(argv) > 0; i++ {
+			time.Sleep(20 * time.Millisecond)
+		}
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case err := <-done:
