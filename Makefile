@@ -101,7 +101,7 @@ update-golden:
 
 ## fuzz: every Fuzz target for FUZZTIME each (CI: 10s; by hand: FUZZTIME=5m).
 fuzz:
-	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft redirect podinfo installer internal
+	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft redirect podinfo installer internal e2e
 
 kube-apiserver: $(APISERVER)
 $(APISERVER):

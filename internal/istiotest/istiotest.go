@@ -67,7 +67,7 @@ func binary(env, name string) (string, error) {
 		p = filepath.Join(RepoRoot(), ".cache", name)
 	}
 	if st, err := os.Stat(p); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-		return "", fmt.Errorf("Istio's %s is not built at %s (run `make istio`, or set %s)", name, p, env)
+		return "", fmt.Errorf("%s (from istio.io/istio) is not built at %s: run `make istio`, or set %s", name, p, env)
 	}
 	return p, nil
 }
