@@ -83,7 +83,7 @@ type resolved struct {
 // resolve builds the Spec. Flags that describe the proxy container conflict
 // with --pod (the manifest says it), except --ipv6, which the manifest
 // cannot know before the pod has IPs: without it the manifest's pod IPs
-// predict it (see inNetns for commands that have the pod's namespace).
+// predict it (planIn decides from the pod's namespace when a command has one).
 func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 	switch {
 	case f.name != "" && f.pod == "":
