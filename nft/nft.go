@@ -70,21 +70,25 @@ func forceSendBuffer(c *netlink.Conn, n int) error {
 	return serr
 }
 
+// openNetns opens a namespace file that must be a network namespace (a
+// FIFO or other file is refused without blocking on it).
 func openNetns(path string) (netns.NsHandle, error) {
-	ns, err := netns.GetFromPath(path)
+	n, err := hostns.Open(path)
 	if err != nil {
-		return ns, fmt.Errorf("opening netns %s: %w", path, err)
+		return netns.None(), err
 	}
-	return ns, nil
+	return netns.NsHandle(n.Take()), nil
 }
 
 // connect opens the namespace and a netfilter netlink socket in it; the
-// caller closes both.
+// caller closes both. It is the write path, so the host's own namespace is
+// refused here too, whatever the caller checked before.
 func connect(netnsPath string) (netns.NsHandle, *netlink.Conn, error) {
-	ns, err := openNetns(netnsPath)
+	n, err := hostns.OpenGuarded(netnsPath)
 	if err != nil {
-		return ns, nil, err
+		return netns.None(), nil, err
 	}
+	ns := netns.NsHandle(n.Take())
 	conn, err := dialRaw(ns)
 	if err != nil {
 		ns.Close()
@@ -116,9 +120,6 @@ func (b *Backend) tableExists(cc *nftables.Conn) (bool, error) {
 // Routes and loopback addresses follow; if they fail, the table is removed
 // again and what this call added is undone.
 func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) error {
-	if err := hostns.Refuse(netnsPath); err != nil {
-		return err
-	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -85,6 +85,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 			Backend:           cfg.Backend,
 			ExcludeNamespaces: cfg.ExcludeNamespaces,
 			PodNamespace:      cfg.PodNamespace,
+			RunDir:            cfg.AgentRunDir,
 		})
 		if err != nil {
 			log.Error().Err(&installer.ConfigError{Flag: "host-proc", Value: cfg.Repair.HostProc, Reason: err.Error()}).

@@ -14,10 +14,10 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/rs/zerolog"
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/podinfo"
@@ -219,6 +219,11 @@ func cmdAdd(args *skel.CmdArgs) error {
 		inv.decided("skip", reason)
 		return printPrevResult(inv.conf)
 	}
+	ns, err := inv.openNetns()
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
 	ctx := context.Background()
 	_, plan, reason, err := inv.lookup(ctx)
 	if err != nil {
@@ -231,22 +236,13 @@ func cmdAdd(args *skel.CmdArgs) error {
 
 	actx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
-	backend, why, err := backendFor(actx, inv.conf.Backend, args.Netns)
+	res, err := capture.Apply(actx, ns, *plan, inv.captureOptions())
 	if err != nil {
-		return inv.fail(types.NewError(CodeApply, fmt.Sprintf("nftmesh-cni: choosing a backend for pod %s", inv.podRef()), err.Error()))
-	}
-	inv.log.Debug().Str("backend", backend.Name()).Str("why", why).Msg("backend chosen")
-	if err := backend.Apply(actx, args.Netns, *plan); err != nil {
-		// Apply is atomic, but a retried ADD may find rules of an earlier
-		// run: a failed ADD must leave nothing that looks like capture.
-		if rerr := backend.Remove(actx, args.Netns); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("cleaning up after the failure: %w", rerr))
-		}
-		return inv.failWith(backend.Name(), types.NewError(CodeApply,
+		return inv.failWith(res.Backend, types.NewError(CodeApply,
 			fmt.Sprintf("nftmesh-cni: programming capture rules for pod %s in %s", inv.podRef(), args.Netns), err.Error()))
 	}
-	inv.event(inv.log.Info(), backend.Name()).Str("decision", "capture").Str("reason", reason).
-		Int("rules", ruleCount(*plan)).Bool("ipv6", len(plan.LoopbackAddrs) > 0). // ::6 comes with IPv6 capture
+	inv.event(inv.log.Info(), res.Backend).Str("decision", "capture").Str("reason", reason).Str("why", res.Why).
+		Int("rules", res.Rules).Bool("ipv6", len(plan.LoopbackAddrs) > 0). // ::6 comes with IPv6 capture
 		Msg("ADD capture")
 	return printPrevResult(inv.conf)
 }
@@ -269,6 +265,11 @@ func cmdCheck(args *skel.CmdArgs) error {
 		inv.decided("skip", reason)
 		return nil
 	}
+	ns, err := inv.openNetns()
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
 	ctx := context.Background()
 	_, plan, reason, err := inv.lookup(ctx)
 	if err != nil {
@@ -276,28 +277,25 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	actx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
-	backend, _, err := backendFor(actx, inv.conf.Backend, args.Netns)
-	if err != nil {
-		return inv.fail(types.NewError(CodeApply, fmt.Sprintf("nftmesh-cni: choosing a backend for pod %s", inv.podRef()), err.Error()))
-	}
 	want := redirect.Plan{}
 	if plan != nil {
 		want = *plan
 	}
 	// Not in the mesh means no rules of ours: Check against the empty plan.
-	if err := backend.Check(actx, args.Netns, want); err != nil {
+	backend, err := capture.Check(actx, ns, want, inv.captureOptions())
+	if err != nil {
 		code := CodeDrift
 		if !redirect.IsDrift(err) {
 			code = types.ErrIOFailure
 		}
-		return inv.failWith(backend.Name(), types.NewError(code,
+		return inv.failWith(backend, types.NewError(code,
 			fmt.Sprintf("nftmesh-cni: capture rules of pod %s in %s are not as planned", inv.podRef(), args.Netns), err.Error()))
 	}
 	decision := "capture"
 	if plan == nil {
 		decision = "skip"
 	}
-	inv.event(inv.log.Info(), backend.Name()).Str("decision", decision).Str("reason", reason).Msg("CHECK ok")
+	inv.event(inv.log.Info(), backend).Str("decision", decision).Str("reason", reason).Msg("CHECK ok")
 	return nil
 }
 
@@ -311,24 +309,70 @@ func cmdDel(args *skel.CmdArgs) error {
 		inv.decided("skip", "no netns")
 		return nil
 	}
-	if _, err := os.Stat(args.Netns); errors.Is(err, fs.ErrNotExist) {
+	ns, err := capture.Open(args.Netns)
+	if gone(err) {
 		inv.decided("skip", "netns already gone")
 		return nil
 	}
+	if err != nil {
+		return inv.fail(netnsError(args.Netns, err))
+	}
+	defer ns.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 	defer cancel()
-	if err := removeOurs(ctx, inv.conf.Backend, args.Netns); err != nil {
-		// The netns may vanish (or its bind mount be undone, leaving a
-		// plain file) while we work: either way our rules are gone with it.
-		if _, serr := os.Stat(args.Netns); errors.Is(serr, fs.ErrNotExist) || errors.Is(err, unix.EINVAL) {
+	removal, err := capture.Remove(ctx, ns, inv.captureOptions())
+	if err != nil {
+		// Our descriptor keeps the namespace alive, but its bind mount may
+		// be undone while we work (the backends open the path again): then
+		// our rules go with the namespace.
+		again, oerr := capture.OpenForReading(args.Netns)
+		if gone(oerr) {
 			inv.decided("skip", "netns gone during removal")
 			return nil
 		}
+		again.Close()
 		return inv.fail(types.NewError(types.ErrIOFailure,
 			fmt.Sprintf("nftmesh-cni: removing capture rules of pod %s from %s", inv.podRef(), args.Netns), err.Error()))
 	}
-	inv.decided("remove", "removed")
+	decision := "remove"
+	if len(removal) == 0 {
+		decision = "skip"
+	}
+	inv.decided(decision, removal.String())
 	return nil
+}
+
+// gone reports whether opening a netns path failed because the namespace
+// is gone: the path was deleted, or its bind mount was undone and left the
+// empty regular file the runtime created as the mount point.
+func gone(err error) bool {
+	var ne *capture.NotNetnsError
+	return errors.Is(err, fs.ErrNotExist) || (errors.As(err, &ne) && ne.Kind == "regular file")
+}
+
+// netnsError is the CNI error for a CNI_NETNS that cannot be used: not a
+// network namespace, or the host's own.
+func netnsError(path string, err error) *types.Error {
+	msg := fmt.Sprintf("nftmesh-cni: CNI_NETNS %s is not a pod network namespace", path)
+	if errors.Is(err, capture.ErrHostNetns) {
+		msg = fmt.Sprintf("nftmesh-cni: CNI_NETNS %s is the host's network namespace: refusing to touch its rules", path)
+	}
+	return types.NewError(types.ErrInvalidEnvironmentVariables, msg, err.Error())
+}
+
+// openNetns opens and checks CNI_NETNS before anything else reads or
+// writes: a FIFO or other file there is refused without blocking on it, and
+// so is the host's namespace, by identity.
+func (inv *invocation) openNetns() (*capture.Netns, error) {
+	ns, err := capture.Open(inv.args.Netns)
+	if err != nil {
+		return nil, inv.fail(netnsError(inv.args.Netns, err))
+	}
+	return ns, nil
+}
+
+func (inv *invocation) captureOptions() capture.Options {
+	return capture.Options{Backend: inv.conf.Backend, RunDir: inv.conf.AgentRunDir}
 }
 
 // cmdStatus reports whether the plugin can serve ADD: the agent must have
@@ -357,14 +401,4 @@ func cmdGC(args *skel.CmdArgs) error {
 	}
 	inv.log.Debug().Int("valid_attachments", len(inv.conf.ValidAttachments)).Msg("GC: no host-side state")
 	return nil
-}
-
-func ruleCount(p redirect.Plan) int {
-	n := 0
-	for _, t := range p.Tables {
-		for _, c := range t.Chains {
-			n += len(c.Rules)
-		}
-	}
-	return n
 }

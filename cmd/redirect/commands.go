@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -10,8 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/nftmesh/nftmesh/internal/backends"
-	"github.com/nftmesh/nftmesh/internal/hostns"
+	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -67,13 +67,7 @@ func newValidateCmd() *cobra.Command {
 			fmt.Fprintf(w, "  outbound ports:      included %s, excluded %s\n", orNone(joinU16(s.OutboundPorts)), orNone(joinU16(s.OutboundPortsExclude)))
 			fmt.Fprintf(w, "  proxy uid/gid:       %v / %v\n", s.ProxyUIDs, s.ProxyGIDs)
 			fmt.Fprintf(w, "  dns capture, ipv6:   %t, %t (dual-stack sidecar: %t)\n", s.CaptureDNS, s.IPv6, s.DualStack)
-			rules := 0
-			for _, t := range p.Tables {
-				for _, c := range t.Chains {
-					rules += len(c.Rules)
-				}
-			}
-			fmt.Fprintf(w, "  plan:                %d tables, %d rules, %d sets\n", len(p.Tables), rules, len(p.Sets))
+			fmt.Fprintf(w, "  plan:                %d tables, %d rules, %d sets\n", len(p.Tables), capture.RuleCount(p), len(p.Sets))
 			return nil
 		},
 	}
@@ -83,7 +77,7 @@ func newValidateCmd() *cobra.Command {
 
 func newApplyCmd() *cobra.Command {
 	var sf specFlags
-	var netns, backend string
+	var netns, backend, runDir string
 	var allowOwn bool
 	cmd := &cobra.Command{
 		Use:   "apply --netns PATH (--pod FILE | --annotation k=v ... | --defaults) [--backend auto|nftables|iptables-legacy]",
@@ -100,33 +94,38 @@ before. On failure nothing is left behind. PATH is a netns file such as
 			if err != nil {
 				return err
 			}
-			hostns.AllowOwn = allowOwn
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
-			defer stop()
-			b, why, err := backends.Select(ctx, backend, netns)
+			capture.AllowOwnNetns(allowOwn)
+			ns, err := capture.Open(netns)
 			if err != nil {
 				return failure(err)
 			}
+			defer ns.Close()
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			defer stop()
+			ctx, cancel := context.WithTimeout(ctx, verbTimeout)
+			defer cancel()
 			start := time.Now()
-			if err := b.Apply(ctx, netns, p); err != nil {
+			res, err := capture.Apply(ctx, ns, p, capture.Options{Backend: backend, RunDir: runDir})
+			if err != nil {
 				return failure(fmt.Errorf("applying capture rules for %s in %s: %w", r.subject, netns, err))
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "applied capture rules for %s in %s with %s (%s) in %s\n",
-				r.subject, netns, b.Name(), why, time.Since(start).Round(10*time.Microsecond))
+				r.subject, netns, res.Backend, res.Why, time.Since(start).Round(10*time.Microsecond))
 			return nil
 		},
 	}
 	sf.register(cmd.Flags())
 	sf.requireInput(cmd.Flags())
 	cmd.Flags().StringVar(&netns, "netns", "", "network namespace path")
-	cmd.Flags().StringVar(&backend, "backend", backends.Auto, "backend: auto, nftables or iptables-legacy")
+	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "backend: auto, nftables or iptables-legacy")
+	runDirFlag(cmd, &runDir)
 	cmd.Flags().BoolVar(&allowOwn, "allow-own-netns", false, "allow PATH to be the namespace redirect itself runs in (refused by default: that is usually the host's)")
 	return cmd
 }
 
 func newInspectCmd() *cobra.Command {
 	var sf specFlags
-	var netns, backend, format string
+	var netns, backend, format, runDir string
 	cmd := &cobra.Command{
 		Use:   "inspect --netns PATH [--pod FILE | --annotation k=v ...]",
 		Short: "Show the capture rules live in a network namespace, or their drift from a pod's plan (root)",
@@ -138,19 +137,22 @@ compares the live rules with what that pod should have, prints the differences
 			if err := checkTarget(netns, backend); err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			b, _, err := backends.Select(ctx, backend, netns)
+			ns, err := capture.OpenForReading(netns)
 			if err != nil {
 				return failure(err)
 			}
+			defer ns.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), verbTimeout)
+			defer cancel()
+			opts := capture.Options{Backend: backend, RunDir: runDir}
 			w := cmd.OutOrStdout()
 			if sf.pod == "" && len(sf.annotations) == 0 {
-				live, err := b.List(ctx, netns)
+				live, name, err := capture.List(ctx, ns, opts)
 				if err != nil {
 					return failure(fmt.Errorf("reading capture rules in %s: %w", netns, err))
 				}
 				if live.Empty() {
-					fmt.Fprintf(w, "# no nftmesh capture rules in %s (%s)\n", netns, b.Name())
+					fmt.Fprintf(w, "# no nftmesh capture rules in %s (%s)\n", netns, name)
 					return nil
 				}
 				out, err := render(live, format)
@@ -164,14 +166,14 @@ compares the live rules with what that pod should have, prints the differences
 			if err != nil {
 				return err
 			}
-			err = b.Check(ctx, netns, want)
+			name, err := capture.Check(ctx, ns, want, opts)
 			var drift *redirect.DriftError
 			switch {
 			case err == nil:
-				fmt.Fprintf(w, "in sync: %s has exactly the capture rules of %s (%s)\n", netns, r.subject, b.Name())
+				fmt.Fprintf(w, "in sync: %s has exactly the capture rules of %s (%s)\n", netns, r.subject, name)
 				return nil
 			case errors.As(err, &drift):
-				fmt.Fprintf(w, "drift: %s differs from the plan of %s (%s):\n%s\n", netns, r.subject, b.Name(), strings.Join(drift.Lines, "\n"))
+				fmt.Fprintf(w, "drift: %s differs from the plan of %s (%s):\n%s\n", netns, r.subject, name, strings.Join(drift.Lines, "\n"))
 				return &exitError{exitDrift, nil}
 			default:
 				return failure(fmt.Errorf("checking %s against %s: %w", netns, r.subject, err))
@@ -180,37 +182,60 @@ compares the live rules with what that pod should have, prints the differences
 	}
 	sf.register(cmd.Flags())
 	cmd.Flags().StringVar(&netns, "netns", "", "network namespace path")
-	cmd.Flags().StringVar(&backend, "backend", backends.Auto, "backend: auto, nftables or iptables-legacy")
+	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "backend: auto, nftables or iptables-legacy")
 	cmd.Flags().StringVarP(&format, "format", "f", "nft", "output format for the live rules: nft, iptables, json or plan")
+	runDirFlag(cmd, &runDir)
 	return cmd
 }
 
 func newCleanCmd() *cobra.Command {
-	var netns, backend string
+	var netns, backend, runDir string
 	cmd := &cobra.Command{
 		Use:   "clean --netns PATH [--backend auto|nftables|iptables-legacy]",
 		Short: "Remove nftmesh's capture rules from a network namespace (root)",
-		Long:  `Removes our table (or chains), policy routes and the ::6 address. Nothing installed is success.`,
-		Args:  cobra.NoArgs,
+		Long: `Removes what nftmesh installed: with auto (the default) from every backend that
+holds it, else from the named one; our nftables table, our iptables-legacy chains
+and tagged rules, the TPROXY policy routes and the ::6 address. Other rules stay,
+including another installer's ISTIO_* chains. Prints what it removed from which
+backend; nothing installed is success ("nothing to remove"). The CNI plugin's DEL
+does exactly the same.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkTarget(netns, backend); err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			b, _, err := backends.Select(ctx, backend, netns)
+			ns, err := capture.Open(netns)
 			if err != nil {
 				return failure(err)
 			}
-			if err := b.Remove(ctx, netns); err != nil {
+			defer ns.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), verbTimeout)
+			defer cancel()
+			removal, err := capture.Remove(ctx, ns, capture.Options{Backend: backend, RunDir: runDir})
+			if err != nil {
+				if len(removal) > 0 {
+					err = fmt.Errorf("%w (before the failure: %s)", err, removal)
+				}
 				return failure(fmt.Errorf("removing capture rules from %s: %w", netns, err))
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "removed nftmesh capture rules from %s (%s)\n", netns, b.Name())
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s\n", netns, removal)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&netns, "netns", "", "network namespace path")
-	cmd.Flags().StringVar(&backend, "backend", backends.Auto, "backend: auto, nftables or iptables-legacy")
+	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "backend: auto (every backend holding nftmesh rules), nftables or iptables-legacy")
+	runDirFlag(cmd, &runDir)
 	return cmd
+}
+
+// verbTimeout bounds one kernel verb of the CLI, waiting for the
+// namespace's lock included (the plugin or the agent may hold it).
+const verbTimeout = 30 * time.Second
+
+// runDirFlag registers --run-dir: where the per-namespace lock files are,
+// shared with the plugin and the agent on a node.
+func runDirFlag(cmd *cobra.Command, dir *string) {
+	cmd.Flags().StringVar(dir, "run-dir", "", "directory of the per-netns lock files shared with the plugin and agent (default "+capture.DefaultRunDir+", or a temp dir if that cannot be created)")
 }
 
 func orNone(s string) string {
@@ -230,7 +255,7 @@ func checkTarget(netns, backend string) error {
 	if netns == "" {
 		return usageErr("--netns is required")
 	}
-	if err := backends.Validate(backend); err != nil {
+	if err := capture.ValidateBackend(backend); err != nil {
 		return usageErr("--%v", err)
 	}
 	return nil

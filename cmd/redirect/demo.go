@@ -14,8 +14,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/internal/nettest"
-	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -82,22 +82,22 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 	if err != nil {
 		return failure(err)
 	}
-	b := nft.New()
+	ns, err := capture.Open(topo.PodNetnsPath())
+	if err != nil {
+		return failure(err)
+	}
+	defer ns.Close()
+	opts := capture.Options{Backend: capture.NFTables}
 	start := time.Now()
-	if err := b.Apply(ctx, topo.PodNetnsPath(), plan); err != nil {
+	res, err := capture.Apply(ctx, ns, plan, opts)
+	if err != nil {
 		return failure(fmt.Errorf("applying the capture rules: %w", err))
 	}
 	took := time.Since(start)
-	rules := 0
-	for _, t := range plan.Tables {
-		for _, c := range t.Chains {
-			rules += len(c.Rules)
-		}
-	}
 	fmt.Fprintf(w, "pod netns %s (%s, %s) <-veth-> peer netns %s (external hosts %s, %s, %s)\n",
 		topo.PodNetns, nettest.PodV4, nettest.PodV6, topo.PeerNetns, nettest.OtherV4Host, nettest.OtherV6Host, nettest.ExcludedV4Host)
 	fmt.Fprintf(w, "applied the default sidecar capture (%d rules, %d sets, IPv4+IPv6, excludeOutboundIPRanges=192.0.2.0/24) with %s in %s, one netlink batch\n\n",
-		rules, len(plan.Sets), b.Name(), took.Round(10*time.Microsecond))
+		res.Rules, len(plan.Sets), res.Backend, took.Round(10*time.Microsecond))
 
 	app := func(dst netip.AddrPort) nettest.Probe {
 		return nettest.Probe{From: nettest.FromApp, UID: nettest.AppUID, GID: nettest.AppGID, Proto: redirect.ProtoTCP, Dst: dst}
@@ -145,7 +145,7 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 	}
 	tw.Flush()
 	if !keep {
-		if err := b.Remove(ctx, topo.PodNetnsPath()); err != nil {
+		if _, err := capture.Remove(ctx, ns, opts); err != nil {
 			return failure(fmt.Errorf("removing the capture rules: %w", err))
 		}
 	}

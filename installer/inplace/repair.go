@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/installer"
-	"github.com/nftmesh/nftmesh/internal/backends"
 	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
@@ -25,6 +24,9 @@ type Options struct {
 	Backend           string   // auto|nftables|iptables-legacy
 	ExcludeNamespaces []string // never captured
 	PodNamespace      string   // the agent's own namespace
+	// RunDir is the agent run dir shared with the plugin: the per-netns
+	// locks there keep a repair and a plugin run from interleaving.
+	RunDir string
 }
 
 // Repairer implements installer.PodRepairer.
@@ -38,7 +40,7 @@ var _ installer.PodRepairer = (*Repairer)(nil)
 // New checks the options without changing anything: the backend name is
 // known and procDir is a proc file system (its self/ns/net resolves).
 func New(opts Options) (*Repairer, error) {
-	if err := backends.Validate(opts.Backend); err != nil {
+	if err := capture.ValidateBackend(opts.Backend); err != nil {
 		return nil, fmt.Errorf("configuring repair in place: %w", err)
 	}
 	if opts.ProcDir == "" {
@@ -46,6 +48,11 @@ func New(opts Options) (*Repairer, error) {
 	}
 	if _, err := nsIdentity(filepath.Join(opts.ProcDir, "self", "ns", "net")); err != nil {
 		return nil, fmt.Errorf("configuring repair in place: %s is not a proc file system (mount the host's /proc there): %w", opts.ProcDir, err)
+	}
+	// The host's namespace as this agent sees it (its own /proc is its
+	// pod's): refused like the caller's own.
+	if err := capture.AddHostNetns(filepath.Join(opts.ProcDir, "1", "ns", "net")); err != nil {
+		return nil, fmt.Errorf("configuring repair in place: %w", err)
 	}
 	return &Repairer{
 		opts: opts,
@@ -118,31 +125,23 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.Re
 		return rep, fmt.Errorf("%w: building capture rules for pod %s/%s: %w", installer.ErrRepairImpossible, pod.Namespace, pod.Name, err)
 	}
 
-	backend, why, err := backends.Select(ctx, r.opts.Backend, ns.Path)
-	if err != nil {
-		return rep, fmt.Errorf("choosing a backend for pod %s/%s in %s: %w", pod.Namespace, pod.Name, ns.Path, err)
-	}
-	rep.Backend, rep.Why = backend.Name(), why
 	// The PID could have exited and been reused since the walk: program
-	// only the namespace that held the pod's IPs.
-	if id, err := nsIdentity(ns.Path); err != nil || id != (nsID{ns.Dev, ns.Inode}) {
-		if err == nil {
-			err = errors.New("the process left; its PID now belongs to another namespace")
-		}
+	// only the namespace that held the pod's IPs. The descriptor opened
+	// here is what capture programs, so the check cannot go stale.
+	target, err := capture.Open(ns.Path)
+	if err == nil && (target.ID.Dev != ns.Dev || target.ID.Ino != ns.Inode) {
+		target.Close()
+		err = errors.New("the process left; its PID now belongs to another namespace")
+	}
+	if err != nil {
 		return rep, fmt.Errorf("re-checking the network namespace %s of pod %s/%s: %w", ns.Path, pod.Namespace, pod.Name, err)
 	}
-	if err := backend.Apply(ctx, ns.Path, plan); err != nil {
-		// Apply is atomic; a partial state from an earlier attempt must not
-		// look like capture either.
-		if rerr := backend.Remove(ctx, ns.Path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-			err = errors.Join(err, fmt.Errorf("cleaning up after the failure: %w", rerr))
-		}
+	defer target.Close()
+	res, err := capture.Apply(ctx, target, plan, capture.Options{Backend: r.opts.Backend, RunDir: r.opts.RunDir})
+	rep.Backend, rep.Why = res.Backend, res.Why
+	if err != nil {
 		return rep, fmt.Errorf("programming capture rules for pod %s/%s in %s: %w", pod.Namespace, pod.Name, ns.Path, err)
 	}
-	for _, t := range plan.Tables {
-		for _, c := range t.Chains {
-			rep.Rules += len(c.Rules)
-		}
-	}
+	rep.Rules = res.Rules
 	return rep, nil
 }

@@ -1,57 +1,240 @@
-// Package hostns stops capture rules from landing in the node's own network
-// namespace: a wrong netns path (a hostNetwork pod, a PID that left its
-// namespace, a typo in `redirect apply --netns`) would otherwise send every
-// outbound connection of the node to a port nobody listens on.
+// Package hostns opens network namespace files safely and stops capture
+// rules from landing in the node's own network namespace: a wrong netns path
+// (a hostNetwork pod, a PID that left its namespace, a typo in `redirect
+// apply --netns`, a symlink or bind mount pointing at the host's namespace)
+// would otherwise send every outbound connection of the node to a port
+// nobody listens on, or delete the node's own rules on removal.
+//
+// Identity is always taken from an opened file descriptor (device and inode
+// of the nsfs inode behind it), never from path strings, so symlinks and
+// bind mounts are seen through.
 //
 // The CNI plugin and the CLI run in the host's namespace and the agent in its
 // own pod's, so "the namespace of this process" is never a pod we capture.
-// PID 1's namespace (the host's, seen from the host) is refused as well when
-// it can be read.
+// PID 1's namespace (the host's, seen from the host) is refused as well, and
+// so is every namespace registered with AddHost (the agent registers the
+// host's PID 1 as seen through the host /proc it mounts).
+//
+// The package only opens and compares; it never writes to a namespace.
 package hostns
 
 import (
 	"errors"
 	"fmt"
-	"os"
-	"syscall"
+	"strconv"
+	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
-// ErrOwnNetns is returned for a target that is this process's namespace or
-// PID 1's.
-var ErrOwnNetns = errors.New("refusing to install capture rules in the caller's own network namespace (the host's, for the CNI plugin and the CLI)")
+// ErrOwnNetns is returned for a target that is this process's namespace,
+// PID 1's, or one registered with AddHost.
+var ErrOwnNetns = errors.New("refusing to change capture rules in the host's network namespace (the caller's own, or PID 1's)")
+
+// ErrNotNetns is wrapped by Open's error when the path exists but is not a
+// network namespace file.
+var ErrNotNetns = errors.New("not a network namespace")
 
 // AllowOwn lifts the own-namespace check (`redirect apply --allow-own-netns`,
 // for deliberately capturing the namespace the CLI was started in). PID 1's
-// namespace is still refused.
+// namespace and those registered with AddHost are still refused.
 var AllowOwn = false
 
 var initNetns = "/proc/1/ns/net"
+
+// ID is a namespace's identity: the nsfs device and inode.
+type ID struct{ Dev, Ino uint64 }
+
+func (id ID) String() string { return fmt.Sprintf("%d:%d", id.Dev, id.Ino) }
 
 // self is this process's own namespace, read once while package init runs
 // on the main thread and before any goroutine has switched a thread into a
 // pod namespace: /proc/self/ns/net follows the thread-group leader, which a
 // goroutine locked to the main thread may have moved.
-var self, selfErr = os.Stat("/proc/thread-self/ns/net")
+var self, selfErr = statID("/proc/thread-self/ns/net")
 
-// Refuse returns an error wrapping ErrOwnNetns when path is this process's
-// network namespace (unless AllowOwn) or PID 1's, and nil otherwise. A path
-// that cannot be read is left to the backend's own open to report.
-func Refuse(path string) error {
-	target, err := os.Stat(path)
+var (
+	hostsMu sync.Mutex
+	hosts   = map[ID]string{}
+)
+
+// AddHost registers the namespace at path (read now, by identity) as the
+// host's: it is refused like PID 1's. The node agent uses it for the host's
+// PID 1 seen through the host /proc it mounts.
+func AddHost(path string) error {
+	id, err := statID(path)
 	if err != nil {
+		return fmt.Errorf("registering host network namespace %s: %w", path, err)
+	}
+	hostsMu.Lock()
+	defer hostsMu.Unlock()
+	hosts[id] = path
+	return nil
+}
+
+func statID(path string) (ID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return ID{}, err
+	}
+	return ID{Dev: st.Dev, Ino: st.Ino}, nil
+}
+
+// Netns is an open network namespace file whose type has been checked.
+type Netns struct {
+	// Path is the path it was opened from, for messages.
+	Path string
+	ID   ID
+	fd   int
+}
+
+// Fd is the namespace file descriptor (usable with setns and netlink's
+// NETNSA_FD); it stays owned by n.
+func (n *Netns) Fd() int { return n.fd }
+
+// Take hands the descriptor over to the caller, who closes it; n no longer
+// owns it.
+func (n *Netns) Take() int {
+	fd := n.fd
+	n.fd = -1
+	return fd
+}
+
+// Close closes the descriptor.
+func (n *Netns) Close() error {
+	if n == nil || n.fd < 0 {
 		return nil
 	}
-	if host, err := os.Stat(initNetns); err == nil && same(target, host) {
+	err := unix.Close(n.fd)
+	n.fd = -1
+	return err
+}
+
+// NotNetnsError is Open's error for a path that exists but is not a network
+// namespace file. Kind says what it is instead ("FIFO", "regular file",
+// "directory", ...).
+type NotNetnsError struct {
+	Path string
+	Kind string
+}
+
+func (e *NotNetnsError) Error() string {
+	return fmt.Sprintf("netns path %s is a %s, %v", e.Path, e.Kind, ErrNotNetns)
+}
+
+func (e *NotNetnsError) Unwrap() error { return ErrNotNetns }
+
+// Open opens the network namespace file at path without blocking and
+// without side effects, whatever the path names: it is first opened with
+// O_PATH (opening a FIFO for reading would block until a writer comes, and
+// opening a device could act on it), checked to be an nsfs inode of a
+// network namespace, and only then reopened for use through the O_PATH
+// descriptor, so what is checked is what is used.
+func Open(path string) (*Netns, error) {
+	pfd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening netns %s: %w", path, err)
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return nil, fmt.Errorf("opening netns %s: %w", path, err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(pfd, &fs); err != nil {
+		return nil, fmt.Errorf("opening netns %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int64(fs.Type) != unix.NSFS_MAGIC {
+		return nil, &NotNetnsError{Path: path, Kind: kind(st.Mode, fs.Type)}
+	}
+	// Reopening the magic link of our own O_PATH descriptor yields the same
+	// inode, not whatever path names by now.
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening netns %s: %w", path, err)
+	}
+	t, err := unix.IoctlRetInt(fd, unix.NS_GET_NSTYPE)
+	if err != nil || t != unix.CLONE_NEWNET {
+		unix.Close(fd)
+		if err != nil {
+			return nil, fmt.Errorf("opening netns %s: reading the namespace type: %w", path, err)
+		}
+		return nil, &NotNetnsError{Path: path, Kind: "namespace file of another kind than network"}
+	}
+	return &Netns{Path: path, ID: ID{Dev: st.Dev, Ino: st.Ino}, fd: fd}, nil
+}
+
+func kind(mode uint32, fsType int64) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFIFO:
+		return "FIFO"
+	case unix.S_IFSOCK:
+		return "socket"
+	case unix.S_IFCHR:
+		return "character device"
+	case unix.S_IFBLK:
+		return "block device"
+	case unix.S_IFDIR:
+		return "directory"
+	case unix.S_IFREG:
+		if fsType == unix.NSFS_MAGIC {
+			return "namespace file of another kind than network"
+		}
+		return "regular file"
+	}
+	return fmt.Sprintf("file of mode %#o", mode&unix.S_IFMT)
+}
+
+// Refuse returns an error wrapping ErrOwnNetns when n is this process's
+// network namespace (unless AllowOwn), PID 1's, or registered with AddHost.
+func (n *Netns) Refuse() error { return refuseID(n.Path, n.ID) }
+
+// RefuseFd is Refuse for a namespace descriptor opened elsewhere.
+func RefuseFd(fd int, path string) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("checking netns %s: %w", path, err)
+	}
+	return refuseID(path, ID{Dev: st.Dev, Ino: st.Ino})
+}
+
+func refuseID(path string, id ID) error {
+	// PID 1's namespace is read at every call: it is what PID 1 has now.
+	if host, err := statID(initNetns); err == nil && host == id {
 		return fmt.Errorf("netns %s is the namespace of PID 1: %w", path, ErrOwnNetns)
 	}
-	if selfErr == nil && same(target, self) && !AllowOwn {
-		return fmt.Errorf("netns %s: %w", path, ErrOwnNetns)
+	hostsMu.Lock()
+	hp, isHost := hosts[id]
+	hostsMu.Unlock()
+	if isHost {
+		return fmt.Errorf("netns %s is the host's (%s): %w", path, hp, ErrOwnNetns)
+	}
+	if selfErr == nil && id == self && !AllowOwn {
+		return fmt.Errorf("netns %s is this process's own: %w", path, ErrOwnNetns)
 	}
 	return nil
 }
 
-func same(a, b os.FileInfo) bool {
-	sa, ok1 := a.Sys().(*syscall.Stat_t)
-	sb, ok2 := b.Sys().(*syscall.Stat_t)
-	return ok1 && ok2 && sa.Dev == sb.Dev && sa.Ino == sb.Ino
+// OpenGuarded opens path (see Open) and refuses the host's namespace (see
+// Refuse): what every path that writes into a namespace starts with.
+func OpenGuarded(path string) (*Netns, error) {
+	n, err := Open(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.Refuse(); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// Refuse is Refuse for a path, opened (see Open) just for the check. Any
+// error opening it is returned too: a caller about to write must not go on.
+func Refuse(path string) error {
+	n, err := OpenGuarded(path)
+	if err != nil {
+		return err
+	}
+	return n.Close()
 }

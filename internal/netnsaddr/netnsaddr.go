@@ -15,6 +15,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/internal/hostns"
 )
 
 // dumpAttempts bounds the retries of an address dump that the kernel
@@ -30,12 +32,14 @@ const dumpAttempts = 3
 // address, interface by interface, then every IPv6 one. For a
 // point-to-point address it is the local end.
 func List(path string) ([]netip.Addr, error) {
-	ns, err := netns.GetFromPath(path)
+	// Opened without blocking and checked to be a network namespace: the
+	// path comes from CNI_NETNS or --netns and may name a FIFO.
+	n, err := hostns.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("listing addresses: opening network namespace %s: %w", path, err)
+		return nil, fmt.Errorf("listing addresses: %w", err)
 	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	defer n.Close()
+	h, err := netlink.NewHandleAt(netns.NsHandle(n.Fd()), unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("listing addresses: opening rtnetlink in %s: %w", path, err)
 	}

@@ -2,7 +2,9 @@
 // whatever the rule backend: the TPROXY policy routing (fwmark →
 // table, local default route on lo) and the ::6 passthrough address on lo,
 // through rtnetlink on a handle bound to the pod's namespace. Both backends
-// use it, so both add, undo, list and remove these the same way.
+// use it, so both add, undo, list and remove these the same way. Apply and
+// Remove refuse the host's own namespace themselves (the fwmark rules and
+// ::6 there belong to the node).
 package policyroute
 
 import (
@@ -16,6 +18,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -69,6 +72,9 @@ func newHandle(ns netns.NsHandle) (*netlink.Handle, error) {
 func Apply(ns netns.NsHandle, p redirect.Plan, reapply bool) (err error) {
 	if len(p.Routes) == 0 && len(p.LoopbackAddrs) == 0 && !reapply {
 		return nil
+	}
+	if err := hostns.RefuseFd(int(ns), "of the policy routes"); err != nil {
+		return err
 	}
 	h, err := newHandle(ns)
 	if err != nil {
@@ -179,6 +185,9 @@ func ours(r redirect.PolicyRoute) bool {
 
 // Remove deletes the TPROXY routes and ::6 whatever plan put them there.
 func Remove(ns netns.NsHandle) error {
+	if err := hostns.RefuseFd(int(ns), "of the policy routes"); err != nil {
+		return err
+	}
 	h, err := newHandle(ns)
 	if err != nil {
 		return err

@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -53,9 +52,6 @@ func (b *Backend) encoder(fd int, fam redirect.Family) *encoder {
 // every entry that is not ours; tables are written one after the other, and
 // if one fails the ones already written are put back as they were.
 func (b *Backend) Apply(ctx context.Context, netns string, p redirect.Plan) error {
-	if err := hostns.Refuse(netns); err != nil {
-		return err
-	}
 	if err := p.Verify(); err != nil {
 		return fmt.Errorf("applying plan to netns %s: %w", netns, err)
 	}
@@ -70,7 +66,7 @@ func (b *Backend) Apply(ctx context.Context, netns string, p redirect.Plan) erro
 			want[fam][x.name] = x
 		}
 	}
-	s, err := openSockets(netns, allFamilies)
+	s, err := openSockets(netns, allFamilies, true)
 	if err != nil {
 		return fmt.Errorf("applying plan to netns %s: %w", netns, err)
 	}
@@ -233,7 +229,7 @@ func writeBack(ctx context.Context, fd int, l *layout, name string, orig *table)
 // back into a canonical Plan (see Canonical), with the policy routes and
 // loopback addresses.
 func (b *Backend) List(ctx context.Context, netns string) (redirect.Plan, error) {
-	s, err := openSockets(netns, allFamilies)
+	s, err := openSockets(netns, allFamilies, false)
 	if err != nil {
 		return redirect.Plan{}, fmt.Errorf("listing rules in netns %s: %w", netns, err)
 	}
@@ -275,8 +271,9 @@ func (b *Backend) List(ctx context.Context, netns string) (redirect.Plan, error)
 // decodeOurs decodes our rules of builtin chains and our user chains.
 func (t *table) decodeOurs() (decodedTable, error) {
 	dt := decodedTable{name: t.name}
+	mine := t.ourChains()
 	for _, c := range t.chains {
-		if c.hook < 0 && !ourChain(c.name) {
+		if c.hook < 0 && !mine[c.name] {
 			continue
 		}
 		xc := xchain{name: c.name, builtin: c.hook >= 0}
@@ -311,7 +308,7 @@ func (b *Backend) Check(ctx context.Context, netns string, p redirect.Plan) erro
 // chains, our policy routes and loopback address go; foreign entries stay.
 // A table that does not exist is left uninstantiated.
 func (b *Backend) Remove(ctx context.Context, netns string) error {
-	s, err := openSockets(netns, allFamilies)
+	s, err := openSockets(netns, allFamilies, true)
 	if err != nil {
 		return fmt.Errorf("removing rules from netns %s: %w", netns, err)
 	}

@@ -18,7 +18,7 @@ func TestReplaceRetriesOnEAGAIN(t *testing.T) {
 	needRoot(t)
 	ns, path := newNetns(t)
 	inNetns(t, ns, "", "iptables-legacy", "-t", "nat", "-A", "OUTPUT", "-j", "RETURN")
-	s, err := openSockets(path, []redirect.Family{redirect.FamilyIPv4})
+	s, err := openSockets(path, []redirect.Family{redirect.FamilyIPv4}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,11 @@
 package legacy
 
 import (
-	"fmt"
 	"net/netip"
 
 	"github.com/vishvananda/netns"
 
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/internal/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -15,12 +15,12 @@ import (
 // both backends.
 
 func withNetns(path string, fn func(ns netns.NsHandle) error) error {
-	ns, err := netns.GetFromPath(path)
+	n, err := hostns.Open(path)
 	if err != nil {
-		return fmt.Errorf("opening netns %s: %w", path, err)
+		return err
 	}
-	defer ns.Close()
-	return fn(ns)
+	defer n.Close()
+	return fn(netns.NsHandle(n.Fd()))
 }
 
 // applyRoutes makes the namespace's policy routes and loopback addresses

@@ -57,7 +57,7 @@ func HasLegacyRules(netns string) (bool, error) {
 	if errors.Is(LegacyAvailable(), ErrLegacyUnavailable) {
 		return false, nil
 	}
-	s, err := openSockets(netns, allFamilies)
+	s, err := openSockets(netns, allFamilies, false)
 	if err != nil {
 		return false, fmt.Errorf("looking for legacy rules in netns %s: %w", netns, err)
 	}
@@ -91,7 +91,7 @@ func HasLegacyRules(netns string) (bool, error) {
 // needs to know it: our chains or tagged rules, and anything at all in nat
 // or mangle.
 type Presence struct {
-	Ours             bool // nftmesh's ISTIO_* chains or tagged rules, any table or family
+	Ours             bool // nftmesh's chains or tagged rules, any table or family (not another installer's ISTIO_* chains)
 	NatOrMangleRules bool // nat or mangle hold any rule or user chain, ours or not
 }
 
@@ -103,7 +103,7 @@ func Probe(netns string) (Presence, error) {
 	if errors.Is(LegacyAvailable(), ErrLegacyUnavailable) {
 		return pr, nil
 	}
-	s, err := openSockets(netns, allFamilies)
+	s, err := openSockets(netns, allFamilies, false)
 	if err != nil {
 		return pr, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
 	}
@@ -123,9 +123,10 @@ func Probe(netns string) (Presence, error) {
 			if err != nil {
 				return pr, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
 			}
+			mine := t.ourChains()
 			for _, c := range t.chains {
 				if c.hook < 0 {
-					if ourChain(c.name) {
+					if mine[c.name] {
 						pr.Ours = true
 					}
 					if name != "raw" {

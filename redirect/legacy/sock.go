@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -42,10 +43,11 @@ func (s *nsSockets) Close() {
 // openSockets creates one raw socket per family inside the network
 // namespace at path. This is the only place that enters a namespace: a
 // socket keeps the namespace it was created in, so everything after this
-// runs on ordinary goroutines.
-func openSockets(path string, fams []redirect.Family) (*nsSockets, error) {
+// runs on ordinary goroutines. With write, the host's own namespace is
+// refused (the socket is for replacing tables).
+func openSockets(path string, fams []redirect.Family, write bool) (*nsSockets, error) {
 	s := &nsSockets{fd: map[redirect.Family]int{}, tables: map[redirect.Family]map[string]bool{}}
-	err := doInNetns(path, func() error {
+	err := doInNetns(path, write, func() error {
 		for _, f := range fams {
 			af, names := unix.AF_INET, "ip_tables_names"
 			if f == redirect.FamilyIPv6 {
@@ -78,13 +80,20 @@ func openSockets(path string, fams []redirect.Family) (*nsSockets, error) {
 // doInNetns runs fn on a dedicated OS thread switched into the network
 // namespace at path (the semantics of containernetworking's ns.Do). If the
 // thread cannot be switched back it stays locked, so the Go runtime
-// discards it instead of reusing a thread in the wrong namespace.
-func doInNetns(path string, fn func() error) error {
-	target, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("opening netns %s: %w", path, err)
+// discards it instead of reusing a thread in the wrong namespace. The path
+// must name a network namespace (see hostns.Open); with write, not the
+// host's.
+func doInNetns(path string, write bool, fn func() error) error {
+	open := hostns.Open
+	if write {
+		open = hostns.OpenGuarded
 	}
-	defer unix.Close(target)
+	n, err := open(path)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	target := n.Fd()
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()

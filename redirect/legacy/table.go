@@ -226,15 +226,43 @@ func ours(e *tentry) bool {
 
 func ourChain(name string) bool { return strings.HasPrefix(name, ourChainPref) }
 
+// ourChains names the user chains of t that nftmesh installed. The ISTIO_
+// names are shared with istio-init and hand-written rules, so the name is
+// not enough: a chain is ours when every rule in it carries our tag and it
+// either holds rules or one of our tagged rules jumps to it.
+func (t *table) ourChains() map[string]bool {
+	jumped := map[string]bool{}
+	for _, c := range t.chains {
+		for _, e := range c.rules {
+			if e.jumpChain != "" && ours(e) {
+				jumped[e.jumpChain] = true
+			}
+		}
+	}
+	mine := map[string]bool{}
+	for _, c := range t.chains {
+		if c.hook >= 0 || !ourChain(c.name) {
+			continue
+		}
+		foreign := slices.ContainsFunc(c.rules, func(e *tentry) bool { return !ours(e) })
+		if !foreign && (len(c.rules) > 0 || jumped[c.name]) {
+			mine[c.name] = true
+		}
+	}
+	return mine
+}
+
 // stripOurs removes our chains and our rules in builtin chains, and
-// reports whether anything was removed. A foreign rule that jumps into one
-// of our chains means someone else (istio-init, a hand-written rule) uses
-// the ISTIO_ names; we refuse rather than break or double their capture.
+// reports whether anything was removed. Chains of the same names that are
+// not ours stay. A foreign rule that jumps into one of our chains means
+// someone else (istio-init, a hand-written rule) builds on our rules; we
+// refuse rather than break their rule.
 func (t *table) stripOurs() (bool, error) {
+	mine := t.ourChains()
 	changed := false
 	var keep []*tchain
 	for _, c := range t.chains {
-		if c.hook < 0 && ourChain(c.name) {
+		if c.hook < 0 && mine[c.name] {
 			changed = true
 			continue
 		}
@@ -247,7 +275,7 @@ func (t *table) stripOurs() (bool, error) {
 	}
 	for _, c := range keep {
 		for _, e := range c.rules {
-			if ourChain(e.jumpChain) {
+			if mine[e.jumpChain] {
 				return false, fmt.Errorf("table %s: chain %s has a rule not installed by nftmesh that jumps to %s (iptables rules of another Istio installer?)", t.name, c.name, e.jumpChain)
 			}
 		}
@@ -281,7 +309,7 @@ func (t *table) addOurs(enc *encoder, x xtable) error {
 			continue
 		}
 		if t.chain(xc.name) != nil {
-			return fmt.Errorf("table %s already has a chain %s", t.name, xc.name)
+			return fmt.Errorf("table %s already has a chain %s that nftmesh did not install (iptables rules of another Istio installer?)", t.name, xc.name)
 		}
 		head := &tentry{raw: append(make([]byte, enc.l.entryLen), errorTarget(xc.name)...), oldIdx: -1}
 		setOffsets(enc.l, head.raw, enc.l.entryLen)

@@ -1,4 +1,4 @@
-package backends
+package capture
 
 import (
 	"context"
@@ -13,16 +13,16 @@ import (
 	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
-func TestValidate(t *testing.T) {
-	for _, ok := range Names {
-		if err := Validate(ok); err != nil {
-			t.Errorf("Validate(%q) = %v", ok, err)
+func TestValidateBackend(t *testing.T) {
+	for _, ok := range BackendNames {
+		if err := ValidateBackend(ok); err != nil {
+			t.Errorf("ValidateBackend(%q) = %v", ok, err)
 		}
 	}
 	for _, bad := range []string{"", "nft", "iptables", "legacy", "NFTABLES", "auto "} {
-		err := Validate(bad)
+		err := ValidateBackend(bad)
 		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", bad)) {
-			t.Errorf("Validate(%q) = %v, want an error naming the value", bad, err)
+			t.Errorf("ValidateBackend(%q) = %v, want an error naming the value", bad, err)
 		}
 	}
 }
@@ -65,7 +65,7 @@ func TestSelect(t *testing.T) {
 	}
 	t.Run("fresh netns: auto picks nftables", func(t *testing.T) {
 		ns := freshNetns(t)
-		b, why, err := Select(ctx, Auto, ns)
+		b, why, err := sel(ctx, Auto, ns)
 		if err != nil || b.Name() != NFTables || why != "auto: default" {
 			t.Fatalf("got %v %q %v", b, why, err)
 		}
@@ -73,7 +73,7 @@ func TestSelect(t *testing.T) {
 	t.Run("legacy nat rules: auto picks iptables-legacy", func(t *testing.T) {
 		ns := freshNetns(t)
 		inNetns(t, ns, "", "iptables-legacy", "-t", "nat", "-A", "POSTROUTING", "-o", "lo", "-j", "RETURN")
-		b, why, err := Select(ctx, Auto, ns)
+		b, why, err := sel(ctx, Auto, ns)
 		if err != nil || b.Name() != Legacy || !strings.Contains(why, "legacy nat/mangle") {
 			t.Fatalf("got %v %q %v", b, why, err)
 		}
@@ -81,7 +81,7 @@ func TestSelect(t *testing.T) {
 	t.Run("legacy filter rules only: auto stays on nftables", func(t *testing.T) {
 		ns := freshNetns(t)
 		inNetns(t, ns, "", "iptables-legacy", "-t", "filter", "-A", "INPUT", "-i", "lo", "-j", "ACCEPT")
-		b, _, err := Select(ctx, Auto, ns)
+		b, _, err := sel(ctx, Auto, ns)
 		if err != nil || b.Name() != NFTables {
 			t.Fatalf("got %v %v", b, err)
 		}
@@ -89,7 +89,7 @@ func TestSelect(t *testing.T) {
 	t.Run("iptables-nft ruleset: auto picks nftables and says why", func(t *testing.T) {
 		ns := freshNetns(t)
 		inNetns(t, ns, "table ip nat {\n chain POSTROUTING { type nat hook postrouting priority srcnat; }\n}\n", "nft", "-f", "-")
-		b, why, err := Select(ctx, Auto, ns)
+		b, why, err := sel(ctx, Auto, ns)
 		if err != nil || b.Name() != NFTables || !strings.Contains(why, "iptables-nft") {
 			t.Fatalf("got %v %q %v", b, why, err)
 		}
@@ -99,10 +99,10 @@ func TestSelect(t *testing.T) {
 		if err := nft.New().Apply(ctx, ns, defaultPlan(t)); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := Select(ctx, Legacy, ns); err == nil || !strings.Contains(err.Error(), "refusing") {
+		if _, _, err := sel(ctx, Legacy, ns); err == nil || !strings.Contains(err.Error(), "refusing") {
 			t.Fatalf("explicit legacy over our nftables rules: err = %v", err)
 		}
-		b, why, err := Select(ctx, Auto, ns)
+		b, why, err := sel(ctx, Auto, ns)
 		if err != nil || b.Name() != NFTables || !strings.Contains(why, "already present") {
 			t.Fatalf("got %v %q %v", b, why, err)
 		}
@@ -112,10 +112,10 @@ func TestSelect(t *testing.T) {
 		if err := legacy.New().Apply(ctx, ns, defaultPlan(t)); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := Select(ctx, NFTables, ns); err == nil || !strings.Contains(err.Error(), "refusing") {
+		if _, _, err := sel(ctx, NFTables, ns); err == nil || !strings.Contains(err.Error(), "refusing") {
 			t.Fatalf("explicit nftables over our legacy rules: err = %v", err)
 		}
-		b, why, err := Select(ctx, Auto, ns)
+		b, why, err := sel(ctx, Auto, ns)
 		if err != nil || b.Name() != Legacy || !strings.Contains(why, "already present") {
 			t.Fatalf("got %v %q %v", b, why, err)
 		}
@@ -124,9 +124,14 @@ func TestSelect(t *testing.T) {
 		if os.Geteuid() != 0 {
 			t.Skip("needs root")
 		}
-		_, _, err := Select(ctx, Auto, "/run/netns/does-not-exist-bks")
+		_, _, err := sel(ctx, Auto, "/run/netns/does-not-exist-bks")
 		if err == nil || !strings.Contains(err.Error(), "does-not-exist-bks") {
 			t.Fatalf("err = %v", err)
 		}
 	})
+}
+
+func sel(ctx context.Context, name, netnsPath string) (redirect.Backend, string, error) {
+	s, err := choose(ctx, name, netnsPath)
+	return s.backend, s.why, err
 }

@@ -1,0 +1,324 @@
+// Package capture is the capture pipeline between the front ends (the CNI
+// plugin, the agent's repair, the `redirect` CLI) and the kernel backends:
+// it opens and validates the pod's network namespace, refuses the host's,
+// serializes every verb on one namespace with a per-namespace lock, selects
+// the backend, and applies, checks or removes a Plan. It is the one package
+// the front ends call for kernel work; it owns the backend names and rule
+// counts.
+//
+// It does not decide what a pod gets (podinfo and redirect.Build do) and
+// does not know about Kubernetes or CNI.
+package capture
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/internal/hostns"
+	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/redirect/legacy"
+)
+
+// Netns is an opened network namespace whose type has been checked.
+type Netns = hostns.Netns
+
+// NotNetnsError is the error for a path that exists but is not a network
+// namespace (a FIFO, a regular file, a directory, ...).
+type NotNetnsError = hostns.NotNetnsError
+
+// ErrHostNetns is wrapped by every error that refuses the host's own
+// network namespace.
+var ErrHostNetns = hostns.ErrOwnNetns
+
+// Open opens the network namespace at path for a verb on a pod's capture
+// (apply, check, remove): without blocking whatever the path names, checked
+// to be a network namespace, and refused when it is the host's (the
+// caller's own, PID 1's, or one registered with AddHostNetns), however the
+// path reaches it (symlinks and bind mounts are seen through).
+func Open(path string) (*Netns, error) { return hostns.OpenGuarded(path) }
+
+// OpenForReading is Open without the host check, for looking at any
+// namespace (`redirect inspect`).
+func OpenForReading(path string) (*Netns, error) { return hostns.Open(path) }
+
+// AllowOwnNetns lets the caller's own namespace be programmed (`redirect
+// apply --allow-own-netns`); PID 1's and registered host namespaces stay
+// refused.
+func AllowOwnNetns(allow bool) { hostns.AllowOwn = allow }
+
+// AddHostNetns registers the namespace at path as the host's, refused like
+// PID 1's: the agent registers the host's PID 1 seen through its host /proc.
+func AddHostNetns(path string) error { return hostns.AddHost(path) }
+
+// Options are what every verb needs besides the namespace.
+type Options struct {
+	// Backend is auto (the default when empty), nftables or iptables-legacy.
+	Backend string
+	// RunDir holds the per-namespace lock files (the agent run dir, shared
+	// by the plugin, the agent and the CLI). Empty: DefaultRunDir, or a
+	// temp dir when that cannot be created.
+	RunDir string
+}
+
+func (o Options) backend() string {
+	if o.Backend == "" {
+		return Auto
+	}
+	return o.Backend
+}
+
+// lock guards n against the host check and takes its namespace lock: the
+// start of every verb.
+func lock(ctx context.Context, n *Netns, o Options) (*netnsLock, error) {
+	if err := ValidateBackend(o.backend()); err != nil {
+		return nil, err
+	}
+	if err := n.Refuse(); err != nil {
+		return nil, err
+	}
+	return lockNetns(ctx, o.RunDir, n.ID, n.Path)
+}
+
+// pin returns a path that names exactly n: the magic link of its
+// descriptor in /proc/self/fd. The backends open namespaces by path, and
+// given the pinned one they program the namespace that was checked and
+// locked, not whatever n.Path names by then (a PID reused, a bind mount
+// or symlink swapped). Where /proc/self does not lead back to n, n.Path.
+func pin(n *Netns) string {
+	p := "/proc/self/fd/" + strconv.Itoa(n.Fd())
+	var st unix.Stat_t
+	if unix.Stat(p, &st) != nil || st.Dev != n.ID.Dev || st.Ino != n.ID.Ino {
+		return n.Path
+	}
+	return p
+}
+
+// pinnedError shows the caller's path where a backend's error names the
+// pinned one.
+type pinnedError struct {
+	err          error
+	pinned, path string
+}
+
+func (e *pinnedError) Error() string { return strings.ReplaceAll(e.err.Error(), e.pinned, e.path) }
+func (e *pinnedError) Unwrap() error { return e.err }
+
+func unpin(err error, pinned string, n *Netns) error {
+	if err == nil || pinned == n.Path {
+		return err
+	}
+	return &pinnedError{err: err, pinned: pinned, path: n.Path}
+}
+
+// Applied is what Apply did.
+type Applied struct {
+	Backend string // the backend's name
+	Why     string // why it was chosen
+	Rules   int    // rules in the plan
+}
+
+// cleanupTimeout bounds the clean-up after a failed Apply, which may run
+// after the verb's own context expired.
+const cleanupTimeout = 5 * time.Second
+
+// Apply programs p into n with the selected backend, under n's lock. A
+// backend's Apply leaves either the new plan or what was there before. When
+// nftmesh had nothing there before, a failure is followed by a Remove, so
+// nothing that looks like capture stays; rules an earlier run installed are
+// never removed by a failed Apply (another run's success must not be undone).
+func Apply(ctx context.Context, n *Netns, p redirect.Plan, o Options) (Applied, error) {
+	lk, err := lock(ctx, n, o)
+	if err != nil {
+		return Applied{}, err
+	}
+	defer lk.unlock(false)
+	path := pin(n)
+	sel, err := choose(ctx, o.backend(), path)
+	if err != nil {
+		return Applied{}, unpin(err, path, n)
+	}
+	res := Applied{Backend: sel.backend.Name(), Why: sel.why, Rules: RuleCount(p)}
+	if err := sel.backend.Apply(ctx, path, p); err != nil {
+		if !sel.oursWas {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			defer cancel()
+			if rerr := sel.backend.Remove(cctx, path); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("cleaning up after the failure: %w", rerr))
+			}
+		}
+		return res, unpin(err, path, n)
+	}
+	return res, nil
+}
+
+// Check compares what n holds with p using the selected backend, under n's
+// lock (so a concurrent Apply is not seen half done). A difference is a
+// *redirect.DriftError. It returns the backend's name.
+func Check(ctx context.Context, n *Netns, p redirect.Plan, o Options) (string, error) {
+	lk, err := lock(ctx, n, o)
+	if err != nil {
+		return "", err
+	}
+	defer lk.unlock(false)
+	path := pin(n)
+	sel, err := choose(ctx, o.backend(), path)
+	if err != nil {
+		return "", unpin(err, path, n)
+	}
+	return sel.backend.Name(), unpin(sel.backend.Check(ctx, path, p), path, n)
+}
+
+// List returns what the selected backend finds of ours in n (any namespace,
+// the host's included: it only reads) and the backend's name.
+func List(ctx context.Context, n *Netns, o Options) (redirect.Plan, string, error) {
+	path := pin(n)
+	sel, err := choose(ctx, o.backend(), path)
+	if err != nil {
+		return redirect.Plan{}, "", unpin(err, path, n)
+	}
+	p, err := sel.backend.List(ctx, path)
+	return p, sel.backend.Name(), unpin(err, path, n)
+}
+
+// Removed is what Remove took out of one backend.
+type Removed struct {
+	Backend string   // nftables, iptables-legacy, or "routes" for the shared part
+	What    []string // e.g. "table inet nftmesh (12 rules in 5 chains, 3 sets)"
+}
+
+// Removal is what Remove did; empty when there was nothing of ours.
+type Removal []Removed
+
+// String says what was removed from which backend, or "nothing to remove".
+func (r Removal) String() string {
+	if len(r) == 0 {
+		return "nothing to remove"
+	}
+	parts := make([]string, len(r))
+	for i, x := range r {
+		parts[i] = x.Backend + ": " + strings.Join(x.What, ", ")
+	}
+	return "removed " + strings.Join(parts, "; ")
+}
+
+// Remove deletes nftmesh's rules from n, under its lock: with backend auto
+// from every backend that holds them, else from the named one; then the
+// TPROXY policy routes and ::6, which belong to whichever backend. Foreign
+// rules stay (other tables, untagged rules, another installer's ISTIO_*
+// chains). Nothing of ours there is success with an empty Removal, and
+// nothing is written. The plugin's DEL and `redirect clean` both call it.
+func Remove(ctx context.Context, n *Netns, o Options) (Removal, error) {
+	lk, err := lock(ctx, n, o)
+	if err != nil {
+		return nil, err
+	}
+	removed := false
+	defer func() { lk.unlock(removed) }()
+	var bs []redirect.Backend
+	switch o.backend() {
+	case NFTables:
+		bs = []redirect.Backend{nft.New()}
+	case Legacy:
+		bs = []redirect.Backend{legacy.New()}
+	default:
+		bs = []redirect.Backend{nft.New()}
+		// Reading legacy tables needs a kernel that has them.
+		if legacy.LegacyAvailable() == nil {
+			bs = append(bs, legacy.New())
+		}
+	}
+	path := pin(n)
+	out, err := remove(ctx, bs, path)
+	if err != nil {
+		return out, unpin(err, path, n)
+	}
+	removed = true
+	return out, nil
+}
+
+func remove(ctx context.Context, bs []redirect.Backend, path string) (Removal, error) {
+	var out Removal
+	var routes []string
+	var remover redirect.Backend
+	for i, b := range bs {
+		live, err := b.List(ctx, path)
+		if err != nil {
+			return out, fmt.Errorf("listing %s rules before removing them: %w", b.Name(), err)
+		}
+		if i == 0 {
+			// Routes and ::6 are listed by every backend: the first
+			// listing, before anything is removed, has them.
+			routes = ourRoutes(live)
+		}
+		if len(live.Tables) == 0 && len(live.Sets) == 0 {
+			continue
+		}
+		if err := b.Remove(ctx, path); err != nil {
+			return out, fmt.Errorf("removing %s rules: %w", b.Name(), err)
+		}
+		remover = b
+		out = append(out, Removed{Backend: b.Name(), What: []string{describeRules(b.Name(), live)}})
+	}
+	if len(routes) > 0 {
+		// A backend's Remove takes the routes too; left-overs without any
+		// rules still need one.
+		if remover == nil {
+			if err := bs[0].Remove(ctx, path); err != nil {
+				return out, fmt.Errorf("removing policy routes: %w", err)
+			}
+		}
+		out = append(out, Removed{Backend: "routes", What: routes})
+	}
+	return out, nil
+}
+
+// ourRoutes names the TPROXY policy routes and passthrough address of ours
+// in a listed plan (another tool's fwmark routing is not listed).
+func ourRoutes(p redirect.Plan) []string {
+	var out []string
+	for _, r := range p.Routes {
+		if r.Mark == redirect.TProxyMark && r.Table == redirect.TProxyRouteTab {
+			out = append(out, fmt.Sprintf("ip rule fwmark %d lookup %d (%s)", r.Mark, r.Table, r.Family))
+		}
+	}
+	if slices.Contains(p.LoopbackAddrs, redirect.InboundPassthroughV6) {
+		out = append(out, redirect.InboundPassthroughV6.Addr().String()+" on lo")
+	}
+	return out
+}
+
+func describeRules(backend string, p redirect.Plan) string {
+	chains, tables := 0, make([]string, 0, len(p.Tables))
+	for _, t := range p.Tables {
+		chains += len(t.Chains)
+		tables = append(tables, string(t.Name))
+	}
+	s := fmt.Sprintf("%d rules in %d chains", RuleCount(p), chains)
+	if len(p.Sets) > 0 {
+		s += fmt.Sprintf(", %d sets", len(p.Sets))
+	}
+	if backend == NFTables {
+		return "table inet " + nft.TableName + " (" + s + ")"
+	}
+	return s + " (tables " + strings.Join(slices.Compact(slices.Sorted(slices.Values(tables))), ", ") + ")"
+}
+
+// RuleCount is the number of rules in a plan (sets count as one lookup
+// each, inside the rule that uses them).
+func RuleCount(p redirect.Plan) int {
+	n := 0
+	for _, t := range p.Tables {
+		for _, c := range t.Chains {
+			n += len(c.Rules)
+		}
+	}
+	return n
+}
