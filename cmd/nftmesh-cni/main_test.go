@@ -50,6 +50,9 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	if os.Getenv(standinEnv) != "" {
+		return standinMain()
+	}
 	flag.Parse()
 	if testing.Short() {
 		env.skip = "-short: needs root, the kube-apiserver build and the reference plugins"

@@ -50,10 +50,9 @@ func New(opts Options) (*Repairer, error) {
 		return nil, fmt.Errorf("configuring repair in place: %s is not a proc file system (mount the host's /proc there): %w", opts.ProcDir, err)
 	}
 	// The host's namespace as this agent sees it (its own /proc is its
-	// pod's): refused like the caller's own.
-	if err := capture.AddHostNetns(filepath.Join(opts.ProcDir, "1", "ns", "net")); err != nil {
-		return nil, fmt.Errorf("configuring repair in place: %w", err)
-	}
+	// pod's): refused like the caller's own. Without SYS_PTRACE it cannot
+	// be read; FindNetns then cannot see it either.
+	_ = capture.AddHostNetns(filepath.Join(opts.ProcDir, "1", "ns", "net"))
 	return &Repairer{
 		opts: opts,
 		skip: podinfo.Config{ExcludeNamespaces: opts.ExcludeNamespaces, PodNamespace: opts.PodNamespace},

@@ -1,0 +1,341 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/internal/kubetest"
+)
+
+// The stand-in host: a child process of the test binary in new PID, network
+// and mount namespaces. Inside, it is PID 1 and its network namespace plays
+// the node's: the planted state stands for what the node itself owns (an
+// `inet nftmesh` table, fwmark 1337 rules and table 133 routes, ::6 on lo,
+// foreign iptables-legacy chains, one named like Istio's). The machine's
+// own root namespace is never a target.
+
+const standinEnv = "NFTMESH_TEST_STANDIN_HOST"
+
+// standinAPIPort is where the stand-in forwards to the API server (through
+// a unix socket, which crosses network namespaces); its netns is fresh, so
+// the port is free.
+const standinAPIPort = 16443
+
+// standinJob is what the stand-in runs, one plugin call after another.
+type standinJob struct {
+	Plugin  string
+	APISock string // unix socket forwarding to the API server, if any
+	Calls   []standinCall
+}
+
+type standinCall struct {
+	Cmd     string
+	Netns   string // CNI_NETNS; "link:X" is a symlink to X made in the stand-in
+	CNIArgs string
+	Stdin   []byte
+}
+
+type standinReport struct {
+	Before  string
+	Results []standinResult
+	Err     string
+}
+
+type standinResult struct {
+	Call   standinCall
+	OK     bool
+	Stdout string
+	Stderr string
+	After  string
+}
+
+// plantHostState is the node's own state in the stand-in.
+var plantHostState = [][]string{
+	{"ip", "link", "set", "lo", "up"},
+	{"nft", "-f", "-", "table inet nftmesh {\n chain nat-istio-output {\n  type nat hook output priority -100; policy accept;\n  tcp dport 9999 redirect to :15001\n }\n}\ntable ip node-foreign {\n chain input {\n  type filter hook input priority 0; policy accept;\n  tcp dport 22 accept\n }\n}\n"},
+	{"ip", "rule", "add", "fwmark", "1337", "lookup", "133"},
+	{"ip", "-6", "rule", "add", "fwmark", "1337", "lookup", "133"},
+	{"ip", "route", "add", "local", "default", "dev", "lo", "table", "133"},
+	{"ip", "-6", "route", "add", "local", "default", "dev", "lo", "table", "133"},
+	{"ip", "-6", "addr", "add", "::6/128", "dev", "lo", "nodad"},
+	{"iptables-legacy", "-t", "nat", "-N", "NODE-FOREIGN"},
+	{"iptables-legacy", "-t", "nat", "-A", "NODE-FOREIGN", "-p", "tcp", "--dport", "7", "-j", "RETURN"},
+	{"iptables-legacy", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "--dport", "7", "-j", "NODE-FOREIGN"},
+	{"iptables-legacy", "-t", "nat", "-N", "ISTIO_OUTPUT"},
+	{"iptables-legacy", "-t", "nat", "-A", "ISTIO_OUTPUT", "-p", "tcp", "--dport", "8", "-j", "RETURN"},
+	{"iptables-legacy", "-t", "mangle", "-N", "ISTIO_INBOUND"},
+}
+
+// hostState is every reader's view of the state the node owns.
+var hostStateReaders = [][]string{
+	{"nft", "list", "ruleset"},
+	{"ip", "rule"},
+	{"ip", "-6", "rule"},
+	{"ip", "addr"},
+	{"ip", "-6", "addr"},
+	{"ip", "route", "show", "table", "133"},
+	{"ip", "-6", "route", "show", "table", "133"},
+	{"iptables-legacy-save"},
+	{"ip6tables-legacy-save"},
+}
+
+func hostState() (string, error) {
+	var b strings.Builder
+	for _, r := range hostStateReaders {
+		out, err := exec.Command(r[0], r[1:]...).CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("%s: %v\n%s", strings.Join(r, " "), err, out)
+		}
+		fmt.Fprintf(&b, "== %s\n", strings.Join(r, " "))
+		for _, line := range strings.Split(string(out), "\n") {
+			if !strings.HasPrefix(line, "#") { // iptables-save's dated header
+				b.WriteString(line + "\n")
+			}
+		}
+	}
+	return b.String(), nil
+}
+
+// standinMain runs as PID 1 of the stand-in host.
+func standinMain() int {
+	var job standinJob
+	rep := standinReport{}
+	enc := json.NewEncoder(os.Stdout)
+	fail := func(err error) int {
+		rep.Err = err.Error()
+		_ = enc.Encode(rep)
+		return 0
+	}
+	if err := json.Unmarshal([]byte(os.Getenv(standinEnv)), &job); err != nil {
+		return fail(err)
+	}
+	// Our mounts stay ours: nothing propagates to the machine's.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fail(fmt.Errorf("making mounts private: %w", err))
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fail(fmt.Errorf("mounting /proc: %w", err))
+	}
+	if os.Getpid() != 1 {
+		return fail(fmt.Errorf("stand-in is PID %d, not 1", os.Getpid()))
+	}
+	for _, c := range plantHostState {
+		cmd := exec.Command(c[0], c[1:]...)
+		if c[0] == "nft" {
+			cmd = exec.Command(c[0], c[1:3]...)
+			cmd.Stdin = strings.NewReader(c[3])
+		}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fail(fmt.Errorf("planting %v: %v\n%s", c[:min(len(c), 3)], err, out))
+		}
+	}
+	if job.APISock != "" {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", standinAPIPort))
+		if err != nil {
+			return fail(err)
+		}
+		defer ln.Close()
+		go forwardUnix(ln, job.APISock)
+	}
+	dir, err := os.MkdirTemp("", "standin-")
+	if err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(dir)
+	// A bind mount of PID 1's namespace, as /run/netns/NAME would be.
+	bind := filepath.Join(dir, "bind")
+	if err := os.WriteFile(bind, nil, 0o600); err != nil {
+		return fail(err)
+	}
+	if err := unix.Mount("/proc/1/ns/net", bind, "", unix.MS_BIND, ""); err != nil {
+		return fail(fmt.Errorf("bind-mounting PID 1's netns: %w", err))
+	}
+	if rep.Before, err = hostState(); err != nil {
+		return fail(err)
+	}
+	for i, c := range job.Calls {
+		netnsPath := c.Netns
+		switch {
+		case strings.HasPrefix(c.Netns, "link:"):
+			netnsPath = filepath.Join(dir, fmt.Sprintf("link%d", i))
+			if err := os.Symlink(strings.TrimPrefix(c.Netns, "link:"), netnsPath); err != nil {
+				return fail(err)
+			}
+		case c.Netns == "bind":
+			netnsPath = bind
+		}
+		cmd := exec.Command(job.Plugin)
+		cmd.Env = []string{"CNI_COMMAND=" + c.Cmd, "CNI_CONTAINERID=standin-" + fmt.Sprint(i), "CNI_NETNS=" + netnsPath,
+			"CNI_IFNAME=eth0", "CNI_ARGS=" + c.CNIArgs, "CNI_PATH=" + filepath.Dir(job.Plugin)}
+		cmd.Stdin = bytes.NewReader(c.Stdin)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		after, serr := hostState()
+		if serr != nil {
+			return fail(serr)
+		}
+		rep.Results = append(rep.Results, standinResult{Call: c, OK: err == nil, Stdout: out.String(), Stderr: errb.String(), After: after})
+	}
+	_ = enc.Encode(rep)
+	return 0
+}
+
+func forwardUnix(ln net.Listener, sock string) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			u, err := net.Dial("unix", sock)
+			if err != nil {
+				return
+			}
+			defer u.Close()
+			go func() { _, _ = io.Copy(u, c) }()
+			_, _ = io.Copy(c, u)
+		}()
+	}
+}
+
+// runStandin runs job in a fresh stand-in host and returns its report.
+func runStandin(t *testing.T, job standinJob) standinReport {
+	t.Helper()
+	data, err := json.Marshal(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), standinEnv+"="+string(data))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNET | syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("stand-in host: %v\n%s", err, errb.String())
+	}
+	var rep standinReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("stand-in report: %v\n%s\n%s", err, out.String(), errb.String())
+	}
+	if rep.Err != "" {
+		t.Fatalf("stand-in host: %s", rep.Err)
+	}
+	return rep
+}
+
+// TestHostNetnsUntouched: DEL, ADD and CHECK with CNI_NETNS naming the
+// host's own network namespace (PID 1's, the plugin's own, symlinks and a
+// bind mount to them) are refused with a CNI error and leave every bit of
+// the host's state as it was, as four independent readers see it.
+func TestHostNetnsUntouched(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (PID, network and mount namespaces)")
+	}
+	if env.pluginBin == "" {
+		t.Skipf("skipping: %s", env.skip)
+	}
+	for _, bin := range []string{"nft", "ip", "iptables-legacy", "iptables-legacy-save", "ip6tables-legacy-save"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s missing: %v", bin, err)
+		}
+	}
+	runDir := t.TempDir()
+	targets := []string{"/proc/1/ns/net", "/proc/self/ns/net", "/proc/thread-self/ns/net", "link:/proc/1/ns/net", "link:/proc/self/ns/net", "bind"}
+	job := standinJob{Plugin: env.pluginBin}
+	cniArgs := "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=x"
+	verbs := []string{"DEL"}
+	// ADD and CHECK look the pod up before they touch the kernel: with
+	// the API server, the pod exists and is in the mesh, so only the guard
+	// stands between them and the host.
+	if env.api != nil {
+		verbs = append(verbs, "ADD", "CHECK")
+		sockDir := t.TempDir()
+		sock := filepath.Join(sockDir, "api.sock")
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go kubetest.Forward(ln, strings.TrimPrefix(env.api.Host, "https://"))
+		job.APISock = sock
+		if err := env.api.WriteKubeconfigHost(filepath.Join(runDir, "kubeconfig"), fmt.Sprintf("https://127.0.0.1:%d", standinAPIPort), env.token); err != nil {
+			t.Fatal(err)
+		}
+		pod := createPod(t, env.api, loadPod(t, "injected.yaml"))
+		cniArgs = cniArgsFor(pod, "x")
+	} else {
+		t.Logf("no API server (%s): DEL only", env.skip)
+	}
+	for _, backend := range []string{"auto", "nftables", "iptables-legacy"} {
+		for _, v := range verbs {
+			for _, target := range targets {
+				conf := directConf(t, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.7/24"), map[string]any{"backend": backend})
+				job.Calls = append(job.Calls, standinCall{Cmd: v, Netns: target, CNIArgs: cniArgs, Stdin: conf})
+			}
+		}
+	}
+	rep := runStandin(t, job)
+	for _, want := range []string{"table inet nftmesh", "fwmark 0x539 lookup 133", "::6/128", "local default dev lo", ":NODE-FOREIGN", ":ISTIO_OUTPUT", ":ISTIO_INBOUND"} {
+		if !strings.Contains(rep.Before, want) {
+			t.Fatalf("planted state lacks %q:\n%s", want, rep.Before)
+		}
+	}
+	for _, r := range rep.Results {
+		name := fmt.Sprintf("%s CNI_NETNS=%s backend=%s", r.Call.Cmd, r.Call.Netns, backendOf(r.Call.Stdin))
+		if r.After != rep.Before {
+			t.Errorf("%s changed the host's state:\n%s", name, lineDiff(rep.Before, r.After))
+		}
+		if r.OK {
+			t.Errorf("%s succeeded; want a CNI error refusing the host's namespace\nstdout %s", name, r.Stdout)
+			continue
+		}
+		var e types.Error
+		if err := json.Unmarshal([]byte(r.Stdout), &e); err != nil || e.Code != types.ErrInvalidEnvironmentVariables || !strings.Contains(e.Msg, "host's network namespace") {
+			t.Errorf("%s: want CNI error %d naming the host's namespace, got %s (stderr %s)", name, types.ErrInvalidEnvironmentVariables, r.Stdout, r.Stderr)
+		}
+	}
+}
+
+func backendOf(conf []byte) string {
+	var c struct{ Backend string }
+	_ = json.Unmarshal(conf, &c)
+	return c.Backend
+}
+
+// lineDiff lists the lines only in a ("-") or only in b ("+").
+func lineDiff(a, b string) string {
+	in := func(s string) map[string]int {
+		m := map[string]int{}
+		for _, l := range strings.Split(s, "\n") {
+			m[l]++
+		}
+		return m
+	}
+	ma, mb := in(a), in(b)
+	var out []string
+	for _, l := range strings.Split(a, "\n") {
+		if mb[l] < ma[l] {
+			out = append(out, "- "+l)
+		}
+	}
+	for _, l := range strings.Split(b, "\n") {
+		if ma[l] < mb[l] {
+			out = append(out, "+ "+l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
