@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/nftmesh/nftmesh/nft"
@@ -27,17 +28,23 @@ func TestValidateBackend(t *testing.T) {
 	}
 }
 
+var nsSeq atomic.Int64
+
 // freshNetns makes a named netns for one test (test-only use of `ip`).
 func freshNetns(t *testing.T) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces")
 	}
-	name := fmt.Sprintf("bks-%d-%s", os.Getpid(), strings.NewReplacer("/", "-", " ", "-").Replace(t.Name()))
+	name := fmt.Sprintf("cap-%d-%d", os.Getpid(), nsSeq.Add(1))
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add: %v %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	// A pod's lo is up (the CNI loopback plugin does it); routes on lo need it.
+	if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up: %v %s", err, out)
+	}
 	return "/run/netns/" + name
 }
 

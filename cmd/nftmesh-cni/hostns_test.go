@@ -41,6 +41,9 @@ type standinJob struct {
 }
 
 type standinCall struct {
+	// Argv, when set, is a command line run instead of the plugin, with
+	// "{netns}" replaced by the netns path (the redirect CLI).
+	Argv    []string
 	Cmd     string
 	Netns   string // CNI_NETNS; "link:X" is a symlink to X made in the stand-in
 	CNIArgs string
@@ -180,6 +183,13 @@ func standinMain() int {
 		cmd.Env = []string{"CNI_COMMAND=" + c.Cmd, "CNI_CONTAINERID=standin-" + fmt.Sprint(i), "CNI_NETNS=" + netnsPath,
 			"CNI_IFNAME=eth0", "CNI_ARGS=" + c.CNIArgs, "CNI_PATH=" + filepath.Dir(job.Plugin)}
 		cmd.Stdin = bytes.NewReader(c.Stdin)
+		if len(c.Argv) > 0 {
+			argv := make([]string, len(c.Argv))
+			for k, a := range c.Argv {
+				argv[k] = strings.ReplaceAll(a, "{netns}", netnsPath)
+			}
+			cmd = exec.Command(argv[0], argv[1:]...)
+		}
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		err := cmd.Run()
@@ -239,8 +249,9 @@ func runStandin(t *testing.T, job standinJob) standinReport {
 
 // TestHostNetnsUntouched: DEL, ADD and CHECK with CNI_NETNS naming the
 // host's own network namespace (PID 1's, the plugin's own, symlinks and a
-// bind mount to them) are refused with a CNI error and leave every bit of
-// the host's state as it was, as four independent readers see it.
+// bind mount to them), with every backend, are refused with a CNI error and
+// leave every bit of the host's state as it was, as four independent
+// readers see it; so are `redirect clean` and `redirect apply`.
 func TestHostNetnsUntouched(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (PID, network and mount namespaces)")
@@ -288,6 +299,21 @@ func TestHostNetnsUntouched(t *testing.T) {
 			}
 		}
 	}
+	// The CLI's writing verbs, as an operator with a wrong --netns runs them.
+	cli := filepath.Join(t.TempDir(), "redirect")
+	if out, err := exec.Command("go", "build", "-o", cli, "../redirect").CombinedOutput(); err != nil {
+		t.Fatalf("building redirect: %v\n%s", err, out)
+	}
+	for _, backend := range []string{"auto", "nftables", "iptables-legacy"} {
+		for _, target := range targets {
+			for _, argv := range [][]string{
+				{cli, "clean", "--netns", "{netns}", "--backend", backend, "--run-dir", runDir},
+				{cli, "apply", "--netns", "{netns}", "--backend", backend, "--run-dir", runDir, "-a", "sidecar.istio.io/interceptionMode=TPROXY", "--ipv6"},
+			} {
+				job.Calls = append(job.Calls, standinCall{Argv: argv, Netns: target})
+			}
+		}
+	}
 	rep := runStandin(t, job)
 	for _, want := range []string{"table inet nftmesh", "fwmark 0x539 lookup 133", "::6/128", "local default dev lo", ":NODE-FOREIGN", ":ISTIO_OUTPUT", ":ISTIO_INBOUND"} {
 		if !strings.Contains(rep.Before, want) {
@@ -296,8 +322,17 @@ func TestHostNetnsUntouched(t *testing.T) {
 	}
 	for _, r := range rep.Results {
 		name := fmt.Sprintf("%s CNI_NETNS=%s backend=%s", r.Call.Cmd, r.Call.Netns, backendOf(r.Call.Stdin))
+		if len(r.Call.Argv) > 0 {
+			name = fmt.Sprintf("%s (netns %s)", strings.Join(r.Call.Argv[1:], " "), r.Call.Netns)
+		}
 		if r.After != rep.Before {
 			t.Errorf("%s changed the host's state:\n%s", name, lineDiff(rep.Before, r.After))
+		}
+		if len(r.Call.Argv) > 0 {
+			if r.OK || !strings.Contains(r.Stderr, "host's network namespace") {
+				t.Errorf("%s: want a failure refusing the host's namespace, got ok=%t stderr %s", name, r.OK, r.Stderr)
+			}
+			continue
 		}
 		if r.OK {
 			t.Errorf("%s succeeded; want a CNI error refusing the host's namespace\nstdout %s", name, r.Stdout)

@@ -8,7 +8,7 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
-func defaultPlan(b *testing.B) redirect.Plan {
+func defaultPlan(b testing.TB) redirect.Plan {
 	sc, _ := scenarios.ByName("defaults")
 	p, err := sc.Plan()
 	if err != nil {
