@@ -91,17 +91,24 @@ lint: staticcheck
 	  if [ -n "$$bad" ]; then echo "redirect imports kernel/Kubernetes packages:"; echo "$$bad"; exit 1; fi
 	@# Product code never execs a binary (internal/kubetest is a test helper that
 	@# starts etcd and kube-apiserver; it is imported only by tests).
-	@bad=$$(grep -rln 'exec.Command' --include='*.go' cmd nft redirect podinfo installer internal | grep -v -e '_test.go' -e '^internal/kubetest/' || true); \
+	@bad=$$(grep -rln 'exec.Command' --include='*.go' cmd nft redirect podinfo installer internal capture | grep -v -e '_test.go' -e '^internal/kubetest/' || true); \
 	  if [ -n "$$bad" ]; then echo "exec in product code:"; echo "$$bad"; exit 1; fi
 	@bad=$$($(GO) list -deps ./cmd/... | grep -e 'internal/kubetest' || true); \
 	  if [ -n "$$bad" ]; then echo "a binary imports the test helper internal/kubetest"; exit 1; fi
+	@# Only the capture pipeline drives the kernel backends: every front end
+	@# (plugin, CLI, repair) goes through it, so every write is guarded and
+	@# locked. The backends themselves and the test kit (imported by tests only)
+	@# are the other importers allowed.
+	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep -E 'nftmesh/nft( |$$)|nftmesh/redirect/legacy( |$$)' | cut -d: -f1 | \
+	  grep -v -x -e 'github.com/nftmesh/nftmesh/capture' -e 'github.com/nftmesh/nftmesh/nft' -e 'github.com/nftmesh/nftmesh/redirect/legacy' -e 'github.com/nftmesh/nftmesh/internal/nettest' -e 'github.com/nftmesh/nftmesh/internal/scenarios' -e 'github.com/nftmesh/nftmesh/internal/golden' -e 'github.com/nftmesh/nftmesh/internal/e2e' || true); \
+	  if [ -n "$$bad" ]; then echo "imports a kernel backend directly (use package capture):"; echo "$$bad"; exit 1; fi
 
 update-golden:
 	UPDATE_GOLDEN=1 $(GO) test -count=1 -run 'Golden' ./...
 
 ## fuzz: every Fuzz target for FUZZTIME each (CI: 10s; by hand: FUZZTIME=5m).
 fuzz:
-	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft redirect podinfo installer internal e2e
+	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft redirect podinfo installer internal e2e capture
 
 kube-apiserver: $(APISERVER)
 $(APISERVER):

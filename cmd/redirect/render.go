@@ -6,29 +6,17 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/internal/quote"
-	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
 func render(p redirect.Plan, format string) (string, error) {
 	switch format {
 	case "nft":
-		return nft.Render(p)
+		return capture.RenderNft(p)
 	case "iptables":
-		v4, err := legacy.Render(p, redirect.FamilyIPv4)
-		if err != nil {
-			return "", err
-		}
-		if !hasIPv6(p) {
-			return v4, nil
-		}
-		v6, err := legacy.Render(p, redirect.FamilyIPv6)
-		if err != nil {
-			return "", err
-		}
-		return "# iptables-save\n" + v4 + "# ip6tables-save\n" + v6, nil
+		return capture.RenderIptables(p)
 	case "json":
 		b, err := json.MarshalIndent(planJSON(p), "", "  ")
 		if err != nil {
@@ -39,20 +27,6 @@ func render(p redirect.Plan, format string) (string, error) {
 		return strings.Join(redirect.Describe(p), "\n") + "\n", nil
 	}
 	return "", usageErr("--format %s: want nft, iptables, json or plan", quote.Value(format))
-}
-
-// hasIPv6 reports whether any rule applies to IPv6.
-func hasIPv6(p redirect.Plan) bool {
-	for _, t := range p.Tables {
-		for _, c := range t.Chains {
-			for _, r := range c.Rules {
-				if r.Family.Includes(redirect.FamilyIPv6) {
-					return true
-				}
-			}
-		}
-	}
-	return false
 }
 
 // planJSON gives matches and verdicts a "type" field so the JSON is
