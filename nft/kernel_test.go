@@ -450,6 +450,35 @@ func TestKernelRouteFailureRollsBack(t *testing.T) {
 	assertNothingLeft(t, ns)
 }
 
+// TestKernelFailedReapplyRestores: a re-apply that fails after its batch
+// committed puts the earlier table back (an earlier run's rules are not the
+// failed call's to remove); routes of the earlier plan stay.
+func TestKernelFailedReapplyRestores(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	ns := podNetns(t)
+	tp, _ := scenarios.ByName("tproxy")
+	v4, _ := scenarios.ByName("ipv4-only")
+	for _, pair := range [][2]scenarios.Scenario{{tp, v4}, {v4, tp}} {
+		earlier, err := pair[0].Plan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := New().Apply(ctx, ns, earlier); err != nil {
+			t.Fatal(err)
+		}
+		b := New()
+		b.afterBatch = func() error { return fmt.Errorf("injected") }
+		next, _ := pair[1].Plan()
+		if err := b.Apply(ctx, ns, next); err == nil || !strings.Contains(err.Error(), "injected") {
+			t.Fatalf("Apply with injected failure: %v", err)
+		}
+		if err := New().Check(ctx, ns, earlier); err != nil {
+			t.Fatalf("%s over %s failed: the earlier rules are not back: %v", pair[1].Name, pair[0].Name, err)
+		}
+	}
+}
+
 func TestKernelReapplySwitchesMode(t *testing.T) {
 	needRoot(t)
 	ctx := context.Background()

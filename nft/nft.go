@@ -117,8 +117,9 @@ func (b *Backend) tableExists(cc *nftables.Conn) (bool, error) {
 // batch: into a namespace without our table the batch only adds (a delete
 // would cost the kernel an RCU grace period); otherwise the old table is
 // deleted and the new one added in the same batch, so the swap is atomic.
-// Routes and loopback addresses follow; if they fail, the table is removed
-// again and what this call added is undone.
+// Routes and loopback addresses follow; if they fail, what this call added
+// is undone: a table it created is removed, a table it replaced is put back
+// as it was (an earlier run's rules are not this call's to remove).
 func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -142,6 +143,17 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 	if err != nil {
 		return fmt.Errorf("applying capture table in netns %s: %w", netnsPath, err)
 	}
+	// What a failure must restore. A table this backend cannot read back
+	// (edited by hand) cannot be restored: a failure then removes it.
+	var old *program
+	if existed {
+		var was redirect.Plan
+		if b.listTable(ns, &was) == nil {
+			if op, err := encode(was, b.table); err == nil {
+				old = op
+			}
+		}
+	}
 	err = b.sendProgram(conn, prog, existed)
 	if err != nil {
 		return fmt.Errorf("applying capture table inet %s in netns %s: %w", b.table, netnsPath, err)
@@ -153,10 +165,30 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		err = policyroute.Apply(ns, p, existed)
 	}
 	if err != nil {
-		if derr := b.deleteTable(conn); derr != nil {
-			err = errors.Join(err, fmt.Errorf("rolling back table inet %s: %w", b.table, derr))
+		if rerr := b.rollback(conn, old); rerr != nil {
+			err = errors.Join(err, rerr)
 		}
 		return fmt.Errorf("applying routes in netns %s: %w", netnsPath, err)
+	}
+	return nil
+}
+
+// rollback undoes a committed batch: the table it replaced goes back, or
+// without one, the table goes.
+func (b *Backend) rollback(conn *netlink.Conn, old *program) error {
+	if old != nil {
+		err := b.sendProgram(conn, old, true)
+		if err == nil {
+			return nil
+		}
+		err = fmt.Errorf("restoring the earlier table inet %s: %w", b.table, err)
+		if derr := b.deleteTable(conn); derr != nil {
+			return errors.Join(err, fmt.Errorf("rolling back table inet %s: %w", b.table, derr))
+		}
+		return err
+	}
+	if derr := b.deleteTable(conn); derr != nil {
+		return fmt.Errorf("rolling back table inet %s: %w", b.table, derr)
 	}
 	return nil
 }
