@@ -219,7 +219,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		inv.decided("skip", reason)
 		return printPrevResult(inv.conf)
 	}
-	ns, err := inv.openNetns()
+	ns, err := inv.openNetns(true)
 	if err != nil {
 		return err
 	}
@@ -234,6 +234,12 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return printPrevResult(inv.conf)
 	}
 
+	if ns == nil {
+		if ns, err = inv.openNetns(false); err != nil {
+			return err
+		}
+		defer ns.Close()
+	}
 	actx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
 	res, err := capture.Apply(actx, ns, *plan, inv.captureOptions())
@@ -265,7 +271,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 		inv.decided("skip", reason)
 		return nil
 	}
-	ns, err := inv.openNetns()
+	ns, err := inv.openNetns(true)
 	if err != nil {
 		return err
 	}
@@ -274,6 +280,12 @@ func cmdCheck(args *skel.CmdArgs) error {
 	_, plan, reason, err := inv.lookup(ctx)
 	if err != nil {
 		return err
+	}
+	if ns == nil {
+		if ns, err = inv.openNetns(false); err != nil {
+			return err
+		}
+		defer ns.Close()
 	}
 	actx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
@@ -362,9 +374,15 @@ func netnsError(path string, err error) *types.Error {
 
 // openNetns opens and checks CNI_NETNS before anything else reads or
 // writes: a FIFO or other file there is refused without blocking on it, and
-// so is the host's namespace, by identity.
-func (inv *invocation) openNetns() (*capture.Netns, error) {
+// so is the host's namespace, by identity. With missingOK, a path that does
+// not exist gives (nil, nil): it can neither block nor be the host's, and the
+// pod lookup that follows has the more useful error if it fails too; the
+// caller opens it again before the kernel work.
+func (inv *invocation) openNetns(missingOK bool) (*capture.Netns, error) {
 	ns, err := capture.Open(inv.args.Netns)
+	if missingOK && errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, inv.fail(netnsError(inv.args.Netns, err))
 	}
