@@ -30,6 +30,7 @@ import (
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/inplace"
 	"github.com/nftmesh/nftmesh/internal/version"
+	"github.com/nftmesh/nftmesh/internal/zklog"
 )
 
 // Exit codes: 2 is bad configuration, found before any host file is touched.
@@ -67,7 +68,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		base.Error().Err(err).Msg("invalid configuration; nothing was changed on the host")
 		return exitConfig
 	}
-	log := newLogger(os.Stderr, cfg.LogFormat).Level(cfg.LogLevel)
+	log := agentLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel)
 
 	m := installer.NewMetrics()
 	in, err := installer.New(cfg, log, m)
@@ -207,6 +208,15 @@ func repairClient(cfg *installer.Config) (kubernetes.Interface, error) {
 // newLogger writes JSON lines, or with format "text" plain lines without
 // colour for those who read the agent's log as text (Istio's agent writes
 // text unless told to write JSON).
+// agentLogger is the agent's logger at level, which client-go's klog
+// output (watch errors, throttling notices) also goes to, in the same
+// format, instead of plain klog lines on the same stderr.
+func agentLogger(w io.Writer, format string, level zerolog.Level) zerolog.Logger {
+	log := newLogger(w, format).Level(level)
+	zklog.Route(log)
+	return log
+}
+
 func newLogger(w io.Writer, format string) zerolog.Logger {
 	if format == "text" {
 		w = zerolog.ConsoleWriter{Out: w, NoColor: true, TimeFormat: time.RFC3339}

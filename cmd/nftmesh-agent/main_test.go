@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/rs/zerolog"
+	"k8s.io/klog/v2"
 )
 
 // testVersion is stamped into the agent the tests build, as the Makefile
@@ -284,6 +287,32 @@ func TestLogFormat(t *testing.T) {
 	}
 	line := txt.String()
 	if strings.HasPrefix(line, "{") || !strings.Contains(line, "INF inserted") || !strings.Contains(line, "file=/etc/cni/net.d/10-x.conflist") || strings.Contains(line, "\x1b[") {
+		t.Errorf("text line %q", line)
+	}
+}
+
+// TestKlogIntoAgentLog: client-go's klog entries come out in the agent's
+// own format and level, with its fields, in JSON and in text.
+func TestKlogIntoAgentLog(t *testing.T) {
+	t.Cleanup(klog.ClearLogger)
+	var j bytes.Buffer
+	agentLogger(&j, "json", zerolog.InfoLevel)
+	klog.Errorf("watch of *v1.Pod ended with: %s", "too old resource version")
+	klog.V(3).Info("too detailed")
+	klog.Flush()
+	var m map[string]any
+	if err := json.Unmarshal(j.Bytes(), &m); err != nil || strings.Count(j.String(), "\n") != 1 {
+		t.Fatalf("want one JSON line, got %q (%v)", j.String(), err)
+	}
+	if m["component"] != "nftmesh-agent" || m["logger"] != "client-go" || m["level"] != "error" || m["message"] != "watch of *v1.Pod ended with: too old resource version" {
+		t.Errorf("klog line %q", j.String())
+	}
+
+	var txt bytes.Buffer
+	agentLogger(&txt, "text", zerolog.ErrorLevel)
+	klog.Info("below the agent's level")
+	klog.Error("throttled")
+	if line := txt.String(); strings.Count(line, "\n") != 1 || !strings.Contains(line, "ERR throttled") || !strings.Contains(line, "logger=client-go") {
 		t.Errorf("text line %q", line)
 	}
 }

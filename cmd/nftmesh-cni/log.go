@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/nftmesh/nftmesh/internal/zklog"
 	"github.com/nftmesh/nftmesh/podinfo"
 )
 
@@ -19,8 +20,9 @@ const (
 )
 
 // newLogger builds the one logger of a plugin run: JSON lines to stderr and,
-// when agent_run_dir exists, to the capped log file. It never writes to
-// stdout. close flushes and closes the file.
+// when agent_run_dir exists, to the capped log file, for our events and
+// client-go's alike. It never writes to stdout. close flushes and closes the
+// file.
 func newLogger(conf *podinfo.Config, command string) (log zerolog.Logger, close func()) {
 	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
 	writers := []io.Writer{os.Stderr}
@@ -43,6 +45,9 @@ func newLogger(conf *podinfo.Config, command string) (log zerolog.Logger, close 
 		w = zerolog.MultiLevelWriter(writers...)
 	}
 	log = zerolog.New(w).Level(level).With().Timestamp().Str("plugin", "nftmesh-cni").Str("command", command).Logger()
+	// client-go logs through klog (e.g. a connection closed mid-answer):
+	// as JSON lines of this run, not plain text on the same stderr.
+	zklog.Route(log)
 	return log, close
 }
 

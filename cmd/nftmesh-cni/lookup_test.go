@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -145,4 +146,70 @@ func TestAddAPIAnswerNotAPod(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKlogLinesAreJSON: client-go's own log entries (here: a connection
+// the API server closed mid-answer, which it logs before GetPod retries)
+// come out as JSON lines of this plugin run on stderr and in the log file,
+// not as klog's plain text.
+func TestKlogLinesAreJSON(t *testing.T) {
+	pod := injectedPod(t)
+	good := servePod(t, pod)
+	var n atomic.Int32
+	runDir, _ := fakeAPIRunDir(t, func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) > 1 {
+			good(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "1000")
+		w.WriteHeader(200)
+		fmt.Fprint(w, `{"kind":"Pod",`)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+	})
+	stderr := captureStderr(t, func() { _, _, _ = addVia(t, runDir, cniArgsFor(pod, "ctr-1")) })
+	logged, err := os.ReadFile(filepath.Join(runDir, LogFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, text := range map[string]string{"stderr": stderr, "log file": string(logged)} {
+		found := false
+		for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Errorf("%s: not a JSON line: %q", what, line)
+				continue
+			}
+			if m["logger"] == "client-go" {
+				found = true
+				if m["command"] != "ADD" || m["plugin"] != "nftmesh-cni" || m["level"] != "error" {
+					t.Errorf("%s: client-go line without the run's fields: %q", what, line)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s has no client-go line:\n%s", what, text)
+		}
+	}
+}
+
+// captureStderr runs fn with os.Stderr redirected to a pipe and returns
+// what was written there.
+func captureStderr(t *testing.T, fn func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan string)
+	go func() { b, _ := io.ReadAll(r); done <- string(b) }()
+	old := os.Stderr
+	os.Stderr = w
+	func() {
+		defer func() { os.Stderr = old; w.Close() }()
+		fn()
+	}()
+	return <-done
 }
