@@ -87,10 +87,18 @@ func Build(s Spec) (Plan, error) {
 			inTable = TableMangle
 			b.append(TableMangle, ChainDivert, FamilyAny, SetMark{TProxyMark})
 			b.append(TableMangle, ChainDivert, FamilyAny, Accept{})
+			// With no transparent socket on the proxy port (the proxy not
+			// listening yet, or gone), iptables' TPROXY target drops the
+			// packet, but nft's tproxy statement only ends its rule and the
+			// packet would reach the app uncaptured. The drop after each
+			// TProxy gives both backends iptables' behaviour: inbound waits
+			// for the proxy (clients retry), it never bypasses it.
 			b.append(TableMangle, ChainTProxy, FamilyIPv4, TProxy{Port: ProxyInboundPort, Mark: TProxyMark, Mask: 0xffffffff},
 				MatchAddr{Prefix: loop4, Negate: true}, tcp)
+			b.append(TableMangle, ChainTProxy, FamilyIPv4, Drop{}, MatchAddr{Prefix: loop4, Negate: true}, tcp)
 			b.append(TableMangle, ChainTProxy, FamilyIPv6, TProxy{Port: ProxyInboundPort, Mark: TProxyMark, Mask: 0xffffffff},
 				MatchAddr{Prefix: loopbackV6, Negate: true}, tcp)
+			b.append(TableMangle, ChainTProxy, FamilyIPv6, Drop{}, MatchAddr{Prefix: loopbackV6, Negate: true}, tcp)
 		}
 		b.append(inTable, ChainPrerouting, FamilyAny, Jump{ChainInbound}, tcp)
 		established := MatchCTState{States: CTStateRelated | CTStateEstablished}

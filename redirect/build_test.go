@@ -209,7 +209,10 @@ func TestBuildIstioQuirks(t *testing.T) {
 			"l4proto tcp ct state established,related -> jump ISTIO_DIVERT",
 			"l4proto tcp -> jump ISTIO_TPROXY")
 		wantRules(t, "mangle ISTIO_TPROXY", rulesOf(t, p, TableMangle, ChainTProxy, FamilyIPv4),
-			"daddr != 127.0.0.1/32 l4proto tcp -> tproxy to :15006 mark 1337/0xffffffff")
+			"daddr != 127.0.0.1/32 l4proto tcp -> tproxy to :15006 mark 1337/0xffffffff",
+			// No transparent listener: drop, never on to the app (nft's
+			// tproxy falls through where iptables' TPROXY drops).
+			"daddr != 127.0.0.1/32 l4proto tcp -> drop")
 		if len(p.Routes) != 1 || p.Routes[0] != (PolicyRoute{Family: FamilyIPv4, Mark: 1337, Table: 133}) {
 			t.Errorf("routes = %v", p.Routes)
 		}

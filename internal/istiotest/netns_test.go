@@ -23,6 +23,7 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
 // The "other pod" of the netns test: the peer namespace runs a stand-in app
@@ -527,4 +528,52 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestTProxyInboundBeforeProxyListens: in TPROXY mode, until the proxy
+// listens on 15006 an inbound connection must not reach the app (that would
+// bypass the proxy and its policies): Istio's iptables TPROXY target drops
+// it, and so must every backend. The app listens; nothing listens on 15006.
+func TestTProxyInboundBeforeProxyListens(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and applies capture rules")
+	}
+	if testing.Short() {
+		t.Skip("builds the stand-ins and runs real traffic (-short)")
+	}
+	bins := buildStandins(t)
+	p := injectedPods(t)
+	tp := p[indexOf(p, "tproxy")]
+	_, _, cs, err := podinfo.FromPod(tp.Pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := redirect.Build(cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []redirect.Backend{nft.New(), legacy.New()} {
+		t.Run(b.Name(), func(t *testing.T) {
+			topo := newTopology(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := b.Apply(ctx, topo.PodNetnsPath(), plan); err != nil {
+				t.Fatal(err)
+			}
+			app := startIn(t, topo.PodNetnsPath(), corev1.Container{Name: "app"}, nil, []string{bins.app, "-pod=tproxy", "-listen=8080"})
+			waitReady(t, app)
+			dst := netip.AddrPortFrom(nettest.PodV4, 8080)
+			var e standin.Event
+			if err := nettest.Do(topo.PeerNetnsPath(), func() error {
+				e = standin.Dial(context.Background(), standin.Target{Proto: "tcp", Addr: dst.String()})
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if e.Event == standin.EventDialed {
+				t.Fatalf("with no proxy listening, an inbound connection to %s reached %s on %s: capture bypassed", dst, e.Reply.Pod, e.Reply.Listener)
+			}
+			t.Logf("ok: no proxy on 15006, the connection to %s did not get through (%s)", dst, e.Error)
+		})
+	}
 }
