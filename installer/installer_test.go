@@ -393,6 +393,35 @@ func TestStandalone(t *testing.T) {
 	}
 }
 
+// On OpenShift Istio's injector names the Multus network default/istio-cni:
+// Multus finds a NetworkAttachmentDefinition without a config by the name
+// inside the files of its conf dir, so the standalone file must carry that
+// name. A file Istio's agent left under the same file name is replaced.
+func TestStandaloneNamedForIstioInjector(t *testing.T) {
+	h := newHost(t)
+	left := filepath.Join(h.conf, "istio-cni.conf")
+	if err := os.WriteFile(left, []byte(`{"cniVersion":"0.3.1","name":"istio-cni","type":"istio-cni"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config(t, "--chained=false", "--cni-conf-file-name", "istio-cni.conf", "--cni-network-name", "istio-cni")
+	a := startAgent(t, cfg)
+	a.waitReady(t)
+
+	//lint:ignore SA1019 the lookup by network name Multus does for a NetworkAttachmentDefinition without a config
+	c, err := libcni.LoadConf(h.conf, "istio-cni")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Network.Type != PluginName || c.Network.Name != "istio-cni" {
+		t.Errorf("the istio-cni network is %s", c.Bytes)
+	}
+	a.stop()
+	if err := a.in.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, left)
+}
+
 func TestInvalidFilesSkippedAndUntouched(t *testing.T) {
 	h := newHost(t)
 	inv, _ := filepath.Glob(filepath.Join(testConfDir, "invalid", "*"))
