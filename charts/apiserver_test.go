@@ -411,7 +411,7 @@ func TestPlatformsAndIstioValuesOnRealAPIServer(t *testing.T) {
 		}
 	}
 	q, err := admin.CoreV1().ResourceQuotas(agentNS).Get(ctx, "nftmesh-agent-resource-quota", metav1.GetOptions{})
-	if err != nil || q.Spec.Hard.Pods().String() != "64" {
+	if err != nil || q.Spec.Hard.Pods().Value() != 64 {
 		t.Errorf("resource quota: %v %+v", err, q)
 	}
 	if _, err := admin.NetworkingV1().NetworkPolicies(agentNS).Get(ctx, "nftmesh-agent", metav1.GetOptions{}); err != nil {
@@ -439,7 +439,7 @@ func TestPlatformsAndIstioValuesOnRealAPIServer(t *testing.T) {
 
 	helmDo("upgrade", "--set", "platform=gke")
 	q, err = admin.CoreV1().ResourceQuotas(agentNS).Get(ctx, "nftmesh-agent-resource-quota", metav1.GetOptions{})
-	if err != nil || q.Spec.Hard.Pods().String() != "5000" || q.Spec.ScopeSelector == nil || q.Spec.ScopeSelector.MatchExpressions[0].Values[0] != "system-node-critical" {
+	if err != nil || q.Spec.Hard.Pods().Value() != 5000 || q.Spec.ScopeSelector == nil || q.Spec.ScopeSelector.MatchExpressions[0].Values[0] != "system-node-critical" {
 		t.Errorf("gke quota: %v %+v", err, q)
 	}
 	if err := admin.CoreV1().RESTClient().Get().AbsPath(nadPath("default", "istio-cni")).Do(ctx).Error(); !apierrors.IsNotFound(err) {
