@@ -14,6 +14,37 @@
 // real pilot-agent stays in istio-validation with its injected arguments;
 // istio-proxy and the app containers become the stand-ins of
 // e2e/cluster/standin. Everything else stays as the injector wrote it.
+// StandinImage builds the one image those containers run (`make
+// pilot-agent standin` builds its inputs).
+//
+// What each pod of testdata/istio/injected then does on a node with
+// nftmesh (TestInjectedPodsInNetns proves each in a network namespace):
+//
+//   - every mesh pod: istio-validation exits 0 (126 without capture);
+//     istio-proxy logs "ready" and answers 15021 /healthz/ready, so the
+//     injected readiness (and native-sidecar startup) probes pass; the
+//     app's dials to a destination land on its own proxy, whose Reply
+//     names listener outbound-15001 and the original destination; another
+//     pod's connection to the app's port lands on inbound-15006 with the
+//     original destination; the proxy's own dials (UID 1337, or GID 1337
+//     under TPROXY) reach the destination itself;
+//   - tproxy: the proxy runs as UID 0 / GID 1337 with NET_ADMIN and its
+//     15001/15006 are IP_TRANSPARENT; inbound arrives by TPROXY (original
+//     destination = local address);
+//   - dns-capture: UDP (and TCP) to any port 53 lands on dns-15053;
+//   - exclude-cidrs: dials to 10.244.0.0/16 (the pod network) and
+//     203.0.113.0/24 leave without its proxy (a mesh destination's own
+//     inbound capture still applies: dial the no-inject pod to see the
+//     app answer);
+//   - include-inbound-ports: inbound 8080 lands on 15006, 9090 on the app;
+//   - native-sidecar: istio-proxy is an init container with restartPolicy
+//     Always; the app starts after its startup probe passed;
+//   - no-inject: no istio containers, no capture: the app's dials and the
+//     inbound connections reach their destination directly.
+//
+// Injected pods mount the ConfigMap istio-ca-root-cert (not optional) and a
+// service account token for audience istio-ca: the namespace needs that
+// ConfigMap (any root-cert.pem) or the pods stay in ContainerCreating.
 //
 // It is a test helper: only tests import it.
 package istiotest
