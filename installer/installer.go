@@ -107,13 +107,13 @@ func (in *Installer) statePath() string { return filepath.Join(in.cfg.AgentRunDi
 
 func (in *Installer) setReady() {
 	in.ready.Store(true)
-	in.m.Ready.Set(1)
+	in.m.setReady(true)
 }
 
 func (in *Installer) setNotReady(err error) {
 	in.ready.Store(false)
 	in.lastErr.Store(&err)
-	in.m.Ready.Set(0)
+	in.m.setReady(false)
 }
 
 // Ready reports nil only while the plugin is installed and valid: the last
@@ -590,7 +590,7 @@ func (in *Installer) Run(ctx context.Context) error {
 		switch {
 		case err == nil:
 			if wrote || !in.ready.Load() {
-				in.m.Installs.WithLabelValues(ResultSuccess).Inc()
+				in.m.install(ResultSuccess)
 				in.log.Info().Msg(PluginName + " installed and valid")
 			}
 			in.installed = true
@@ -612,7 +612,7 @@ func (in *Installer) Run(ctx context.Context) error {
 			retry = time.After(time.Second)
 			dirty = partConf
 		default:
-			in.m.Installs.WithLabelValues(result).Inc()
+			in.m.install(result)
 			in.setNotReady(err)
 			var ro *ReadOnlyError
 			ev := in.log.Error().Err(err).Str("result", result)

@@ -34,8 +34,50 @@ type Metrics struct {
 	Reinserts prometheus.Counter
 	Fights    prometheus.Counter
 	Repairs   *prometheus.CounterVec
-	// PluginEvents counts the plugin's decision lines seen in its log.
+	// PluginEvents counts the plugin's decision records seen in its log.
 	PluginEvents *prometheus.CounterVec
+
+	// Istio's names for the same facts, so dashboards and alerts written
+	// for istio-cni keep working: see the istio* methods for the labels.
+	IstioInstalls *prometheus.CounterVec
+	IstioReady    prometheus.Gauge
+	IstioRepairs  *prometheus.CounterVec
+}
+
+// istioInstallResults maps our install results to the label values of
+// istio_cni_installs_total. Results without an Istio counterpart (waiting
+// for the primary CNI) are not counted there.
+var istioInstallResults = map[string]string{
+	ResultSuccess:      "SUCCESS",
+	ResultCopyBinaries: "COPY_BINARIES_FAILURE",
+	ResultKubeconfig:   "CREATE_KUBECONFIG_FAILURE",
+	ResultCNIConfig:    "CREATE_CNI_CONFIG_FAILURE",
+}
+
+// install counts one install pass under both names.
+func (m *Metrics) install(result string) {
+	m.Installs.WithLabelValues(result).Inc()
+	if r, ok := istioInstallResults[result]; ok {
+		m.IstioInstalls.WithLabelValues(r).Inc()
+	}
+}
+
+// setReady sets both readiness gauges.
+func (m *Metrics) setReady(ready bool) {
+	v := 0.0
+	if ready {
+		v = 1
+	}
+	m.Ready.Set(v)
+	m.IstioReady.Set(v)
+}
+
+// repaired counts one handled broken pod under both names. Istio's "type"
+// label takes the same values as our repair modes (repair, delete,
+// label), and its results are ours (success, skip, fail).
+func (m *Metrics) repaired(mode RepairMode, result string) {
+	m.Repairs.WithLabelValues(string(mode), result).Inc()
+	m.IstioRepairs.WithLabelValues(string(mode), result).Inc()
 }
 
 // NewMetrics registers the agent's series and the Go/process collectors.
@@ -67,7 +109,20 @@ func NewMetrics() *Metrics {
 			Help: "The plugin's decisions by CNI command and decision (capture, skip, error), from its log file.",
 		}, []string{"command", "decision"}),
 	}
+	m.IstioInstalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "istio_cni_installs_total",
+		Help: "Install passes by result, under Istio's name and label values (SUCCESS, COPY_BINARIES_FAILURE, CREATE_KUBECONFIG_FAILURE, CREATE_CNI_CONFIG_FAILURE); nftmesh_installs_total has the same passes.",
+	}, []string{"result"})
+	m.IstioReady = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "istio_cni_install_ready",
+		Help: "Istio's name for nftmesh_install_ready: 1 while the plugin is installed and its CNI config is valid.",
+	})
+	m.IstioRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "istio_cni_repair_pods_repaired_total",
+		Help: "Broken pods handled by the repair controller, under Istio's name: type repair, delete or label; result success, skip or fail.",
+	}, []string{"type", "result"})
 	m.Registry.MustRegister(m.Installs, m.Ready, m.Reinserts, m.Fights, m.Repairs, m.PluginEvents,
+		m.IstioInstalls, m.IstioReady, m.IstioRepairs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

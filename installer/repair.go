@@ -219,7 +219,7 @@ func (c *RepairController) next(ctx context.Context) bool {
 }
 
 func (c *RepairController) count(result string) {
-	c.m.Repairs.WithLabelValues(string(c.mode), result).Inc()
+	c.m.repaired(c.mode, result)
 }
 
 func (c *RepairController) handle(ctx context.Context, key string) error {
