@@ -8,6 +8,9 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 CACHE     := .cache
 APISERVER := $(CACHE)/kube-apiserver
 ISTIO_BINS := $(CACHE)/pilot-agent $(CACHE)/istioctl
+# Everything the cluster end-to-end test runs besides Debian's etcd,
+# containerd and runc.
+KUBE_BINS := kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy kubectl
 HELM      := $(GOBIN)/helm
 HELM_VERSION ?= v3.22.0
 STATICCHECK_VERSION ?= v0.8.2
@@ -31,7 +34,7 @@ GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false \
 export KUBE_APISERVER_BIN := $(abspath $(APISERVER))
 export HELM_BIN := $(HELM)
 
-.PHONY: all build image chart version test test-unit bench demo lint update-golden fuzz kube-apiserver helm staticcheck clean istio pilot-agent istio-manifests standin
+.PHONY: all build image chart version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-manifests standin
 
 all: build
 
@@ -58,7 +61,7 @@ version:
 	@echo $(VERSION)
 
 ## test: everything CI runs — lint, all tests (kernel tests need root), short fuzzing.
-test: build kube-apiserver helm lint
+test: build kube-binaries helm lint
 	$(GO) test -count=1 -timeout 40m ./...
 	$(MAKE) fuzz
 
@@ -77,6 +80,12 @@ bench: build
 	$(GO) test -run '^$$' -bench WholeProcess -benchtime 30x ./cmd/redirect/
 	sleep 5
 	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./cmd/nftmesh-cni/
+
+## e2e-cluster: a real single-node Kubernetes v1.35.4 cluster (kubelet,
+## containerd) in private namespaces, the image imported, `helm install` of
+## the chart, pods through the CNI chain; torn down afterwards (root).
+e2e-cluster: kube-binaries helm
+	$(GO) test -count=1 -v -timeout 20m ./e2e/cluster/
 
 ## demo: a throw-away pod netns, real connections, where each one landed.
 demo: build
@@ -131,6 +140,10 @@ istio-manifests: $(CACHE)/istioctl
 standin:
 	@mkdir -p $(BIN)/standin
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o $(BIN)/standin/ ./e2e/cluster/standin/cmd/...
+
+# One go build for all that are missing (build-kube.sh skips the others).
+kube-binaries:
+	./internal/kubetest/build-kube.sh $(CACHE) $(KUBE_BINS)
 
 helm: $(HELM)
 $(HELM):

@@ -1,0 +1,193 @@
+package cluster
+
+// The e2e's assertions, in the order they run against the shared cluster.
+// Tests that need the chart installed call installChart, which installs it
+// once, so each also runs alone with -run.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+const (
+	agentNS        = "nftmesh-system"
+	agentDaemonSet = "nftmesh-agent"
+	startSamples   = 15 // pods per pod → Running figure
+)
+
+var (
+	chartOnce sync.Once
+	chartErr  error
+)
+
+// helmInstallArgs is the README's install command with the node's CNI
+// directories and the locally imported image.
+func helmInstallArgs(c *Cluster) []string {
+	repo, tag, _ := strings.Cut(nftmeshImage, ":")
+	return []string{"install", "nftmesh", filepath.Join(repoDir(), "charts", "nftmesh"),
+		"-n", agentNS, "--create-namespace",
+		"--set", "image.repository=" + repo, "--set", "image.tag=" + tag, "--set", "image.pullPolicy=Never",
+		"--set", "cniBinDir=" + c.CNIBinDir, "--set", "cniConfDir=" + c.CNIConfDir,
+		"--wait", "--timeout", "2m"}
+}
+
+func repoDir() string { return repo }
+
+// installChart installs the chart once for every test that needs it.
+func installChart(t *testing.T, c *Cluster) {
+	t.Helper()
+	chartOnce.Do(func() {
+		t0 := time.Now()
+		_, chartErr = c.Helm(context.Background(), helmInstallArgs(c)...)
+		if chartErr == nil {
+			record("chart: helm install --wait → DaemonSet ready %.2fs", time.Since(t0).Seconds())
+		}
+	})
+	if chartErr != nil {
+		t.Fatalf("helm install: %v", chartErr)
+	}
+}
+
+// TestPodStartWithoutPlugin is the baseline: plain pods through bridge +
+// host-local alone, before the chart puts nftmesh-cni into the chain.
+func TestPodStartWithoutPlugin(t *testing.T) {
+	c := need(t)
+	ctx := context.Background()
+	if _, err := c.Client.AppsV1().DaemonSets(agentNS).Get(ctx, agentDaemonSet, metav1.GetOptions{}); err == nil {
+		t.Skip("skipping: the chart is already installed (this baseline runs before TestHelmInstall)")
+	}
+	ds := c.podStartTimes(ctx, t, "baseline", startSamples)
+	p50, p95 := percentiles(ds)
+	record("pods: create → Running without nftmesh-cni (n=%d): p50 %v p95 %v", len(ds), p50.Round(time.Millisecond), p95.Round(time.Millisecond))
+}
+
+// TestHelmInstall is assertion 1: the chart's DaemonSet becomes Ready, our
+// entry is the last plugin of the node's conflist, the plugin binary is in
+// the node's CNI bin dir, and the agent's /readyz answers 200.
+func TestHelmInstall(t *testing.T) {
+	c := need(t)
+	ctx := context.Background()
+	installChart(t, c)
+
+	ds, err := c.Client.AppsV1().DaemonSets(agentNS).Get(ctx, agentDaemonSet, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ds.Status.DesiredNumberScheduled != 1 || ds.Status.NumberReady != 1 {
+		t.Errorf("DaemonSet %s: desired %d, ready %d; want 1 and 1", agentDaemonSet, ds.Status.DesiredNumberScheduled, ds.Status.NumberReady)
+	}
+
+	conf, err := os.ReadFile(c.PrimaryConflist)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Plugins []map[string]any `json:"plugins"`
+	}
+	if err := json.Unmarshal(conf, &list); err != nil {
+		t.Fatalf("node conflist %s: %v\n%s", c.PrimaryConflist, err, conf)
+	}
+	if n := len(list.Plugins); n < 2 || list.Plugins[n-1]["type"] != "nftmesh-cni" {
+		t.Errorf("nftmesh-cni is not the last plugin of %s:\n%s", c.PrimaryConflist, conf)
+	}
+	for _, p := range list.Plugins[:max(len(list.Plugins)-1, 0)] {
+		if p["type"] == "nftmesh-cni" {
+			t.Errorf("nftmesh-cni appears more than once in %s:\n%s", c.PrimaryConflist, conf)
+		}
+	}
+
+	installed := filepath.Join(c.CNIBinDir, "nftmesh-cni")
+	st, err := os.Lstat(installed)
+	if err != nil {
+		t.Fatalf("plugin binary not in the node's CNI bin dir: %v", err)
+	}
+	if !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
+		t.Errorf("%s is %v, want an executable regular file", installed, st.Mode())
+	}
+	got, _ := os.ReadFile(installed)
+	want, _ := os.ReadFile(filepath.Join(c.Dir, "images", "bin", "nftmesh-cni"))
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s (%d bytes) is not the image's nftmesh-cni (%d bytes)", installed, len(got), len(want))
+	}
+
+	pods, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("agent pods: %v (%d)", err, len(pods.Items))
+	}
+	url := fmt.Sprintf("http://%s:8000/readyz", pods.Items[0].Status.PodIP)
+	resp, err := c.HTTPClient().Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET %s: %d %s", url, resp.StatusCode, body)
+	}
+	t.Logf("agent %s: GET /readyz → %d %s", pods.Items[0].Name, resp.StatusCode, strings.TrimSpace(string(body)))
+}
+
+// agentLogLine waits for the agent's log to hold the plugin's decision line
+// for pod (re-emitted from the plugin's log file) and returns it.
+func (c *Cluster) agentLogLine(ctx context.Context, t *testing.T, ns, pod, verb string) map[string]any {
+	t.Helper()
+	var found map[string]any
+	var last string
+	err := c.poll(ctx, 20*time.Second, "decision line for "+ns+"/"+pod, func() (bool, error) {
+		out, err := c.Kubectl(ctx, "-n", agentNS, "logs", "ds/"+agentDaemonSet)
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		last = out
+		for _, line := range strings.Split(out, "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) != nil {
+				continue
+			}
+			msg, _ := m["message"].(string)
+			if m["component"] == "cni-plugin" && m["pod"] == pod && m["namespace"] == ns && m["decision"] != nil && strings.HasPrefix(msg, verb+" ") {
+				found = m
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("%v\nagent log:\n%s", err, last)
+	}
+	return found
+}
+
+// TestPodThroughPlugin: with the chart installed, plain pods start through
+// bridge + host-local → nftmesh-cni; the plugin logs its decision for each
+// (skip: not in a mesh), and the agent re-emits it.
+func TestPodThroughPlugin(t *testing.T) {
+	c := need(t)
+	ctx := context.Background()
+	installChart(t, c)
+	ds := c.podStartTimes(ctx, t, "chained", startSamples)
+	p50, p95 := percentiles(ds)
+	record("pods: create → Running with nftmesh-cni in the chain (n=%d): p50 %v p95 %v", len(ds), p50.Round(time.Millisecond), p95.Round(time.Millisecond))
+	for i := 0; i < startSamples; i++ {
+		line := c.agentLogLine(ctx, t, "default", fmt.Sprintf("chained-%d", i), "ADD")
+		if line["decision"] != "skip" {
+			t.Errorf("plain pod chained-%d: decision %v, want skip: %v", i, line["decision"], line)
+		}
+		if i == 0 {
+			t.Logf("decision line: %v", line)
+		}
+	}
+}
