@@ -35,7 +35,8 @@ const (
 	apiServiceIP = "10.96.0.1"
 	apiServer    = "https://127.0.0.1:6443" // as seen inside the node's namespace
 	pauseImage   = "localhost/pause:e2e"
-	nftmeshImage = "localhost/nftmesh:e2e"
+	nftmeshTag   = "e2e"
+	nftmeshImage = "localhost/nftmesh:" + nftmeshTag
 	refPluginDir = "/usr/lib/cni" // Debian's containernetworking-plugins
 )
 

@@ -1,8 +1,9 @@
 package cluster
 
-// The e2e's assertions, in the order they run against the shared cluster.
-// Tests that need the chart installed call installChart, which installs it
-// once, so each also runs alone with -run.
+// The e2e's assertions run against the one shared cluster in the order of
+// their files (step1_…, step2_…, step9_uninstall last; go test runs tests
+// in file order). Tests that need the chart call installChart, which
+// installs it once, so each also runs alone with -run.
 
 import (
 	"bytes"
@@ -80,6 +81,27 @@ func TestHelmInstall(t *testing.T) {
 	c := need(t)
 	ctx := context.Background()
 	installChart(t, c)
+
+	// The README's checks, as an operator runs them.
+	if out, err := c.Kubectl(ctx, "-n", agentNS, "rollout", "status", "ds/"+agentDaemonSet, "--timeout=60s"); err != nil {
+		t.Error(err)
+	} else {
+		t.Logf("kubectl rollout status: %s", strings.TrimSpace(out))
+	}
+	logs, err := c.Kubectl(ctx, "-n", agentNS, "logs", "ds/"+agentDaemonSet)
+	if err != nil {
+		t.Error(err)
+	}
+	var installLines []string
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(strings.ToLower(l), "install") {
+			installLines = append(installLines, l)
+		}
+	}
+	if len(installLines) == 0 {
+		t.Errorf("no install line in the agent's log:\n%s", logs)
+	}
+	t.Logf("agent log, install lines:\n%s", strings.Join(installLines, "\n"))
 
 	ds, err := c.Client.AppsV1().DaemonSets(agentNS).Get(ctx, agentDaemonSet, metav1.GetOptions{})
 	if err != nil {

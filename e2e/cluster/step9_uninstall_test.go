@@ -1,0 +1,64 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestHelmUninstall is assertion 6, the last step: `helm uninstall` takes
+// our entry and binary off the node, the primary's conflist is byte for
+// byte what it was before the install, and a new pod outside the mesh
+// starts normally through the primary alone.
+func TestHelmUninstall(t *testing.T) {
+	c := need(t)
+	ctx := context.Background()
+	installChart(t, c)
+
+	t0 := time.Now()
+	if _, err := c.Helm(ctx, "uninstall", "nftmesh", "-n", agentNS, "--wait", "--timeout", "2m"); err != nil {
+		t.Fatal(err)
+	}
+	// The agent restores the config on SIGTERM; helm returns once the
+	// DaemonSet is gone, its pod may still be terminating.
+	if err := c.poll(ctx, 60*time.Second, "agent pods gone", func() (bool, error) {
+		l, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})
+		return err == nil && len(l.Items) == 0, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	record("chart: helm uninstall → agent gone %.2fs", time.Since(t0).Seconds())
+
+	got, err := os.ReadFile(c.PrimaryConflist)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, []byte(primaryConflist)) {
+		t.Errorf("%s after uninstall is not the original:\n--- got\n%s\n--- want\n%s", c.PrimaryConflist, got, primaryConflist)
+	}
+	ents, err := os.ReadDir(c.CNIConfDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != 1 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("CNI conf dir holds %v, want only %s", names, filepath.Base(c.PrimaryConflist))
+	}
+	if _, err := os.Lstat(filepath.Join(c.CNIBinDir, "nftmesh-cni")); !os.IsNotExist(err) {
+		t.Errorf("nftmesh-cni still in the node's CNI bin dir after uninstall (%v)", err)
+	}
+
+	p, d, err := c.createAndWait(ctx, plainPod("after-uninstall"), 60*time.Second)
+	if err != nil {
+		t.Fatalf("%v (%s)", err, podState(p))
+	}
+	t.Logf("plain pod after uninstall: Running in %v", d.Round(time.Millisecond))
+}
