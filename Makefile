@@ -33,6 +33,9 @@ GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false \
 	-ldflags="-s -w -buildid= -X github.com/nftmesh/nftmesh/internal/version.Version=$(VERSION)"
 export KUBE_APISERVER_BIN := $(abspath $(APISERVER))
 export HELM_BIN := $(HELM)
+# The image e2e/cluster imports into its node's containerd.
+export NFTMESH_IMAGE_TAR := $(abspath $(BIN)/nftmesh-image.tar)
+export NFTMESH_IMAGE := $(IMAGE)
 
 .PHONY: all build image chart version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-manifests standin
 
@@ -61,7 +64,7 @@ version:
 	@echo $(VERSION)
 
 ## test: everything CI runs — lint, all tests (kernel tests need root), short fuzzing.
-test: build kube-binaries helm lint
+test: build image kube-binaries helm lint
 	$(GO) test -count=1 -timeout 40m ./...
 	$(MAKE) fuzz
 
@@ -84,7 +87,7 @@ bench: build
 ## e2e-cluster: a real single-node Kubernetes v1.35.4 cluster (kubelet,
 ## containerd) in private namespaces, the image imported, `helm install` of
 ## the chart, pods through the CNI chain; torn down afterwards (root).
-e2e-cluster: kube-binaries helm
+e2e-cluster: image kube-binaries helm
 	$(GO) test -count=1 -v -timeout 20m ./e2e/cluster/
 
 ## demo: a throw-away pod netns, real connections, where each one landed.

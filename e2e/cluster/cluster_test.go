@@ -35,8 +35,6 @@ const (
 	apiServiceIP = "10.96.0.1"
 	apiServer    = "https://127.0.0.1:6443" // as seen inside the node's namespace
 	pauseImage   = "localhost/pause:e2e"
-	nftmeshTag   = "e2e"
-	nftmeshImage = "localhost/nftmesh:" + nftmeshTag
 	refPluginDir = "/usr/lib/cni" // Debian's containernetworking-plugins
 )
 
@@ -153,6 +151,7 @@ type Cluster struct {
 	cgroupName string
 	dialer     *netnsDialer
 	tokens     map[string]string
+	logf       func(string, ...any)
 
 	mu         sync.Mutex
 	components []*component
@@ -166,13 +165,15 @@ type Cluster struct {
 	PrimaryConflist       string // the primary CNI's config, as written at start
 }
 
-// New prepares a cluster with its state in dir; nothing runs yet.
-func New(bin binaries, dir string) *Cluster {
+// New prepares a cluster with its state in dir; nothing runs yet. logf
+// gets the timing of each step of Start and Stop.
+func New(bin binaries, dir string, logf func(string, ...any)) *Cluster {
 	return &Cluster{
 		Dir:        dir,
 		bin:        bin,
 		cgroupName: "nftmesh-e2e-" + randomHex(4),
 		tokens:     map[string]string{},
+		logf:       logf,
 		CNIBinDir:  filepath.Join(dir, "cni", "bin"),
 		CNIConfDir: filepath.Join(dir, "cni", "net.d"),
 	}
@@ -181,13 +182,13 @@ func New(bin binaries, dir string) *Cluster {
 // Start brings the node up step by step and returns once the node is Ready
 // and ServiceAccount default/default exists. Whatever it started, Stop
 // stops, also when Start failed or is still running.
-func (c *Cluster) Start(ctx context.Context, images []string, logf func(string, ...any)) error {
+func (c *Cluster) Start(ctx context.Context, images []string) error {
 	step := func(name string, f func() error) error {
 		t0 := time.Now()
 		if err := f(); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		logf("cluster: %-28s %6.2fs", name, time.Since(t0).Seconds())
+		c.logf("cluster: %-28s %6.2fs", name, time.Since(t0).Seconds())
 		return nil
 	}
 	for _, s := range []struct {
@@ -862,6 +863,8 @@ func (c *Cluster) stop() error {
 	}
 	var errs []error
 	stop := func(names ...string) {
+		t0 := time.Now()
+		defer func() { c.logf("cluster: stopped %-40s %6.2fs", strings.Join(names, ", "), time.Since(t0).Seconds()) }()
 		var wg sync.WaitGroup
 		for _, n := range names {
 			if comp := byName[n]; comp != nil {
@@ -872,7 +875,9 @@ func (c *Cluster) stop() error {
 		wg.Wait()
 	}
 	stop("kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager")
+	t0 := time.Now()
 	c.killCgroupProcs()
+	c.logf("cluster: killed the pods' processes %6.2fs", time.Since(t0).Seconds())
 	stop("containerd")
 	if c.holderPID > 0 {
 		c.killNamespaceProcs()

@@ -1,10 +1,15 @@
 package cluster
 
 import (
+	"archive/tar"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/nftmesh/nftmesh/internal/imagebuild"
 )
@@ -24,21 +29,20 @@ func goBuild(repo, pkg, out string) error {
 	return nil
 }
 
-// buildImages builds the pause image (the pod sandbox, not reachable
-// offline) and the nftmesh image from the working tree, and returns the
-// docker-archive tarballs to import.
+// nftmeshImage is the image the chart runs: `make image`'s IMAGE when the
+// Makefile passes NFTMESH_IMAGE_TAR and NFTMESH_IMAGE, else one built here
+// from the working tree with the same library.
+var nftmeshImage = "localhost/nftmesh:e2e-dev"
+
+// buildImages builds the pause image (the pod sandbox: Kubernetes' own is
+// not reachable offline) and, unless `make image` built it, the nftmesh
+// image, and returns the docker-archive tarballs to import.
 func buildImages(repo, dir string) ([]string, error) {
 	binDir := filepath.Join(dir, "images", "bin")
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating image directory: %w", err)
 	}
-	bins := map[string][]byte{}
-	for name, pkg := range map[string]string{
-		"pause":         "./e2e/cluster/standin/cmd/pause",
-		"nftmesh-agent": "./cmd/nftmesh-agent",
-		"nftmesh-cni":   "./cmd/nftmesh-cni",
-		"redirect":      "./cmd/redirect",
-	} {
+	build := func(name, pkg string) ([]byte, error) {
 		out := filepath.Join(binDir, name)
 		if err := goBuild(repo, pkg, out); err != nil {
 			return nil, err
@@ -47,10 +51,13 @@ func buildImages(repo, dir string) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading %s: %w", out, err)
 		}
-		bins[name] = data
+		return data, nil
 	}
-
-	pause, err := imagebuild.Build([]imagebuild.File{{Path: "/pause", Mode: 0o755, Data: bins["pause"]}},
+	pauseBin, err := build("pause", "./e2e/cluster/standin/cmd/pause")
+	if err != nil {
+		return nil, err
+	}
+	pause, err := imagebuild.Build([]imagebuild.File{{Path: "/pause", Mode: 0o755, Data: pauseBin}},
 		imagebuild.Config{Entrypoint: []string{"/pause"}, User: "65535:65535"})
 	if err != nil {
 		return nil, fmt.Errorf("building the pause image: %w", err)
@@ -60,9 +67,31 @@ func buildImages(repo, dir string) ([]string, error) {
 		return nil, err
 	}
 
+	if tar := os.Getenv("NFTMESH_IMAGE_TAR"); tar != "" {
+		ref := os.Getenv("NFTMESH_IMAGE")
+		if ref == "" {
+			return nil, fmt.Errorf("NFTMESH_IMAGE_TAR=%s is set but NFTMESH_IMAGE (its tag) is not", tar)
+		}
+		if _, err := os.Stat(tar); err != nil {
+			return nil, fmt.Errorf("the nftmesh image (make image): %w", err)
+		}
+		nftmeshImage = ref
+		return []string{pauseTar, tar}, nil
+	}
+	bins := map[string][]byte{}
+	for name, pkg := range map[string]string{
+		"nftmesh-agent": "./cmd/nftmesh-agent",
+		"nftmesh-cni":   "./cmd/nftmesh-cni",
+		"redirect":      "./cmd/redirect",
+	} {
+		if bins[name], err = build(name, pkg); err != nil {
+			return nil, err
+		}
+	}
+	_, version, _ := strings.Cut(nftmeshImage, ":")
 	nftmesh, err := imagebuild.Nftmesh(imagebuild.Binaries{
 		Agent: bins["nftmesh-agent"], Plugin: bins["nftmesh-cni"], Redirect: bins["redirect"],
-	}, imagebuild.Meta{Version: nftmeshTag})
+	}, imagebuild.Meta{Version: version})
 	if err != nil {
 		return nil, err
 	}
@@ -71,4 +100,37 @@ func buildImages(repo, dir string) ([]string, error) {
 		return nil, err
 	}
 	return []string{pauseTar, nftmeshTar}, nil
+}
+
+// fileInImage returns a file's content from a docker-archive's only image.
+func fileInImage(archive, path string) ([]byte, error) {
+	img, err := tarball.ImageFromPath(archive, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading image %s: %w", archive, err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		return nil, fmt.Errorf("reading layers of %s: %w", archive, err)
+	}
+	want := strings.TrimPrefix(path, "/")
+	for _, l := range layers {
+		rc, err := l.Uncompressed()
+		if err != nil {
+			return nil, fmt.Errorf("reading a layer of %s: %w", archive, err)
+		}
+		tr := tar.NewReader(rc)
+		for {
+			h, err := tr.Next()
+			if err != nil {
+				break
+			}
+			if strings.TrimPrefix(h.Name, "./") == want {
+				data, err := io.ReadAll(tr)
+				rc.Close()
+				return data, err
+			}
+		}
+		rc.Close()
+	}
+	return nil, fmt.Errorf("%s not in image %s", path, archive)
 }

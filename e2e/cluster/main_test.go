@@ -24,6 +24,8 @@ var (
 	skipReason string // not root, -short, or binaries missing outside CI
 	failReason string // binaries missing under CI=true
 	repo       string
+	// imageArchive is the nftmesh image's docker-archive the node imported.
+	imageArchive string
 
 	timingsMu sync.Mutex
 	timings   []string // "cluster up", "teardown", ... for the report
@@ -73,7 +75,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	before := machineState()
-	cl = New(bin, dir)
+	cl = New(bin, dir, record)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
@@ -129,9 +131,10 @@ func run(m *testing.M) int {
 	t0 := time.Now()
 	images, err := buildImages(repo, dir)
 	if err == nil {
+		imageArchive = images[len(images)-1]
 		record("cluster: images built %.2fs", time.Since(t0).Seconds())
 		t0 = time.Now()
-		err = cl.Start(ctx, images, func(f string, a ...any) { record(f, a...) })
+		err = cl.Start(ctx, images)
 	}
 	if err != nil {
 		setupErr = err
@@ -204,7 +207,7 @@ func TestClusterUp(t *testing.T) {
 	if !strings.Contains(out, nodeName) || !strings.Contains(out, " Ready ") {
 		t.Errorf("node %s not Ready in kubectl's view:\n%s", nodeName, out)
 	}
-	if out, err = c.Kubectl(ctx, "get", "serviceaccount", "default", "-n", "default"); err != nil {
+	if _, err = c.Kubectl(ctx, "get", "serviceaccount", "default", "-n", "default"); err != nil {
 		t.Error(err)
 	}
 	// The node's network lives only in the holder: the machine has no cni0

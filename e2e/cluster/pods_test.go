@@ -10,7 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
@@ -163,5 +162,3 @@ func percentiles(ds []time.Duration) (p50, p95 time.Duration) {
 	}
 	return rank(0.50), rank(0.95)
 }
-
-func isNotFound(err error) bool { return apierrors.IsNotFound(err) }

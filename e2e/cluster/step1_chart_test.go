@@ -13,6 +13,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -139,9 +140,17 @@ func TestHelmInstall(t *testing.T) {
 		t.Errorf("%s is %v, want an executable regular file", installed, st.Mode())
 	}
 	got, _ := os.ReadFile(installed)
-	want, _ := os.ReadFile(filepath.Join(c.Dir, "images", "bin", "nftmesh-cni"))
+	want, err := fileInImage(imageArchive, "/opt/cni/bin/nftmesh-cni")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !bytes.Equal(got, want) {
 		t.Errorf("%s (%d bytes) is not the image's nftmesh-cni (%d bytes)", installed, len(got), len(want))
+	}
+
+	_, version, _ := strings.Cut(nftmeshImage, ":")
+	if out, err := exec.Command(installed, "--version").CombinedOutput(); err != nil || !strings.Contains(string(out), version) {
+		t.Errorf("%s --version: %q (%v), want version %s", installed, out, err, version)
 	}
 
 	pods, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})
