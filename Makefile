@@ -64,7 +64,9 @@ version:
 	@echo $(VERSION)
 
 ## test: everything CI runs — lint, all tests (kernel tests need root), short fuzzing.
-test: build image kube-binaries helm lint
+## pilot-agent (Istio's, from the module proxy) runs the injected pods'
+## istio-validation in internal/istiotest's netns test.
+test: build image kube-binaries pilot-agent helm lint
 	$(GO) test -count=1 -timeout 40m ./...
 	$(MAKE) fuzz
 
