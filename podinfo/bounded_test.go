@@ -47,10 +47,10 @@ func TestHugeValuesBounded(t *testing.T) {
 		{"pod name in a manifest", func() error {
 			p := meshPod()
 			p.Name = huge
-			p.Annotations[redirect.AnnotationInterceptionMode] = "NONE"
+			p.Annotations[redirect.AnnotationInterceptionMode] = "BOGUS"
 			_, _, _, err := FromPod(p)
 			return err
-		}, []string{"reading capture settings of pod", cut, `"NONE"`}},
+		}, []string{"reading capture settings of pod", cut, `"BOGUS"`}},
 		{"manifest kind", func() error {
 			_, err := ParsePod([]byte("kind: " + huge + "\n"))
 			return err

@@ -28,6 +28,7 @@ const (
 	ReasonInjectLabelFalse    = meshpod.ReasonInjectLabelFalse
 	ReasonInjectAnnotationOff = meshpod.ReasonInjectAnnotationOff
 	ReasonNotInjected         = meshpod.ReasonNotInjected
+	ReasonInterceptionNone    = meshpod.ReasonInterceptionNone
 	ReasonInvalid             = meshpod.ReasonInvalid
 	ReasonInMesh              = meshpod.ReasonInMesh
 )

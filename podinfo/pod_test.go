@@ -120,6 +120,20 @@ func TestFromPodSelection(t *testing.T) {
 		{"no status annotation", func(p *corev1.Pod) { p.Annotations = nil }, false, ReasonNotInjected},
 		{"empty status annotation still counts", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationSidecarStatus] = "" }, true, ReasonInMesh},
 		{"nil labels", func(p *corev1.Pod) { p.Labels = nil }, true, ReasonInMesh},
+		{"interceptionMode NONE", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInterceptionMode] = "NONE" }, false, ReasonInterceptionNone},
+		{"interceptionMode NONE with spaces", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInterceptionMode] = " NONE " }, false, ReasonInterceptionNone},
+		{"interceptionMode NONE skips invalid capture annotations", func(p *corev1.Pod) {
+			p.Annotations[redirect.AnnotationInterceptionMode] = "NONE"
+			p.Annotations[redirect.AnnotationExcludeOutboundIPRanges] = "not-a-cidr"
+		}, false, ReasonInterceptionNone},
+		{"interceptionMode NONE without status is not injected", func(p *corev1.Pod) {
+			p.Annotations = map[string]string{redirect.AnnotationInterceptionMode: "NONE"}
+		}, false, ReasonNotInjected},
+		{"inject=false checked before interceptionMode NONE", func(p *corev1.Pod) {
+			p.Annotations[redirect.AnnotationInterceptionMode] = "NONE"
+			p.Labels[redirect.AnnotationInject] = "false"
+		}, false, ReasonInjectLabelFalse},
+		{"interceptionMode REDIRECT", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInterceptionMode] = "REDIRECT" }, true, ReasonInMesh},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -257,8 +271,8 @@ func TestFromPodBadInput(t *testing.T) {
 			p.Annotations[redirect.AnnotationIncludeInboundPorts] = "70000"
 		}, []string{redirect.AnnotationIncludeInboundPorts, `"70000"`}},
 		{"unknown mode", func(p *corev1.Pod) {
-			p.Annotations[redirect.AnnotationInterceptionMode] = "NONE"
-		}, []string{redirect.AnnotationInterceptionMode, `"NONE"`}},
+			p.Annotations[redirect.AnnotationInterceptionMode] = "BOGUS"
+		}, []string{redirect.AnnotationInterceptionMode, `"BOGUS"`}},
 		{"env and annotation problems reported together", func(p *corev1.Pod) {
 			setEnv(p, EnvDNSCapture, "nope")
 			p.Annotations[redirect.AnnotationExcludeOutboundPorts] = "0"
@@ -315,6 +329,7 @@ func TestSamplePods(t *testing.T) {
 			}
 		}},
 		{"gateway.yaml", false, ReasonNotSidecar, "", nil},
+		{"interception-none.yaml", false, ReasonInterceptionNone, "", nil},
 		{"no-sidecar.yaml", false, ReasonNoProxy, "", nil},
 		{"inject-false.yaml", false, ReasonInjectLabelFalse, "", nil},
 		{"native-sidecar.yaml", true, ReasonInMesh, "", func(t *testing.T, s redirect.Spec) {

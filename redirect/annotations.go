@@ -97,6 +97,16 @@ func ParseAnnotations(base Spec, annotations map[string]string) (Spec, error) {
 	return s, ps.err()
 }
 
+// WantsNoCapture reports whether a pod's annotations ask for no
+// interception (sidecar.istio.io/interceptionMode: NONE, spelled exactly as
+// Istio's injector compares it, spaces around it aside). Such a pod gets no
+// capture rules: it is outside the mesh's capture like a pod without a
+// sidecar, rather than a pod with an invalid mode.
+func WantsNoCapture(annotations map[string]string) bool {
+	v, ok := annotations[AnnotationInterceptionMode]
+	return ok && InterceptionMode(strings.TrimSpace(v)) == ModeNone
+}
+
 // splitList splits a comma-separated annotation value, trimming spaces and
 // dropping empty items (so "80, 443," is two ports).
 func splitList(v string) []string {

@@ -41,6 +41,10 @@ type InterceptionMode string
 const (
 	ModeRedirect InterceptionMode = "REDIRECT"
 	ModeTProxy   InterceptionMode = "TPROXY"
+	// ModeNone is what Istio's injector writes when the pod asks for no
+	// interception at all. It is not a way to capture: a pod that carries it
+	// gets no rules (see WantsNoCapture), so a Spec never holds it.
+	ModeNone InterceptionMode = "NONE"
 )
 
 // PortSelector is a port list that may also be "all ports" ("*").
@@ -240,7 +244,11 @@ func (s Spec) Validate() error {
 }
 
 func (s Spec) validate(ps *problems) {
-	if s.InterceptionMode != ModeRedirect && s.InterceptionMode != ModeTProxy {
+	switch s.InterceptionMode {
+	case ModeRedirect, ModeTProxy:
+	case ModeNone:
+		ps.add(AnnotationInterceptionMode, string(s.InterceptionMode), "means no capture, so there are no rules to build")
+	default:
 		ps.add(AnnotationInterceptionMode, string(s.InterceptionMode), "is not an interception mode (want REDIRECT or TPROXY)")
 	}
 	checkPorts := func(field string, ports []uint16) {

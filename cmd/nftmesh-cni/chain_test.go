@@ -98,6 +98,7 @@ func TestChainPassthrough(t *testing.T) {
 		{"no sidecar", func(t *testing.T) *corev1.Pod { return createPod(t, env.api, loadPod(t, "no-sidecar.yaml")) }, "no istio-proxy container"},
 		{"inject=false", func(t *testing.T) *corev1.Pod { return createPod(t, env.api, loadPod(t, "inject-false.yaml")) }, "inject=false label"},
 		{"gateway", func(t *testing.T) *corev1.Pod { return createPod(t, env.api, loadPod(t, "gateway.yaml")) }, "gateway"},
+		{"interceptionMode NONE", func(t *testing.T) *corev1.Pod { return createPod(t, env.api, loadPod(t, "interception-none.yaml")) }, "interceptionMode NONE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -26,8 +26,8 @@ func TestCLIBadInput(t *testing.T) {
 	}{
 		{"bad cidr", []string{"render", "-a", redirect.AnnotationExcludeOutboundIPRanges + "=10.0.0.1"}, exitUsage,
 			[]string{redirect.AnnotationExcludeOutboundIPRanges, `"10.0.0.1"`, "prefix length"}},
-		{"two problems at once", []string{"render", "-a", redirect.AnnotationIncludeInboundPorts + "=0", "-a", redirect.AnnotationInterceptionMode + "=NONE"}, exitUsage,
-			[]string{"2 problems", `"0"`, `"NONE"`}},
+		{"two problems at once", []string{"render", "-a", redirect.AnnotationIncludeInboundPorts + "=0", "-a", redirect.AnnotationInterceptionMode + "=BOGUS"}, exitUsage,
+			[]string{"2 problems", `"0"`, `"BOGUS"`}},
 		{"not key=value", []string{"render", "-a", "justakey"}, exitUsage, []string{`"justakey"`, "key=value"}},
 		{"unknown annotation", []string{"render", "-a", "traffic.sidecar.istio.io/excludeOutboundIPRange=10.0.0.0/8"}, exitUsage,
 			[]string{"excludeOutboundIPRange", "not a capture annotation"}},
@@ -171,5 +171,28 @@ func TestCLIHugeInputBounded(t *testing.T) {
 				t.Errorf("stderr %.500q does not say the value was cut", errOut)
 			}
 		})
+	}
+}
+
+// TestCLIInterceptionNone: render and validate of a pod (or annotations)
+// asking for interceptionMode NONE print nothing, explain on stderr and exit
+// 4, like any pod the plugin leaves alone.
+func TestCLIInterceptionNone(t *testing.T) {
+	pod := filepath.Join("..", "..", "testdata", "pods", "interception-none.yaml")
+	for _, args := range [][]string{
+		{"render", "--pod", pod},
+		{"render", "--pod", pod, "--format", "iptables"},
+		{"validate", "--pod", pod},
+		{"render", "-a", redirect.AnnotationInterceptionMode + "=NONE"},
+		{"validate", "-a", redirect.AnnotationInterceptionMode + "=NONE", "-a", redirect.AnnotationIncludeInboundPorts + "=80"},
+	} {
+		code, out, errOut := runCLI(t, args...)
+		if code != exitNotInMesh || out != "" || !strings.Contains(errOut, "not in the mesh: interceptionMode NONE") {
+			t.Errorf("%v: exit %d, out %q, err %q; want exit %d and the reason on stderr", args, code, out, errOut, exitNotInMesh)
+		}
+	}
+	code, out, errOut := runCLI(t, "validate", "--pod", pod)
+	if !strings.Contains(errOut, "pod shop/batch-1") {
+		t.Errorf("validate --pod: the error should name the pod: exit %d out %q err %q", code, out, errOut)
 	}
 }

@@ -138,6 +138,10 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 			return resolved{}, usageErr("--annotation %s: not a capture annotation (known: %s)", quote.Value(k), strings.Join(redirect.CaptureAnnotations, ", "))
 		}
 	}
+	if redirect.WantsNoCapture(ann) {
+		// As for a pod with this annotation: no capture, said with exit 4.
+		return resolved{subject: "a pod with these annotations", reason: meshpod.ReasonInterceptionNone}, nil
+	}
 	base := redirect.DefaultSpec()
 	base.IPv6, base.DualStack, base.CaptureDNS, base.DropInvalid = f.ipv6, f.dualStack, f.dns, f.dropInvalid
 	var err error

@@ -76,6 +76,7 @@ func TestRepairPodRefusals(t *testing.T) {
 			return p
 		}, installer.ErrRepairNotNeeded, podinfo.ReasonAgentPod},
 		{"no sidecar", func() *corev1.Pod { return loadPod(t, "no-sidecar.yaml", ip) }, installer.ErrRepairNotNeeded, podinfo.ReasonNoProxy},
+		{"interceptionMode NONE", func() *corev1.Pod { return loadPod(t, "interception-none.yaml", ip) }, installer.ErrRepairNotNeeded, podinfo.ReasonInterceptionNone},
 		{"bad annotation", func() *corev1.Pod { return loadPod(t, "bad-annotation.yaml", ip) }, installer.ErrRepairImpossible, "traffic.sidecar.istio.io"},
 		{"no IP", func() *corev1.Pod { return loadPod(t, "injected.yaml") }, nil, "has no IP yet"},
 		{"bad IP", func() *corev1.Pod {

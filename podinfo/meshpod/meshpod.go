@@ -39,6 +39,7 @@ const (
 	ReasonInjectLabelFalse    = "inject=false label"
 	ReasonInjectAnnotationOff = "inject=false annotation"
 	ReasonNotInjected         = "no sidecar.istio.io/status annotation"
+	ReasonInterceptionNone    = "interceptionMode NONE"
 	ReasonInvalid             = "invalid capture settings"
 	ReasonInMesh              = "injected sidecar"
 )
@@ -76,6 +77,11 @@ type EnvVar struct{ Name, Value string }
 // gateway; sidecar.istio.io/inject false (the label overrides the annotation);
 // no sidecar.istio.io/status annotation means not injected. As in Istio, an
 // unparsable DISABLE_ENVOY or inject value is not a skip.
+//
+// Unlike Istio's plugin, an injected pod whose interceptionMode is NONE is
+// skipped too: the injector writes NONE (and no init container) when the
+// user asks for no interception, so the pod wants no rules; failing its
+// sandbox, as an invalid mode would, helps nobody.
 //
 // For an in-mesh pod the Spec starts from redirect.DefaultSpec, takes the
 // proxy's runAsUser/runAsGroup (0 or unset keeps 1337), its literal env
@@ -128,6 +134,9 @@ func Decide(pod *Pod) (inMesh bool, reason string, spec redirect.Spec, err error
 	}
 	if _, ok := pod.Annotations[redirect.AnnotationSidecarStatus]; !ok {
 		return false, ReasonNotInjected, redirect.Spec{}, nil
+	}
+	if redirect.WantsNoCapture(pod.Annotations) {
+		return false, ReasonInterceptionNone, redirect.Spec{}, nil
 	}
 
 	spec, err = specFor(pod, proxy, env)
