@@ -213,3 +213,36 @@ func captureStderr(t *testing.T, fn func()) string {
 	}()
 	return <-done
 }
+
+// TestChainHugeAnnotation: through libcni, the real API server (which
+// stores up to 256 KiB of annotations) and the real binary, a pod whose
+// capture annotation is 200 KiB of bad CIDRs fails ADD with an error of a
+// few KiB naming the annotation, and the log line is as short; no rules.
+func TestChainHugeAnnotation(t *testing.T) {
+	needEnv(t)
+	h := newHost(t, env.api, env.token)
+	pod := loadPod(t, "injected.yaml")
+	pod.Annotations[redirect.AnnotationExcludeOutboundIPRanges] = strings.Repeat("10.0.0.1,", 200<<10/9)
+	pod = createPod(t, env.api, pod)
+	_, nsPath := newNetns(t, "pod")
+	cl := h.conflist(t, "1.0.0", nil)
+	rt := runtimeConf(pod, nsPath)
+	_, err := h.add(cl, rt)
+	if err == nil {
+		t.Fatal("ADD succeeded for a pod with an invalid annotation")
+	}
+	if msg := err.Error(); len(msg) > 16<<10 || !strings.Contains(msg, redirect.AnnotationExcludeOutboundIPRanges) || !strings.Contains(msg, fmt.Sprintf("%d problems", 200<<10/9)) {
+		t.Errorf("ADD error of %d bytes: %.400s", len(msg), msg)
+	}
+	logged, rerr := os.ReadFile(filepath.Join(h.runDir, LogFileName))
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(logged)), "\n") {
+		if len(line) > 16<<10 {
+			t.Errorf("log line of %d bytes: %.300s", len(line), line)
+		}
+	}
+	assertNoRules(t, nsPath)
+	_ = h.del(cl, rt)
+}
