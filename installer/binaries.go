@@ -21,8 +21,8 @@ type ReadOnlyError struct {
 
 func (e *ReadOnlyError) Error() string {
 	return fmt.Sprintf("installing %s into %s: the directory is read-only (%v); set the chart value cniBinDir "+
-		"(agent flag --cni-bin-dir) to the node's writable CNI bin dir, or install with the platform profile "+
-		"(values-gke.yaml: /home/kubernetes/bin, values-openshift.yaml: /var/lib/cni/bin, values-k3s.yaml, values-microk8s.yaml)",
+		"(agent flag --cni-bin-dir) to the node's writable CNI bin dir, or install with the chart value platform "+
+		"(gke: /home/kubernetes/bin, openshift: /var/lib/cni/bin, k3s, k3d, microk8s, minikube, eks, aks)",
 		PluginName, e.Dir, e.Err)
 }
 

@@ -609,8 +609,8 @@ func TestReadOnlyBinDir(t *testing.T) {
 	if !errors.As(err, &ro) || result != ResultCopyBinaries {
 		t.Fatalf("want a ReadOnlyError, got %v (%s)", err, result)
 	}
-	if !strings.Contains(err.Error(), "cniBinDir") || !strings.Contains(err.Error(), h.bin2) {
-		t.Errorf("error does not name the chart value and dir: %v", err)
+	if !strings.Contains(err.Error(), "cniBinDir") || !strings.Contains(err.Error(), h.bin2) || !strings.Contains(err.Error(), "platform (gke: /home/kubernetes/bin") {
+		t.Errorf("error does not name the chart values and dir: %v", err)
 	}
 }
 
