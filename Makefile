@@ -89,8 +89,9 @@ bench: build
 ## e2e-cluster: a real single-node Kubernetes v1.35.4 cluster (kubelet,
 ## containerd) in private namespaces, the image imported, `helm install` of
 ## the chart, pods through the CNI chain; torn down afterwards (root).
-e2e-cluster: image kube-binaries helm
-	$(GO) test -count=1 -v -timeout 20m ./e2e/cluster/
+## RUN=<regexp> picks assertions (go test -run); the cluster comes up anyway.
+e2e-cluster: image kube-binaries helm pilot-agent
+	$(GO) test -count=1 -v -timeout 20m $(if $(RUN),-run '$(RUN)') ./e2e/cluster/
 
 ## demo: a throw-away pod netns, real connections, where each one landed.
 demo: build
