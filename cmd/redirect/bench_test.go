@@ -37,7 +37,7 @@ func BenchmarkWholeProcess(b *testing.B) {
 	}
 	var nftText, v4, v6 string
 	{
-		code, out, errOut := runCLI(b, "render", "--ipv6", "--format", "nft")
+		code, out, errOut := runCLI(b, "render", "--ipv6", "-o", "nft")
 		if code != 0 {
 			b.Fatal(errOut)
 		}

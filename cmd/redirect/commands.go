@@ -17,11 +17,11 @@ import (
 
 func newRenderCmd() *cobra.Command {
 	var sf specFlags
-	var format string
+	var output string
 	cmd := &cobra.Command{
-		Use:   "render (--pod FILE | --annotation k=v ...) [--format nft|iptables|json|plan] [--ipv6]",
+		Use:   "render (-f FILE | --annotation k=v ...) [-o nft|iptables|json|plan] [--ipv6]",
 		Short: "Print the rules a pod would get (no root needed)",
-		Long: `Formats:
+		Long: `Output formats (-o):
   nft       the nftables ruleset nftmesh installs (nft -f syntax), plus routes as comments
   iptables  the same plan in iptables-save syntax (what the iptables-legacy backend installs);
             with --ipv6 the ip6tables-save part follows
@@ -33,7 +33,7 @@ func newRenderCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out, err := render(p, format)
+			out, err := render(p, output)
 			if err != nil {
 				return err
 			}
@@ -42,14 +42,14 @@ func newRenderCmd() *cobra.Command {
 		},
 	}
 	sf.register(cmd.Flags())
-	cmd.Flags().StringVarP(&format, "format", "f", "nft", "output format: nft, iptables, json or plan")
+	outputFlag(cmd, &output, "nft", "output format: nft, iptables, json or plan")
 	return cmd
 }
 
 func newValidateCmd() *cobra.Command {
 	var sf specFlags
 	cmd := &cobra.Command{
-		Use:   "validate (--pod FILE | --annotation k=v ...)",
+		Use:   "validate (-f FILE | --annotation k=v ...)",
 		Short: "Check a pod's capture settings and report every problem at once",
 		Long:  `Prints "ok" and the resolved settings, or every bad annotation with its value.`,
 		Args:  cobra.NoArgs,
@@ -80,7 +80,7 @@ func newApplyCmd() *cobra.Command {
 	var netns, backend, runDir string
 	var allowOwn bool
 	cmd := &cobra.Command{
-		Use:   "apply --netns PATH (--pod FILE | --annotation k=v ... | --defaults) [--backend auto|nftables|iptables-legacy]",
+		Use:   "apply --netns PATH (-f FILE | --annotation k=v ... | --defaults) [--backend auto|nftables|iptables-legacy]",
 		Short: "Install the capture rules into a network namespace (root)",
 		Long: `Installs the rules in one atomic step, replacing what nftmesh installed there
 before. On failure nothing is left behind. PATH is a netns file such as
@@ -125,9 +125,9 @@ before. On failure nothing is left behind. PATH is a netns file such as
 
 func newInspectCmd() *cobra.Command {
 	var sf specFlags
-	var netns, backend, format, runDir string
+	var netns, backend, output, runDir string
 	cmd := &cobra.Command{
-		Use:   "inspect --netns PATH [--pod FILE | --annotation k=v ...]",
+		Use:   "inspect --netns PATH [-f FILE | --annotation k=v ...]",
 		Short: "Show the capture rules live in a network namespace, or their drift from a pod's plan (root)",
 		Long: `Without a spec, prints what nftmesh installed there. With --pod or --annotation,
 compares the live rules with what that pod should have, prints the differences
@@ -136,6 +136,9 @@ compares the live rules with what that pod should have, prints the differences
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkTarget(netns, backend); err != nil {
 				return err
+			}
+			if !outputFormats[output] {
+				return badOutput(output)
 			}
 			ns, err := capture.OpenForReading(netns)
 			if err != nil {
@@ -155,7 +158,7 @@ compares the live rules with what that pod should have, prints the differences
 					fmt.Fprintf(w, "# no nftmesh capture rules in %s (%s)\n", netns, name)
 					return nil
 				}
-				out, err := render(live, format)
+				out, err := render(live, output)
 				if err != nil {
 					return failure(err)
 				}
@@ -183,7 +186,7 @@ compares the live rules with what that pod should have, prints the differences
 	sf.register(cmd.Flags())
 	cmd.Flags().StringVar(&netns, "netns", "", "network namespace path")
 	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "backend: auto, nftables or iptables-legacy")
-	cmd.Flags().StringVarP(&format, "format", "f", "nft", "output format for the live rules: nft, iptables, json or plan")
+	outputFlag(cmd, &output, "nft", "output format for the live rules: nft, iptables, json or plan")
 	runDirFlag(cmd, &runDir)
 	return cmd
 }
@@ -259,4 +262,23 @@ func checkTarget(netns, backend string) error {
 		return usageErr("--%v", err)
 	}
 	return nil
+}
+
+// outputFlag registers -o/--output, and --format as its deprecated alias
+// (the name before kubectl's -o became the habit; -f is --pod, as
+// kubectl's -f is a file).
+func outputFlag(cmd *cobra.Command, output *string, def, usage string) {
+	cmd.Flags().StringVarP(output, "output", "o", def, usage)
+	cmd.Flags().StringVar(output, "format", def, usage)
+	// Hidden rather than MarkDeprecated: pflag prints that notice on the
+	// command's stdout, into the rules or JSON; warnDeprecated writes it to
+	// stderr.
+	_ = cmd.Flags().MarkHidden("format")
+}
+
+// warnDeprecated tells on stderr that a deprecated flag was used.
+func warnDeprecated(cmd *cobra.Command, _ []string) {
+	if f := cmd.Flags().Lookup("format"); f != nil && f.Changed {
+		fmt.Fprintln(cmd.ErrOrStderr(), "redirect: --format is deprecated, use -o/--output")
+	}
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/nftmesh/nftmesh/internal/version"
 )
 
-// Exit codes, documented in --help.
+// Exit codes, documented in the root command's --help.
 const (
 	exitOK        = 0
 	exitFailure   = 1 // the kernel or the system refused (apply, read back, remove)
@@ -78,14 +78,17 @@ istio-proxy container) into nftables rules inside a network namespace, exactly a
 the nftmesh CNI plugin does, without Kubernetes and without any iptables or nft binary.
 
 ` + exitCodesHelp,
-		Version:       version.Get(),
-		SilenceUsage:  true,
-		SilenceErrors: true,
+		Version:          version.Get(),
+		SilenceUsage:     true,
+		SilenceErrors:    true,
+		PersistentPreRun: warnDeprecated,
 	}
 	root.SetVersionTemplate(version.Line("redirect") + "\n")
 	root.AddCommand(newRenderCmd(), newValidateCmd(), newApplyCmd(), newInspectCmd(), newCleanCmd(), newDemoCmd())
 	for _, c := range root.Commands() {
-		c.Long = c.Short + ".\n\n" + c.Long + "\n\n" + exitCodesHelp
+		// The exit codes are the same for every command: the root's help
+		// holds the one table, each command's help points at it.
+		c.Long = c.Short + ".\n\n" + c.Long + "\n\nExit codes: see redirect --help."
 	}
 	return root
 }

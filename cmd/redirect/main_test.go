@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -34,7 +35,9 @@ func TestCLIBadInput(t *testing.T) {
 		{"annotation twice", []string{"render", "-a", redirect.AnnotationIncludeInboundPorts + "=80", "-a", redirect.AnnotationIncludeInboundPorts + "=81"}, exitUsage, []string{"twice"}},
 		{"bad uid", []string{"render", "--proxy-uid", "abc"}, exitUsage, []string{"--proxy-uid", `"abc"`}},
 		{"uid zero", []string{"render", "--proxy-uid", "0"}, exitUsage, []string{"--proxy-uid", `"0"`}},
-		{"bad format", []string{"render", "--format", "yaml"}, exitUsage, []string{"--format", `"yaml"`}},
+		{"bad format", []string{"render", "-o", "yaml"}, exitUsage, []string{"--output", `"yaml"`}},
+		{"bad inspect format", []string{"inspect", "--netns", "/proc/self/ns/net", "-o", "yaml"}, exitUsage, []string{"--output", `"yaml"`}},
+		{"-f is the file, not the format", []string{"render", "-f", "json"}, exitUsage, []string{"json", "-o json"}},
 		{"unknown flag", []string{"render", "--bogus"}, exitUsage, []string{"bogus"}},
 		{"pod and annotation", []string{"render", "--pod", "x.yaml", "-a", redirect.AnnotationIncludeInboundPorts + "=80"}, exitUsage, []string{"--pod and --annotation"}},
 		{"pod and proxy flag", []string{"render", "--pod", "x.yaml", "--dns-capture"}, exitUsage, []string{"--dns-capture", "--pod"}},
@@ -67,13 +70,13 @@ func TestCLIBadInput(t *testing.T) {
 
 func TestCLIRenderFormats(t *testing.T) {
 	for _, f := range []string{"nft", "iptables", "json", "plan"} {
-		code, out, errOut := runCLI(t, "render", "--ipv6", "--format", f, "-a", redirect.AnnotationExcludeOutboundIPRanges+"=192.0.2.0/24,2001:db8::/32")
+		code, out, errOut := runCLI(t, "render", "--ipv6", "-o", f, "-a", redirect.AnnotationExcludeOutboundIPRanges+"=192.0.2.0/24,2001:db8::/32")
 		if code != 0 {
-			t.Fatalf("render --format %s: exit %d: %s", f, code, errOut)
+			t.Fatalf("render -o %s: exit %d: %s", f, code, errOut)
 		}
 		for _, want := range []string{"192.0.2.0/24", "2001:db8::/32"} {
 			if !strings.Contains(out, want) {
-				t.Errorf("render --format %s lacks %s:\n%s", f, want, out)
+				t.Errorf("render -o %s lacks %s:\n%s", f, want, out)
 			}
 		}
 	}
@@ -128,7 +131,7 @@ func FuzzCLIAnnotationFlags(f *testing.F) {
 		if flag != "--proxy-uid" && flag != "--proxy-gid" {
 			flag = "--proxy-uid"
 		}
-		code, _, errOut := runCLI(t, "render", "--format", "plan", "-a", ann, flag, val)
+		code, _, errOut := runCLI(t, "render", "-o", "plan", "-a", ann, flag, val)
 		if code != exitOK && code != exitUsage {
 			t.Fatalf("exit %d for %q %s %q: %s", code, ann, flag, val, errOut)
 		}
@@ -152,7 +155,7 @@ func TestCLIHugeInputBounded(t *testing.T) {
 		{"not key=value", []string{"render", "-a", huge}, []string{"--annotation", "key=value"}},
 		{"unknown annotation", []string{"render", "-a", huge + "=1"}, []string{"not a capture annotation"}},
 		{"proxy uid", []string{"render", "--proxy-uid", huge}, []string{"--proxy-uid"}},
-		{"format", []string{"render", "--format", huge}, []string{"--format"}},
+		{"format", []string{"render", "-o", huge}, []string{"--output"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, errOut := runCLI(t, tc.args...)
@@ -181,7 +184,7 @@ func TestCLIInterceptionNone(t *testing.T) {
 	pod := filepath.Join("..", "..", "testdata", "pods", "interception-none.yaml")
 	for _, args := range [][]string{
 		{"render", "--pod", pod},
-		{"render", "--pod", pod, "--format", "iptables"},
+		{"render", "--pod", pod, "-o", "iptables"},
 		{"validate", "--pod", pod},
 		{"render", "-a", redirect.AnnotationInterceptionMode + "=NONE"},
 		{"validate", "-a", redirect.AnnotationInterceptionMode + "=NONE", "-a", redirect.AnnotationIncludeInboundPorts + "=80"},
@@ -194,5 +197,52 @@ func TestCLIInterceptionNone(t *testing.T) {
 	code, out, errOut := runCLI(t, "validate", "--pod", pod)
 	if !strings.Contains(errOut, "pod shop/batch-1") {
 		t.Errorf("validate --pod: the error should name the pod: exit %d out %q err %q", code, out, errOut)
+	}
+}
+
+// TestCLIOutputFlag: -o/--output choose the format as in kubectl; --format
+// still works but says it is deprecated; -f is the Pod manifest, as
+// kubectl's -f is a file.
+func TestCLIOutputFlag(t *testing.T) {
+	pod := filepath.Join("..", "..", "testdata", "pods", "injected.yaml")
+	_, want, _ := runCLI(t, "render", "--pod", pod, "--output", "plan")
+	if !strings.Contains(want, "chain ") {
+		t.Fatalf("render --output plan: %q", want)
+	}
+	for _, args := range [][]string{
+		{"render", "-f", pod, "-o", "plan"},
+		{"render", "--pod", pod, "-o=plan"},
+		{"render", "-f", pod, "--format", "plan"},
+	} {
+		code, out, errOut := runCLI(t, args...)
+		if code != exitOK || out != want {
+			t.Errorf("%v: exit %d, stdout differs from --output plan (stderr %q)", args, code, errOut)
+		}
+		deprecated := strings.Contains(errOut, "--format is deprecated, use -o/--output")
+		if deprecated != slices.Contains(args, "--format") {
+			t.Errorf("%v: stderr %q", args, errOut)
+		}
+	}
+	_, help, _ := runCLI(t, "render", "--help")
+	if !strings.Contains(help, "-o, --output") || !strings.Contains(help, "-f, --pod") || strings.Contains(help, "--format") {
+		t.Errorf("render --help does not show -o/--output and -f/--pod only:\n%s", help)
+	}
+}
+
+// TestCLIExitCodesOnce: the exit-code table is in the root help only; each
+// command's help points at it.
+func TestCLIExitCodesOnce(t *testing.T) {
+	_, root, _ := runCLI(t, "--help")
+	if strings.Count(root, "Exit codes:") != 1 || !strings.Contains(root, "3  inspect --pod") {
+		t.Errorf("root --help should hold the table once:\n%s", root)
+	}
+	for _, c := range newRoot().Commands() {
+		if c.Name() == "help" || c.Name() == "completion" {
+			continue
+		}
+		_, help, _ := runCLI(t, c.Name(), "--help")
+		if strings.Contains(help, "3  inspect --pod") || !strings.Contains(help, "Exit codes: see redirect --help") {
+			t.Errorf("%s --help repeats the table or does not point at it:\n%s", c.Name(), help)
+		}
 	}
 }

@@ -11,6 +11,9 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
+// outputFormats are the values -o takes for rules and plans.
+var outputFormats = map[string]bool{"nft": true, "iptables": true, "json": true, "plan": true}
+
 func render(p redirect.Plan, format string) (string, error) {
 	switch format {
 	case "nft":
@@ -26,7 +29,11 @@ func render(p redirect.Plan, format string) (string, error) {
 	case "plan":
 		return strings.Join(redirect.Describe(p), "\n") + "\n", nil
 	}
-	return "", usageErr("--format %s: want nft, iptables, json or plan", quote.Value(format))
+	return "", badOutput(format)
+}
+
+func badOutput(format string) error {
+	return usageErr("--output %s: want nft, iptables, json or plan", quote.Value(format))
 }
 
 // planJSON gives matches and verdicts a "type" field so the JSON is

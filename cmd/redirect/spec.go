@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -34,7 +36,7 @@ type specFlags struct {
 }
 
 func (f *specFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.pod, "pod", "", "Pod manifest (YAML or JSON; - reads standard input) to take the spec from, as the CNI plugin would")
+	fs.StringVarP(&f.pod, "pod", "f", "", "Pod manifest (YAML or JSON; - reads standard input) to take the spec from, as the CNI plugin would")
 	fs.StringVar(&f.name, "name", "", "with --pod: the Pod to take when the manifest holds several (documents or a List), as NAME or NAMESPACE/NAME")
 	fs.StringArrayVarP(&f.annotations, "annotation", "a", nil, "pod annotation `key=value` (repeatable), e.g. traffic.sidecar.istio.io/excludeOutboundIPRanges=10.0.0.0/8")
 	fs.BoolVar(&f.ipv6, "ipv6", false, "also capture IPv6 and add ::6/128 to lo; with --netns the default is decided from the namespace's addresses as Istio does")
@@ -59,7 +61,12 @@ var stdin io.Reader = os.Stdin
 // picks the Pod --name names.
 func (f *specFlags) readPod() (*meshpod.Pod, error) {
 	if f.pod != "-" {
-		return meshpod.ReadManifestNamed(f.pod, f.name)
+		pod, err := meshpod.ReadManifestNamed(f.pod, f.name)
+		if errors.Is(err, fs.ErrNotExist) && outputFormats[f.pod] {
+			// -f was the format flag before it became kubectl's file flag.
+			err = fmt.Errorf("%w (-f is the Pod manifest, as in kubectl; the output format is -o %s)", err, f.pod)
+		}
+		return pod, err
 	}
 	data, err := meshpod.ReadCapped(stdin, "from standard input")
 	if err != nil {
