@@ -34,13 +34,15 @@ var (
 	chartErr  error
 )
 
-// helmInstallArgs is the README's install command with the node's CNI
-// directories and the locally imported image.
+// helmInstallArgs is the README's install command with the locally
+// imported image (hub/image:tag, as Istio's charts name them) and the
+// node's CNI directories.
 func helmInstallArgs(c *Cluster) []string {
-	repo, tag, _ := strings.Cut(nftmeshImage, ":")
+	ref, tag, _ := strings.Cut(nftmeshImage, ":")
+	hub, image := filepath.Split(ref)
 	return []string{"install", "nftmesh", filepath.Join(repoDir(), "charts", "nftmesh"),
 		"-n", agentNS, "--create-namespace",
-		"--set", "image.repository=" + repo, "--set", "image.tag=" + tag, "--set", "image.pullPolicy=Never",
+		"--set", "hub=" + strings.TrimSuffix(hub, "/"), "--set", "image=" + image, "--set", "tag=" + tag, "--set", "pullPolicy=Never",
 		"--set", "cniBinDir=" + c.CNIBinDir, "--set", "cniConfDir=" + c.CNIConfDir,
 		"--wait", "--timeout", "2m"}
 }
