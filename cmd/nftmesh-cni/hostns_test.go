@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,9 +17,15 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/internal/kubetest"
+	"github.com/nftmesh/nftmesh/internal/policyroute"
+	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
 // The stand-in host: a child process of the test binary in new PID, network
@@ -44,7 +52,10 @@ type standinJob struct {
 type standinCall struct {
 	// Argv, when set, is a command line run instead of the plugin, with
 	// "{netns}" replaced by the netns path (the redirect CLI).
-	Argv    []string
+	Argv []string
+	// Direct, when set, names a backend verb the stand-in calls itself,
+	// in process, below every pipeline check (see directVerbs).
+	Direct  string
 	Cmd     string
 	Netns   string // CNI_NETNS; "link:X" is a symlink to X made in the stand-in
 	CNIArgs string
@@ -197,7 +208,18 @@ func standinMain() int {
 		}
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
+		var err error
+		if c.Direct != "" {
+			err = directVerbs[c.Direct](netnsPath)
+			if err != nil {
+				errb.WriteString(err.Error())
+				if errors.Is(err, hostns.ErrOwnNetns) {
+					out.WriteString("refused")
+				}
+			}
+		} else {
+			err = cmd.Run()
+		}
 		after, serr := hostState()
 		if serr != nil {
 			return fail(serr)
@@ -206,6 +228,43 @@ func standinMain() int {
 	}
 	_ = enc.Encode(rep)
 	return 0
+}
+
+// directVerbs are the backends' own writing verbs, called with no pipeline
+// in front: each must refuse the host's namespace itself.
+var directVerbs = map[string]func(path string) error{
+	"nft.Apply":     func(p string) error { return nft.New().Apply(context.Background(), p, standinPlan()) },
+	"nft.Remove":    func(p string) error { return nft.New().Remove(context.Background(), p) },
+	"legacy.Apply":  func(p string) error { return legacy.New().Apply(context.Background(), p, standinPlan()) },
+	"legacy.Remove": func(p string) error { return legacy.New().Remove(context.Background(), p) },
+	"policyroute.Apply": func(p string) error {
+		return withFd(p, func(h netns.NsHandle) error { return policyroute.Apply(h, standinPlan(), true) })
+	},
+	"policyroute.Remove": func(p string) error {
+		return withFd(p, policyroute.Remove)
+	},
+}
+
+// standinPlan has TPROXY routes and ::6, so every kind of write is tried.
+func standinPlan() redirect.Plan {
+	s := redirect.DefaultSpec()
+	s.InterceptionMode = redirect.ModeTProxy
+	s.IPv6 = true
+	p, err := redirect.Build(s)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+// withFd opens path plainly (no guard: policyroute must hold on its own).
+func withFd(path string, fn func(netns.NsHandle) error) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return fn(netns.NsHandle(fd))
 }
 
 func forwardUnix(ln net.Listener, sock string) {
@@ -256,7 +315,8 @@ func runStandin(t *testing.T, job standinJob) standinReport {
 // host's own network namespace (PID 1's, the plugin's own, symlinks and a
 // bind mount to them), with every backend, are refused with a CNI error and
 // leave every bit of the host's state as it was, as four independent
-// readers see it; so are `redirect clean` and `redirect apply`.
+// readers see it; so are `redirect clean` and `redirect apply`, and, below
+// the pipeline, each backend's Apply and Remove and the route helper.
 func TestHostNetnsUntouched(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (PID, network and mount namespaces)")
@@ -319,6 +379,12 @@ func TestHostNetnsUntouched(t *testing.T) {
 			}
 		}
 	}
+	// Below the pipeline: each backend and the route helper on their own.
+	for name := range directVerbs {
+		for _, target := range targets {
+			job.Calls = append(job.Calls, standinCall{Direct: name, Netns: target})
+		}
+	}
 	rep := runStandin(t, job)
 	for _, want := range []string{"table inet nftmesh", "fwmark 0x539 lookup 133", "::6/128", "local default dev lo", ":NODE-FOREIGN", ":ISTIO_OUTPUT", ":ISTIO_INBOUND"} {
 		if !strings.Contains(rep.Before, want) {
@@ -330,6 +396,9 @@ func TestHostNetnsUntouched(t *testing.T) {
 	prev := rep.Before
 	for _, r := range rep.Results {
 		name := fmt.Sprintf("%s CNI_NETNS=%s backend=%s", r.Call.Cmd, r.Call.Netns, backendOf(r.Call.Stdin))
+		if r.Call.Direct != "" {
+			name = fmt.Sprintf("%s(%s)", r.Call.Direct, r.Call.Netns)
+		}
 		if len(r.Call.Argv) > 0 {
 			name = fmt.Sprintf("%s (netns %s)", strings.Join(r.Call.Argv[1:], " "), r.Call.Netns)
 		}
@@ -337,6 +406,12 @@ func TestHostNetnsUntouched(t *testing.T) {
 			t.Errorf("%s changed the host's state:\n%s", name, lineDiff(prev, r.After))
 		}
 		prev = r.After
+		if r.Call.Direct != "" {
+			if r.OK || r.Stdout != "refused" {
+				t.Errorf("%s(%s): want an error wrapping hostns.ErrOwnNetns, got ok=%t %s", r.Call.Direct, r.Call.Netns, r.OK, r.Stderr)
+			}
+			continue
+		}
 		if len(r.Call.Argv) > 0 {
 			if r.OK || !strings.Contains(r.Stderr, "host's network namespace") {
 				t.Errorf("%s: want a failure refusing the host's namespace, got ok=%t stderr %s", name, r.OK, r.Stderr)
