@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"syscall"
@@ -293,7 +294,13 @@ func Retryable(err error) bool {
 		return false
 	}
 	// Refused, reset, unreachable, DNS, dial and TLS handshake timeouts, a
-	// connection closed mid-answer.
+	// connection closed mid-answer. Every error of the HTTP client is a
+	// *url.Error, itself a net.Error: what it wraps decides ("server gave
+	// HTTP response to HTTPS client" is final).
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
 	var ne net.Error
 	if errors.As(err, &ne) {
 		return true

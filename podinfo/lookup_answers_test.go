@@ -215,6 +215,23 @@ func TestGetPodGivesUp(t *testing.T) {
 	}
 }
 
+// TestGetPodPlainHTTPServer: a kubeconfig saying https for a server that
+// speaks plain HTTP is a final answer, not a connection to wait for.
+func TestGetPodPlainHTTPServer(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.Add(1) }))
+	t.Cleanup(srv.Close)
+	c, err := NewPodClientForConfig(&rest.Config{Host: "https://" + srv.Listener.Addr().String(), TLSClientConfig: rest.TLSClientConfig{Insecure: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = c.GetPod(context.Background(), "shop", "web-1", "", 20*time.Second)
+	if err == nil || Retryable(err) || !strings.Contains(err.Error(), "HTTP response to HTTPS client") || time.Since(start) > 3*time.Second {
+		t.Fatalf("err = %v (retryable %t) after %v, want a final error at once", err, Retryable(err), time.Since(start))
+	}
+}
+
 func TestRetryable(t *testing.T) {
 	for _, tc := range []struct {
 		err  error

@@ -61,12 +61,16 @@ func clip(s string, n int) (string, int) {
 		return s, 0
 	}
 	end := n
-	// Step back to the start of the rune the bound falls in, so the head
-	// never ends in half a rune (which %q would show as \x escapes). At
-	// most UTFMax-1 bytes: invalid input may hold long runs of
-	// continuation bytes.
-	for end > 0 && end > n-(utf8.UTFMax-1) && !utf8.RuneStart(s[end]) {
-		end--
+	// If the bound falls inside a valid multi-byte rune, cut before that
+	// rune, so the head never ends in half a rune (which %q would show as
+	// \x escapes). Invalid bytes are cut where the bound falls.
+	for i := end - 1; i >= 0 && i > end-utf8.UTFMax; i-- {
+		if utf8.RuneStart(s[i]) {
+			if r, size := utf8.DecodeRuneInString(s[i:]); !(r == utf8.RuneError && size == 1) && i+size > end {
+				end = i
+			}
+			break
+		}
 	}
 	return s[:end], len(s) - end
 }

@@ -20,7 +20,8 @@ func TestValue(t *testing.T) {
 		{"control bytes stay visible", "a\x00\n", 8, `"a\x00\n"`},
 		{"rune not split", "ab€", 3, `"ab"... (3 of 5 bytes cut)`},
 		{"rune fits whole", "ab€d", 5, `"ab€"... (1 of 6 bytes cut)`},
-		{"invalid UTF-8 is cut at the bound", "ab" + strings.Repeat("\x80", 10), 6, `"ab\x80"... (9 of 12 bytes cut)`},
+		{"invalid UTF-8 is cut at the bound", "ab" + strings.Repeat("\x80", 10), 6, `"ab\x80\x80\x80\x80"... (6 of 12 bytes cut)`},
+		{"a stray byte after a whole rune", "0\U00036e36\xb8", 5, `"0\U00036e36"... (1 of 6 bytes cut)`},
 		{"zero bound", "abc", 0, `""... (3 of 3 bytes cut)`},
 		{"1 MiB", long, MaxValue, `"` + long[:MaxValue] + `"... (1048320 of 1048576 bytes cut)`},
 	} {
