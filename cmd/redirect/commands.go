@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nftmesh/nftmesh/capture"
+	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -48,15 +49,31 @@ func newRenderCmd() *cobra.Command {
 
 func newValidateCmd() *cobra.Command {
 	var sf specFlags
+	var output string
 	cmd := &cobra.Command{
-		Use:   "validate (-f FILE | --annotation k=v ...)",
+		Use:   "validate (-f FILE | --annotation k=v ...) [-o text|json]",
 		Short: "Check a pod's capture settings and report every problem at once",
-		Long:  `Prints "ok" and the resolved settings, or every bad annotation with its value.`,
-		Args:  cobra.NoArgs,
+		Long: `Prints "ok" and the resolved settings, or every bad annotation with its value.
+With -o json, prints one JSON document on stdout in every case that reaches the
+settings (valid, invalid, not in the mesh), with the same exit codes.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "text" && output != "json" {
+				return usageErr("--output %s: want text or json", quote.Value(output))
+			}
 			p, r, err := sf.plan(cmd.Flags())
+			if output == "json" {
+				if doc, ok := validateJSON(p, r, err); ok {
+					if werr := writeJSON(cmd.OutOrStdout(), doc); werr != nil {
+						return failure(werr)
+					}
+				}
+			}
 			if err != nil {
 				return err
+			}
+			if output == "json" {
+				return nil
 			}
 			w := cmd.OutOrStdout()
 			s := r.spec
@@ -72,6 +89,7 @@ func newValidateCmd() *cobra.Command {
 		},
 	}
 	sf.register(cmd.Flags())
+	outputFlag(cmd, &output, "text", "output format: text or json")
 	return cmd
 }
 
@@ -131,7 +149,8 @@ func newInspectCmd() *cobra.Command {
 		Short: "Show the capture rules live in a network namespace, or their drift from a pod's plan (root)",
 		Long: `Without a spec, prints what nftmesh installed there. With --pod or --annotation,
 compares the live rules with what that pod should have, prints the differences
-("-" expected but missing, "+" present but unexpected) and exits 3 when they differ.`,
+("-" expected but missing, "+" present but unexpected) and exits 3 when they differ;
+with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drift"}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkTarget(netns, backend); err != nil {
@@ -154,7 +173,7 @@ compares the live rules with what that pod should have, prints the differences
 				if err != nil {
 					return failure(fmt.Errorf("reading capture rules in %s: %w", netns, err))
 				}
-				if live.Empty() {
+				if live.Empty() && output != "json" {
 					fmt.Fprintf(w, "# no nftmesh capture rules in %s (%s)\n", netns, name)
 					return nil
 				}
@@ -171,6 +190,19 @@ compares the live rules with what that pod should have, prints the differences
 			}
 			name, err := capture.Check(ctx, ns, want, opts)
 			var drift *redirect.DriftError
+			if output == "json" && (err == nil || errors.As(err, &drift)) {
+				doc := inspectDoc{SchemaVersion: schemaVersion, Netns: netns, Subject: r.subject, Backend: name, InSync: err == nil, Drift: []string{}}
+				if drift != nil {
+					doc.Drift = drift.Lines
+				}
+				if werr := writeJSON(w, doc); werr != nil {
+					return failure(werr)
+				}
+				if err == nil {
+					return nil
+				}
+				return &exitError{exitDrift, nil}
+			}
 			switch {
 			case err == nil:
 				fmt.Fprintf(w, "in sync: %s has exactly the capture rules of %s (%s)\n", netns, r.subject, name)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -145,5 +146,55 @@ func TestCLINotANetns(t *testing.T) {
 				t.Errorf("redirect %v: exit %d, %q; want exit %d naming %s and %q", args, code, errOut, exitFailure, path, kind)
 			}
 		}
+	}
+}
+
+// TestCLIInspectJSON: inspect -o json prints the live plan (an empty one in
+// a namespace without our rules) and, with a pod, {inSync, drift} with exit
+// 0 or 3, read back from a real namespace.
+func TestCLIInspectJSON(t *testing.T) {
+	needRoot(t)
+	_, path := newNetns(t)
+	runDir := t.TempDir()
+	pod := filepath.Join("..", "..", "testdata", "pods", "injected.yaml")
+	type planDoc struct {
+		SchemaVersion int              `json:"schemaVersion"`
+		Tables        []map[string]any `json:"tables"`
+	}
+	var empty planDoc
+	code, out, errOut := runCLI(t, "inspect", "--netns", path, "--run-dir", runDir, "--backend", "nftables", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &empty); code != exitOK || err != nil || empty.SchemaVersion != schemaVersion || len(empty.Tables) != 0 {
+		t.Fatalf("inspect -o json of an empty netns: exit %d, %v, %q (stderr %q)", code, err, out, errOut)
+	}
+	if code, _, errOut := runCLI(t, "apply", "--netns", path, "--run-dir", runDir, "--backend", "nftables", "-f", pod); code != exitOK {
+		t.Fatalf("apply: exit %d: %s", code, errOut)
+	}
+	var live planDoc
+	code, out, _ = runCLI(t, "inspect", "--netns", path, "--run-dir", runDir, "--backend", "nftables", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &live); code != exitOK || err != nil || len(live.Tables) == 0 {
+		t.Fatalf("inspect -o json after apply: exit %d, %v, %q", code, err, out)
+	}
+
+	type driftDoc struct {
+		SchemaVersion int      `json:"schemaVersion"`
+		Netns         string   `json:"netns"`
+		Subject       string   `json:"subject"`
+		Backend       string   `json:"backend"`
+		InSync        bool     `json:"inSync"`
+		Drift         []string `json:"drift"`
+	}
+	var d driftDoc
+	code, out, errOut = runCLI(t, "inspect", "--netns", path, "--run-dir", runDir, "--backend", "nftables", "-f", pod, "-o", "json")
+	if err := json.Unmarshal([]byte(out), &d); code != exitOK || err != nil || !d.InSync || d.Drift == nil || len(d.Drift) != 0 || d.Netns != path || d.Subject != "pod shop/web-1" || d.Backend == "" {
+		t.Fatalf("in sync: exit %d, %v, %+v (stderr %q)", code, err, d, errOut)
+	}
+	code, out, errOut = runCLI(t, "inspect", "--netns", path, "--run-dir", runDir, "--backend", "nftables", "-o", "json",
+		"-a", redirect.AnnotationExcludeOutboundIPRanges+"=192.0.2.0/24")
+	d = driftDoc{}
+	if err := json.Unmarshal([]byte(out), &d); code != exitDrift || err != nil || d.InSync || len(d.Drift) == 0 || d.SchemaVersion != schemaVersion {
+		t.Fatalf("drift: exit %d, %v, %+v (stderr %q)", code, err, d, errOut)
+	}
+	if !strings.Contains(strings.Join(d.Drift, "\n"), "192.0.2.0/24") {
+		t.Errorf("drift does not name the missing range: %q", d.Drift)
 	}
 }

@@ -116,7 +116,7 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 		in, reason, spec, err := meshpod.Decide(pod)
 		subject := fmt.Sprintf("pod %s/%s", pod.Namespace, pod.Name)
 		if err != nil {
-			return resolved{}, usageErr("%v", err) // podinfo names the pod
+			return resolved{subject: subject}, usageErr("%w", err) // podinfo names the pod
 		}
 		if fs.Changed("ipv6") {
 			spec.IPv6 = f.ipv6
@@ -160,7 +160,7 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 	}
 	spec, err := redirect.ParseAnnotations(base, ann)
 	if err != nil {
-		return resolved{}, usageErr("%v", err)
+		return resolved{subject: "annotations"}, usageErr("%w", err)
 	}
 	return resolved{spec: spec, inMesh: true, subject: "annotations"}, nil
 }
@@ -211,7 +211,7 @@ func (f *specFlags) planIn(fs *pflag.FlagSet, netns string) (redirect.Plan, reso
 	}
 	p, err := redirect.Build(r.spec)
 	if err != nil {
-		return redirect.Plan{}, r, usageErr("%s: %v", r.subject, err)
+		return redirect.Plan{}, r, usageErr("%s: %w", r.subject, err)
 	}
 	return p, r, nil
 }
