@@ -1,7 +1,7 @@
 package cluster
 
 // The e2e's assertions run against the one shared cluster in the order of
-// their files (step1_…, step2_…, step9_uninstall last; go test runs tests
+// their files (step1_…, step2_…, step8_uninstall, step9_race; go test runs tests
 // in file order). Tests that need the chart call installChart, which
 // installs it once, so each also runs alone with -run.
 
@@ -30,8 +30,8 @@ const (
 )
 
 var (
-	chartOnce sync.Once
-	chartErr  error
+	chartMu        sync.Mutex
+	chartInstalled bool
 )
 
 // helmInstallArgs is the README's install command with the locally
@@ -49,19 +49,36 @@ func helmInstallArgs(c *Cluster) []string {
 
 func repoDir() string { return repo }
 
-// installChart installs the chart once for every test that needs it.
+// installChart installs the chart for every test that needs it, unless it
+// is installed already.
 func installChart(t *testing.T, c *Cluster) {
 	t.Helper()
-	chartOnce.Do(func() {
-		t0 := time.Now()
-		_, chartErr = c.Helm(context.Background(), helmInstallArgs(c)...)
-		if chartErr == nil {
-			record("chart: helm install --wait → DaemonSet ready %.2fs", time.Since(t0).Seconds())
-		}
-	})
-	if chartErr != nil {
-		t.Fatalf("helm install: %v", chartErr)
+	chartMu.Lock()
+	defer chartMu.Unlock()
+	if chartInstalled {
+		return
 	}
+	t0 := time.Now()
+	if _, err := c.Helm(context.Background(), helmInstallArgs(c)...); err != nil {
+		t.Fatalf("helm install: %v", err)
+	}
+	chartInstalled = true
+	record("chart: helm install --wait → DaemonSet ready %.2fs", time.Since(t0).Seconds())
+}
+
+// uninstallChart removes the chart and waits for the agent's pods to be
+// gone (they put the node's CNI config back on their way out).
+func uninstallChart(ctx context.Context, c *Cluster) error {
+	chartMu.Lock()
+	defer chartMu.Unlock()
+	if _, err := c.Helm(ctx, "uninstall", "nftmesh", "-n", agentNS, "--wait", "--timeout", "2m"); err != nil {
+		return err
+	}
+	chartInstalled = false
+	return c.poll(ctx, 60*time.Second, "agent pods gone", func() (bool, error) {
+		l, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})
+		return err == nil && len(l.Items) == 0, nil
+	})
 }
 
 // TestPodStartWithoutPlugin is the baseline: plain pods through bridge +

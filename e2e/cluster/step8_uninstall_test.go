@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // TestHelmUninstall is assertion 6, the last step: `helm uninstall` takes
@@ -21,15 +19,9 @@ func TestHelmUninstall(t *testing.T) {
 	installChart(t, c)
 
 	t0 := time.Now()
-	if _, err := c.Helm(ctx, "uninstall", "nftmesh", "-n", agentNS, "--wait", "--timeout", "2m"); err != nil {
-		t.Fatal(err)
-	}
 	// The agent restores the config on SIGTERM; helm returns once the
 	// DaemonSet is gone, its pod may still be terminating.
-	if err := c.poll(ctx, 60*time.Second, "agent pods gone", func() (bool, error) {
-		l, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})
-		return err == nil && len(l.Items) == 0, nil
-	}); err != nil {
+	if err := uninstallChart(ctx, c); err != nil {
 		t.Fatal(err)
 	}
 	record("chart: helm uninstall → agent gone %.2fs", time.Since(t0).Seconds())
@@ -56,9 +48,14 @@ func TestHelmUninstall(t *testing.T) {
 		t.Errorf("nftmesh-cni still in the node's CNI bin dir after uninstall (%v)", err)
 	}
 
-	p, d, err := c.createAndWait(ctx, plainPod("after-uninstall"), 60*time.Second)
+	pod := plainPod("after-uninstall")
+	pod.Labels["e2e-run"] = "after-uninstall"
+	p, d, err := c.createAndWait(ctx, pod, 60*time.Second)
 	if err != nil {
 		t.Fatalf("%v (%s)", err, podState(p))
 	}
 	t.Logf("plain pod after uninstall: Running in %v", d.Round(time.Millisecond))
+	if err := c.deletePods(ctx, "default", "e2e-run=after-uninstall"); err != nil {
+		t.Fatal(err)
+	}
 }
