@@ -72,14 +72,23 @@ type TestingT interface {
 	Cleanup(func())
 }
 
-// AssertScenario builds a topology for the scenario (with the scenario's
+// ScenarioRun is a scenario applied with a backend in a live topology, and
+// what its probes did.
+type ScenarioRun struct {
+	Spec     redirect.Spec
+	Plan     redirect.Plan
+	Topo     *Topology
+	Outcomes []Outcome
+}
+
+// RunScenario builds a topology for the scenario (with the scenario's
 // address families), checks that Istio's IPv6 decision taken from the
 // addresses the kernel lists there is the scenario's, starts the listeners,
 // applies the scenario's plan with backend into the pod namespace, checks
-// that ::6 is on lo exactly when IPv6 is captured, sends every probe of
-// ExpectedProbes and reports each mismatch with the probe's name, the
-// expected and the actual landing. Everything is removed in t.Cleanup.
-func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario) {
+// that ::6 is on lo exactly when IPv6 is captured, and sends every probe of
+// ExpectedProbes. Everything is removed in t.Cleanup, so the topology stays
+// usable until the test ends.
+func RunScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario) ScenarioRun {
 	t.Helper()
 	spec, err := sc.Spec()
 	if err != nil {
@@ -123,8 +132,17 @@ func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario)
 		t.Errorf("scenario %s, backend %s: %v", sc.Name, backend.Name(), err)
 	}
 	cases := ExpectedProbesFor(&spec, topo)
+	return ScenarioRun{Spec: spec, Plan: plan, Topo: topo, Outcomes: RunProbes(topo, cases)}
+}
+
+// AssertScenario runs the scenario with RunScenario and reports each probe
+// that did not land where ExpectedProbes says, with the probe's name, the
+// expected and the actual landing.
+func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario) {
+	t.Helper()
+	run := RunScenario(t, backend, sc)
 	bad := 0
-	for _, o := range RunProbes(topo, cases) {
+	for _, o := range run.Outcomes {
 		if !o.OK() {
 			bad++
 			t.Errorf("scenario %s, backend %s: MISMATCH %s", sc.Name, backend.Name(), o)
@@ -136,7 +154,7 @@ func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario)
 		}
 		t.Logf("ok %s in %v%s", o, o.Took.Round(time.Millisecond), retry)
 	}
-	t.Logf("scenario %s, backend %s: %d/%d probes as expected", sc.Name, backend.Name(), len(cases)-bad, len(cases))
+	t.Logf("scenario %s, backend %s: %d/%d probes as expected", sc.Name, backend.Name(), len(run.Outcomes)-bad, len(run.Outcomes))
 }
 
 // CheckIPv6Decision reads the pod namespace's addresses as the kernel lists
