@@ -2,6 +2,7 @@ package redirect
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -115,6 +116,10 @@ type Trace struct {
 	Steps   []TraceStep  `json:"steps"`
 	Verdict TraceVerdict `json:"verdict"`
 }
+
+// ErrUnknownSource is returned (wrapped) when a rule the packet reaches
+// matches the source address and the Packet has none.
+var ErrUnknownSource = errors.New("the rule matches the source address, which the packet does not give")
 
 // maxJumpDepth bounds nested jumps, so a plan with a jump loop is an error
 // instead of a hang (the kernel refuses loops when rules are loaded).
@@ -383,7 +388,7 @@ func (t *tracer) match(h Hook, m Match) (bool, error) {
 		a := t.dst.Addr()
 		if m.Source {
 			if !t.src.IsValid() {
-				return false, fmt.Errorf("the rule matches the source address, which is not known (give it)")
+				return false, ErrUnknownSource
 			}
 			a = t.src
 		}

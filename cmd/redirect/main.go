@@ -84,7 +84,7 @@ the nftmesh CNI plugin does, without Kubernetes and without any iptables or nft 
 		PersistentPreRun: warnDeprecated,
 	}
 	root.SetVersionTemplate(version.Line("redirect") + "\n")
-	root.AddCommand(newRenderCmd(), newValidateCmd(), newApplyCmd(), newInspectCmd(), newCleanCmd(), newDemoCmd())
+	root.AddCommand(newRenderCmd(), newValidateCmd(), newTraceCmd(), newApplyCmd(), newInspectCmd(), newCleanCmd(), newDemoCmd())
 	for _, c := range root.Commands() {
 		// The exit codes are the same for every command: the root's help
 		// holds the one table, each command's help points at it.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -85,6 +86,9 @@ type resolved struct {
 	inMesh  bool
 	reason  string
 	subject string // "pod ns/name" or "annotations"
+	// podIPs are the manifest's status.podIP(s) that parse (for trace:
+	// a connection to one of them stays on lo).
+	podIPs []netip.Addr
 }
 
 // resolve builds the Spec. Flags that describe the proxy container conflict
@@ -121,7 +125,13 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 		if fs.Changed("ipv6") {
 			spec.IPv6 = f.ipv6
 		}
-		return resolved{spec: spec, inMesh: in, reason: reason, subject: subject}, nil
+		var ips []netip.Addr
+		for _, s := range pod.PodIPs {
+			if a, err := netip.ParseAddr(s); err == nil {
+				ips = append(ips, a.Unmap())
+			}
+		}
+		return resolved{spec: spec, inMesh: in, reason: reason, subject: subject, podIPs: ips}, nil
 	}
 
 	ann := map[string]string{}
