@@ -36,6 +36,10 @@ type Metrics struct {
 	Repairs   *prometheus.CounterVec
 	// PluginEvents counts the plugin's decision records seen in its log.
 	PluginEvents *prometheus.CounterVec
+	// AddDuration and LookupDuration time the plugin's runs, from the
+	// duration_ms and lookup_ms of its decision records.
+	AddDuration    *prometheus.HistogramVec
+	LookupDuration *prometheus.HistogramVec
 
 	// Istio's names for the same facts, so dashboards and alerts written
 	// for istio-cni keep working: see the istio* methods for the labels.
@@ -106,9 +110,22 @@ func NewMetrics() *Metrics {
 		}, []string{"mode", "result"}),
 		PluginEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metricsNamespace, Subsystem: "plugin", Name: "events_total",
-			Help: "The plugin's decisions by CNI command and decision (capture, skip, error), from its log file.",
+			Help: "The plugin's decisions by CNI command and decision (capture, skip, error), from its log file, whatever the plugin's log level.",
 		}, []string{"command", "decision"}),
 	}
+	// From half a millisecond (a skip) to half a minute (the plugin's
+	// apply timeout; a lookup's API timeout is below it).
+	buckets := prometheus.ExponentialBuckets(0.0005, 2, 17)
+	m.AddDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: "cni", Name: "add_duration_seconds",
+		Help:    "Wall time of the plugin's CNI ADD runs by decision (capture, skip, error), whatever the plugin's log level.",
+		Buckets: buckets,
+	}, []string{"decision"})
+	m.LookupDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: "cni", Name: "pod_lookup_duration_seconds",
+		Help:    "Time the plugin spent looking the pod up in the API (kubeconfig, client, GET) by CNI command, failed lookups included.",
+		Buckets: buckets,
+	}, []string{"command"})
 	m.IstioInstalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "istio_cni_installs_total",
 		Help: "Install passes by result, under Istio's name and label values (SUCCESS, COPY_BINARIES_FAILURE, CREATE_KUBECONFIG_FAILURE, CREATE_CNI_CONFIG_FAILURE); nftmesh_installs_total has the same passes.",
@@ -122,7 +139,7 @@ func NewMetrics() *Metrics {
 		Help: "Broken pods handled by the repair controller, under Istio's name: type repair, delete or label; result success, skip or fail.",
 	}, []string{"type", "result"})
 	m.Registry.MustRegister(m.Installs, m.Ready, m.Reinserts, m.Fights, m.Repairs, m.PluginEvents,
-		m.IstioInstalls, m.IstioReady, m.IstioRepairs,
+		m.AddDuration, m.LookupDuration, m.IstioInstalls, m.IstioReady, m.IstioRepairs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -255,12 +255,11 @@ func (p *PluginLogFollower) emit(line []byte) {
 	fields, ok := parseLogLine(line)
 	if !ok {
 		p.out.Info().Str("component", PluginComponent).Bool("unparsed", true).Msg(string(line))
-		p.count("", "")
 		return
 	}
 	level := zerolog.NoLevel
 	var msg string
-	var command, decision string
+	rec := record{duration: -1, lookup: -1}
 	for _, f := range fields {
 		switch f.key {
 		case zerolog.LevelFieldName:
@@ -273,15 +272,21 @@ func (p *PluginLogFollower) emit(line []byte) {
 		case zerolog.MessageFieldName:
 			_ = json.Unmarshal(f.raw, &msg)
 		case "command":
-			_ = json.Unmarshal(f.raw, &command)
+			_ = json.Unmarshal(f.raw, &rec.command)
 		case "decision":
-			_ = json.Unmarshal(f.raw, &decision)
+			_ = json.Unmarshal(f.raw, &rec.decision)
+		case "duration_ms":
+			rec.duration = msField(f.raw)
+		case "lookup_ms":
+			rec.lookup = msField(f.raw)
+		case PluginRecordOnlyField:
+			_ = json.Unmarshal(f.raw, &rec.recordOnly)
 		}
 	}
+	p.count(rec)
 	e := p.out.WithLevel(level)
-	if e == nil {
-		p.count(command, decision)
-		return // below the agent's level
+	if e == nil || rec.recordOnly {
+		return // below the agent's level, or below the plugin's
 	}
 	for _, f := range fields {
 		if f.key == zerolog.TimestampFieldName {
@@ -299,14 +304,41 @@ func (p *PluginLogFollower) emit(line []byte) {
 		}
 	}
 	e.Msg(msg)
-	p.count(command, decision)
 }
 
-func (p *PluginLogFollower) count(command, decision string) {
-	if p.m == nil || decision == "" {
+// PluginRecordOnlyField marks a plugin decision line written below the
+// plugin's log level (cmd/nftmesh-cni's RecordOnlyField): counted and timed,
+// never printed.
+const PluginRecordOnlyField = "record_only"
+
+// record is what the metrics take from a plugin decision line.
+type record struct {
+	command, decision string
+	duration, lookup  float64 // seconds; <0 when the line has none
+	recordOnly        bool
+}
+
+// msField reads a milliseconds field as seconds, or -1.
+func msField(raw json.RawMessage) float64 {
+	var ms float64
+	if json.Unmarshal(raw, &ms) != nil || ms < 0 {
+		return -1
+	}
+	return ms / 1000
+}
+
+func (p *PluginLogFollower) count(r record) {
+	if p.m == nil || r.decision == "" {
 		return
 	}
-	p.m.PluginEvents.WithLabelValues(strings.ToUpper(command), decision).Inc()
+	command := strings.ToUpper(r.command)
+	p.m.PluginEvents.WithLabelValues(command, r.decision).Inc()
+	if command == "ADD" && r.duration >= 0 {
+		p.m.AddDuration.WithLabelValues(r.decision).Observe(r.duration)
+	}
+	if r.lookup >= 0 {
+		p.m.LookupDuration.WithLabelValues(command).Observe(r.lookup)
+	}
 }
 
 type logField struct {

@@ -24,10 +24,25 @@ const (
 // client-go's alike. It never writes to stdout. close flushes and closes the
 // file.
 func newLogger(conf *podinfo.Config, command string) (log zerolog.Logger, close func()) {
+	log, _, close = newLoggers(conf, command)
+	return log, close
+}
+
+// RecordOnlyField marks a decision line written below the plugin's log
+// level: the agent counts and times it but does not print it.
+const RecordOnlyField = "record_only"
+
+// newLoggers is newLogger plus the run's record logger: the log file only,
+// with no level, each line marked RecordOnlyField. The run's decision goes
+// there when the log level hides it, so the agent's counters and latency
+// histograms see every decision whatever the level (the file is the agent's
+// intake). Without a log file it discards.
+func newLoggers(conf *podinfo.Config, command string) (log, record zerolog.Logger, close func()) {
 	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
 	writers := []io.Writer{os.Stderr}
 	close = func() {}
 	level := zerolog.InfoLevel
+	record = zerolog.Nop()
 	if conf != nil {
 		if l, err := zerolog.ParseLevel(conf.LogLevel); err == nil && conf.LogLevel != "" {
 			level = l
@@ -38,6 +53,7 @@ func newLogger(conf *podinfo.Config, command string) (log zerolog.Logger, close 
 		if f := openLogFile(conf.AgentRunDir); f != nil {
 			writers = append(writers, f)
 			close = func() { f.Close() }
+			record = zerolog.New(f).With().Timestamp().Str("plugin", "nftmesh-cni").Str("command", command).Bool(RecordOnlyField, true).Logger()
 		}
 	}
 	var w io.Writer = writers[0]
@@ -48,7 +64,7 @@ func newLogger(conf *podinfo.Config, command string) (log zerolog.Logger, close 
 	// client-go logs through klog (e.g. a connection closed mid-answer):
 	// as JSON lines of this run, not plain text on the same stderr.
 	zklog.Route(log)
-	return log, close
+	return log, record, close
 }
 
 // openLogFile opens the log file for appending, rotating it first when it

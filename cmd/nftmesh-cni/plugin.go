@@ -61,20 +61,24 @@ func guard(verb string, f func(*skel.CmdArgs) error) func(*skel.CmdArgs) error {
 type invocation struct {
 	verb  string
 	start time.Time
-	// lookupMS is how long the pod lookup took (kubeconfig, client, GET).
+	// lookupMS is how long the pod lookup took (kubeconfig, client, GET);
+	// lookedUp says whether there was one.
 	lookupMS float64
+	lookedUp bool
 	// tlsResumed: the lookup resumed a kept TLS session (no full handshake).
 	tlsResumed bool
 	args       *skel.CmdArgs
 	conf       *podinfo.Config
 	k8s        podinfo.K8sArgs
 	log        zerolog.Logger
+	// record takes the decision line when log's level hides it.
+	record zerolog.Logger
 }
 
 // begin parses what every verb needs. On error the returned close is
 // still safe to call.
 func begin(verb string, args *skel.CmdArgs) (*invocation, func(), error) {
-	inv := &invocation{verb: verb, start: time.Now(), args: args}
+	inv := &invocation{verb: verb, start: time.Now(), args: args, record: zerolog.Nop()}
 	conf, err := podinfo.ParseConfig(args.StdinData)
 	if err != nil {
 		inv.log, _ = newLogger(nil, verb)
@@ -83,7 +87,7 @@ func begin(verb string, args *skel.CmdArgs) (*invocation, func(), error) {
 	}
 	inv.conf = conf
 	var closeLog func()
-	inv.log, closeLog = newLogger(conf, verb)
+	inv.log, inv.record, closeLog = newLoggers(conf, verb)
 	if verb == "STATUS" || verb == "GC" {
 		return inv, closeLog, nil
 	}
@@ -96,15 +100,28 @@ func begin(verb string, args *skel.CmdArgs) (*invocation, func(), error) {
 	return inv, closeLog, nil
 }
 
+// decision starts the run's one decision line at level l. It is always
+// written: through the run's logger when its level allows, else to the log
+// file alone marked record_only, so the agent counts and times every
+// decision whatever the plugin's log level.
+func (inv *invocation) decision(l zerolog.Level) *zerolog.Event {
+	if e := inv.log.WithLevel(l); e != nil {
+		return e
+	}
+	return inv.record.WithLevel(l)
+}
+
 func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
-	return e.Str("pod", inv.k8s.PodName).
+	e = e.Str("pod", inv.k8s.PodName).
 		Str("namespace", inv.k8s.PodNamespace).
 		Str("container_id", inv.args.ContainerID).
 		Str("netns", inv.args.Netns).
 		Str("backend", backend).
-		Float64("duration_ms", durationMS(inv.start)).
-		Float64("lookup_ms", inv.lookupMS).
-		Bool("tls_resumed", inv.tlsResumed)
+		Float64("duration_ms", durationMS(inv.start))
+	if inv.lookedUp {
+		e = e.Float64("lookup_ms", inv.lookupMS).Bool("tls_resumed", inv.tlsResumed)
+	}
+	return e
 }
 
 func (inv *invocation) backendName() string {
@@ -116,7 +133,7 @@ func (inv *invocation) backendName() string {
 
 // decided logs the one decision line of a successful run.
 func (inv *invocation) decided(decision, reason string) {
-	inv.event(inv.log.Info(), inv.backendName()).Str("decision", decision).Str("reason", reason).Msg(inv.verb + " " + decision)
+	inv.event(inv.decision(zerolog.InfoLevel), inv.backendName()).Str("decision", decision).Str("reason", reason).Msg(inv.verb + " " + decision)
 }
 
 // fail logs the decision line of a failed run and returns err.
@@ -139,6 +156,7 @@ func printPrevResult(conf *podinfo.Config) error {
 // the pod is not in the mesh (reason says why).
 func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redirect.Plan, reason string, err error) {
 	start := time.Now()
+	inv.lookedUp = true
 	defer func() { inv.lookupMS = durationMS(start) }()
 	// fail records the lookup time first, so the error line carries it.
 	fail := func(e *types.Error) error {
@@ -247,7 +265,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return inv.failWith(res.Backend, types.NewError(CodeApply,
 			fmt.Sprintf("nftmesh-cni: programming capture rules for pod %s in %s", inv.podRef(), args.Netns), err.Error()))
 	}
-	inv.event(inv.log.Info(), res.Backend).Str("decision", "capture").Str("reason", reason).Str("why", res.Why).
+	inv.event(inv.decision(zerolog.InfoLevel), res.Backend).Str("decision", "capture").Str("reason", reason).Str("why", res.Why).
 		Int("rules", res.Rules).Bool("ipv6", len(plan.LoopbackAddrs) > 0). // ::6 comes with IPv6 capture
 		Msg("ADD capture")
 	return printPrevResult(inv.conf)
@@ -257,7 +275,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 func (inv *invocation) failWith(backend string, err *types.Error) error {
 	// Every error a verb returns passes here: one bound on what it echoes.
 	err.Msg, err.Details = quote.Text(err.Msg), quote.Text(err.Details)
-	inv.event(inv.log.Error(), backend).Str("decision", "error").Uint("code", err.Code).Str("error", err.Error()).Msg(inv.verb + " failed")
+	inv.event(inv.decision(zerolog.ErrorLevel), backend).Str("decision", "error").Uint("code", err.Code).Str("error", err.Error()).Msg(inv.verb + " failed")
 	return err
 }
 
@@ -307,7 +325,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if plan == nil {
 		decision = "skip"
 	}
-	inv.event(inv.log.Info(), backend).Str("decision", decision).Str("reason", reason).Msg("CHECK ok")
+	inv.event(inv.decision(zerolog.InfoLevel), backend).Str("decision", decision).Str("reason", reason).Msg("CHECK ok")
 	return nil
 }
 
