@@ -34,6 +34,10 @@ type Metrics struct {
 	Reinserts prometheus.Counter
 	Fights    prometheus.Counter
 	Repairs   *prometheus.CounterVec
+	// RepairAPIReachable is 1 while the repair controller's last list or
+	// watch of pods succeeded; RepairAPIErrors counts the failed ones.
+	RepairAPIReachable prometheus.Gauge
+	RepairAPIErrors    prometheus.Counter
 	// PluginEvents counts the plugin's decision records seen in its log.
 	PluginEvents *prometheus.CounterVec
 	// AddDuration and LookupDuration time the plugin's runs, from the
@@ -126,6 +130,14 @@ func NewMetrics() *Metrics {
 		Help:    "Time the plugin spent looking the pod up in the API (kubeconfig, client, GET) by CNI command, failed lookups included.",
 		Buckets: buckets,
 	}, []string{"command"})
+	m.RepairAPIReachable = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystemRepair, Name: "api_reachable",
+		Help: "1 while the repair controller's last list or watch of its node's pods succeeded, 0 while it cannot reach the API server (broken pods are then not repaired).",
+	})
+	m.RepairAPIErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystemRepair, Name: "api_errors_total",
+		Help: "Failed lists and watches of the repair controller (expired resource versions excluded).",
+	})
 	m.IstioInstalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "istio_cni_installs_total",
 		Help: "Install passes by result, under Istio's name and label values (SUCCESS, COPY_BINARIES_FAILURE, CREATE_KUBECONFIG_FAILURE, CREATE_CNI_CONFIG_FAILURE); nftmesh_installs_total has the same passes.",
@@ -139,7 +151,7 @@ func NewMetrics() *Metrics {
 		Help: "Broken pods handled by the repair controller, under Istio's name: type repair, delete or label; result success, skip or fail.",
 	}, []string{"type", "result"})
 	m.Registry.MustRegister(m.Installs, m.Ready, m.Reinserts, m.Fights, m.Repairs, m.PluginEvents,
-		m.AddDuration, m.LookupDuration, m.IstioInstalls, m.IstioReady, m.IstioRepairs,
+		m.RepairAPIReachable, m.RepairAPIErrors, m.AddDuration, m.LookupDuration, m.IstioInstalls, m.IstioReady, m.IstioRepairs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

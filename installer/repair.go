@@ -14,8 +14,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -105,12 +106,27 @@ type RepairController struct {
 	log      zerolog.Logger
 	m        *Metrics
 	queue    workqueue.TypedRateLimitingInterface[string]
-	factory  informers.SharedInformerFactory
 	pods     cache.SharedIndexInformer
 
 	mu       sync.Mutex
 	repaired map[types.UID]bool // repaired in place already (the pod recovers on its next restart)
+	api      apiHealth
 }
+
+// apiHealth tracks whether the controller's list/watch reaches the API
+// server, so an outage is logged with its cause when it starts, again now
+// and then while it lasts, and when it ends.
+type apiHealth struct {
+	down      bool
+	since     time.Time // start of the outage
+	lastLog   time.Time
+	errs      int // errors in this outage
+	lastError string
+}
+
+// apiOutageLogEvery bounds how often a continuing outage is logged (the
+// reflector retries with a backoff starting under a second).
+const apiOutageLogEvery = time.Minute
 
 // NewRepairController builds the controller; repairer may be nil unless
 // the mode is repair in place.
@@ -136,18 +152,35 @@ func NewRepairController(client kubernetes.Interface, cfg RepairConfig, repairer
 		}
 		sel = fields.AndSelectors(sel, extra)
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = sel.String()
-		o.LabelSelector = cfg.LabelSelectors
-	}))
 	c := &RepairController{
 		cfg: cfg, mode: mode, client: client, repairer: repairer, log: log.With().Str("subsystem", "repair").Str("mode", string(mode)).Logger(), m: m,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nftmesh-repair"}),
-		factory:  factory,
-		pods:     factory.Core().V1().Pods().Informer(),
 		repaired: map[types.UID]bool{},
 	}
+	tweak := func(o *metav1.ListOptions) {
+		o.FieldSelector = sel.String()
+		o.LabelSelector = cfg.LabelSelectors
+	}
+	// Every list and watch call reports its outcome, which says whether
+	// the API is reachable. (The informer's watch error handler would miss
+	// most failures: its streaming list retries them inside the reflector.)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			tweak(&o)
+			l, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
+			c.apiCalled(ctx, err)
+			return l, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			tweak(&o)
+			w, err := client.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, o)
+			c.apiCalled(ctx, err)
+			return w, err
+		},
+	}
+	c.pods = cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	m.RepairAPIReachable.Set(0)
 	enqueue := func(obj any) {
 		pod, ok := obj.(*corev1.Pod)
 		if !ok || !BrokenPod(pod, cfg) {
@@ -180,7 +213,16 @@ func NewRepairController(client kubernetes.Interface, cfg RepairConfig, repairer
 // Run processes broken pods until ctx ends.
 func (c *RepairController) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
-	c.factory.Start(ctx.Done())
+	ictx, stopInformer := context.WithCancel(ctx)
+	informerDone := make(chan struct{})
+	go func() {
+		defer close(informerDone)
+		c.pods.RunWithContext(ictx)
+	}()
+	defer func() {
+		stopInformer()
+		<-informerDone
+	}()
 	if !cache.WaitForCacheSync(ctx.Done(), c.pods.HasSynced) {
 		if ctx.Err() != nil {
 			return nil
@@ -194,8 +236,60 @@ func (c *RepairController) Run(ctx context.Context) error {
 	}()
 	for c.next(ctx) {
 	}
-	c.factory.Shutdown()
 	return nil
+}
+
+// apiCalled records the outcome of a list or watch call. A call cut short
+// by the controller's own shutdown says nothing about the API.
+func (c *RepairController) apiCalled(ctx context.Context, err error) {
+	switch {
+	case err == nil:
+		c.apiReached()
+	case ctx.Err() == nil:
+		c.apiFailed(err)
+	}
+}
+
+// apiReached records a successful list or watch call; it ends an outage.
+func (c *RepairController) apiReached() {
+	c.m.RepairAPIReachable.Set(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.api.down {
+		return
+	}
+	c.log.Info().Dur("outage", time.Since(c.api.since)).Int("errors", c.api.errs).
+		Msg("repair controller reaches the API server again; broken pods are repaired again")
+	c.api = apiHealth{}
+}
+
+// apiFailed records a failed list or watch call. An expired resource
+// version is routine (the reflector lists again), not an outage.
+func (c *RepairController) apiFailed(err error) {
+	if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		return
+	}
+	c.m.RepairAPIErrors.Inc()
+	c.m.RepairAPIReachable.Set(0)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	if !c.api.down {
+		c.api = apiHealth{down: true, since: now}
+	}
+	c.api.errs++
+	c.api.lastError = err.Error()
+	if c.api.errs == 1 {
+		c.api.lastLog = now
+		c.log.Error().Err(err).
+			Msg("repair controller cannot list or watch pods; broken pods are not repaired until it can")
+		return
+	}
+	if now.Sub(c.api.lastLog) >= apiOutageLogEvery {
+		c.api.lastLog = now
+		c.log.Error().Err(err).Dur("outage", now.Sub(c.api.since)).Int("errors", c.api.errs).
+			Msg("repair controller still cannot list or watch pods")
+	}
 }
 
 func (c *RepairController) next(ctx context.Context) bool {
