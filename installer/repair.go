@@ -179,7 +179,9 @@ func NewRepairController(client kubernetes.Interface, cfg RepairConfig, repairer
 			return w, err
 		},
 	}
-	c.pods = cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	// As the generated informers do: a client without streaming lists
+	// (client-go's fake clientset) gets a plain list first.
+	c.pods = cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	m.RepairAPIReachable.Set(0)
 	enqueue := func(obj any) {
 		pod, ok := obj.(*corev1.Pod)
