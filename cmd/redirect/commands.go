@@ -54,6 +54,8 @@ func newValidateCmd() *cobra.Command {
 		Use:   "validate (-f FILE | --annotation k=v ...) [-o text|json]",
 		Short: "Check a pod's capture settings and report every problem at once",
 		Long: `Prints "ok" and the resolved settings, or every bad annotation with its value.
+Warns (stderr) about a manifest's *.istio.io annotations that look like capture
+settings but are not read, e.g. a misspelling, with the key it probably meant.
 With -o json, prints one JSON document on stdout in every case that reaches the
 settings (valid, invalid, not in the mesh), with the same exit codes.`,
 		Args: cobra.NoArgs,
@@ -62,6 +64,11 @@ settings (valid, invalid, not in the mesh), with the same exit codes.`,
 				return usageErr("--output %s: want text or json", quote.Value(output))
 			}
 			p, r, err := sf.plan(cmd.Flags())
+			if output == "text" {
+				for _, w := range r.warnings {
+					fmt.Fprintf(cmd.ErrOrStderr(), "redirect: warning: %s: %s\n", r.subject, w)
+				}
+			}
 			if output == "json" {
 				if doc, ok := validateJSON(p, r, err); ok {
 					if werr := writeJSON(cmd.OutOrStdout(), doc); werr != nil {

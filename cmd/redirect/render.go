@@ -73,6 +73,7 @@ type validateDoc struct {
 	// Reason says why a pod is not in the mesh.
 	Reason          string         `json:"reason,omitempty"`
 	Problems        []problemDoc   `json:"problems"`
+	Warnings        []string       `json:"warnings"`
 	OmittedProblems int            `json:"omittedProblems,omitempty"`
 	Settings        *settingsDoc   `json:"settings,omitempty"`
 	Plan            map[string]int `json:"plan,omitempty"`
@@ -103,7 +104,7 @@ type settingsDoc struct {
 // false when the error is not about the pod's settings (bad flags, an
 // unreadable manifest), which only the error on stderr reports.
 func validateJSON(p redirect.Plan, r resolved, err error) (validateDoc, bool) {
-	doc := validateDoc{SchemaVersion: schemaVersion, Subject: r.subject, Problems: []problemDoc{}}
+	doc := validateDoc{SchemaVersion: schemaVersion, Subject: r.subject, Problems: []problemDoc{}, Warnings: nonNil(r.warnings)}
 	var ve *redirect.ValidationError
 	var ee *exitError
 	switch {

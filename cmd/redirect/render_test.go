@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -189,5 +190,36 @@ func TestCLIValidateJSON(t *testing.T) {
 		if code, out, errOut := runCLI(t, args...); code != exitUsage || out != "" || errOut == "" {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 2, the error on stderr only", args, code, out, errOut)
 		}
+	}
+}
+
+// TestCLIValidateWarnsUnknownAnnotation: a manifest's misspelled capture
+// annotation (ignored, as Istio ignores it) is warned about with the key it
+// probably meant, in text (stderr, exit 0) and JSON; with -a it is an error
+// saying the same.
+func TestCLIValidateWarnsUnknownAnnotation(t *testing.T) {
+	dir := t.TempDir()
+	pod := filepath.Join(dir, "typo.yaml")
+	manifest := strings.Replace(meshPodDoc("shop", "typo"), "traffic.sidecar.istio.io/excludeOutboundIPRanges:", "traffic.sidecar.istio.io/excludeOutboundIPRange:", 1)
+	if err := os.WriteFile(pod, []byte(manifest), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	meant := `did you mean "` + redirect.AnnotationExcludeOutboundIPRanges + `"?`
+	code, out, errOut := runCLI(t, "validate", "-f", pod)
+	if code != exitOK || !strings.HasPrefix(out, "ok: pod shop/typo") || !strings.Contains(errOut, "warning: pod shop/typo") || !strings.Contains(errOut, `"traffic.sidecar.istio.io/excludeOutboundIPRange"`) || !strings.Contains(errOut, meant) {
+		t.Errorf("validate: exit %d, out %q, err %q", code, out, errOut)
+	}
+	code, out, errOut = runCLI(t, "validate", "-f", pod, "-o", "json")
+	var d struct{ Warnings []string }
+	if err := json.Unmarshal([]byte(out), &d); err != nil || code != exitOK || len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], meant) || errOut != "" {
+		t.Errorf("validate -o json: exit %d, %v, %q, stderr %q", code, err, out, errOut)
+	}
+	code, _, errOut = runCLI(t, "validate", "-f", filepath.Join("..", "..", "testdata", "pods", "injected.yaml"))
+	if code != exitOK || errOut != "" {
+		t.Errorf("a pod without unknown annotations: exit %d, stderr %q", code, errOut)
+	}
+	code, _, errOut = runCLI(t, "validate", "-a", "traffic.sidecar.istio.io/excludeOutboundIPRange=10.0.0.0/8")
+	if code != exitUsage || !strings.Contains(errOut, meant) {
+		t.Errorf("validate -a with the typo: exit %d, %q", code, errOut)
 	}
 }

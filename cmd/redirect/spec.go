@@ -89,6 +89,9 @@ type resolved struct {
 	// podIPs are the manifest's status.podIP(s) that parse (for trace:
 	// a connection to one of them stays on lo).
 	podIPs []netip.Addr
+	// warnings name the manifest's annotations that look like capture
+	// settings but are not read (misspellings, mostly).
+	warnings []string
 }
 
 // resolve builds the Spec. Flags that describe the proxy container conflict
@@ -119,8 +122,9 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 		}
 		in, reason, spec, err := meshpod.Decide(pod)
 		subject := fmt.Sprintf("pod %s/%s", pod.Namespace, pod.Name)
+		warnings := redirect.UnknownAnnotationWarnings(pod.Annotations)
 		if err != nil {
-			return resolved{subject: subject}, usageErr("%w", err) // podinfo names the pod
+			return resolved{subject: subject, warnings: warnings}, usageErr("%w", err) // podinfo names the pod
 		}
 		if fs.Changed("ipv6") {
 			spec.IPv6 = f.ipv6
@@ -131,7 +135,7 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 				ips = append(ips, a.Unmap())
 			}
 		}
-		return resolved{spec: spec, inMesh: in, reason: reason, subject: subject, podIPs: ips}, nil
+		return resolved{spec: spec, inMesh: in, reason: reason, subject: subject, podIPs: ips, warnings: warnings}, nil
 	}
 
 	ann := map[string]string{}
@@ -152,6 +156,9 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 	}
 	for k := range ann {
 		if !known[k] {
+			if s := redirect.SuggestAnnotation(k); s != "" && known[s] {
+				return resolved{}, usageErr("--annotation %s: not a capture annotation; did you mean %q?", quote.Value(k), s)
+			}
 			return resolved{}, usageErr("--annotation %s: not a capture annotation (known: %s)", quote.Value(k), strings.Join(redirect.CaptureAnnotations, ", "))
 		}
 	}
