@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nftmesh/nftmesh/capture"
+	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -197,10 +198,17 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 			}
 			name, err := capture.Check(ctx, ns, want, opts)
 			var drift *redirect.DriftError
-			if output == "json" && (err == nil || errors.As(err, &drift)) {
+			var effects []redirect.DriftEffect
+			if errors.As(err, &drift) {
+				effects = driftEffects(ctx, ns, netns, want, opts)
+			}
+			if output == "json" && (err == nil || drift != nil) {
 				doc := inspectDoc{SchemaVersion: schemaVersion, Netns: netns, Subject: r.subject, Backend: name, InSync: err == nil, Drift: []string{}}
 				if drift != nil {
 					doc.Drift = drift.Lines
+				}
+				for _, e := range effects {
+					doc.Effects = append(doc.Effects, effectDoc{Packet: e.Packet.String(), Planned: e.Planned.String(), Live: e.Live.String(), Why: e.Why})
 				}
 				if werr := writeJSON(w, doc); werr != nil {
 					return failure(werr)
@@ -216,6 +224,16 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 				return nil
 			case errors.As(err, &drift):
 				fmt.Fprintf(w, "drift: %s differs from the plan of %s (%s):\n%s\n", netns, r.subject, name, strings.Join(drift.Lines, "\n"))
+				if len(effects) > 0 {
+					fmt.Fprintf(w, "effect (traced through the planned and the live rules):\n")
+					for i, e := range effects {
+						if i == maxEffectsShown {
+							fmt.Fprintf(w, "  ... and %d more (-o json lists all)\n", len(effects)-i)
+							break
+						}
+						fmt.Fprintf(w, "  %s\n", e)
+					}
+				}
 				return &exitError{exitDrift, nil}
 			default:
 				return failure(fmt.Errorf("checking %s against %s: %w", netns, r.subject, err))
@@ -320,4 +338,19 @@ func warnDeprecated(cmd *cobra.Command, _ []string) {
 	if f := cmd.Flags().Lookup("format"); f != nil && f.Changed {
 		fmt.Fprintln(cmd.ErrOrStderr(), "redirect: --format is deprecated, use -o/--output")
 	}
+}
+
+// maxEffectsShown bounds the drift effects inspect prints as text.
+const maxEffectsShown = 10
+
+// driftEffects explains a drift by tracing representative packets through
+// the planned and the live rules. It is best effort: if the live rules or
+// the namespace's addresses cannot be read, the drift lines stand alone.
+func driftEffects(ctx context.Context, ns *capture.Netns, netns string, want redirect.Plan, opts capture.Options) []redirect.DriftEffect {
+	live, _, err := capture.List(ctx, ns, opts)
+	if err != nil {
+		return nil
+	}
+	addrs, _ := netnsaddr.List(netns)
+	return redirect.ExplainDrift(&want, &live, addrs)
 }

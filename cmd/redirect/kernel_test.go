@@ -182,6 +182,9 @@ func TestCLIInspectJSON(t *testing.T) {
 		Backend       string   `json:"backend"`
 		InSync        bool     `json:"inSync"`
 		Drift         []string `json:"drift"`
+		Effects       []struct {
+			Packet, Planned, Live, Why string
+		} `json:"effects"`
 	}
 	var d driftDoc
 	code, out, errOut = runCLI(t, "inspect", "--netns", path, "--run-dir", runDir, "--backend", "nftables", "-f", pod, "-o", "json")
@@ -196,5 +199,22 @@ func TestCLIInspectJSON(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(d.Drift, "\n"), "192.0.2.0/24") {
 		t.Errorf("drift does not name the missing range: %q", d.Drift)
+	}
+	// The effect of the missing exclusion: the app's traffic to the range
+	// would now be captured instead of going straight out.
+	found := false
+	for _, e := range d.Effects {
+		if strings.Contains(e.Packet, "uid 1000") && strings.Contains(e.Packet, "192.0.2.1:") && e.Planned == "accept" && e.Live == "redirect :15001" &&
+			strings.Contains(e.Why, "missing rule in nat ISTIO_OUTPUT") && strings.Contains(e.Why, "@outbound-exclude-v4") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no effect explains the missing exclusion: %+v", d.Effects)
+	}
+	code, out, _ = runCLI(t, "inspect", "--netns", path, "--run-dir", runDir, "--backend", "nftables",
+		"-a", redirect.AnnotationExcludeOutboundIPRanges+"=192.0.2.0/24")
+	if code != exitDrift || !strings.Contains(out, "effect (traced through the planned and the live rules):") || !strings.Contains(out, "planned accept, live redirect :15001") {
+		t.Errorf("text inspect does not explain the drift: exit %d\n%s", code, out)
 	}
 }

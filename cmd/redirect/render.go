@@ -61,6 +61,17 @@ type inspectDoc struct {
 	Backend       string   `json:"backend"`
 	InSync        bool     `json:"inSync"`
 	Drift         []string `json:"drift"`
+	// Effects are packets the live rules treat differently from the plan
+	// (traced through both), when there is drift.
+	Effects []effectDoc `json:"effects,omitempty"`
+}
+
+// effectDoc is one redirect.DriftEffect.
+type effectDoc struct {
+	Packet  string `json:"packet"`
+	Planned string `json:"planned"`
+	Live    string `json:"live"`
+	Why     string `json:"why"`
 }
 
 // validateDoc is validate's report as JSON.

@@ -259,9 +259,10 @@ func writeTrace(cmd *cobra.Command, tr redirect.Trace, r resolved, output string
 				"gid":       pkt.GID,
 				"iface":     pkt.Iface,
 			},
-			"steps":        tr.Steps,
-			"verdict":      tr.Verdict,
-			"verdict_text": tr.Verdict.String(),
+			"steps":         tr.Steps,
+			"verdict":       tr.Verdict,
+			"verdictText":   tr.Verdict.String(),
+			"schemaVersion": schemaVersion,
 		}
 		if pkt.Dir == redirect.DirIn {
 			delete(doc["packet"].(map[string]any), "uid")

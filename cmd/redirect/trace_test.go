@@ -51,13 +51,14 @@ func TestCLITrace(t *testing.T) {
 				t.Fatalf("-o json: exit %d: %s", code, errOut)
 			}
 			var doc struct {
-				VerdictText string `json:"verdict_text"`
-				Steps       []redirect.TraceStep
+				VerdictText   string `json:"verdictText"`
+				SchemaVersion int    `json:"schemaVersion"`
+				Steps         []redirect.TraceStep
 			}
 			if err := json.Unmarshal([]byte(out), &doc); err != nil {
 				t.Fatalf("-o json is not JSON: %v\n%s", err, out)
 			}
-			if doc.VerdictText != c.verdict {
+			if doc.VerdictText != c.verdict || doc.SchemaVersion != schemaVersion {
 				t.Errorf("json verdict %q, want %q", doc.VerdictText, c.verdict)
 			}
 		})

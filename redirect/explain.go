@@ -1,0 +1,257 @@
+package redirect
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// DriftEffect is one packet that the live rules treat differently from the
+// planned ones.
+type DriftEffect struct {
+	Packet  Packet
+	Planned TraceVerdict
+	Live    TraceVerdict
+	// Why names the rule behind the difference: the planned deciding rule
+	// that the live chain lacks, or the live deciding rule the plan lacks.
+	Why string
+}
+
+func (e DriftEffect) String() string {
+	return fmt.Sprintf("%s: planned %s, live %s (%s)", e.Packet, e.Planned, e.Live, e.Why)
+}
+
+// maxExplainPackets bounds the packets ExplainDrift traces, so a plan with
+// huge sets stays quick to explain.
+const maxExplainPackets = 20000
+
+// Remote addresses (documentation ranges) standing for "anywhere else".
+var (
+	explainRemoteV4 = netip.MustParseAddr("203.0.113.10")
+	explainRemoteV6 = netip.MustParseAddr("2001:db8:f::10")
+)
+
+// ExplainDrift traces representative packets through want and live and
+// returns those whose verdicts differ, each with the rule that explains it.
+// The packets are made from what either plan matches on (every address
+// prefix and set element, port, owner ID and interface name), plus a remote
+// address, ports 80 and 443 and an app sender (UID/GID 1000); local names
+// the pod's own addresses (a packet to them leaves on lo). A packet the
+// tracer cannot follow through either plan is skipped, not guessed.
+func ExplainDrift(want, live *Plan, local []netip.Addr) []DriftEffect {
+	var out []DriftEffect
+	seen := map[string]bool{}
+	for _, pkt := range explainPackets(want, live, local) {
+		pw, errW := TracePacket(want, pkt)
+		pl, errL := TracePacket(live, pkt)
+		if errW != nil || errL != nil || pw.Verdict == pl.Verdict {
+			continue
+		}
+		why := driftWhy(pw, pl, live, want)
+		key := pw.Verdict.String() + "|" + pl.Verdict.String() + "|" + why
+		if seen[key] {
+			continue // one packet per distinct difference
+		}
+		seen[key] = true
+		out = append(out, DriftEffect{Packet: pkt, Planned: pw.Verdict, Live: pl.Verdict, Why: why})
+	}
+	return out
+}
+
+func decidingStep(tr Trace) *TraceStep {
+	for i := range tr.Steps {
+		if tr.Steps[i].Decided {
+			return &tr.Steps[i]
+		}
+	}
+	return nil
+}
+
+// driftWhy names the rule behind a difference: the planned deciding rule if
+// the live chain does not have it, else the live deciding rule if the plan
+// does not have it, else that the packet's path differs earlier.
+func driftWhy(pw, pl Trace, live, want *Plan) string {
+	if s := decidingStep(pw); s != nil && !hasRule(live, s) {
+		return fmt.Sprintf("missing rule in %s %s: %s", s.Table, s.Chain, s.Text)
+	}
+	if s := decidingStep(pl); s != nil && !hasRule(want, s) {
+		return fmt.Sprintf("unexpected rule in %s %s: %s", s.Table, s.Chain, s.Text)
+	}
+	for _, s := range pw.Steps {
+		if s.Rule > 0 && s.Matched && !hasRule(live, &s) {
+			return fmt.Sprintf("missing rule in %s %s: %s", s.Table, s.Chain, s.Text)
+		}
+	}
+	for _, s := range pl.Steps {
+		if s.Rule > 0 && s.Matched && !hasRule(want, &s) {
+			return fmt.Sprintf("unexpected rule in %s %s: %s", s.Table, s.Chain, s.Text)
+		}
+	}
+	return "the rules are reordered, or a set's elements differ"
+}
+
+func hasRule(p *Plan, s *TraceStep) bool {
+	t := p.Table(s.Table)
+	if t == nil {
+		return false
+	}
+	c := t.Chain(s.Chain)
+	if c == nil {
+		return false
+	}
+	for _, r := range c.Rules {
+		if r.String() == s.Text {
+			return true
+		}
+	}
+	return false
+}
+
+// explainPackets builds the representative packets of want and live.
+func explainPackets(want, live *Plan, local []netip.Addr) []Packet {
+	addrs := map[Family][]netip.Addr{
+		FamilyIPv4: {explainRemoteV4},
+		FamilyIPv6: {explainRemoteV6},
+	}
+	ports := []uint16{80, 443}
+	ids := []uint32{}
+	ifaces := []string{"eth0"}
+	hasFamily := map[Family]bool{}
+	addAddr := func(a netip.Addr) {
+		a = a.Unmap()
+		f := FamilyIPv6
+		if a.Is4() {
+			f = FamilyIPv4
+		}
+		if !slices.Contains(addrs[f], a) {
+			addrs[f] = append(addrs[f], a)
+		}
+	}
+	addPort := func(p uint16) {
+		if p != 0 && !slices.Contains(ports, p) {
+			ports = append(ports, p)
+		}
+	}
+	for _, a := range local {
+		addAddr(a)
+	}
+	for _, p := range []*Plan{want, live} {
+		for _, s := range p.Sets {
+			for _, pr := range s.Prefixes {
+				addAddr(hostIn(pr))
+			}
+			for _, port := range s.Ports {
+				addPort(port)
+			}
+		}
+		for _, t := range p.Tables {
+			for _, c := range t.Chains {
+				for _, r := range c.Rules {
+					hasFamily[FamilyIPv4] = hasFamily[FamilyIPv4] || r.Family.Includes(FamilyIPv4)
+					hasFamily[FamilyIPv6] = hasFamily[FamilyIPv6] || r.Family.Includes(FamilyIPv6)
+					for _, m := range r.Matches {
+						switch m := m.(type) {
+						case MatchPort:
+							if !m.Source {
+								for _, port := range m.Ports {
+									addPort(port)
+								}
+							}
+						case MatchAddr:
+							if !m.Source {
+								addAddr(hostIn(m.Prefix))
+							}
+						case MatchOwner:
+							if !slices.Contains(ids, m.ID) {
+								ids = append(ids, m.ID)
+							}
+						case MatchIface:
+							name := strings.TrimSuffix(m.Name, "+")
+							if strings.HasSuffix(m.Name, "+") {
+								name += "0"
+							}
+							if !m.Out && name != "lo" && !slices.Contains(ifaces, name) {
+								ifaces = append(ifaces, name)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	type sender struct{ uid, gid uint32 }
+	senders := []sender{{1000, 1000}}
+	for _, id := range ids {
+		senders = append(senders, sender{id, 1000}, sender{1000, id})
+	}
+	var out []Packet
+	for _, f := range []Family{FamilyIPv4, FamilyIPv6} {
+		if !hasFamily[f] {
+			continue
+		}
+		for _, dst := range addrs[f] {
+			isLocal := dst.IsLoopback() || dst == InboundPassthroughV6.Addr() || slices.Contains(local, dst)
+			for _, port := range ports {
+				for _, proto := range []Proto{ProtoTCP, ProtoUDP} {
+					ap := netip.AddrPortFrom(dst, port)
+					for _, s := range senders {
+						pkt := Packet{Dir: DirOut, Proto: proto, Dst: ap, UID: s.uid, GID: s.gid, Iface: "eth0", Src: explainSource(f, local)}
+						if isLocal {
+							pkt.Iface, pkt.Src = "lo", dst
+							if f == FamilyIPv4 && dst.IsLoopback() {
+								pkt.Src = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+							}
+						}
+						out = append(out, pkt)
+					}
+					if len(out) >= maxExplainPackets {
+						return out
+					}
+				}
+			}
+		}
+		// Arriving at the pod's address, on each interface a plan names.
+		src, pod := explainRemoteV4, explainSource(f, local)
+		if f == FamilyIPv6 {
+			src = explainRemoteV6
+		}
+		for _, port := range ports {
+			for _, proto := range []Proto{ProtoTCP, ProtoUDP} {
+				for _, iface := range ifaces {
+					out = append(out, Packet{Dir: DirIn, Proto: proto, Dst: netip.AddrPortFrom(pod, port), Src: src, Iface: iface})
+				}
+			}
+		}
+		if len(out) >= maxExplainPackets {
+			return out[:maxExplainPackets]
+		}
+	}
+	return out
+}
+
+// hostIn is an address inside p: the first host of a network, the address
+// itself for a single-address prefix.
+func hostIn(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr()
+	if p.Bits() < a.BitLen() {
+		if n := a.Next(); n.IsValid() && p.Contains(n) {
+			return n
+		}
+	}
+	return a
+}
+
+// explainSource is the source of a packet leaving the pod: its address of
+// the family if known, else a documentation address no plan matches.
+func explainSource(f Family, local []netip.Addr) netip.Addr {
+	for _, a := range local {
+		if a.Unmap().Is4() == (f == FamilyIPv4) && !a.IsLoopback() {
+			return a.Unmap()
+		}
+	}
+	if f == FamilyIPv4 {
+		return netip.MustParseAddr("192.0.2.2")
+	}
+	return netip.MustParseAddr("2001:db8::2")
+}
