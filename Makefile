@@ -104,12 +104,13 @@ lint: staticcheck
 	@# The model must not import a backend, netlink, or Kubernetes.
 	@bad=$$($(GO) list -deps ./redirect | grep -E 'nftables|netlink|k8s.io|vishvananda|golang.org/x/sys' || true); \
 	  if [ -n "$$bad" ]; then echo "redirect imports kernel/Kubernetes packages:"; echo "$$bad"; exit 1; fi
-	@# Product code never execs a binary (internal/kubetest is a test helper that
-	@# starts etcd and kube-apiserver; it is imported only by tests).
-	@bad=$$(grep -rln 'exec.Command' --include='*.go' cmd nft redirect podinfo installer internal capture | grep -v -e '_test.go' -e '^internal/kubetest/' || true); \
+	@# Product code never execs a binary (internal/kubetest starts etcd and
+	@# kube-apiserver, internal/usernstest a user-namespaced holder process: test
+	@# helpers imported only by tests).
+	@bad=$$(grep -rln 'exec.Command' --include='*.go' cmd nft redirect podinfo installer internal capture | grep -v -e '_test.go' -e '^internal/kubetest/' -e '^internal/usernstest/' || true); \
 	  if [ -n "$$bad" ]; then echo "exec in product code:"; echo "$$bad"; exit 1; fi
-	@bad=$$($(GO) list -deps ./cmd/... | grep -e 'internal/kubetest' || true); \
-	  if [ -n "$$bad" ]; then echo "a binary imports the test helper internal/kubetest"; exit 1; fi
+	@bad=$$($(GO) list -deps ./cmd/... | grep -e 'internal/kubetest' -e 'internal/usernstest' || true); \
+	  if [ -n "$$bad" ]; then echo "a binary imports a test helper (internal/kubetest, internal/usernstest)"; exit 1; fi
 	@# Only the capture pipeline drives the kernel backends: every front end
 	@# (plugin, CLI, repair) goes through it, so every write is guarded and
 	@# locked. The backends themselves and the test kit (imported by tests only)

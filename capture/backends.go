@@ -49,10 +49,14 @@ type selection struct {
 // refused when the other backend already holds nftmesh's rules there (they
 // would be split across both worlds); "auto" picks iptables-legacy only when
 // legacy nat/mangle tables there already hold rules (a primary CNI or tool
-// that lives in legacy tables) and the kernel supports legacy x_tables.
+// that lives in legacy tables), the kernel supports legacy x_tables and the
+// netns is owned by this process's user namespace. iptables-legacy is
+// refused outright for a netns owned by another user namespace (see
+// ErrUserNamespaced): the kernel would refuse its owner match there.
 //
 // It runs on every CNI ADD, so it reads the namespace as cheaply as it can:
-// one nftables table dump and one pass over the legacy tables that exist.
+// one nftables table dump, one ioctl for the owning user namespace and one
+// pass over the legacy tables that exist.
 func choose(ctx context.Context, name, netnsPath string) (selection, error) {
 	if err := ValidateBackend(name); err != nil {
 		return selection{}, err
@@ -75,6 +79,13 @@ func choose(ctx context.Context, name, netnsPath string) (selection, error) {
 		}
 		return selection{nft.New(), "requested", ours}, nil
 	case Legacy:
+		foreign, err := foreignUserns(netnsPath)
+		if err != nil {
+			return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
+		}
+		if foreign {
+			return selection{}, fmt.Errorf("refusing backend iptables-legacy for netns %s: %w", netnsPath, ErrUserNamespaced)
+		}
 		if err := legacy.LegacyAvailable(); err != nil {
 			return selection{}, fmt.Errorf("backend iptables-legacy: %w", err)
 		}
@@ -100,6 +111,13 @@ func choose(ctx context.Context, name, netnsPath string) (selection, error) {
 	if ours {
 		return selection{nft.New(), "auto: nftmesh's nftables table already present", true}, nil
 	}
+	foreign, err := foreignUserns(netnsPath)
+	if err != nil {
+		return selection{}, fmt.Errorf("auto-selecting a backend for %s: %w", netnsPath, err)
+	}
+	if foreign {
+		return selection{nft.New(), UsernsReason, false}, nil
+	}
 	if lerr := legacy.LegacyAvailable(); lerr != nil {
 		return selection{nft.New(), "auto: kernel has no legacy x_tables (" + lerr.Error() + ")", false}, nil
 	}
@@ -117,6 +135,10 @@ func choose(ctx context.Context, name, netnsPath string) (selection, error) {
 	}
 	return selection{nft.New(), "auto: default", false}, nil
 }
+
+// UsernsReason is why auto picks nftables for a network namespace owned by
+// another user namespace (see ErrUserNamespaced).
+const UsernsReason = "auto: netns owned by another user namespace (hostUsers: false), where the kernel refuses the iptables owner match"
 
 // nftPresence reports, from one table dump, whether our table exists and
 // whether iptables-nft tables (ip/ip6 "nat" or "mangle") do.

@@ -37,7 +37,22 @@ const (
 	CodeApply uint = 102
 	// CodeDrift: CHECK found live rules that differ from the pod's plan.
 	CodeDrift uint = 103
+	// CodeBackendUnsupported: the configured backend cannot program the
+	// pod's netns: "backend": "iptables-legacy" for a pod whose netns is
+	// owned by its own user namespace (hostUsers: false), where the kernel
+	// refuses the iptables owner match. Retrying cannot help; the config
+	// must say auto or nftables.
+	CodeBackendUnsupported uint = 104
 )
+
+// applyErrorCode is the CNI code for a failed Apply or Check: def, or
+// CodeBackendUnsupported when the backend was refused for the namespace.
+func applyErrorCode(err error, def uint) uint {
+	if errors.Is(err, capture.ErrUserNamespaced) {
+		return CodeBackendUnsupported
+	}
+	return def
+}
 
 // applyTimeout bounds the kernel work of one verb; it is milliseconds
 // normally, so this only stops a wedged netlink socket from hanging kubelet.
@@ -262,7 +277,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 	defer cancel()
 	res, err := capture.Apply(actx, ns, *plan, inv.captureOptions())
 	if err != nil {
-		return inv.failWith(res.Backend, types.NewError(CodeApply,
+		return inv.failWith(res.Backend, types.NewError(applyErrorCode(err, CodeApply),
 			fmt.Sprintf("nftmesh-cni: programming capture rules for pod %s in %s", inv.podRef(), args.Netns), err.Error()))
 	}
 	inv.event(inv.decision(zerolog.InfoLevel), res.Backend).Str("decision", "capture").Str("reason", reason).Str("why", res.Why).
@@ -316,7 +331,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		code := CodeDrift
 		if !redirect.IsDrift(err) {
-			code = types.ErrIOFailure
+			code = applyErrorCode(err, types.ErrIOFailure)
 		}
 		return inv.failWith(backend, types.NewError(code,
 			fmt.Sprintf("nftmesh-cni: capture rules of pod %s in %s are not as planned", inv.podRef(), args.Netns), err.Error()))

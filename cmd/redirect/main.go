@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/internal/version"
 )
 
@@ -18,7 +19,7 @@ import (
 const (
 	exitOK        = 0
 	exitFailure   = 1 // the kernel or the system refused (apply, read back, remove)
-	exitUsage     = 2 // bad flags or bad input (annotations, manifest)
+	exitUsage     = 2 // bad flags or bad input (annotations, manifest, a backend the netns cannot take)
 	exitDrift     = 3 // inspect --pod: live rules differ from what the pod should have
 	exitNotInMesh = 4 // the pod is not in the mesh: nothing rendered or applied
 )
@@ -26,7 +27,8 @@ const (
 const exitCodesHelp = `Exit codes:
   0  success
   1  failure in the kernel or system (apply, read back, remove)
-  2  bad usage or bad input (flags, annotations, manifest)
+  2  bad usage or bad input (flags, annotations, manifest; --backend
+     iptables-legacy for a user-namespaced netns, hostUsers: false)
   3  inspect --pod: the live rules differ from the pod's plan
   4  the pod is not in the mesh (skipped as Istio's CNI would): nothing done`
 
@@ -43,7 +45,15 @@ func usageErr(format string, args ...any) error {
 	return &exitError{exitUsage, fmt.Errorf(format, args...)}
 }
 
-func failure(err error) error { return &exitError{exitFailure, err} }
+// failure is exit 1, except for a backend the namespace cannot take
+// (iptables-legacy in a user-namespaced netns): that is a wrong choice of
+// flag, exit 2, and running again the same way cannot succeed.
+func failure(err error) error {
+	if errors.Is(err, capture.ErrUserNamespaced) {
+		return &exitError{exitUsage, err}
+	}
+	return &exitError{exitFailure, err}
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
