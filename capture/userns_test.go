@@ -3,6 +3,7 @@ package capture
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -10,8 +11,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/nettest"
+	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/internal/usernstest"
 	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
@@ -138,5 +142,93 @@ func TestUsernsLegacyEINVAL(t *testing.T) {
 	}
 	if err := nft.New().Apply(ctx, ns.Path, defaultPlan(t)); err != nil {
 		t.Fatalf("nftables Apply into the user-namespaced netns: %v", err)
+	}
+}
+
+// TestUsernsTraffic: the real pipeline (Open, Apply with backend auto) run
+// from the host programs a pod netns owned by its own user namespace (IDs
+// 0..65535 inside mapped to usernsBase.. on the host) with nftables, and
+// real connections land where Istio's rules send them for every probe of
+// the scenario: the app's outbound (in-pod uid 1000) on 15001 with its
+// original destination (SO_ORIGINAL_DST), the proxy's (in-pod uid 1337)
+// straight out, inbound on 15006; with REDIRECT and TPROXY, and with the DNS
+// capture whose conntrack-zone rules match the proxy's in-pod UID.
+func TestUsernsTraffic(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates user and network namespaces, real traffic")
+	}
+	for _, name := range []string{"defaults", "tproxy", "dns-capture", "custom-uid-gid"} {
+		t.Run(name, func(t *testing.T) {
+			sc, ok := scenarios.ByName(name)
+			if !ok {
+				t.Fatalf("no scenario %s", name)
+			}
+			spec, err := sc.Spec()
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan, err := redirect.Build(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := nettest.TopologyOptionsFor(spec)
+			opts.Stack = sc.Stack
+			opts.Prefix = "capu-"
+			opts.NewPodNetns = func(path string) (io.Closer, error) { return usernstest.NewAt(path, usernsBase) }
+			opts.PodUIDBase, opts.PodGIDBase = usernsBase, usernsBase
+			topo, err := nettest.NewTopology(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := topo.Close(); err != nil {
+					t.Error(err)
+				}
+			})
+			ls, err := nettest.StartListeners(topo, nettest.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = ls.Close() })
+
+			n := open(t, topo.PodNetnsPath())
+			if uns, err := UserNamespaced(n); err != nil || !uns {
+				t.Fatalf("pod netns user-namespaced: %t %v, want true", uns, err)
+			}
+			res, err := Apply(context.Background(), n, plan, Options{Backend: Auto, RunDir: t.TempDir()})
+			if err != nil {
+				t.Fatalf("Apply (auto): %v", err)
+			}
+			if res.Backend != NFTables || res.Why != UsernsReason {
+				t.Fatalf("Apply chose %s (%s), want nftables (%s)", res.Backend, res.Why, UsernsReason)
+			}
+			if err := nettest.CheckPassthroughV6(topo, spec.IPv6); err != nil {
+				t.Error(err)
+			}
+			var appOut, proxyOut, inbound int
+			cases := nettest.ExpectedProbesFor(&spec, topo)
+			bad := 0
+			for _, o := range nettest.RunProbes(topo, cases) {
+				if !o.OK() {
+					bad++
+					t.Errorf("MISMATCH %s", o)
+					continue
+				}
+				p := o.Case.Probe
+				switch {
+				case p.From == nettest.FromApp && p.UID == nettest.AppUID && o.Got.Landed == nettest.ListenerOutbound:
+					appOut++
+				case p.From == nettest.FromApp && p.UID == spec.ProxyUIDs[0] && strings.HasPrefix(o.Got.Landed, "peer:"):
+					proxyOut++
+				case p.From == nettest.FromPeer && o.Got.Landed == nettest.ListenerInbound:
+					inbound++
+				}
+			}
+			t.Logf("scenario %s in a user-namespaced pod: %d/%d probes as expected (app outbound captured %d, proxy outbound direct %d, inbound captured %d)",
+				name, len(cases)-bad, len(cases), appOut, proxyOut, inbound)
+			if appOut == 0 || proxyOut == 0 || inbound == 0 {
+				t.Errorf("the probes did not cover app outbound captured (%d), proxy outbound direct (%d) and inbound captured (%d)", appOut, proxyOut, inbound)
+			}
+		})
 	}
 }

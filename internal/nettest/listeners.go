@@ -56,8 +56,8 @@ type Reply struct {
 type ListenerOptions struct {
 	// ProxyUID / ProxyGID own the DNS proxy's sockets, as the istio-agent's
 	// UID/GID own its real ones: the raw-table rules that put the proxy's
-	// DNS replies into the app's conntrack zone match on them. Zero means
-	// redirect.DefaultProxyID.
+	// DNS replies into the app's conntrack zone match on them. In-pod IDs
+	// (see TopologyOptions.PodUIDBase); zero means redirect.DefaultProxyID.
 	ProxyUID, ProxyGID uint32
 }
 
@@ -95,7 +95,7 @@ func StartListeners(t *Topology, opts ListenerOptions) (_ *Listeners, err error)
 		owner       *creds
 	}
 	pod, peer := t.PodNetnsPath(), t.PeerNetnsPath()
-	proxy := &creds{opts.ProxyUID, opts.ProxyGID}
+	proxy := t.hostCreds(opts.ProxyUID, opts.ProxyGID)
 	specs := []spec{
 		{ns: pod, name: ListenerOutbound, port: redirect.ProxyOutboundPort},
 		{ns: pod, name: ListenerInbound, port: redirect.ProxyInboundPort, transparent: true},

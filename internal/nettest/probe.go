@@ -51,7 +51,8 @@ const (
 type Probe struct {
 	From From
 	// UID and GID the sending socket is created with (FromApp,
-	// FromPassthrough). The peer always sends as root.
+	// FromPassthrough), as seen inside the pod (see
+	// TopologyOptions.PodUIDBase). The peer always sends as root.
 	UID, GID uint32
 	Proto    redirect.Proto // ProtoTCP or ProtoUDP
 	Dst      netip.AddrPort
@@ -96,9 +97,9 @@ func (t *Topology) Probe(p Probe) Result {
 	var local netip.Addr
 	switch p.From {
 	case FromApp:
-		c = &creds{p.UID, p.GID}
+		c = t.hostCreds(p.UID, p.GID)
 	case FromPassthrough:
-		c = &creds{p.UID, p.GID}
+		c = t.hostCreds(p.UID, p.GID)
 		local = PassthroughV4
 		if p.Dst.Addr().Is6() {
 			local = PassthroughV6

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -84,6 +85,20 @@ type TopologyOptions struct {
 	// Stack is the pod's address families, and the order its interface
 	// gets them (scenarios.StackDual if zero).
 	Stack scenarios.Stack
+	// NewPodNetns, when set, creates the pod namespace bind-mounted at the
+	// path it is given instead of a plain one, and returns what removes it
+	// (Close calls it). Tests make it a namespace owned by its own user
+	// namespace, as for a pod with hostUsers: false; this package runs no
+	// process, which that takes.
+	NewPodNetns func(path string) (io.Closer, error)
+	// PodUIDBase / PodGIDBase: the pod namespace's in-pod UIDs and GIDs
+	// 0, 1, ... are the host's PodUIDBase, PodUIDBase+1, ... (its user
+	// namespace's ID map). Probes and the DNS proxy's sockets, given in-pod
+	// IDs, are created with the host IDs they map to: the kernel keeps only
+	// the host ID of a socket's owner, so netfilter sees exactly what it
+	// sees for a process of the pod running as the in-pod ID. Zero for a pod
+	// in the host's user namespace.
+	PodUIDBase, PodGIDBase uint32
 }
 
 // TopologyOptionsFor returns the options a scenario's spec needs: the pod's
@@ -115,7 +130,17 @@ type Topology struct {
 	PeerTCPPorts []uint16
 	PeerUDPPorts []uint16
 
-	made []string // namespaces created so far, for Close
+	// PodUIDBase / PodGIDBase map in-pod IDs to host IDs (see
+	// TopologyOptions).
+	PodUIDBase, PodGIDBase uint32
+
+	made    []string    // namespaces created so far, for Close
+	closers []io.Closer // what NewPodNetns returned, for Close
+}
+
+// hostCreds returns the host identity of in-pod uid and gid.
+func (t *Topology) hostCreds(uid, gid uint32) *creds {
+	return &creds{t.PodUIDBase + uid, t.PodGIDBase + gid}
 }
 
 // PodNetnsPath is the pod namespace's path, what a Backend's Apply takes.
@@ -152,6 +177,8 @@ func NewTopology(opts TopologyOptions) (_ *Topology, err error) {
 		AppPorts:     orDefault(opts.AppPorts, DefaultAppPorts),
 		PeerTCPPorts: orDefault(opts.PeerTCPPorts, DefaultPeerTCPPorts),
 		PeerUDPPorts: orDefault(opts.PeerUDPPorts, DefaultPeerUDPPorts),
+		PodUIDBase:   opts.PodUIDBase,
+		PodGIDBase:   opts.PodGIDBase,
 	}
 	if t.PodIface == t.PeerIface {
 		t.PeerIface = "peer1"
@@ -162,7 +189,13 @@ func NewTopology(opts TopologyOptions) (_ *Topology, err error) {
 		}
 	}()
 	for _, name := range []string{t.PodNetns, t.PeerNetns} {
-		if err := createNamedNetns(name); err != nil {
+		if name == t.PodNetns && opts.NewPodNetns != nil {
+			c, err := opts.NewPodNetns(filepath.Join(netnsDir, name))
+			if err != nil {
+				return nil, fmt.Errorf("creating pod network namespace %s: %w", name, err)
+			}
+			t.closers = append(t.closers, c)
+		} else if err := createNamedNetns(name); err != nil {
 			return nil, err
 		}
 		t.made = append(t.made, name)
@@ -445,6 +478,12 @@ func (t *Topology) Close() error {
 		}
 	}
 	t.made = nil
+	for _, c := range t.closers {
+		if err := c.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	t.closers = nil
 	return errors.Join(errs...)
 }
 

@@ -65,6 +65,9 @@ func NewAt(path string, base uint32) (_ *Netns, err error) {
 		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNET,
 		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(base), Size: Size}},
 		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(base), Size: Size}},
+		// As container runtimes allow it: processes of the pod may set
+		// their groups (nsenter -G does).
+		GidMappingsEnableSetgroups: true,
 	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting the user-namespaced holder: %w", err)
