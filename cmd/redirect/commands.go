@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -110,10 +112,10 @@ func newApplyCmd() *cobra.Command {
 		Short: "Install the capture rules into a network namespace (root)",
 		Long: `Installs the rules in one atomic step, replacing what nftmesh installed there
 before. On failure nothing is left behind. PATH is a netns file such as
-/var/run/netns/NAME or /proc/PID/ns/net.`,
+/run/netns/NAME or /proc/PID/ns/net, or the NAME alone (ip netns).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkTarget(netns, backend); err != nil {
+			if err := checkTarget(&netns, backend); err != nil {
 				return err
 			}
 			p, r, err := sf.planIn(cmd.Flags(), netns)
@@ -142,7 +144,7 @@ before. On failure nothing is left behind. PATH is a netns file such as
 	}
 	sf.register(cmd.Flags())
 	sf.requireInput(cmd.Flags())
-	cmd.Flags().StringVar(&netns, "netns", "", "network namespace path")
+	netnsFlag(cmd, &netns)
 	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "backend: auto, nftables or iptables-legacy")
 	runDirFlag(cmd, &runDir)
 	cmd.Flags().BoolVar(&allowOwn, "allow-own-netns", false, "allow PATH to be the namespace redirect itself runs in (refused by default: that is usually the host's)")
@@ -161,7 +163,7 @@ compares the live rules with what that pod should have, prints the differences
 with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drift"}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkTarget(netns, backend); err != nil {
+			if err := checkTarget(&netns, backend); err != nil {
 				return err
 			}
 			if !outputFormats[output] {
@@ -241,7 +243,7 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 		},
 	}
 	sf.register(cmd.Flags())
-	cmd.Flags().StringVar(&netns, "netns", "", "network namespace path")
+	netnsFlag(cmd, &netns)
 	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "backend: auto, nftables or iptables-legacy")
 	outputFlag(cmd, &output, "nft", "output format for the live rules: nft, iptables, json or plan")
 	runDirFlag(cmd, &runDir)
@@ -261,7 +263,7 @@ backend; nothing installed is success ("nothing to remove"). The CNI plugin's DE
 does exactly the same.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkTarget(netns, backend); err != nil {
+			if err := checkTarget(&netns, backend); err != nil {
 				return err
 			}
 			ns, err := capture.Open(netns)
@@ -282,7 +284,7 @@ does exactly the same.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&netns, "netns", "", "network namespace path")
+	netnsFlag(cmd, &netns)
 	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "backend: auto (every backend holding nftmesh rules), nftables or iptables-legacy")
 	runDirFlag(cmd, &runDir)
 	return cmd
@@ -310,11 +312,16 @@ func joinU16(ps []uint16) string {
 }
 
 // checkTarget validates the --netns and --backend flags every kernel
-// command takes.
-func checkTarget(netns, backend string) error {
-	if netns == "" {
+// command takes, and turns an `ip netns` name in netns into its path.
+func checkTarget(netns *string, backend string) error {
+	if *netns == "" {
 		return usageErr("--netns is required")
 	}
+	path, err := netnsPath(*netns, netnsDir)
+	if err != nil {
+		return err
+	}
+	*netns = path
 	if err := capture.ValidateBackend(backend); err != nil {
 		return usageErr("--%v", err)
 	}
@@ -353,4 +360,32 @@ func driftEffects(ctx context.Context, ns *capture.Netns, netns string, want red
 	}
 	addrs, _ := netnsaddr.List(netns)
 	return redirect.ExplainDrift(&want, &live, addrs)
+}
+
+// netnsDir is where `ip netns add NAME` mounts its namespaces.
+var netnsDir = "/run/netns"
+
+func netnsFlag(cmd *cobra.Command, netns *string) {
+	cmd.Flags().StringVar(netns, "netns", "", "network namespace: a path (/proc/PID/ns/net, /run/netns/NAME) or a NAME from ip netns")
+}
+
+// netnsPath is the namespace file --netns names: a value with a "/" is a
+// path, as given; a bare NAME is `ip netns`'s, dir/NAME, which must exist
+// (a relative path to a file here is ./NAME).
+func netnsPath(v, dir string) (string, error) {
+	if strings.Contains(v, "/") {
+		return v, nil
+	}
+	if v == "." || v == ".." || strings.ContainsRune(v, 0) || len(v) > 255 {
+		// 255: NAME_MAX, the longest file name, so the longest ip netns name.
+		return "", usageErr("--netns %s: not a namespace name or path", quote.Value(v))
+	}
+	p := filepath.Join(dir, v)
+	if _, err := os.Stat(p); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", usageErr("--netns %s: no namespace of that name in %s (see ip netns list); a file here is ./%s", quote.Value(v), dir, v)
+		}
+		return "", failure(fmt.Errorf("looking up namespace %s: %w", quote.Value(v), err))
+	}
+	return p, nil
 }

@@ -218,3 +218,28 @@ func TestCLIInspectJSON(t *testing.T) {
 		t.Errorf("text inspect does not explain the drift: exit %d\n%s", code, out)
 	}
 }
+
+// TestCLINetnsName: --netns takes an `ip netns` name as well as a path; a
+// name that does not exist is a usage error naming it.
+func TestCLINetnsName(t *testing.T) {
+	needRoot(t)
+	name, path := newNetns(t)
+	runDir := t.TempDir()
+	ann := redirect.AnnotationIncludeInboundPorts + "=8080"
+	if code, _, errOut := runCLI(t, "apply", "--netns", name, "--run-dir", runDir, "--backend", "nftables", "-a", ann); code != exitOK || !strings.Contains(errOut, path) {
+		t.Fatalf("apply --netns %s: exit %d: %s", name, code, errOut)
+	}
+	if code, out, errOut := runCLI(t, "inspect", "--netns", name, "--run-dir", runDir, "--backend", "nftables", "-a", ann); code != exitOK || !strings.Contains(out, "in sync") || !strings.Contains(out, path) {
+		t.Errorf("inspect --netns %s: exit %d: %s %s", name, code, out, errOut)
+	}
+	if code, _, errOut := runCLI(t, "clean", "--netns", name, "--run-dir", runDir); code != exitOK || !strings.Contains(errOut, "table inet nftmesh") {
+		t.Errorf("clean --netns %s: exit %d: %s", name, code, errOut)
+	}
+	missing := name + "-missing"
+	for _, verb := range []string{"apply", "inspect", "clean"} {
+		code, _, errOut := runCLI(t, verb, "--netns", missing, "--run-dir", runDir)
+		if code != exitUsage || !strings.Contains(errOut, `"`+missing+`"`) || !strings.Contains(errOut, "ip netns list") {
+			t.Errorf("%s --netns %s: exit %d: %s", verb, missing, code, errOut)
+		}
+	}
+}
