@@ -183,7 +183,7 @@ func newTraceCmd() *cobra.Command {
 	var in traceInput
 	var output string
 	cmd := &cobra.Command{
-		Use:   "trace (--pod FILE | --annotation k=v ... | --defaults) [--uid N] [--gid N] [--src IP] [--iface NAME] [--proto tcp|udp] [-o text|json] (out|in) DST_IP:PORT",
+		Use:   "trace (-f FILE | --annotation k=v ... | --defaults) [--uid N] [--gid N] [--src IP] [--iface NAME] [--proto tcp|udp] [-o text|json] (out|in) DST_IP:PORT",
 		Short: "Show where a connection would go through a pod's capture rules, and why (no root needed)",
 		Long: `Follows the first packet of a connection through the rules the pod would get, as
 the kernel would: "out" is a connection a process in the pod opens (nat, mangle and
