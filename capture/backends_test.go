@@ -31,7 +31,7 @@ func TestValidateBackend(t *testing.T) {
 var nsSeq atomic.Int64
 
 // freshNetns makes a named netns for one test (test-only use of `ip`).
-func freshNetns(t *testing.T) string {
+func freshNetns(t testing.TB) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces")

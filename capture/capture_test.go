@@ -17,7 +17,7 @@ import (
 	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
-func scenarioPlan(t *testing.T, name string) redirect.Plan {
+func scenarioPlan(t testing.TB, name string) redirect.Plan {
 	t.Helper()
 	sc, ok := scenarios.ByName(name)
 	if !ok {
