@@ -138,6 +138,11 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.Re
 	defer target.Close()
 	res, err := capture.Apply(ctx, target, plan, capture.Options{Backend: r.opts.Backend, RunDir: r.opts.RunDir})
 	rep.Backend, rep.Why = res.Backend, res.Why
+	if errors.Is(err, capture.ErrUserNamespaced) {
+		// The configured backend can never program this pod (hostUsers:
+		// false with iptables-legacy): retrying cannot help.
+		return rep, fmt.Errorf("%w: programming capture rules for pod %s/%s in %s: %w", installer.ErrRepairImpossible, pod.Namespace, pod.Name, ns.Path, err)
+	}
 	if err != nil {
 		return rep, fmt.Errorf("programming capture rules for pod %s/%s in %s: %w", pod.Namespace, pod.Name, ns.Path, err)
 	}
