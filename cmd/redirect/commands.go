@@ -376,7 +376,7 @@ func netnsPath(v, dir string) (string, error) {
 	if strings.Contains(v, "/") {
 		return v, nil
 	}
-	if v == "." || v == ".." || strings.ContainsRune(v, 0) || len(v) > 255 {
+	if v == "" || v == "." || v == ".." || strings.ContainsRune(v, 0) || len(v) > 255 {
 		// 255: NAME_MAX, the longest file name, so the longest ip netns name.
 		return "", usageErr("--netns %s: not a namespace name or path", quote.Value(v))
 	}

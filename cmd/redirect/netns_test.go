@@ -23,6 +23,7 @@ func TestNetnsPath(t *testing.T) {
 		{"./pod1", "./pod1", nil},
 		{"/run/netns/none", "/run/netns/none", nil}, // paths are opened (and judged) later
 		{"pod2", "", []string{`"pod2"`, dir, "ip netns list", "./pod2"}},
+		{"", "", []string{`""`, "not a namespace"}},
 		{".", "", []string{`"."`, "not a namespace"}},
 		{"..", "", []string{`".."`, "not a namespace"}},
 		{"a\x00b", "", []string{`"a\x00b"`}},
