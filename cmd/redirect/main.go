@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -64,9 +66,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.Execute()
+	cmd, err := root.ExecuteC()
 	if err == nil {
 		return exitOK
+	}
+	if hint := rootHint(err, os.Geteuid()); hint != "" {
+		err = fmt.Errorf("%s %s: %w", cmd.Name(), hint, err)
 	}
 	var ee *exitError
 	code := exitUsage // cobra's own errors are flag/usage errors
@@ -77,6 +82,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "redirect: %v\n", err)
 	}
 	return code
+}
+
+// rootHint says what a permission error of a non-root user means: entering
+// another network namespace needs CAP_SYS_ADMIN and changing or reading its
+// rules CAP_NET_ADMIN, which in practice means root. The errno is also
+// looked for in the text because some netlink libraries format it with %v,
+// dropping the wrapped error. Empty for root (the cause is then elsewhere:
+// a user namespace, seccomp, an LSM) and for other errors.
+func rootHint(err error, euid int) string {
+	if euid == 0 || err == nil {
+		return ""
+	}
+	msg := err.Error()
+	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EACCES) ||
+		strings.Contains(msg, syscall.EPERM.Error()) || strings.Contains(msg, syscall.EACCES.Error()) {
+		return "needs root (CAP_SYS_ADMIN to enter the network namespace, CAP_NET_ADMIN for its rules; try sudo)"
+	}
+	return ""
 }
 
 func newRoot() *cobra.Command {
