@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -230,5 +231,29 @@ func TestUsernsTraffic(t *testing.T) {
 				t.Errorf("the probes did not cover app outbound captured (%d), proxy outbound direct (%d) and inbound captured (%d)", appOut, proxyOut, inbound)
 			}
 		})
+	}
+}
+
+// TestUsernsJoinRefusedMultithreaded shows why no pure-Go writer can put an
+// iptables owner match into a user-namespaced netns: the match needs a
+// writer inside the netns's user namespace, and the kernel refuses setns
+// into a user namespace for a multi-threaded process (EINVAL), which every
+// Go program is.
+func TestUsernsJoinRefusedMultithreaded(t *testing.T) {
+	n := usernsNetns(t)
+	fd, err := unix.Open("/proc/"+strconv.Itoa(n.PID())+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: should setns succeed, the thread must die with
+		// the goroutine instead of serving others from that namespace.
+		runtime.LockOSThread()
+		errc <- unix.Setns(fd, unix.CLONE_NEWUSER)
+	}()
+	if err := <-errc; err != unix.EINVAL {
+		t.Fatalf("setns into the pod's user namespace from a Go program: %v, want EINVAL", err)
 	}
 }
