@@ -95,6 +95,13 @@ func TestUsernsSelect(t *testing.T) {
 			t.Fatalf("got %v %q %v, want nftables %q", b, why, err, UsernsReason)
 		}
 	})
+	t.Run("explicit nftables accepted", func(t *testing.T) {
+		ns := usernsNetns(t)
+		b, why, err := sel(ctx, NFTables, ns.Path)
+		if err != nil || b.Name() != NFTables || why != "requested" {
+			t.Fatalf("got %v %q %v, want nftables requested", b, why, err)
+		}
+	})
 	t.Run("explicit iptables-legacy refused", func(t *testing.T) {
 		ns := usernsNetns(t)
 		n := open(t, ns.Path)
