@@ -264,6 +264,33 @@ func sameEntry(a, b []byte) bool {
 
 // HasPlugin reports whether a config's content holds our entry.
 func HasPlugin(path string, b []byte) bool {
+	for _, t := range pluginTypes(path, b) {
+		if t == PluginName {
+			return true
+		}
+	}
+	return false
+}
+
+// ForeignCapturePlugins are plugin types that program the same pod
+// traffic capture as ours: chained together, each would install its own
+// redirect rules in every pod and they would fight over the pod's traffic.
+var ForeignCapturePlugins = []string{"istio-cni"}
+
+// ForeignCapture returns the first capture plugin other than ours that
+// the config at path chains, or "".
+func ForeignCapture(path string, b []byte) string {
+	for _, t := range pluginTypes(path, b) {
+		if slices.Contains(ForeignCapturePlugins, t) {
+			return t
+		}
+	}
+	return ""
+}
+
+// pluginTypes lists the plugin types of a config file as a runtime loads
+// it; nil when it does not load.
+func pluginTypes(path string, b []byte) []string {
 	var l *libcni.NetworkConfigList
 	var err error
 	if isListFile(path) {
@@ -277,14 +304,13 @@ func HasPlugin(path string, b []byte) bool {
 		}
 	}
 	if err != nil {
-		return false
+		return nil
 	}
+	out := make([]string, 0, len(l.Plugins))
 	for _, p := range l.Plugins {
-		if p.Network.Type == PluginName {
-			return true
-		}
+		out = append(out, p.Network.Type)
 	}
-	return false
+	return out
 }
 
 // VerifyInstalled checks that the chained config at path loads as the

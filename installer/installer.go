@@ -41,6 +41,42 @@ const (
 	partAll = partBinaries | partKubeconfig | partConf
 )
 
+// ForeignCaptureError means the primary config also chains another capture
+// plugin (Istio's istio-cni): the agent does not insert ours next to it.
+type ForeignCaptureError struct {
+	File, Plugin string
+	// Removed says our entry was in the file too and was taken out.
+	Removed bool
+}
+
+func (e *ForeignCaptureError) Error() string {
+	return fmt.Sprintf("%s chains %s: %s is not inserted next to it, as two capture plugins would both program every pod's redirect rules and fight over its traffic; "+
+		"uninstall Istio's CNI node agent (a leftover %s entry must be removed from the file by hand) and %s inserts itself",
+		e.File, e.Plugin, PluginName, e.Plugin, PluginName)
+}
+
+// foreignCapture refuses a primary config that chains another capture
+// plugin. Our entry, if it is there too, is taken out (the other plugin
+// was added after ours: a rollback to it is under way).
+func (in *Installer) foreignCapture(p string) error {
+	s, err := readSnapshot(p)
+	if err != nil || !s.exists {
+		return nil // the insert reads it again and reports
+	}
+	other := ForeignCapture(p, s.data)
+	if other == "" {
+		return nil
+	}
+	fe := &ForeignCaptureError{File: p, Plugin: other}
+	if HasPlugin(p, s.data) {
+		if err := stripFile(p); err != nil {
+			return fmt.Errorf("%w; and removing our entry failed: %w", fe, err)
+		}
+		fe.Removed = true
+	}
+	return fe
+}
+
 // Installer installs the plugin on this node and keeps it installed.
 type Installer struct {
 	cfg  *Config
@@ -58,6 +94,7 @@ type Installer struct {
 	lastWarn    time.Time
 	lastPrimary string
 	warned      map[string]string // skipped file → reason already logged
+	refused     string            // the foreign-capture refusal last logged
 
 	ready   atomic.Bool
 	lastErr atomic.Pointer[error]
@@ -202,6 +239,11 @@ func (in *Installer) checkConf(logSkipped bool) error {
 	if lp != p {
 		return fmt.Errorf("primary config %s is a single plugin without %s", p, PluginName)
 	}
+	if b, err := os.ReadFile(p); err == nil {
+		if other := ForeignCapture(p, b); other != "" {
+			return &ForeignCaptureError{File: p, Plugin: other}
+		}
+	}
 	return VerifyInstalled(p, in.ours)
 }
 
@@ -232,6 +274,9 @@ func (in *Installer) installConf(ctx context.Context) (wrote bool, err error) {
 	if p != in.lastPrimary {
 		in.log.Info().Str("file", p).Msg("primary CNI config")
 		in.lastPrimary = p
+	}
+	if err := in.foreignCapture(p); err != nil {
+		return false, err
 	}
 	if err := in.checkConf(false); err == nil {
 		return false, nil
@@ -587,7 +632,23 @@ func (in *Installer) Run(ctx context.Context) error {
 			return nil
 		}
 		var retry <-chan time.Time
+		var fe *ForeignCaptureError
+		if !errors.As(err, &fe) {
+			in.m.ForeignCapture.Reset()
+			in.refused = ""
+		}
 		switch {
+		case errors.As(err, &fe):
+			// Not a failure to retry on a timer: the next change of the
+			// config (the other plugin's removal) is what helps.
+			in.m.ForeignCapture.WithLabelValues(fe.Plugin).Set(1)
+			if msg := err.Error(); msg != in.refused || fe.Removed {
+				in.refused = msg
+				in.log.Error().Err(err).Str("file", fe.File).Str("plugin", fe.Plugin).Bool("removed_ours", fe.Removed).
+					Msg("refusing to chain " + PluginName + " next to another capture plugin")
+			}
+			in.setNotReady(err)
+			dirty = partConf
 		case err == nil:
 			if wrote || !in.ready.Load() {
 				in.m.install(ResultSuccess)

@@ -33,7 +33,10 @@ type Metrics struct {
 	Ready     prometheus.Gauge
 	Reinserts prometheus.Counter
 	Fights    prometheus.Counter
-	Repairs   *prometheus.CounterVec
+	// ForeignCapture is 1 for the other capture plugin (istio-cni) while
+	// the CNI config chains it and ours is therefore kept out.
+	ForeignCapture *prometheus.GaugeVec
+	Repairs        *prometheus.CounterVec
 	// RepairAPIReachable is 1 while the repair controller's last list or
 	// watch of pods succeeded; RepairAPIErrors counts the failed ones.
 	RepairAPIReachable prometheus.Gauge
@@ -130,6 +133,10 @@ func NewMetrics() *Metrics {
 		Help:    "Time the plugin spent looking the pod up in the API (kubeconfig, client, GET) by CNI command, failed lookups included.",
 		Buckets: buckets,
 	}, []string{"command"})
+	m.ForeignCapture = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: metricsNamespace, Name: "foreign_capture_plugin",
+		Help: "1 while the CNI config chains another capture plugin (label plugin, e.g. istio-cni) and nftmesh-cni is kept out of it.",
+	}, []string{"plugin"})
 	m.RepairAPIReachable = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystemRepair, Name: "api_reachable",
 		Help: "1 while the repair controller's last list or watch of its node's pods succeeded, 0 while it cannot reach the API server (broken pods are then not repaired).",
@@ -151,7 +158,7 @@ func NewMetrics() *Metrics {
 		Help: "Broken pods handled by the repair controller, under Istio's name: type repair, delete or label; result success, skip or fail.",
 	}, []string{"type", "result"})
 	m.Registry.MustRegister(m.Installs, m.Ready, m.Reinserts, m.Fights, m.Repairs, m.PluginEvents,
-		m.RepairAPIReachable, m.RepairAPIErrors, m.AddDuration, m.LookupDuration, m.IstioInstalls, m.IstioReady, m.IstioRepairs,
+		m.ForeignCapture, m.RepairAPIReachable, m.RepairAPIErrors, m.AddDuration, m.LookupDuration, m.IstioInstalls, m.IstioReady, m.IstioRepairs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
