@@ -46,7 +46,7 @@ func newRenderCmd() *cobra.Command {
 		},
 	}
 	sf.register(cmd.Flags())
-	outputFlag(cmd, &output, "nft", "output format: nft, iptables, json or plan")
+	outputFlag(cmd, &output, "nft", "output format: nft, iptables, json or plan", "nft", "iptables", "json", "plan")
 	return cmd
 }
 
@@ -99,7 +99,7 @@ settings (valid, invalid, not in the mesh), with the same exit codes.`,
 		},
 	}
 	sf.register(cmd.Flags())
-	outputFlag(cmd, &output, "text", "output format: text or json")
+	outputFlag(cmd, &output, "text", "output format: text or json", "text", "json")
 	return cmd
 }
 
@@ -245,7 +245,7 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 	sf.register(cmd.Flags())
 	netnsFlag(cmd, &netns)
 	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "backend: auto, nftables or iptables-legacy")
-	outputFlag(cmd, &output, "nft", "output format for the live rules: nft, iptables, json or plan")
+	outputFlag(cmd, &output, "nft", "output format for the live rules: nft, iptables, json or plan", "nft", "iptables", "json", "plan")
 	runDirFlag(cmd, &runDir)
 	return cmd
 }
@@ -331,8 +331,9 @@ func checkTarget(netns *string, backend string) error {
 // outputFlag registers -o/--output, and --format as its deprecated alias
 // (the name before kubectl's -o became the habit; -f is --pod, as
 // kubectl's -f is a file).
-func outputFlag(cmd *cobra.Command, output *string, def, usage string) {
+func outputFlag(cmd *cobra.Command, output *string, def, usage string, values ...string) {
 	cmd.Flags().StringVarP(output, "output", "o", def, usage)
+	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
 	cmd.Flags().StringVar(output, "format", def, usage)
 	// Hidden rather than MarkDeprecated: pflag prints that notice on the
 	// command's stdout, into the rules or JSON; warnDeprecated writes it to

@@ -118,6 +118,7 @@ the nftmesh CNI plugin does, without Kubernetes and without any iptables or nft 
 	}
 	root.SetVersionTemplate(version.Line("redirect") + "\n")
 	root.AddCommand(newRenderCmd(), newValidateCmd(), newTraceCmd(), newApplyCmd(), newInspectCmd(), newCleanCmd(), newDemoCmd())
+	registerCompletions(root)
 	for _, c := range root.Commands() {
 		// The exit codes are the same for every command: the root's help
 		// holds the one table, each command's help points at it.
