@@ -193,6 +193,9 @@ const (
 	firstRetryDelay = 50 * time.Millisecond
 	maxRetryDelay   = time.Second
 	maxAttemptTime  = 5 * time.Second
+	// maxServerDelay bounds the pause a server's Retry-After imposes
+	// between attempts (the deadline bounds the whole).
+	maxServerDelay = 5 * time.Second
 )
 
 // GetPod fetches a pod, retrying what may get better by waiting (an
@@ -240,11 +243,17 @@ func (c *PodClient) GetPod(ctx context.Context, namespace, name, wantUID string,
 		if !Retryable(err) {
 			return nil, fmt.Errorf("getting pod %s/%s: %w", namespace, name, err)
 		}
+		wait := delay
+		if secs, ok := apierrors.SuggestsClientDelay(err); ok && secs > 0 {
+			// The server asked for a pause (Retry-After on a 429 or a
+			// server timeout): asking sooner only adds to its load.
+			wait = max(wait, min(time.Duration(secs)*time.Second, maxServerDelay))
+		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("getting pod %s/%s: %s within %s (%d attempts): %w",
 				namespace, name, transientWhat(err), time.Since(start).Round(time.Millisecond), attempt, err)
-		case <-time.After(delay):
+		case <-time.After(wait):
 		}
 		delay = min(2*delay, maxRetryDelay)
 	}

@@ -183,6 +183,28 @@ func TestGetPodRetriesWhatCanGetBetter(t *testing.T) {
 	}
 }
 
+// TestGetPodHonoursRetryAfter: a 429 with Retry-After: 1 is asked again
+// no sooner than a second later, not after the 50 ms backoff.
+func TestGetPodHonoursRetryAfter(t *testing.T) {
+	var first, second atomic.Int64 // UnixNano of each request
+	c, n := fakeAPI(t, func(i int, w http.ResponseWriter, r *http.Request) {
+		if i == 1 {
+			first.Store(time.Now().UnixNano())
+			w.Header().Set("Retry-After", "1")
+			reply(429, "text/plain", "slow down")(i, w, r)
+			return
+		}
+		second.Store(time.Now().UnixNano())
+		reply(200, "application/json", podJSON("shop", "web-1"))(i, w, r)
+	})
+	if _, err := c.GetPod(context.Background(), "shop", "web-1", "", 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if gap := time.Duration(second.Load() - first.Load()); n.Load() != 2 || gap < 900*time.Millisecond {
+		t.Errorf("%d requests, the second %v after the first; want 2, at least 1s apart", n.Load(), gap)
+	}
+}
+
 // TestGetPodGivesUp: what keeps failing is reported by what it was, after
 // the timeout.
 func TestGetPodGivesUp(t *testing.T) {
