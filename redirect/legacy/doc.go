@@ -1,6 +1,6 @@
 // Package legacy is the iptables-legacy (x_tables) backend of the redirect
 // engine. It owns three things: the iptables-save rendering of a Plan
-// (Render, the contract for the legacy backend and `redirect render --format
+// (Render, the contract for the legacy backend and `redirect render -o
 // iptables`), the pure-Go x_tables encoder/decoder for the few matches and
 // targets Istio's capture needs, and the Backend that installs them with
 // IPT_SO_SET_REPLACE / IP6T_SO_SET_REPLACE on a raw socket created inside the
