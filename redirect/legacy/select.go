@@ -93,6 +93,9 @@ func HasLegacyRules(netns string) (bool, error) {
 type Presence struct {
 	Ours             bool // nftmesh's chains or tagged rules, any table or family (not another installer's ISTIO_* chains)
 	NatOrMangleRules bool // nat or mangle hold any rule or user chain, ours or not
+	// Foreign names the ISTIO_* user chains that are not ours (istio-init's
+	// or Istio CNI's capture), as "<family> <table> <chain>".
+	Foreign []string
 }
 
 // Probe reads the legacy tables of netns once, cheaply: tables that were
@@ -128,6 +131,8 @@ func Probe(netns string) (Presence, error) {
 				if c.hook < 0 {
 					if mine[c.name] {
 						pr.Ours = true
+					} else if ourChain(c.name) {
+						pr.Foreign = append(pr.Foreign, fam.String()+" "+name+" "+c.name)
 					}
 					if name != "raw" {
 						pr.NatOrMangleRules = true
