@@ -204,8 +204,17 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 			if errors.As(err, &drift) {
 				effects = driftEffects(ctx, ns, netns, want, opts)
 			}
+			// Our rules matching the plan is not "in sync" while another
+			// installer's capture acts on the same traffic.
+			var foreign []string
+			if err == nil || drift != nil {
+				var ferr error
+				if foreign, ferr = capture.Foreign(ctx, ns); ferr != nil {
+					return failure(ferr)
+				}
+			}
 			if output == "json" && (err == nil || drift != nil) {
-				doc := inspectDoc{SchemaVersion: schemaVersion, Netns: netns, Subject: r.subject, Backend: name, InSync: err == nil, Drift: []string{}}
+				doc := inspectDoc{SchemaVersion: schemaVersion, Netns: netns, Subject: r.subject, Backend: name, InSync: err == nil && len(foreign) == 0, Drift: []string{}, Foreign: foreign}
 				if drift != nil {
 					doc.Drift = drift.Lines
 				}
@@ -215,12 +224,19 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 				if werr := writeJSON(w, doc); werr != nil {
 					return failure(werr)
 				}
-				if err == nil {
+				if doc.InSync {
 					return nil
 				}
 				return &exitError{exitDrift, nil}
 			}
+			if len(foreign) > 0 {
+				fmt.Fprintf(w, "foreign capture: %s also holds another installer's traffic capture (Istio's istio-init or istio-cni), which acts on the pod's traffic too:\n  %s\n",
+					netns, strings.Join(foreign, "\n  "))
+			}
 			switch {
+			case err == nil && len(foreign) > 0:
+				fmt.Fprintf(w, "nftmesh's own rules match the plan of %s (%s)\n", r.subject, name)
+				return &exitError{exitDrift, nil}
 			case err == nil:
 				fmt.Fprintf(w, "in sync: %s has exactly the capture rules of %s (%s)\n", netns, r.subject, name)
 				return nil

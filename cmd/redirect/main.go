@@ -31,7 +31,7 @@ const exitCodesHelp = `Exit codes:
   1  failure in the kernel or system (apply, read back, remove)
   2  bad usage or bad input (flags, annotations, manifest; --backend
      iptables-legacy for a user-namespaced netns, hostUsers: false)
-  3  inspect --pod: the live rules differ from the pod's plan
+  3  inspect --pod: the live rules differ from the pod's plan, or another installer's capture is there too
   4  the pod is not in the mesh (skipped as Istio's CNI would): nothing done`
 
 // exitError carries an exit code through cobra.

@@ -61,6 +61,10 @@ type inspectDoc struct {
 	Backend       string   `json:"backend"`
 	InSync        bool     `json:"inSync"`
 	Drift         []string `json:"drift"`
+	// Foreign is another installer's capture found in the namespace
+	// (Istio's ISTIO_* chains or istio-proxy-* tables); inSync is false
+	// while there is any.
+	Foreign []string `json:"foreign,omitempty"`
 	// Effects are packets the live rules treat differently from the plan
 	// (traced through both), when there is drift.
 	Effects []effectDoc `json:"effects,omitempty"`
