@@ -35,7 +35,8 @@ const (
 	CodeInvalidCapture uint = 101
 	// CodeApply: the capture rules could not be programmed.
 	CodeApply uint = 102
-	// CodeDrift: CHECK found live rules that differ from the pod's plan.
+	// CodeDrift: CHECK found live rules that differ from the pod's plan,
+	// or another installer's capture (Istio's) next to them.
 	CodeDrift uint = 103
 	// CodeBackendUnsupported: the configured backend cannot program the
 	// pod's netns: "backend": "iptables-legacy" for a pod whose netns is
@@ -335,6 +336,18 @@ func cmdCheck(args *skel.CmdArgs) error {
 		}
 		return inv.failWith(backend, types.NewError(code,
 			fmt.Sprintf("nftmesh-cni: capture rules of pod %s in %s are not as planned", inv.podRef(), args.Netns), err.Error()))
+	}
+	// Our rules as planned is not a pass while another installer's
+	// capture (Istio's) acts on the same traffic.
+	foreign, err := capture.Foreign(actx, ns)
+	if err != nil {
+		return inv.failWith(backend, types.NewError(types.ErrIOFailure,
+			fmt.Sprintf("nftmesh-cni: looking for foreign capture rules of pod %s in %s", inv.podRef(), args.Netns), err.Error()))
+	}
+	if len(foreign) > 0 {
+		return inv.failWith(backend, types.NewError(CodeDrift,
+			fmt.Sprintf("nftmesh-cni: pod %s has another installer's traffic capture next to ours", inv.podRef()),
+			(&capture.ForeignError{Netns: args.Netns, Found: foreign}).Error()))
 	}
 	decision := "capture"
 	if plan == nil {
