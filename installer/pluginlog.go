@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -311,6 +312,13 @@ func (p *PluginLogFollower) emit(line []byte) {
 // never printed.
 const PluginRecordOnlyField = "record_only"
 
+// pluginCommands and pluginDecisions are the label values the plugin's
+// decision lines carry.
+var (
+	pluginCommands  = []string{"ADD", "DEL", "CHECK", "STATUS", "GC"}
+	pluginDecisions = []string{"capture", "skip", "remove", "error"}
+)
+
 // record is what the metrics take from a plugin decision line.
 type record struct {
 	command, decision string
@@ -331,7 +339,15 @@ func (p *PluginLogFollower) count(r record) {
 	if p.m == nil || r.decision == "" {
 		return
 	}
+	// Label values come from a file: keep them to the plugin's vocabulary,
+	// so a stray line cannot grow the series without bound.
 	command := strings.ToUpper(r.command)
+	if !slices.Contains(pluginCommands, command) {
+		command = "OTHER"
+	}
+	if !slices.Contains(pluginDecisions, r.decision) {
+		r.decision = "other"
+	}
 	p.m.PluginEvents.WithLabelValues(command, r.decision).Inc()
 	if command == "ADD" && r.duration >= 0 {
 		p.m.AddDuration.WithLabelValues(r.decision).Observe(r.duration)

@@ -237,6 +237,8 @@ func FuzzPluginLogLine(f *testing.F) {
 	f.Add([]byte(`{"level":7,"time":{},"message":["x"]}`))
 	f.Add([]byte(`{"a":1}{"b":2}`))
 	f.Add([]byte("\x00\xff{"))
+	f.Add([]byte(`{"level":"info","command":"ADD","decision":"skip","duration_ms":-1,"lookup_ms":"x","record_only":true,"message":"m"}`))
+	f.Add([]byte(`{"command":"add","decision":"zzz","duration_ms":1e308,"lookup_ms":1e-9,"record_only":"yes"}`))
 	m := NewMetrics()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var out bytes.Buffer
@@ -255,4 +257,40 @@ func FuzzPluginLogLine(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A record_only line (written below the plugin's log level) is counted and
+// timed but not printed; durations feed the histograms in seconds; label
+// values outside the plugin's vocabulary are folded into "other".
+func TestPluginRecordLines(t *testing.T) {
+	var out lockedBuf
+	m := NewMetrics()
+	f := NewPluginLogFollower(t.TempDir(), &out, zerolog.InfoLevel, m)
+	f.consume([]byte(`{"level":"info","command":"ADD","decision":"skip","duration_ms":2.5,"lookup_ms":1.5,"record_only":true,"message":"ADD skip"}` + "\n" +
+		`{"level":"info","command":"ADD","decision":"skip","duration_ms":4,"message":"ADD skip"}` + "\n" +
+		`{"level":"info","command":"bogus","decision":"made-up","message":"x"}` + "\n"))
+	if got := messages(out.lines(t)); strings.Join(got, "|") != "ADD skip|x" {
+		t.Errorf("printed %q, want the plain line and the bogus one only", got)
+	}
+	if got := testutil.ToFloat64(m.PluginEvents.WithLabelValues("ADD", "skip")); got != 2 {
+		t.Errorf("ADD skip events %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(m.PluginEvents.WithLabelValues("OTHER", "other")); got != 1 {
+		t.Errorf("unknown labels not folded: %v", got)
+	}
+	if n := testutil.CollectAndCount(m.LookupDuration); n != 1 {
+		t.Errorf("lookup histogram series %d, want 1 (only the line with lookup_ms)", n)
+	}
+	var sum float64
+	mfs, _ := m.Registry.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "nftmesh_cni_add_duration_seconds" {
+			for _, mm := range mf.GetMetric() {
+				sum += mm.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	if sum < 0.0064 || sum > 0.0066 {
+		t.Errorf("ADD duration sum %v s, want 0.0065 (2.5 ms + 4 ms)", sum)
+	}
 }
