@@ -8,7 +8,13 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/nftmesh/nftmesh/internal/quote"
 )
+
+// maxTargetEcho bounds how much of a bad target an error quotes: %q may
+// spell a byte as four characters, and a flag error must stay one short line.
+const maxTargetEcho = 40
 
 // Target is something a dialer connects to periodically.
 type Target struct {
@@ -26,11 +32,11 @@ func ParseTarget(s string) (Target, error) {
 		t.Proto, t.Addr = p, rest
 	}
 	if t.Proto != "tcp" && t.Proto != "udp" {
-		return Target{}, fmt.Errorf("target %q: protocol %q is not tcp or udp", truncate(s, 100), truncate(t.Proto, 20))
+		return Target{}, fmt.Errorf("target %s: protocol %s is not tcp or udp", quote.ValueN(s, maxTargetEcho), quote.ValueN(t.Proto, 8))
 	}
 	host, port, err := net.SplitHostPort(t.Addr)
 	if err != nil || host == "" || port == "" {
-		return Target{}, fmt.Errorf("target %q is not host:port", truncate(s, 100))
+		return Target{}, fmt.Errorf("target %s is not host:port", quote.ValueN(s, maxTargetEcho))
 	}
 	return t, nil
 }
@@ -84,7 +90,7 @@ func dial(ctx context.Context, t Target) (Reply, string, error) {
 	}
 	var r Reply
 	if err := json.Unmarshal(b, &r); err != nil {
-		return Reply{}, local, fmt.Errorf("reading the reply of %s: %q is not a stand-in reply: %w", t, truncate(string(b), 100), err)
+		return Reply{}, local, fmt.Errorf("reading the reply of %s: %s is not a stand-in reply: %w", t, quote.ValueN(string(b), 100), err)
 	}
 	return r, local, nil
 }

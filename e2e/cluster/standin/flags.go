@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/nftmesh/nftmesh/internal/quote"
 )
 
 // Targets is a repeatable flag of dial targets; each value may also hold a
@@ -57,7 +59,7 @@ func (p *Ports) Set(v string) error {
 		}
 		n, err := strconv.ParseUint(s, 10, 16)
 		if err != nil || n == 0 {
-			return fmt.Errorf("port %q is not a number from 1 to 65535", truncate(s, 20))
+			return fmt.Errorf("port %s is not a number from 1 to 65535", quote.ValueN(s, 20))
 		}
 		*p = append(*p, uint16(n))
 	}

@@ -31,6 +31,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nftmesh/nftmesh/internal/quote"
 )
 
 // Listener names, as they appear in Event.Listener and Reply.Listener. They
@@ -174,7 +176,7 @@ func ParseEvents(r io.Reader) ([]Event, error) {
 		}
 		var e Event
 		if err := json.Unmarshal([]byte(line), &e); err != nil {
-			return out, fmt.Errorf("parsing stand-in event on line %d %q: %w", n, truncate(line, 120), err)
+			return out, fmt.Errorf("parsing stand-in event on line %d %s: %w", n, quote.ValueN(line, 120), err)
 		}
 		out = append(out, e)
 	}
@@ -182,11 +184,4 @@ func ParseEvents(r io.Reader) ([]Event, error) {
 		return out, fmt.Errorf("reading stand-in events: %w", err)
 	}
 	return out, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
 }
