@@ -29,9 +29,10 @@ import (
 // seen half-written). How long the node had no plugin entry or binary, and
 // how many pods needed a second validation run (repaired), are reported.
 //
-// It runs only with NFTMESH_E2E_CHURN=1: pods created while the agent is
-// being replaced currently stay with istio-validation failing (126) past
-// the bound, so it is not yet part of make test or make e2e-cluster.
+// It runs only with NFTMESH_E2E_CHURN=1: on a heavily loaded machine, pods
+// created while the agent was being replaced stayed with istio-validation
+// failing (126) past the bound, for a reason not yet found (it passes on an
+// idle one), so it is not yet part of make test or make e2e-cluster.
 func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 	c := need(t)
 	if os.Getenv("NFTMESH_E2E_CHURN") != "1" {
