@@ -20,7 +20,11 @@ func goBuild(repo, pkg, out string) error {
 	if goBin == "" {
 		goBin = "go"
 	}
-	cmd := exec.Command(goBin, "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	// The version is the fallback image's tag, so the installed plugin's
+	// --version matches the image as it does after `make image`.
+	_, version, _ := strings.Cut(nftmeshImage, ":")
+	cmd := exec.Command(goBin, "build", "-trimpath",
+		"-ldflags=-s -w -X github.com/nftmesh/nftmesh/internal/version.Version="+version, "-o", out, pkg)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
