@@ -65,7 +65,7 @@ version:
 
 ## test: everything CI runs — lint, all tests (kernel tests need root), short fuzzing.
 ## pilot-agent (Istio's, from the module proxy) runs the injected pods'
-## istio-validation in internal/istiotest's netns test.
+## istio-validation in testkit/istiotest's netns test.
 test: build image kube-binaries pilot-agent helm lint
 	$(GO) test -count=1 -timeout 40m ./...
 	$(MAKE) fuzz
@@ -104,19 +104,19 @@ lint: staticcheck
 	@# The model must not import a backend, netlink, or Kubernetes.
 	@bad=$$($(GO) list -deps ./redirect | grep -E 'nftables|netlink|k8s.io|vishvananda|golang.org/x/sys' || true); \
 	  if [ -n "$$bad" ]; then echo "redirect imports kernel/Kubernetes packages:"; echo "$$bad"; exit 1; fi
-	@# Product code never execs a binary (internal/kubetest starts etcd and
-	@# kube-apiserver, internal/usernstest a user-namespaced holder process: test
+	@# Product code never execs a binary (testkit/kubetest starts etcd and
+	@# kube-apiserver, testkit/usernstest a user-namespaced holder process: test
 	@# helpers imported only by tests).
-	@bad=$$(grep -rln 'exec.Command' --include='*.go' cmd nft redirect podinfo installer internal capture | grep -v -e '_test.go' -e '^internal/kubetest/' -e '^internal/usernstest/' || true); \
+	@bad=$$(grep -rln 'exec.Command' --include='*.go' cmd nft redirect podinfo installer internal capture | grep -v -e '_test.go' -e '^testkit/kubetest/' -e '^testkit/usernstest/' || true); \
 	  if [ -n "$$bad" ]; then echo "exec in product code:"; echo "$$bad"; exit 1; fi
-	@bad=$$($(GO) list -deps ./cmd/... | grep -e 'internal/kubetest' -e 'internal/usernstest' || true); \
-	  if [ -n "$$bad" ]; then echo "a binary imports a test helper (internal/kubetest, internal/usernstest)"; exit 1; fi
+	@bad=$$($(GO) list -deps ./cmd/... | grep -e 'testkit/kubetest' -e 'testkit/usernstest' || true); \
+	  if [ -n "$$bad" ]; then echo "a binary imports a test helper (testkit/kubetest, testkit/usernstest)"; exit 1; fi
 	@# Only the capture pipeline drives the kernel backends: every front end
 	@# (plugin, CLI, repair) goes through it, so every write is guarded and
 	@# locked. The backends themselves and the test kit (imported by tests only)
 	@# are the other importers allowed.
 	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep -E 'nftmesh/nft( |$$)|nftmesh/redirect/legacy( |$$)' | cut -d: -f1 | \
-	  grep -v -x -e 'github.com/nftmesh/nftmesh/capture' -e 'github.com/nftmesh/nftmesh/nft' -e 'github.com/nftmesh/nftmesh/redirect/legacy' -e 'github.com/nftmesh/nftmesh/internal/nettest' -e 'github.com/nftmesh/nftmesh/internal/scenarios' -e 'github.com/nftmesh/nftmesh/internal/golden' -e 'github.com/nftmesh/nftmesh/internal/e2e' || true); \
+	  grep -v -x -e 'github.com/nftmesh/nftmesh/capture' -e 'github.com/nftmesh/nftmesh/nft' -e 'github.com/nftmesh/nftmesh/redirect/legacy' -e 'github.com/nftmesh/nftmesh/testkit/nettest' -e 'github.com/nftmesh/nftmesh/testkit/scenarios' -e 'github.com/nftmesh/nftmesh/testkit/golden' -e 'github.com/nftmesh/nftmesh/e2e/node' || true); \
 	  if [ -n "$$bad" ]; then echo "imports a kernel backend directly (use package capture):"; echo "$$bad"; exit 1; fi
 
 update-golden:
@@ -128,19 +128,19 @@ fuzz:
 
 kube-apiserver: $(APISERVER)
 $(APISERVER):
-	./internal/kubetest/build-apiserver.sh $(abspath $(APISERVER))
+	./testkit/kubetest/build-apiserver.sh $(abspath $(APISERVER))
 
 ## istio: Istio's own pilot-agent and istioctl, built from the istio.io/istio
-## module pinned in internal/istiotest/istio (cached in .cache/, kept if
+## module pinned in testkit/istiotest/istio (cached in .cache/, kept if
 ## present). pilot-agent alone is what the injected istio-validation runs.
 istio: $(ISTIO_BINS)
 pilot-agent: $(CACHE)/pilot-agent
 $(CACHE)/pilot-agent $(CACHE)/istioctl:
-	./internal/istiotest/build-istio.sh $(CACHE) $(notdir $@)
+	./testkit/istiotest/build-istio.sh $(CACHE) $(notdir $@)
 
 ## istio-manifests: regenerate testdata/istio with Istio's injector (review the diff).
 istio-manifests: $(CACHE)/istioctl
-	UPDATE_GOLDEN=1 $(GO) test -count=1 -run 'TestIstioInjectGolden' ./internal/istiotest/
+	UPDATE_GOLDEN=1 $(GO) test -count=1 -run 'TestIstioInjectGolden' ./testkit/istiotest/
 
 ## standin: the static programs injected pods run offline (bin/standin/):
 ## standin-proxy (istio-proxy), standin-app (the app), pause (the sandbox).
@@ -150,7 +150,7 @@ standin:
 
 # One go build for all that are missing (build-kube.sh skips the others).
 kube-binaries:
-	./internal/kubetest/build-kube.sh $(CACHE) $(KUBE_BINS)
+	./testkit/kubetest/build-kube.sh $(CACHE) $(KUBE_BINS)
 
 helm: $(HELM)
 $(HELM):

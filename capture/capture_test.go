@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/legacy"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 func scenarioPlan(t testing.TB, name string) redirect.Plan {

@@ -12,12 +12,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nftmesh/nftmesh/internal/nettest"
-	"github.com/nftmesh/nftmesh/internal/scenarios"
-	"github.com/nftmesh/nftmesh/internal/usernstest"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/legacy"
+	"github.com/nftmesh/nftmesh/testkit/nettest"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
+	"github.com/nftmesh/nftmesh/testkit/usernstest"
 )
 
 // usernsBase is the host ID in-namespace 0 maps to in these tests' user

@@ -22,8 +22,8 @@ import (
 
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/inplace"
-	"github.com/nftmesh/nftmesh/internal/kubetest"
 	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
 const agentNS = "nftmesh-system"

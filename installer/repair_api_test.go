@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/nftmesh/nftmesh/internal/kubetest"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
 // switchProxy forwards a fixed loopback port to the API server and can be

@@ -13,7 +13,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/nftmesh/nftmesh/internal/nettest"
+	"github.com/nftmesh/nftmesh/testkit/nettest"
 )
 
 // BenchmarkConnRate10kVs0 measures TCP connection setup through the capture

@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/golden"
-	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/golden"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 func TestGolden(t *testing.T) {

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // TestKernelRenderLoads feeds Render's text to `nft -f` in a fresh netns

@@ -21,11 +21,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
-	"github.com/nftmesh/nftmesh/internal/kubetest"
 	"github.com/nftmesh/nftmesh/internal/policyroute"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/legacy"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
 // The stand-in host: a child process of the test binary in new PID, network

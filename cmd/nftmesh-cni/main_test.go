@@ -24,11 +24,11 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/nftmesh/nftmesh/internal/kubetest"
-	"github.com/nftmesh/nftmesh/internal/nettest"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
+	"github.com/nftmesh/nftmesh/testkit/nettest"
 )
 
 // The package's tests share one API server and one built plugin binary.

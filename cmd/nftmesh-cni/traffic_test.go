@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftmesh/nftmesh/internal/nettest"
-	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/nettest"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // TestRealTraffic: after the plugin's ADD (the built binary, exec'd as a

@@ -8,10 +8,10 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nftmesh/nftmesh/internal/usernstest"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect/legacy"
+	"github.com/nftmesh/nftmesh/testkit/usernstest"
 )
 
 // TestChainUsernsPod: a pod whose netns is owned by its own user namespace

@@ -5,10 +5,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/usernstest"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/legacy"
+	"github.com/nftmesh/nftmesh/testkit/usernstest"
 )
 
 // TestCLIUsernsNetns: for a netns owned by another user namespace (a pod

@@ -19,9 +19,9 @@ import (
 
 	"github.com/nftmesh/nftmesh/e2e/cluster/standin"
 	"github.com/nftmesh/nftmesh/internal/imagebuild"
-	"github.com/nftmesh/nftmesh/internal/istiotest"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/istiotest"
 )
 
 const (

@@ -16,7 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/nftmesh/nftmesh/internal/istiotest"
+	"github.com/nftmesh/nftmesh/testkit/istiotest"
 )
 
 // TestUpgradeAndRestartDuringPodStarts covers assertions 4 and 5: mesh pods

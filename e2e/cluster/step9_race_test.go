@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nftmesh/nftmesh/internal/istiotest"
+	"github.com/nftmesh/nftmesh/testkit/istiotest"
 )
 
 // TestNodeStartRace is assertion 3, the race Istio users hit: a mesh pod

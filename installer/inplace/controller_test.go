@@ -19,9 +19,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nftmesh/nftmesh/installer"
-	"github.com/nftmesh/nftmesh/internal/kubetest"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
 // chartRepairRules are the rules the chart grants the agent in repairPods

@@ -12,12 +12,12 @@ import (
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/installer"
-	"github.com/nftmesh/nftmesh/internal/nettest"
-	"github.com/nftmesh/nftmesh/internal/usernstest"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/legacy"
+	"github.com/nftmesh/nftmesh/testkit/nettest"
+	"github.com/nftmesh/nftmesh/testkit/usernstest"
 )
 
 // TestFindNetnsUsernsPod: the /proc walk finds a pod whose netns is owned by

@@ -16,7 +16,7 @@ import (
 // TestDestinationWithoutRedirect: a connection nothing redirected reports
 // the address it was made to (conntrack's tuple or, untracked, the local
 // address). The REDIRECT and TPROXY cases need a network namespace with
-// rules: internal/nettest and the stand-in tests prove them.
+// rules: testkit/nettest and the stand-in tests prove them.
 func TestDestinationWithoutRedirect(t *testing.T) {
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 func defaultPlan(b testing.TB) redirect.Plan {

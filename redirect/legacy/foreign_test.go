@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // readNS reads one table of a netns with our reader (test helper).

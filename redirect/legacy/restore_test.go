@@ -3,7 +3,7 @@ package legacy
 import (
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/scenarios"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // TestRenderMatchesRealSave loads each render with the real

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/scenarios"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 func TestLegacyAvailable(t *testing.T) {

@@ -4,8 +4,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/nettest"
-	"github.com/nftmesh/nftmesh/internal/scenarios"
+	"github.com/nftmesh/nftmesh/testkit/nettest"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // TestTraffic runs the shared real-traffic harness for every scenario with

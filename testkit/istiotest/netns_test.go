@@ -19,11 +19,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/e2e/cluster/standin"
-	"github.com/nftmesh/nftmesh/internal/nettest"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/legacy"
+	"github.com/nftmesh/nftmesh/testkit/nettest"
 )
 
 // The "other pod" of the netns test: the peer namespace runs a stand-in app

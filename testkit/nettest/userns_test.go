@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/usernstest"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/usernstest"
 )
 
 // TestUsernsThreadCredsMatchChildProcess: in a pod netns owned by its own

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/golden"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/golden"
 )
 
 func TestAllScenariosBuildAndVerify(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nftmesh/nftmesh/internal/golden"
+	"github.com/nftmesh/nftmesh/testkit/golden"
 )
 
 // TestModuleVersionPinned: the constant the tests report is the version

@@ -126,7 +126,7 @@ func Start(t testing.TB) *Server {
 func StartServer(dir string) (*Server, error) {
 	bin := APIServerBinary()
 	if _, err := os.Stat(bin); err != nil {
-		return nil, fmt.Errorf("%w: kube-apiserver not found at %s; build it with `make kube-apiserver` (internal/kubetest/build-apiserver.sh)", ErrNoBinary, bin)
+		return nil, fmt.Errorf("%w: kube-apiserver not found at %s; build it with `make kube-apiserver` (testkit/kubetest/build-apiserver.sh)", ErrNoBinary, bin)
 	}
 	etcdBin, err := exec.LookPath("etcd")
 	if err != nil {

@@ -15,8 +15,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // childEnv makes the test binary, re-executed, send one probe and print the

@@ -4,9 +4,9 @@ import (
 	"os"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/nettest"
-	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/testkit/nettest"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // TestNftTraffic holds the nftables backend to Istio's semantics with real

@@ -16,7 +16,7 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
-// The pod's own addresses in every test topology (internal/nettest gives
+// The pod's own addresses in every test topology (testkit/nettest gives
 // them to the pod's interface as its Stack says): 198.18.0.0/15
 // (benchmarking range) and a ULA.
 var (

@@ -4,11 +4,11 @@ import (
 	"os"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/nettest"
-	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/legacy"
+	"github.com/nftmesh/nftmesh/testkit/nettest"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // TestTracerAgreesWithKernel is the tracer's property test: for every probe

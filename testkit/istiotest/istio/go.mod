@@ -1,4 +1,4 @@
-module github.com/nftmesh/nftmesh/internal/istiotest/istio
+module github.com/nftmesh/nftmesh/testkit/istiotest/istio
 
 go 1.26.0
 

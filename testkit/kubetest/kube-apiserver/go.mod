@@ -2,7 +2,7 @@
 // It is separate from the main module so that k8s.io/kubernetes never enters
 // the project's own dependency graph. Every staging module is replaced by its
 // v0.35.4 release, mirroring the "=> ./staging/..." lines of kubernetes' go.mod.
-module github.com/nftmesh/nftmesh/internal/kubetest/kube-apiserver
+module github.com/nftmesh/nftmesh/testkit/kubetest/kube-apiserver
 
 go 1.25.0
 

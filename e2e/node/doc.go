@@ -10,4 +10,4 @@
 // It has no non-test code; it needs root, the kube-apiserver test binary
 // (make kube-apiserver), etcd and Debian's containernetworking-plugins, and
 // skips with a message saying which is missing.
-package e2e
+package node

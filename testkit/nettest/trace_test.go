@@ -3,8 +3,8 @@ package nettest
 import (
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // TestTracerAgreesWithOracle runs redirect.TracePacket over each scenario's

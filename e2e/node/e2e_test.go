@@ -1,4 +1,4 @@
-package e2e
+package node
 
 import (
 	"bytes"
@@ -27,11 +27,11 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/nftmesh/nftmesh/internal/kubetest"
-	"github.com/nftmesh/nftmesh/internal/nettest"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
+	"github.com/nftmesh/nftmesh/testkit/nettest"
 )
 
 const (

@@ -4,7 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/scenarios"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 func TestHostsLieInScenarioRanges(t *testing.T) {

@@ -6,8 +6,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // ProbeCase is one probe and where Istio's semantics say it must land.

@@ -19,8 +19,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/nftmesh/nftmesh/internal/scenarios"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // netnsDir is where named network namespaces are bind-mounted (as by
@@ -38,7 +38,7 @@ var (
 	PodV6  = scenarios.PodV6
 	PeerV6 = netip.MustParseAddr("fd00:6e74:7300::1")
 
-	// Hosts the peer owns, one inside each of internal/scenarios' ranges and
+	// Hosts the peer owns, one inside each of testkit/scenarios' ranges and
 	// one "other internet" address in neither.
 	ExcludedV4Host = netip.MustParseAddr("192.0.2.10")     // scenarios.ExcludedV4
 	ExcludedV6Host = netip.MustParseAddr("2001:db8:e::10") // scenarios.ExcludedV6
