@@ -80,7 +80,7 @@ test-unit:
 # behind asynchronously, on the same cores; the pauses keep that work out of
 # the next group's figures.
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem ./redirect/ ./nft/ ./redirect/legacy/
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem ./redirect/ ./nft/ ./iptables/
 	sleep 15
 	$(GO) test -run '^$$' -bench WholeProcess -benchtime 30x ./cmd/redirect/
 	sleep 5
@@ -115,8 +115,8 @@ lint: staticcheck
 	@# (plugin, CLI, repair) goes through it, so every write is guarded and
 	@# locked. The backends themselves and the test kit (imported by tests only)
 	@# are the other importers allowed.
-	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep -E 'nftmesh/nft( |$$)|nftmesh/redirect/legacy( |$$)' | cut -d: -f1 | \
-	  grep -v -x -e 'github.com/nftmesh/nftmesh/capture' -e 'github.com/nftmesh/nftmesh/nft' -e 'github.com/nftmesh/nftmesh/redirect/legacy' -e 'github.com/nftmesh/nftmesh/testkit/nettest' -e 'github.com/nftmesh/nftmesh/testkit/scenarios' -e 'github.com/nftmesh/nftmesh/testkit/golden' -e 'github.com/nftmesh/nftmesh/e2e/node' || true); \
+	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep -E 'nftmesh/nft( |$$)|nftmesh/iptables( |$$)' | cut -d: -f1 | \
+	  grep -v -x -e 'github.com/nftmesh/nftmesh/capture' -e 'github.com/nftmesh/nftmesh/nft' -e 'github.com/nftmesh/nftmesh/iptables' -e 'github.com/nftmesh/nftmesh/testkit/nettest' -e 'github.com/nftmesh/nftmesh/testkit/scenarios' -e 'github.com/nftmesh/nftmesh/testkit/golden' -e 'github.com/nftmesh/nftmesh/e2e/node' || true); \
 	  if [ -n "$$bad" ]; then echo "imports a kernel backend directly (use package capture):"; echo "$$bad"; exit 1; fi
 
 update-golden:
@@ -124,7 +124,7 @@ update-golden:
 
 ## fuzz: every Fuzz target for FUZZTIME each (CI: 10s; by hand: FUZZTIME=5m).
 fuzz:
-	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft redirect podinfo installer internal e2e capture
+	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft iptables redirect podinfo installer internal e2e capture
 
 kube-apiserver: $(APISERVER)
 $(APISERVER):

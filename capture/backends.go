@@ -11,9 +11,9 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
 // Backend names as used by flags, the plugin config and the chart.
@@ -66,7 +66,7 @@ func choose(ctx context.Context, name, netnsPath string) (selection, error) {
 	}
 	switch name {
 	case NFTables:
-		pr, err := legacy.Probe(netnsPath)
+		pr, err := iptables.Probe(netnsPath)
 		if err != nil {
 			return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
 		}
@@ -86,7 +86,7 @@ func choose(ctx context.Context, name, netnsPath string) (selection, error) {
 		if foreign {
 			return selection{}, fmt.Errorf("refusing backend iptables-legacy for netns %s: %w", netnsPath, ErrUserNamespaced)
 		}
-		if err := legacy.LegacyAvailable(); err != nil {
+		if err := iptables.LegacyAvailable(); err != nil {
 			return selection{}, fmt.Errorf("backend iptables-legacy: %w", err)
 		}
 		ours, _, err := nftPresence(netnsPath)
@@ -96,11 +96,11 @@ func choose(ctx context.Context, name, netnsPath string) (selection, error) {
 		if ours {
 			return selection{}, fmt.Errorf("netns %s already has nftmesh rules from the nftables backend: refusing to add iptables-legacy rules beside them (remove them with `redirect clean --backend nftables`, or use --backend nftables)", netnsPath)
 		}
-		pr, err := legacy.Probe(netnsPath)
+		pr, err := iptables.Probe(netnsPath)
 		if err != nil {
 			return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
 		}
-		return selection{legacy.New(), "requested", pr.Ours}, nil
+		return selection{iptables.New(), "requested", pr.Ours}, nil
 	}
 
 	// auto
@@ -118,18 +118,18 @@ func choose(ctx context.Context, name, netnsPath string) (selection, error) {
 	if foreign {
 		return selection{nft.New(), UsernsReason, false}, nil
 	}
-	if lerr := legacy.LegacyAvailable(); lerr != nil {
+	if lerr := iptables.LegacyAvailable(); lerr != nil {
 		return selection{nft.New(), "auto: kernel has no legacy x_tables (" + lerr.Error() + ")", false}, nil
 	}
-	pr, err := legacy.Probe(netnsPath)
+	pr, err := iptables.Probe(netnsPath)
 	if err != nil {
 		return selection{}, fmt.Errorf("auto-selecting a backend for %s: %w", netnsPath, err)
 	}
 	switch {
 	case pr.Ours:
-		return selection{legacy.New(), "auto: nftmesh's iptables-legacy chains already present", true}, nil
+		return selection{iptables.New(), "auto: nftmesh's iptables-legacy chains already present", true}, nil
 	case pr.NatOrMangleRules:
-		return selection{legacy.New(), "auto: legacy nat/mangle tables already hold rules", false}, nil
+		return selection{iptables.New(), "auto: legacy nat/mangle tables already hold rules", false}, nil
 	case xt:
 		return selection{nft.New(), "auto: an iptables-nft ruleset is present (nf_tables world)", false}, nil
 	}

@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
 func TestValidateBackend(t *testing.T) {
@@ -67,7 +67,7 @@ func defaultPlan(t *testing.T) redirect.Plan {
 
 func TestSelect(t *testing.T) {
 	ctx := context.Background()
-	if legacy.LegacyAvailable() != nil && os.Geteuid() == 0 {
+	if iptables.LegacyAvailable() != nil && os.Geteuid() == 0 {
 		t.Skip("kernel without legacy x_tables: selection between worlds cannot be tested")
 	}
 	t.Run("fresh netns: auto picks nftables", func(t *testing.T) {
@@ -116,7 +116,7 @@ func TestSelect(t *testing.T) {
 	})
 	t.Run("our legacy chains: nftables refused, auto keeps legacy", func(t *testing.T) {
 		ns := freshNetns(t)
-		if err := legacy.New().Apply(ctx, ns, defaultPlan(t)); err != nil {
+		if err := iptables.New().Apply(ctx, ns, defaultPlan(t)); err != nil {
 			t.Fatal(err)
 		}
 		if _, _, err := sel(ctx, NFTables, ns); err == nil || !strings.Contains(err.Error(), "refusing") {

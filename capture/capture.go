@@ -22,9 +22,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
 // Netns is an opened network namespace whose type has been checked.
@@ -227,12 +227,12 @@ func Remove(ctx context.Context, n *Netns, o Options) (Removal, error) {
 	case NFTables:
 		bs = []redirect.Backend{nft.New()}
 	case Legacy:
-		bs = []redirect.Backend{legacy.New()}
+		bs = []redirect.Backend{iptables.New()}
 	default:
 		bs = []redirect.Backend{nft.New()}
 		// Reading legacy tables needs a kernel that has them.
-		if legacy.LegacyAvailable() == nil {
-			bs = append(bs, legacy.New())
+		if iptables.LegacyAvailable() == nil {
+			bs = append(bs, iptables.New())
 		}
 	}
 	path := pin(n)

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
@@ -152,7 +152,7 @@ func legacySave(t *testing.T, path string) string {
 // removed from which, leaves foreign rules (another installer's ISTIO_*
 // chains, other tables) alone, and then finds nothing to remove.
 func TestRemoveEveryBackend(t *testing.T) {
-	if legacy.LegacyAvailable() != nil && os.Geteuid() == 0 {
+	if iptables.LegacyAvailable() != nil && os.Geteuid() == 0 {
 		t.Skip("kernel without legacy x_tables")
 	}
 	ctx := context.Background()
@@ -161,7 +161,7 @@ func TestRemoveEveryBackend(t *testing.T) {
 	if err := nft.New().Apply(ctx, path, p); err != nil {
 		t.Fatal(err)
 	}
-	if err := legacy.New().Apply(ctx, path, p); err != nil {
+	if err := iptables.New().Apply(ctx, path, p); err != nil {
 		t.Fatal(err)
 	}
 	ipnetns(t, path, "", "iptables-legacy", "-t", "nat", "-N", "ISTIO_FOREIGN")
@@ -180,7 +180,7 @@ func TestRemoveEveryBackend(t *testing.T) {
 			t.Errorf("Removal %q does not say %q", got, want)
 		}
 	}
-	for _, b := range []redirect.Backend{nft.New(), legacy.New()} {
+	for _, b := range []redirect.Backend{nft.New(), iptables.New()} {
 		if left, err := b.List(ctx, path); err != nil || !left.Empty() {
 			t.Errorf("%s still holds rules of ours after Remove (%v):\n%s", b.Name(), err, strings.Join(redirect.Describe(left), "\n"))
 		}
@@ -203,7 +203,7 @@ func TestRemoveEveryBackend(t *testing.T) {
 
 // TestRemoveNamedBackend: an explicit backend removes only its own rules.
 func TestRemoveNamedBackend(t *testing.T) {
-	if legacy.LegacyAvailable() != nil && os.Geteuid() == 0 {
+	if iptables.LegacyAvailable() != nil && os.Geteuid() == 0 {
 		t.Skip("kernel without legacy x_tables")
 	}
 	ctx := context.Background()
@@ -212,7 +212,7 @@ func TestRemoveNamedBackend(t *testing.T) {
 	if err := nft.New().Apply(ctx, path, p); err != nil {
 		t.Fatal(err)
 	}
-	if err := legacy.New().Apply(ctx, path, p); err != nil {
+	if err := iptables.New().Apply(ctx, path, p); err != nil {
 		t.Fatal(err)
 	}
 	rem, err := Remove(ctx, open(t, path), Options{Backend: Legacy, RunDir: t.TempDir()})

@@ -7,7 +7,7 @@ import (
 
 	"github.com/google/nftables"
 
-	"github.com/nftmesh/nftmesh/redirect/legacy"
+	"github.com/nftmesh/nftmesh/iptables"
 )
 
 // Foreign lists the traffic capture another installer left in n, which
@@ -22,8 +22,8 @@ func Foreign(ctx context.Context, n *Netns) ([]string, error) {
 	}
 	path := pin(n)
 	var out []string
-	if legacy.LegacyAvailable() == nil {
-		pr, err := legacy.Probe(path)
+	if iptables.LegacyAvailable() == nil {
+		pr, err := iptables.Probe(path)
 		if err != nil {
 			return nil, unpin(fmt.Errorf("looking for foreign capture: %w", err), path, n)
 		}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/redirect/legacy"
+	"github.com/nftmesh/nftmesh/iptables"
 )
 
 // TestForeign plants the capture state Istio leaves in a pod netns (its
@@ -16,7 +16,7 @@ import (
 // legacy rules, whose chains share the ISTIO_ names: Foreign reports each
 // planted object and none of ours; an untouched netns has nothing.
 func TestForeign(t *testing.T) {
-	if legacy.LegacyAvailable() != nil && os.Geteuid() == 0 {
+	if iptables.LegacyAvailable() != nil && os.Geteuid() == 0 {
 		t.Skip("kernel without legacy x_tables")
 	}
 	ctx := context.Background()
@@ -26,7 +26,7 @@ func TestForeign(t *testing.T) {
 	}
 
 	path := freshNetns(t)
-	if err := legacy.New().Apply(ctx, path, scenarioPlan(t, "defaults")); err != nil {
+	if err := iptables.New().Apply(ctx, path, scenarioPlan(t, "defaults")); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := Foreign(ctx, open(t, path)); err != nil || len(got) != 0 {

@@ -1,9 +1,9 @@
 package capture
 
 import (
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
 // RenderNft is the plan as the nftables backend installs it (`nft -f`
@@ -14,14 +14,14 @@ func RenderNft(p redirect.Plan) (string, error) { return nft.Render(p) }
 // (iptables-save syntax), followed by the ip6tables-save part when any rule
 // applies to IPv6.
 func RenderIptables(p redirect.Plan) (string, error) {
-	v4, err := legacy.Render(p, redirect.FamilyIPv4)
+	v4, err := iptables.Render(p, redirect.FamilyIPv4)
 	if err != nil {
 		return "", err
 	}
 	if !hasIPv6(p) {
 		return v4, nil
 	}
-	v6, err := legacy.Render(p, redirect.FamilyIPv6)
+	v6, err := iptables.Render(p, redirect.FamilyIPv6)
 	if err != nil {
 		return "", err
 	}

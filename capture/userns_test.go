@@ -12,9 +12,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 	"github.com/nftmesh/nftmesh/testkit/usernstest"
@@ -74,7 +74,7 @@ func TestUserNamespaced(t *testing.T) {
 // iptables-legacy; an explicit iptables-legacy is refused with
 // ErrUserNamespaced before anything is written.
 func TestUsernsSelect(t *testing.T) {
-	if legacy.LegacyAvailable() != nil && os.Geteuid() == 0 {
+	if iptables.LegacyAvailable() != nil && os.Geteuid() == 0 {
 		t.Skip("kernel without legacy x_tables: selection between worlds cannot be tested")
 	}
 	ctx := context.Background()
@@ -117,7 +117,7 @@ func TestUsernsSelect(t *testing.T) {
 		if _, err := Check(ctx, n, defaultPlan(t), Options{Backend: Legacy, RunDir: t.TempDir()}); !errors.Is(err, ErrUserNamespaced) {
 			t.Errorf("Check with iptables-legacy: err = %v, want ErrUserNamespaced", err)
 		}
-		if pr, err := legacy.Probe(ns.Path); err != nil || pr.Ours || pr.NatOrMangleRules {
+		if pr, err := iptables.Probe(ns.Path); err != nil || pr.Ours || pr.NatOrMangleRules {
 			t.Errorf("legacy tables after the refusal: %+v %v, want untouched", pr, err)
 		}
 		if p, err := nft.New().List(ctx, ns.Path); err != nil || !p.Empty() {
@@ -131,21 +131,21 @@ func TestUsernsSelect(t *testing.T) {
 // bare EINVAL in a user-namespaced one (the owner match), while nftables
 // programs it.
 func TestUsernsLegacyEINVAL(t *testing.T) {
-	if os.Geteuid() == 0 && legacy.LegacyAvailable() != nil {
+	if os.Geteuid() == 0 && iptables.LegacyAvailable() != nil {
 		t.Skip("kernel without legacy x_tables")
 	}
 	ctx := context.Background()
 	plain := freshNetns(t)
-	if err := legacy.New().Apply(ctx, plain, defaultPlan(t)); err != nil {
+	if err := iptables.New().Apply(ctx, plain, defaultPlan(t)); err != nil {
 		t.Fatalf("legacy Apply into a netns of ours: %v", err)
 	}
 	ns := usernsNetns(t)
-	err := legacy.New().Apply(ctx, ns.Path, defaultPlan(t))
+	err := iptables.New().Apply(ctx, ns.Path, defaultPlan(t))
 	if !errors.Is(err, unix.EINVAL) {
 		t.Fatalf("legacy Apply into a user-namespaced netns: err = %v, want EINVAL", err)
 	}
 	t.Logf("without the refusal: %v", err)
-	if pr, err := legacy.Probe(ns.Path); err != nil || pr.Ours {
+	if pr, err := iptables.Probe(ns.Path); err != nil || pr.Ours {
 		t.Errorf("legacy tables after the failed Apply: %+v %v, want nothing of ours", pr, err)
 	}
 	if err := nft.New().Apply(ctx, ns.Path, defaultPlan(t)); err != nil {

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
 // TestChainBackends: the chain with backend auto (a fresh netns: nftables)
@@ -24,8 +24,8 @@ func TestChainBackends(t *testing.T) {
 		want    redirect.Backend
 		other   redirect.Backend
 	}{
-		{podinfo.BackendAuto, nft.New(), legacy.New()},
-		{podinfo.BackendIptablesLegacy, legacy.New(), nft.New()},
+		{podinfo.BackendAuto, nft.New(), iptables.New()},
+		{podinfo.BackendIptablesLegacy, iptables.New(), nft.New()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.backend, func(t *testing.T) {

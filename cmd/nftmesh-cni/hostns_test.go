@@ -22,9 +22,9 @@ import (
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/internal/policyroute"
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
@@ -233,10 +233,10 @@ func standinMain() int {
 // directVerbs are the backends' own writing verbs, called with no pipeline
 // in front: each must refuse the host's namespace itself.
 var directVerbs = map[string]func(path string) error{
-	"nft.Apply":     func(p string) error { return nft.New().Apply(context.Background(), p, standinPlan()) },
-	"nft.Remove":    func(p string) error { return nft.New().Remove(context.Background(), p) },
-	"legacy.Apply":  func(p string) error { return legacy.New().Apply(context.Background(), p, standinPlan()) },
-	"legacy.Remove": func(p string) error { return legacy.New().Remove(context.Background(), p) },
+	"nft.Apply":       func(p string) error { return nft.New().Apply(context.Background(), p, standinPlan()) },
+	"nft.Remove":      func(p string) error { return nft.New().Remove(context.Background(), p) },
+	"iptables.Apply":  func(p string) error { return iptables.New().Apply(context.Background(), p, standinPlan()) },
+	"iptables.Remove": func(p string) error { return iptables.New().Remove(context.Background(), p) },
 	"policyroute.Apply": func(p string) error {
 		return withFd(p, func(h netns.NsHandle) error { return policyroute.Apply(h, standinPlan(), true) })
 	},

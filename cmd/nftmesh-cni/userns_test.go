@@ -8,9 +8,9 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 	"github.com/nftmesh/nftmesh/testkit/usernstest"
 )
 
@@ -21,7 +21,7 @@ import (
 // error naming the reason, and leaves no rules.
 func TestChainUsernsPod(t *testing.T) {
 	needEnv(t)
-	if err := legacy.LegacyAvailable(); err != nil {
+	if err := iptables.LegacyAvailable(); err != nil {
 		t.Skip(err)
 	}
 	h := newHost(t, env.api, env.token)
@@ -50,7 +50,7 @@ func TestChainUsernsPod(t *testing.T) {
 				if p, err := nft.New().List(ctx, ns.Path); err != nil || !p.Empty() {
 					t.Errorf("nftables rules after the refused ADD (%v)", err)
 				}
-				if pr, err := legacy.Probe(ns.Path); err != nil || pr.Ours {
+				if pr, err := iptables.Probe(ns.Path); err != nil || pr.Ours {
 					t.Errorf("legacy rules after the refused ADD: %+v %v", pr, err)
 				}
 				return

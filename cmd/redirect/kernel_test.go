@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
 func needRoot(t *testing.T) {
@@ -55,7 +55,7 @@ func inNetns(t *testing.T, name, stdin string, args ...string) string {
 // there is nothing to remove.
 func TestCLICleanBothBackends(t *testing.T) {
 	needRoot(t)
-	if err := legacy.LegacyAvailable(); err != nil {
+	if err := iptables.LegacyAvailable(); err != nil {
 		t.Skip(err)
 	}
 	name, path := newNetns(t)
@@ -70,7 +70,7 @@ func TestCLICleanBothBackends(t *testing.T) {
 	if err := nft.New().Apply(ctx, path, p); err != nil {
 		t.Fatal(err)
 	}
-	if err := legacy.New().Apply(ctx, path, p); err != nil {
+	if err := iptables.New().Apply(ctx, path, p); err != nil {
 		t.Fatal(err)
 	}
 	inNetns(t, name, "", "iptables-legacy", "-t", "nat", "-N", "ISTIO_FOREIGN")
@@ -89,7 +89,7 @@ func TestCLICleanBothBackends(t *testing.T) {
 	if out != "" {
 		t.Errorf("stdout: %q", out)
 	}
-	for _, b := range []redirect.Backend{nft.New(), legacy.New()} {
+	for _, b := range []redirect.Backend{nft.New(), iptables.New()} {
 		if left, err := b.List(ctx, path); err != nil || !left.Empty() {
 			t.Errorf("%s still holds rules of ours (%v):\n%s", b.Name(), err, strings.Join(redirect.Describe(left), "\n"))
 		}

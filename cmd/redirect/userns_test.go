@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 	"github.com/nftmesh/nftmesh/testkit/usernstest"
 )
 
@@ -17,7 +17,7 @@ import (
 // with nftables and says why.
 func TestCLIUsernsNetns(t *testing.T) {
 	needRoot(t)
-	if err := legacy.LegacyAvailable(); err != nil {
+	if err := iptables.LegacyAvailable(); err != nil {
 		t.Skip(err)
 	}
 	ns, err := usernstest.New("rcliu-", 3_100_000)

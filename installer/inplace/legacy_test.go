@@ -1,8 +1,8 @@
 package inplace
 
 import (
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 )
 
-func legacyBackend() redirect.Backend { return legacy.New() }
+func legacyBackend() redirect.Backend { return iptables.New() }

@@ -12,10 +12,10 @@ import (
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 	"github.com/nftmesh/nftmesh/testkit/usernstest"
 )
@@ -59,7 +59,7 @@ func TestFindNetnsUsernsPod(t *testing.T) {
 // writes nothing.
 func TestRepairPodUsernsPod(t *testing.T) {
 	needRoot(t)
-	if err := legacy.LegacyAvailable(); err != nil {
+	if err := iptables.LegacyAvailable(); err != nil {
 		t.Skip(err)
 	}
 	for i, backend := range []string{"auto", "iptables-legacy"} {
@@ -108,7 +108,7 @@ func TestRepairPodUsernsPod(t *testing.T) {
 				if p, err := nft.New().List(context.Background(), topo.PodNetnsPath()); err != nil || !p.Empty() {
 					t.Errorf("nftables rules after the refused repair (%v)", err)
 				}
-				if pr, err := legacy.Probe(topo.PodNetnsPath()); err != nil || pr.Ours {
+				if pr, err := iptables.Probe(topo.PodNetnsPath()); err != nil || pr.Ours {
 					t.Errorf("legacy rules after the refused repair: %+v %v", pr, err)
 				}
 				return

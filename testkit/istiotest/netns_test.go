@@ -19,10 +19,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/e2e/cluster/standin"
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 )
 
@@ -552,7 +552,7 @@ func TestTProxyInboundBeforeProxyListens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range []redirect.Backend{nft.New(), legacy.New()} {
+	for _, b := range []redirect.Backend{nft.New(), iptables.New()} {
 		t.Run(b.Name(), func(t *testing.T) {
 			topo := newTopology(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -4,9 +4,9 @@ import (
 	"os"
 	"testing"
 
+	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/redirect/legacy"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
@@ -19,7 +19,7 @@ func TestTracerAgreesWithKernel(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces and rules")
 	}
-	for _, backend := range []redirect.Backend{nft.New(), legacy.New()} {
+	for _, backend := range []redirect.Backend{nft.New(), iptables.New()} {
 		t.Run(backend.Name(), func(t *testing.T) {
 			total, agree := 0, 0
 			for _, sc := range scenarios.All {

@@ -1,4 +1,4 @@
-// Package legacy is the iptables-legacy (x_tables) backend of the redirect
+// Package iptables is the iptables-legacy (x_tables) backend of the redirect
 // engine. It owns three things: the iptables-save rendering of a Plan
 // (Render, the contract for the legacy backend and `redirect render -o
 // iptables`), the pure-Go x_tables encoder/decoder for the few matches and
@@ -13,4 +13,4 @@
 //
 // Backend selection helpers (HasLegacyRules, LegacyAvailable) live here too,
 // because they need the same socket and table reader.
-package legacy
+package iptables
