@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/nftmesh/nftmesh/internal/quote"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // PluginName is the plugin's binary name and its conf "type".

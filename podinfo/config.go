@@ -11,7 +11,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nftmesh/nftmesh/internal/quote"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // Plugin config defaults.

@@ -7,8 +7,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // ReadPodFile reads the one Pod of a manifest file, YAML or JSON (as

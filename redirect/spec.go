@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/nftmesh/nftmesh/internal/quote"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // Fixed ports and marks of Istio's sidecar capture.

@@ -5,7 +5,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/nftmesh/nftmesh/internal/quote"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // readAnnotations are the annotation keys nftmesh reads from a pod: the

@@ -19,10 +19,10 @@ import (
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/internal/netnsaddr"
-	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // Plugin-specific CNI error codes (the spec reserves 100+ for plugins).

@@ -9,8 +9,8 @@ import (
 	"strings"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // outputFormats are the values -o takes for rules and plans.

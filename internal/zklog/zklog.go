@@ -14,7 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	"k8s.io/klog/v2"
 
-	"github.com/nftmesh/nftmesh/internal/quote"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // Route makes klog write every entry to zl, at info (klog's info and

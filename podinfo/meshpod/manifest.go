@@ -5,7 +5,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/nftmesh/nftmesh/internal/quote"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // The manifest mirror: the JSON names of the Pod fields Decide reads, as

@@ -11,8 +11,8 @@ import (
 	"math"
 	"strconv"
 
-	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // Container names and environment variables Istio's injector uses.

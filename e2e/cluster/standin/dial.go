@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nftmesh/nftmesh/internal/quote"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // maxTargetEcho bounds how much of a bad target an error quotes: %q may

@@ -32,7 +32,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nftmesh/nftmesh/internal/quote"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // Listener names, as they appear in Event.Listener and Reply.Listener. They

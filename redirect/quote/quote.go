@@ -4,6 +4,11 @@
 // 1 MB annotation yields a readable error of a few hundred bytes instead of
 // a 1 MB CNI error and log line. It does not decide which values are shown:
 // callers name the field and pass the value.
+//
+// It sits under redirect/ because the model's own validation errors echo
+// values through it and the model imports nothing from internal/; every layer
+// above (podinfo, installer, the binaries, the stand-ins) bounds its echoes
+// with the same package.
 package quote
 
 import (
