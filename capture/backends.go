@@ -1,18 +1,13 @@
-// Package backends picks the backend that programs a pod's netns: nftables
-// (the default) or iptables-legacy. "auto" looks at the netns itself, not at
-// binaries on PATH, so capture rules never end up split across the two
-// netfilter worlds.
 package capture
+
+// Backend selection: nftables (the default) or iptables-legacy. "auto"
+// looks at the netns itself, not at binaries on PATH, so capture rules
+// never end up split across the two netfilter worlds.
 
 import (
 	"context"
 	"fmt"
 
-	"github.com/google/nftables"
-
-	"github.com/nftmesh/nftmesh/internal/hostns"
-	"github.com/nftmesh/nftmesh/iptables"
-	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -57,7 +52,7 @@ type selection struct {
 // It runs on every CNI ADD, so it reads the namespace as cheaply as it can:
 // one nftables table dump, one ioctl for the owning user namespace and one
 // pass over the legacy tables that exist.
-func choose(ctx context.Context, name, netnsPath string) (selection, error) {
+func (pl *Pipeline) choose(ctx context.Context, name, netnsPath string) (selection, error) {
 	if err := ValidateBackend(name); err != nil {
 		return selection{}, err
 	}
@@ -66,104 +61,76 @@ func choose(ctx context.Context, name, netnsPath string) (selection, error) {
 	}
 	switch name {
 	case NFTables:
-		pr, err := iptables.Probe(netnsPath)
+		pr, err := pl.k.LegacyPresence(netnsPath)
 		if err != nil {
 			return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
 		}
 		if pr.Ours {
 			return selection{}, fmt.Errorf("netns %s already has nftmesh rules from the iptables-legacy backend: refusing to add nftables rules beside them (remove them with `redirect clean --backend iptables-legacy`, or use --backend iptables-legacy)", netnsPath)
 		}
-		ours, _, err := nftPresence(netnsPath)
+		ours, _, err := pl.k.NFTPresence(netnsPath)
 		if err != nil {
 			return selection{}, err
 		}
-		return selection{nft.New(), "requested", ours}, nil
+		return selection{pl.k.Backend(NFTables), "requested", ours}, nil
 	case Legacy:
-		foreign, err := foreignUserns(netnsPath)
+		foreign, err := pl.k.ForeignUserns(netnsPath)
 		if err != nil {
 			return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
 		}
 		if foreign {
 			return selection{}, fmt.Errorf("refusing backend iptables-legacy for netns %s: %w", netnsPath, ErrUserNamespaced)
 		}
-		if err := iptables.LegacyAvailable(); err != nil {
+		if err := pl.k.LegacyAvailable(); err != nil {
 			return selection{}, fmt.Errorf("backend iptables-legacy: %w", err)
 		}
-		ours, _, err := nftPresence(netnsPath)
+		ours, _, err := pl.k.NFTPresence(netnsPath)
 		if err != nil {
 			return selection{}, err
 		}
 		if ours {
 			return selection{}, fmt.Errorf("netns %s already has nftmesh rules from the nftables backend: refusing to add iptables-legacy rules beside them (remove them with `redirect clean --backend nftables`, or use --backend nftables)", netnsPath)
 		}
-		pr, err := iptables.Probe(netnsPath)
+		pr, err := pl.k.LegacyPresence(netnsPath)
 		if err != nil {
 			return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
 		}
-		return selection{iptables.New(), "requested", pr.Ours}, nil
+		return selection{pl.k.Backend(Legacy), "requested", pr.Ours}, nil
 	}
 
 	// auto
-	ours, xt, err := nftPresence(netnsPath)
+	ours, xt, err := pl.k.NFTPresence(netnsPath)
 	if err != nil {
 		return selection{}, err
 	}
 	if ours {
-		return selection{nft.New(), "auto: nftmesh's nftables table already present", true}, nil
+		return selection{pl.k.Backend(NFTables), "auto: nftmesh's nftables table already present", true}, nil
 	}
-	foreign, err := foreignUserns(netnsPath)
+	foreign, err := pl.k.ForeignUserns(netnsPath)
 	if err != nil {
 		return selection{}, fmt.Errorf("auto-selecting a backend for %s: %w", netnsPath, err)
 	}
 	if foreign {
-		return selection{nft.New(), UsernsReason, false}, nil
+		return selection{pl.k.Backend(NFTables), UsernsReason, false}, nil
 	}
-	if lerr := iptables.LegacyAvailable(); lerr != nil {
-		return selection{nft.New(), "auto: kernel has no legacy x_tables (" + lerr.Error() + ")", false}, nil
+	if lerr := pl.k.LegacyAvailable(); lerr != nil {
+		return selection{pl.k.Backend(NFTables), "auto: kernel has no legacy x_tables (" + lerr.Error() + ")", false}, nil
 	}
-	pr, err := iptables.Probe(netnsPath)
+	pr, err := pl.k.LegacyPresence(netnsPath)
 	if err != nil {
 		return selection{}, fmt.Errorf("auto-selecting a backend for %s: %w", netnsPath, err)
 	}
 	switch {
 	case pr.Ours:
-		return selection{iptables.New(), "auto: nftmesh's iptables-legacy chains already present", true}, nil
+		return selection{pl.k.Backend(Legacy), "auto: nftmesh's iptables-legacy chains already present", true}, nil
 	case pr.NatOrMangleRules:
-		return selection{iptables.New(), "auto: legacy nat/mangle tables already hold rules", false}, nil
+		return selection{pl.k.Backend(Legacy), "auto: legacy nat/mangle tables already hold rules", false}, nil
 	case xt:
-		return selection{nft.New(), "auto: an iptables-nft ruleset is present (nf_tables world)", false}, nil
+		return selection{pl.k.Backend(NFTables), "auto: an iptables-nft ruleset is present (nf_tables world)", false}, nil
 	}
-	return selection{nft.New(), "auto: default", false}, nil
+	return selection{pl.k.Backend(NFTables), "auto: default", false}, nil
 }
 
 // UsernsReason is why auto picks nftables for a network namespace owned by
 // another user namespace (see ErrUserNamespaced).
 const UsernsReason = "auto: netns owned by another user namespace (hostUsers: false), where the kernel refuses the iptables owner match"
-
-// nftPresence reports, from one table dump, whether our table exists and
-// whether iptables-nft tables (ip/ip6 "nat" or "mangle") do.
-func nftPresence(netnsPath string) (ours, iptablesNFT bool, err error) {
-	n, err := hostns.Open(netnsPath)
-	if err != nil {
-		return false, false, err
-	}
-	defer n.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(n.Fd()))
-	if err != nil {
-		return false, false, err
-	}
-	defer c.CloseLasting()
-	tables, err := c.ListTables()
-	if err != nil {
-		return false, false, fmt.Errorf("listing nftables tables in %s: %w", netnsPath, err)
-	}
-	for _, t := range tables {
-		switch {
-		case t.Family == nftables.TableFamilyINet && t.Name == nft.TableName:
-			ours = true
-		case (t.Family == nftables.TableFamilyIPv4 || t.Family == nftables.TableFamilyIPv6) && (t.Name == "nat" || t.Name == "mangle"):
-			iptablesNFT = true
-		}
-	}
-	return ours, iptablesNFT, nil
-}

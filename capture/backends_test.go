@@ -139,6 +139,6 @@ func TestSelect(t *testing.T) {
 }
 
 func sel(ctx context.Context, name, netnsPath string) (redirect.Backend, string, error) {
-	s, err := choose(ctx, name, netnsPath)
+	s, err := linux.choose(ctx, name, netnsPath)
 	return s.backend, s.why, err
 }

@@ -6,6 +6,11 @@
 // the front ends call for kernel work; it owns the backend names and rule
 // counts.
 //
+// The verbs are methods of a Pipeline over a Kernel: Linux() (also behind
+// the package-level functions) drives the running kernel, and
+// capture/capturetest's in-memory kernel lets tests run every decision of
+// the pipeline, and of the front ends above it, without root.
+//
 // It does not decide what a pod gets (podinfo and redirect.Build do) and
 // does not know about Kubernetes or CNI.
 package capture
@@ -14,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,7 +28,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
-	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -43,11 +48,31 @@ var ErrHostNetns = hostns.ErrOwnNetns
 // to be a network namespace, and refused when it is the host's (the
 // caller's own, PID 1's, or one registered with AddHostNetns), however the
 // path reaches it (symlinks and bind mounts are seen through).
-func Open(path string) (*Netns, error) { return hostns.OpenGuarded(path) }
+func (pl *Pipeline) Open(path string) (*Netns, error) {
+	n, err := pl.k.OpenNetns(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.Refuse(); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
 
 // OpenForReading is Open without the host check, for looking at any
 // namespace (`redirect inspect`).
-func OpenForReading(path string) (*Netns, error) { return hostns.Open(path) }
+func (pl *Pipeline) OpenForReading(path string) (*Netns, error) { return pl.k.OpenNetns(path) }
+
+// Addrs lists the addresses of the network namespace at path in the
+// kernel's order, what IPv6 capture is decided from (see Plan).
+func (pl *Pipeline) Addrs(path string) ([]netip.Addr, error) { return pl.k.Addrs(path) }
+
+// Open is Linux().Open.
+func Open(path string) (*Netns, error) { return linux.Open(path) }
+
+// OpenForReading is Linux().OpenForReading.
+func OpenForReading(path string) (*Netns, error) { return linux.OpenForReading(path) }
 
 // AllowOwnNetns lets the caller's own namespace be programmed (`redirect
 // apply --allow-own-netns`); PID 1's and registered host namespaces stay
@@ -134,14 +159,14 @@ const cleanupTimeout = 5 * time.Second
 // nftmesh had nothing there before, a failure is followed by a Remove, so
 // nothing that looks like capture stays; rules an earlier run installed are
 // never removed by a failed Apply (another run's success must not be undone).
-func Apply(ctx context.Context, n *Netns, p redirect.Plan, o Options) (Applied, error) {
+func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Options) (Applied, error) {
 	lk, err := lock(ctx, n, o)
 	if err != nil {
 		return Applied{}, err
 	}
 	defer lk.unlock(false)
 	path := pin(n)
-	sel, err := choose(ctx, o.backend(), path)
+	sel, err := pl.choose(ctx, o.backend(), path)
 	if err != nil {
 		return Applied{}, unpin(err, path, n)
 	}
@@ -162,14 +187,14 @@ func Apply(ctx context.Context, n *Netns, p redirect.Plan, o Options) (Applied, 
 // Check compares what n holds with p using the selected backend, under n's
 // lock (so a concurrent Apply is not seen half done). A difference is a
 // *redirect.DriftError. It returns the backend's name.
-func Check(ctx context.Context, n *Netns, p redirect.Plan, o Options) (string, error) {
+func (pl *Pipeline) Check(ctx context.Context, n *Netns, p redirect.Plan, o Options) (string, error) {
 	lk, err := lock(ctx, n, o)
 	if err != nil {
 		return "", err
 	}
 	defer lk.unlock(false)
 	path := pin(n)
-	sel, err := choose(ctx, o.backend(), path)
+	sel, err := pl.choose(ctx, o.backend(), path)
 	if err != nil {
 		return "", unpin(err, path, n)
 	}
@@ -178,9 +203,9 @@ func Check(ctx context.Context, n *Netns, p redirect.Plan, o Options) (string, e
 
 // List returns what the selected backend finds of ours in n (any namespace,
 // the host's included: it only reads) and the backend's name.
-func List(ctx context.Context, n *Netns, o Options) (redirect.Plan, string, error) {
+func (pl *Pipeline) List(ctx context.Context, n *Netns, o Options) (redirect.Plan, string, error) {
 	path := pin(n)
-	sel, err := choose(ctx, o.backend(), path)
+	sel, err := pl.choose(ctx, o.backend(), path)
 	if err != nil {
 		return redirect.Plan{}, "", unpin(err, path, n)
 	}
@@ -215,7 +240,7 @@ func (r Removal) String() string {
 // rules stay (other tables, untagged rules, another installer's ISTIO_*
 // chains). Nothing of ours there is success with an empty Removal, and
 // nothing is written. The plugin's DEL and `redirect clean` both call it.
-func Remove(ctx context.Context, n *Netns, o Options) (Removal, error) {
+func (pl *Pipeline) Remove(ctx context.Context, n *Netns, o Options) (Removal, error) {
 	lk, err := lock(ctx, n, o)
 	if err != nil {
 		return nil, err
@@ -224,15 +249,13 @@ func Remove(ctx context.Context, n *Netns, o Options) (Removal, error) {
 	defer func() { lk.unlock(removed) }()
 	var bs []redirect.Backend
 	switch o.backend() {
-	case NFTables:
-		bs = []redirect.Backend{nft.New()}
-	case Legacy:
-		bs = []redirect.Backend{iptables.New()}
+	case NFTables, Legacy:
+		bs = []redirect.Backend{pl.k.Backend(o.backend())}
 	default:
-		bs = []redirect.Backend{nft.New()}
+		bs = []redirect.Backend{pl.k.Backend(NFTables)}
 		// Reading legacy tables needs a kernel that has them.
-		if iptables.LegacyAvailable() == nil {
-			bs = append(bs, iptables.New())
+		if pl.k.LegacyAvailable() == nil {
+			bs = append(bs, pl.k.Backend(Legacy))
 		}
 	}
 	path := pin(n)
@@ -242,6 +265,26 @@ func Remove(ctx context.Context, n *Netns, o Options) (Removal, error) {
 	}
 	removed = true
 	return out, nil
+}
+
+// Apply is Linux().Apply.
+func Apply(ctx context.Context, n *Netns, p redirect.Plan, o Options) (Applied, error) {
+	return linux.Apply(ctx, n, p, o)
+}
+
+// Check is Linux().Check.
+func Check(ctx context.Context, n *Netns, p redirect.Plan, o Options) (string, error) {
+	return linux.Check(ctx, n, p, o)
+}
+
+// List is Linux().List.
+func List(ctx context.Context, n *Netns, o Options) (redirect.Plan, string, error) {
+	return linux.List(ctx, n, o)
+}
+
+// Remove is Linux().Remove.
+func Remove(ctx context.Context, n *Netns, o Options) (Removal, error) {
+	return linux.Remove(ctx, n, o)
 }
 
 func remove(ctx context.Context, bs []redirect.Backend, path string) (Removal, error) {

@@ -4,10 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-
-	"github.com/google/nftables"
-
-	"github.com/nftmesh/nftmesh/iptables"
 )
 
 // Foreign lists the traffic capture another installer left in n, which
@@ -16,14 +12,14 @@ import (
 // x_tables or in the iptables-nft tables, and the tables of Istio's native
 // nftables mode (inet istio-proxy-*). Each entry says where it is; none
 // means nothing foreign was found.
-func Foreign(ctx context.Context, n *Netns) ([]string, error) {
+func (pl *Pipeline) Foreign(ctx context.Context, n *Netns) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	path := pin(n)
 	var out []string
-	if iptables.LegacyAvailable() == nil {
-		pr, err := iptables.Probe(path)
+	if pl.k.LegacyAvailable() == nil {
+		pr, err := pl.k.LegacyPresence(path)
 		if err != nil {
 			return nil, unpin(fmt.Errorf("looking for foreign capture: %w", err), path, n)
 		}
@@ -31,38 +27,15 @@ func Foreign(ctx context.Context, n *Netns) ([]string, error) {
 			out = append(out, "iptables-legacy "+f)
 		}
 	}
-	c, err := nftables.New(nftables.WithNetNSFd(n.Fd()))
+	nf, err := pl.k.NFTForeign(path)
 	if err != nil {
-		return nil, fmt.Errorf("looking for foreign capture in %s: %w", n.Path, err)
+		return nil, unpin(err, path, n)
 	}
-	defer c.CloseLasting()
-	tables, err := c.ListTables()
-	if err != nil {
-		return nil, fmt.Errorf("listing nftables tables in %s: %w", n.Path, err)
-	}
-	xt := false
-	for _, t := range tables {
-		switch {
-		case t.Family == nftables.TableFamilyINet && strings.HasPrefix(t.Name, "istio-proxy-"):
-			out = append(out, "nftables table inet "+t.Name)
-		case t.Family == nftables.TableFamilyIPv4 || t.Family == nftables.TableFamilyIPv6:
-			xt = true
-		}
-	}
-	if xt {
-		chains, err := c.ListChains()
-		if err != nil {
-			return nil, fmt.Errorf("listing nftables chains in %s: %w", n.Path, err)
-		}
-		for _, ch := range chains {
-			fam := map[nftables.TableFamily]string{nftables.TableFamilyIPv4: "ipv4", nftables.TableFamilyIPv6: "ipv6"}[ch.Table.Family]
-			if fam != "" && strings.HasPrefix(ch.Name, "ISTIO_") {
-				out = append(out, "iptables-nft "+fam+" "+ch.Table.Name+" "+ch.Name)
-			}
-		}
-	}
-	return out, nil
+	return append(out, nf...), nil
 }
+
+// Foreign is Linux().Foreign.
+func Foreign(ctx context.Context, n *Netns) ([]string, error) { return linux.Foreign(ctx, n) }
 
 // ForeignError is Foreign's finding as an error, for the verbs that must
 // not report a pod in sync while another installer's capture is there.

@@ -11,7 +11,6 @@ import (
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/installer"
-	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -27,6 +26,9 @@ type Options struct {
 	// RunDir is the agent run dir shared with the plugin: the per-netns
 	// locks there keep a repair and a plugin run from interleaving.
 	RunDir string
+	// Pipeline programs the namespace; nil is capture.Linux() (tests hand
+	// in capturetest's in-memory kernel).
+	Pipeline *capture.Pipeline
 }
 
 // Repairer implements installer.PodRepairer.
@@ -53,6 +55,9 @@ func New(opts Options) (*Repairer, error) {
 	// pod's): refused like the caller's own. Without SYS_PTRACE it cannot
 	// be read; FindNetns then cannot see it either.
 	_ = capture.AddHostNetns(filepath.Join(opts.ProcDir, "1", "ns", "net"))
+	if opts.Pipeline == nil {
+		opts.Pipeline = capture.Linux()
+	}
 	return &Repairer{
 		opts: opts,
 		skip: podinfo.Config{ExcludeNamespaces: opts.ExcludeNamespaces, PodNamespace: opts.PodNamespace},
@@ -114,7 +119,7 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.Re
 	}
 	rep.Netns, rep.PID, rep.Candidates = ns.Path, ns.PID, ns.Candidates
 	// Read before the identity re-check below, which also covers them.
-	addrs, err := netnsaddr.List(ns.Path)
+	addrs, err := r.opts.Pipeline.Addrs(ns.Path)
 	if err != nil {
 		return rep, fmt.Errorf("reading the addresses of pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
@@ -127,7 +132,7 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.Re
 	// The PID could have exited and been reused since the walk: program
 	// only the namespace that held the pod's IPs. The descriptor opened
 	// here is what capture programs, so the check cannot go stale.
-	target, err := capture.Open(ns.Path)
+	target, err := r.opts.Pipeline.Open(ns.Path)
 	if err == nil && (target.ID.Dev != ns.Dev || target.ID.Ino != ns.Inode) {
 		target.Close()
 		err = errors.New("the process left; its PID now belongs to another namespace")
@@ -136,7 +141,7 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.Re
 		return rep, fmt.Errorf("re-checking the network namespace %s of pod %s/%s: %w", ns.Path, pod.Namespace, pod.Name, err)
 	}
 	defer target.Close()
-	res, err := capture.Apply(ctx, target, plan, capture.Options{Backend: r.opts.Backend, RunDir: r.opts.RunDir})
+	res, err := r.opts.Pipeline.Apply(ctx, target, plan, capture.Options{Backend: r.opts.Backend, RunDir: r.opts.RunDir})
 	rep.Backend, rep.Why = res.Backend, res.Why
 	if errors.Is(err, capture.ErrUserNamespaced) {
 		// The configured backend can never program this pod (hostUsers:

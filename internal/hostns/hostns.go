@@ -88,6 +88,15 @@ type Netns struct {
 	fd   int
 }
 
+// Stub is a Netns without a descriptor (Fd is -1, Close does nothing):
+// the identity of a namespace that exists only in an in-memory kernel, for
+// tests that run the capture pipeline without root. Refuse works on it as
+// on any other: a stub given the host's identity is refused.
+func Stub(path string, id ID) *Netns { return &Netns{Path: path, ID: id, fd: -1} }
+
+// SelfID is this process's own network namespace, as Refuse compares it.
+func SelfID() (ID, error) { return self, selfErr }
+
 // Fd is the namespace file descriptor (usable with setns and netlink's
 // NETNSA_FD); it stays owned by n.
 func (n *Netns) Fd() int { return n.fd }

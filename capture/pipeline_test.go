@@ -1,0 +1,404 @@
+package capture_test
+
+// The pipeline's own decisions (host guard, selection, clean-up after a
+// failed Apply, removal from every backend, counts, the lock file's life)
+// run here against the in-memory kernel of capturetest: no root needed. The
+// kernel tests in this package prove the same paths on real namespaces.
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nftmesh/nftmesh/capture"
+	"github.com/nftmesh/nftmesh/capture/capturetest"
+	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
+)
+
+const podNS = "/run/netns/pod"
+
+var (
+	podV4 = netip.MustParseAddr("198.51.100.7")
+	podV6 = netip.MustParseAddr("2001:db8::7")
+)
+
+func plan(t testing.TB, name string) redirect.Plan {
+	t.Helper()
+	sc, ok := scenarios.ByName(name)
+	if !ok {
+		t.Fatalf("no scenario %s", name)
+	}
+	p, err := sc.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// fake is a fake kernel with one pod namespace, its pipeline and options
+// with a private run dir.
+func fake(t *testing.T) (*capturetest.Fake, *capture.Pipeline, capture.Options) {
+	t.Helper()
+	f := capturetest.New()
+	f.AddNetns(podNS, podV4, podV6)
+	return f, f.Pipeline(), capture.Options{RunDir: t.TempDir()}
+}
+
+func open(t *testing.T, pl *capture.Pipeline, path string) *capture.Netns {
+	t.Helper()
+	n, err := pl.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+func TestFakeSelection(t *testing.T) {
+	ctx := context.Background()
+	noLegacy := errors.New("no legacy x_tables")
+	for _, tc := range []struct {
+		name    string
+		backend string
+		setup   func(*capturetest.Fake)
+		want    string // backend chosen
+		why     string // in the reason
+		wantErr string
+	}{
+		{name: "fresh", backend: capture.Auto, want: capture.NFTables, why: "auto: default"},
+		{name: "empty backend is auto", backend: "", want: capture.NFTables, why: "auto: default"},
+		{name: "legacy nat rules", backend: capture.Auto, want: capture.Legacy, why: "legacy nat/mangle",
+			setup: func(f *capturetest.Fake) { f.SetForeign(podNS, capturetest.Foreign{LegacyNatRules: true}) }},
+		{name: "iptables-nft", backend: capture.Auto, want: capture.NFTables, why: "iptables-nft",
+			setup: func(f *capturetest.Fake) { f.SetForeign(podNS, capturetest.Foreign{IptablesNFT: true}) }},
+		{name: "ours in legacy", backend: capture.Auto, want: capture.Legacy, why: "iptables-legacy chains already present",
+			setup: func(f *capturetest.Fake) { f.Install(podNS, capture.Legacy, plan(t, "defaults")) }},
+		{name: "ours in nftables beats legacy rules", backend: capture.Auto, want: capture.NFTables, why: "nftables table already present",
+			setup: func(f *capturetest.Fake) {
+				f.SetForeign(podNS, capturetest.Foreign{LegacyNatRules: true})
+				f.Install(podNS, capture.NFTables, plan(t, "defaults"))
+			}},
+		{name: "user namespaced", backend: capture.Auto, want: capture.NFTables, why: capture.UsernsReason,
+			setup: func(f *capturetest.Fake) {
+				f.SetForeign(podNS, capturetest.Foreign{UserNamespaced: true, LegacyNatRules: true})
+			}},
+		{name: "no legacy x_tables", backend: capture.Auto, want: capture.NFTables, why: "no legacy x_tables",
+			setup: func(f *capturetest.Fake) {
+				f.SetForeign(podNS, capturetest.Foreign{LegacyNatRules: true})
+				f.SetLegacyAvailable(noLegacy)
+			}},
+		{name: "nftables requested", backend: capture.NFTables, want: capture.NFTables, why: "requested",
+			setup: func(f *capturetest.Fake) { f.SetForeign(podNS, capturetest.Foreign{LegacyNatRules: true}) }},
+		{name: "legacy requested", backend: capture.Legacy, want: capture.Legacy, why: "requested"},
+		{name: "nftables requested beside ours in legacy", backend: capture.NFTables, wantErr: "already has nftmesh rules from the iptables-legacy backend",
+			setup: func(f *capturetest.Fake) { f.Install(podNS, capture.Legacy, plan(t, "defaults")) }},
+		{name: "legacy requested beside ours in nftables", backend: capture.Legacy, wantErr: "already has nftmesh rules from the nftables backend",
+			setup: func(f *capturetest.Fake) { f.Install(podNS, capture.NFTables, plan(t, "defaults")) }},
+		{name: "legacy requested, user namespaced", backend: capture.Legacy, wantErr: capture.ErrUserNamespaced.Error(),
+			setup: func(f *capturetest.Fake) { f.SetForeign(podNS, capturetest.Foreign{UserNamespaced: true}) }},
+		{name: "legacy requested, no legacy x_tables", backend: capture.Legacy, wantErr: "no legacy x_tables",
+			setup: func(f *capturetest.Fake) { f.SetLegacyAvailable(noLegacy) }},
+		{name: "unknown backend", backend: "ipfw", wantErr: `backend "ipfw"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, pl, o := fake(t)
+			if tc.setup != nil {
+				tc.setup(f)
+			}
+			o.Backend = tc.backend
+			p := plan(t, "defaults")
+			res, err := pl.Apply(ctx, open(t, pl, podNS), p, o)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Apply = %v, want an error containing %q", err, tc.wantErr)
+				}
+				if tc.backend == capture.Legacy && strings.Contains(tc.wantErr, "user namespace") && !errors.Is(err, capture.ErrUserNamespaced) {
+					t.Errorf("Apply = %v, does not wrap ErrUserNamespaced", err)
+				}
+				if got := f.Calls(); slices.ContainsFunc(got, func(c string) bool { return strings.HasPrefix(c, capturetest.OpApply) }) {
+					t.Errorf("a refused selection still applied: %v", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Backend != tc.want || !strings.Contains(res.Why, tc.why) {
+				t.Errorf("Apply chose %s (%s), want %s (%s)", res.Backend, res.Why, tc.want, tc.why)
+			}
+			if res.Rules != capture.RuleCount(p) || res.Rules == 0 {
+				t.Errorf("Applied.Rules = %d, want %d", res.Rules, capture.RuleCount(p))
+			}
+			if got := f.Backends(podNS); !slices.Equal(got, []string{tc.want}) {
+				t.Errorf("after Apply the backends holding rules are %v, want [%s]", got, tc.want)
+			}
+			if err := f.Backend(tc.want).Check(ctx, podNS, p); err != nil {
+				t.Errorf("the namespace does not hold the plan: %v", err)
+			}
+			name, err := pl.Check(ctx, open(t, pl, podNS), p, o)
+			if err != nil || name != tc.want {
+				t.Errorf("Check = %s, %v; want %s, nil", name, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestFakeHostGuard: the host's namespace is refused by Open and by every
+// verb, even when reached through a descriptor opened for reading.
+func TestFakeHostGuard(t *testing.T) {
+	ctx := context.Background()
+	f, pl, o := fake(t)
+	if err := f.AddHostNetns("/run/netns/host"); err != nil {
+		t.Skip(err)
+	}
+	if _, err := pl.Open("/run/netns/host"); !errors.Is(err, capture.ErrHostNetns) {
+		t.Fatalf("Open(host) = %v, want ErrHostNetns", err)
+	}
+	n, err := pl.OpenForReading("/run/netns/host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := plan(t, "defaults")
+	if _, err := pl.Apply(ctx, n, p, o); !errors.Is(err, capture.ErrHostNetns) {
+		t.Errorf("Apply(host) = %v, want ErrHostNetns", err)
+	}
+	if _, err := pl.Check(ctx, n, p, o); !errors.Is(err, capture.ErrHostNetns) {
+		t.Errorf("Check(host) = %v, want ErrHostNetns", err)
+	}
+	if _, err := pl.Remove(ctx, n, o); !errors.Is(err, capture.ErrHostNetns) {
+		t.Errorf("Remove(host) = %v, want ErrHostNetns", err)
+	}
+	if c := f.Calls(); len(c) != 0 {
+		t.Errorf("backends were called for the host's namespace: %v", c)
+	}
+	if _, err := pl.Open("/run/netns/missing"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Open(missing) = %v, want ErrNotExist", err)
+	}
+}
+
+// TestFakeApplyFailure: a failed Apply into a namespace without rules of
+// ours leaves nothing (even when the kernel took part of the write); one
+// into a namespace an earlier run programmed never removes that run's
+// rules.
+func TestFakeApplyFailure(t *testing.T) {
+	ctx := context.Background()
+	boom := errors.New("netlink: no buffer space")
+	for _, backend := range []string{capture.NFTables, capture.Legacy} {
+		t.Run(backend+"/fresh, partial write", func(t *testing.T) {
+			f, pl, o := fake(t)
+			o.Backend = backend
+			f.FailApply("", boom, true)
+			res, err := pl.Apply(ctx, open(t, pl, podNS), plan(t, "tproxy"), o)
+			if !errors.Is(err, boom) || res.Backend != backend {
+				t.Fatalf("Apply = %+v, %v; want %s and %v", res, err, backend, boom)
+			}
+			if d := f.Dump(podNS); d != "" {
+				t.Errorf("a failed Apply left:\n%s", d)
+			}
+			if c := f.Calls(); !slices.Contains(c, capturetest.OpRemove+" "+backend+" "+podNS) {
+				t.Errorf("no clean-up after the failure: %v", c)
+			}
+		})
+		t.Run(backend+"/fresh, clean-up fails too", func(t *testing.T) {
+			f, pl, o := fake(t)
+			o.Backend = backend
+			stuck := errors.New("device busy")
+			f.FailApply("", boom, true)
+			f.FailRemove("", stuck)
+			_, err := pl.Apply(ctx, open(t, pl, podNS), plan(t, "defaults"), o)
+			if !errors.Is(err, boom) || !errors.Is(err, stuck) || !strings.Contains(err.Error(), "cleaning up after the failure") {
+				t.Fatalf("Apply = %v, want both errors", err)
+			}
+		})
+		t.Run(backend+"/earlier run's rules", func(t *testing.T) {
+			f, pl, o := fake(t)
+			o.Backend = backend
+			before := plan(t, "defaults")
+			f.Install(podNS, backend, before)
+			f.FailApply("", boom, false)
+			if _, err := pl.Apply(ctx, open(t, pl, podNS), plan(t, "dns-capture"), o); !errors.Is(err, boom) {
+				t.Fatalf("Apply = %v, want %v", err, boom)
+			}
+			if err := f.Backend(backend).Check(ctx, podNS, before); err != nil {
+				t.Errorf("the earlier run's rules are not intact: %v", err)
+			}
+			if c := f.Calls(); slices.ContainsFunc(c, func(s string) bool { return strings.HasPrefix(s, capturetest.OpRemove) }) {
+				t.Errorf("a failed Apply removed an earlier run's rules: %v", c)
+			}
+		})
+	}
+}
+
+// TestFakeCheck: rules changed behind the pipeline's back are drift, named
+// line by line; an unreadable namespace is an error, not drift.
+func TestFakeCheck(t *testing.T) {
+	ctx := context.Background()
+	f, pl, o := fake(t)
+	p := plan(t, "defaults")
+	n := open(t, pl, podNS)
+	if _, err := pl.Apply(ctx, n, p, o); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pl.Check(ctx, n, p, o); err != nil {
+		t.Fatalf("Check right after Apply: %v", err)
+	}
+	f.Tamper(podNS, capture.NFTables, func(q *redirect.Plan) {
+		c := &q.Tables[0].Chains[len(q.Tables[0].Chains)-1]
+		c.Rules = c.Rules[:len(c.Rules)-1]
+	})
+	_, err := pl.Check(ctx, n, p, o)
+	var d *redirect.DriftError
+	if !errors.As(err, &d) || len(d.Lines) != 1 || !strings.HasPrefix(d.Lines[0], "-") {
+		t.Fatalf("Check after removing a rule = %v, want one missing line", err)
+	}
+	if _, err := pl.Check(ctx, n, redirect.Plan{}, o); !redirect.IsDrift(err) {
+		t.Errorf("Check against no capture = %v, want drift", err)
+	}
+	f.FailList("", errors.New("EPERM"))
+	if _, err := pl.Check(ctx, n, p, o); err == nil || redirect.IsDrift(err) {
+		t.Errorf("Check with an unreadable namespace = %v, want a non-drift error", err)
+	}
+}
+
+// TestFakeRemove: Remove with auto takes ours out of every backend that
+// holds it (rules split across both worlds included), then the routes;
+// with a backend named, only that one. The lock file goes with a
+// successful Remove and stays after a failed one.
+func TestFakeRemove(t *testing.T) {
+	ctx := context.Background()
+	locks := func(o capture.Options) []string {
+		m, _ := filepath.Glob(filepath.Join(o.RunDir, "netns-locks", "*.lock"))
+		return m
+	}
+	for _, tc := range []struct {
+		name    string
+		backend string
+		in      []string // backends holding the tproxy plan
+		want    []string // Removal's backends, in order
+		left    []string
+		noLeg   bool
+	}{
+		{name: "auto, nothing", backend: capture.Auto},
+		{name: "auto, nftables", backend: capture.Auto, in: []string{capture.NFTables}, want: []string{capture.NFTables, "routes"}},
+		{name: "auto, legacy", backend: capture.Auto, in: []string{capture.Legacy}, want: []string{capture.Legacy, "routes"}},
+		{name: "auto, both", backend: capture.Auto, in: []string{capture.NFTables, capture.Legacy}, want: []string{capture.NFTables, capture.Legacy, "routes"}},
+		{name: "nftables named, both", backend: capture.NFTables, in: []string{capture.NFTables, capture.Legacy}, want: []string{capture.NFTables, "routes"}, left: []string{capture.Legacy}},
+		{name: "legacy named, both", backend: capture.Legacy, in: []string{capture.NFTables, capture.Legacy}, want: []string{capture.Legacy, "routes"}, left: []string{capture.NFTables}},
+		{name: "auto, no legacy x_tables", backend: capture.Auto, in: []string{capture.NFTables}, want: []string{capture.NFTables, "routes"}, noLeg: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, pl, o := fake(t)
+			o.Backend = tc.backend
+			for _, b := range tc.in {
+				f.Install(podNS, b, plan(t, "tproxy"))
+			}
+			if tc.noLeg {
+				f.SetLegacyAvailable(errors.New("no legacy x_tables"))
+			}
+			removal, err := pl.Remove(ctx, open(t, pl, podNS), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, r := range removal {
+				got = append(got, r.Backend)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("Remove took %v (%s), want %v", got, removal, tc.want)
+			}
+			if len(tc.want) == 0 && removal.String() != "nothing to remove" {
+				t.Errorf("Removal = %q", removal)
+			}
+			if left := f.Backends(podNS); !slices.Equal(left, tc.left) {
+				t.Errorf("left in %v, want %v:\n%s", left, tc.left, f.Dump(podNS))
+			}
+			if len(tc.left) == 0 && f.Dump(podNS) != "" {
+				t.Errorf("left:\n%s", f.Dump(podNS))
+			}
+			if l := locks(o); len(l) != 0 {
+				t.Errorf("lock files left after a successful Remove: %v", l)
+			}
+		})
+	}
+	t.Run("routes alone", func(t *testing.T) {
+		f, pl, o := fake(t)
+		p := plan(t, "tproxy")
+		f.Install(podNS, capture.NFTables, redirect.Plan{Routes: p.Routes, LoopbackAddrs: p.LoopbackAddrs})
+		f.Tamper(podNS, capture.NFTables, func(*redirect.Plan) {})
+		removal, err := pl.Remove(ctx, open(t, pl, podNS), o)
+		if err != nil || len(removal) != 1 || removal[0].Backend != "routes" {
+			t.Fatalf("Remove = %v, %v; want the routes alone", removal, err)
+		}
+		if d := f.Dump(podNS); d != "" {
+			t.Errorf("left:\n%s", d)
+		}
+	})
+	t.Run("failure", func(t *testing.T) {
+		f, pl, o := fake(t)
+		f.Install(podNS, capture.Legacy, plan(t, "defaults"))
+		f.FailRemove(capture.Legacy, errors.New("EBUSY"))
+		_, err := pl.Remove(ctx, open(t, pl, podNS), o)
+		if err == nil || !strings.Contains(err.Error(), "removing iptables-legacy rules") {
+			t.Fatalf("Remove = %v, want the legacy error", err)
+		}
+		if l := locks(o); len(l) != 1 {
+			t.Errorf("lock files after a failed Remove: %v, want the namespace's", l)
+		}
+	})
+}
+
+// TestFakeForeign: CHECK's look for another installer's capture reads
+// both worlds, legacy only where the kernel has it.
+func TestFakeForeign(t *testing.T) {
+	ctx := context.Background()
+	f, pl, _ := fake(t)
+	n := open(t, pl, podNS)
+	if got, err := pl.Foreign(ctx, n); err != nil || len(got) != 0 {
+		t.Fatalf("Foreign(clean) = %v, %v", got, err)
+	}
+	f.SetForeign(podNS, capturetest.Foreign{LegacyChains: []string{"ipv4 nat ISTIO_OUTPUT"}, NFTables: []string{"nftables table inet istio-proxy-nat"}})
+	got, err := pl.Foreign(ctx, n)
+	want := []string{"iptables-legacy ipv4 nat ISTIO_OUTPUT", "nftables table inet istio-proxy-nat"}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("Foreign = %v, %v; want %v", got, err, want)
+	}
+	f.SetLegacyAvailable(errors.New("no legacy x_tables"))
+	if got, _ := pl.Foreign(ctx, n); !slices.Equal(got, want[1:]) {
+		t.Errorf("Foreign without legacy x_tables = %v, want %v", got, want[1:])
+	}
+}
+
+// TestFakeDump: the fake shows a namespace as the renderers write it.
+func TestFakeDump(t *testing.T) {
+	ctx := context.Background()
+	f, pl, o := fake(t)
+	p := plan(t, "defaults")
+	if _, err := pl.Apply(ctx, open(t, pl, podNS), p, o); err != nil {
+		t.Fatal(err)
+	}
+	text, err := capture.RenderNft(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.Dump(podNS), "# nftables\n"+text; got != want {
+		t.Errorf("Dump:\n%s\nwant:\n%s", got, want)
+	}
+	f2, pl2, o2 := fake(t)
+	o2.Backend = capture.Legacy
+	if _, err := pl2.Apply(ctx, open(t, pl2, podNS), p, o2); err != nil {
+		t.Fatal(err)
+	}
+	text, err = capture.RenderIptables(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f2.Dump(podNS), "# iptables-legacy\n"+text; got != want {
+		t.Errorf("Dump:\n%s\nwant:\n%s", got, want)
+	}
+}
