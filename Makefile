@@ -109,8 +109,10 @@ lint: staticcheck
 	@# helpers imported only by tests).
 	@bad=$$(grep -rln 'exec.Command' --include='*.go' cmd nft redirect podinfo installer internal capture | grep -v -e '_test.go' -e '^testkit/kubetest/' -e '^testkit/usernstest/' || true); \
 	  if [ -n "$$bad" ]; then echo "exec in product code:"; echo "$$bad"; exit 1; fi
-	@bad=$$($(GO) list -deps ./cmd/... | grep -e 'testkit/kubetest' -e 'testkit/usernstest' -e 'capture/capturetest' || true); \
-	  if [ -n "$$bad" ]; then echo "a binary imports a test helper (testkit/kubetest, testkit/usernstest, capture/capturetest)"; exit 1; fi
+	@# No binary carries the test kit, the end-to-end tests or capture's
+	@# in-memory kernel.
+	@bad=$$($(GO) list -deps ./cmd/... | grep -E '^github.com/nftmesh/nftmesh/((testkit|e2e)(/|$$)|capture/capturetest$$)' || true); \
+	  if [ -n "$$bad" ]; then echo "a binary imports the test kit, e2e or capture/capturetest:"; echo "$$bad"; exit 1; fi
 	@# Only the capture pipeline drives the kernel backends: every front end
 	@# (plugin, CLI, repair) goes through it, so every write is guarded and
 	@# locked. The backends themselves and the test kit (imported by tests only)

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -179,12 +180,12 @@ func TestUsernsTraffic(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			opts := nettest.TopologyOptionsFor(spec)
+			opts := netlab.TopologyOptionsFor(spec)
 			opts.Stack = sc.Stack
 			opts.Prefix = "capu-"
 			opts.NewPodNetns = func(path string) (io.Closer, error) { return usernstest.NewAt(path, usernsBase) }
 			opts.PodUIDBase, opts.PodGIDBase = usernsBase, usernsBase
-			topo, err := nettest.NewTopology(opts)
+			topo, err := netlab.NewTopology(opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -193,7 +194,7 @@ func TestUsernsTraffic(t *testing.T) {
 					t.Error(err)
 				}
 			})
-			ls, err := nettest.StartListeners(topo, nettest.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
+			ls, err := netlab.StartListeners(topo, netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -224,11 +225,11 @@ func TestUsernsTraffic(t *testing.T) {
 				}
 				p := o.Case.Probe
 				switch {
-				case p.From == nettest.FromApp && p.UID == nettest.AppUID && o.Got.Landed == nettest.ListenerOutbound:
+				case p.From == netlab.FromApp && p.UID == netlab.AppUID && o.Got.Landed == netlab.ListenerOutbound:
 					appOut++
-				case p.From == nettest.FromApp && p.UID == spec.ProxyUIDs[0] && strings.HasPrefix(o.Got.Landed, "peer:"):
+				case p.From == netlab.FromApp && p.UID == spec.ProxyUIDs[0] && strings.HasPrefix(o.Got.Landed, "peer:"):
 					proxyOut++
-				case p.From == nettest.FromPeer && o.Got.Landed == nettest.ListenerInbound:
+				case p.From == netlab.FromPeer && o.Got.Landed == netlab.ListenerInbound:
 					inbound++
 				}
 			}

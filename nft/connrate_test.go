@@ -13,7 +13,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/nftmesh/nftmesh/testkit/nettest"
+	"github.com/nftmesh/nftmesh/internal/netlab"
 )
 
 // BenchmarkConnRate10kVs0 measures TCP connection setup through the capture
@@ -24,14 +24,14 @@ import (
 // the 10k pod within 10% of the 0 pod, i.e. ratio ≥ 0.9).
 func BenchmarkConnRate10kVs0(b *testing.B) {
 	needRoot(b)
-	pods := map[string]*nettest.Topology{}
+	pods := map[string]*netlab.Topology{}
 	for name, n := range map[string]int{"0": 0, "10k": 10000} {
-		topo, err := nettest.NewTopology(nettest.TopologyOptions{Prefix: "nfa-cr-"})
+		topo, err := netlab.NewTopology(netlab.TopologyOptions{Prefix: "nfa-cr-"})
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { topo.Close() })
-		ls, err := nettest.StartListeners(topo, nettest.ListenerOptions{})
+		ls, err := netlab.StartListeners(topo, netlab.ListenerOptions{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -42,7 +42,7 @@ func BenchmarkConnRate10kVs0(b *testing.B) {
 		}
 		pods[name] = topo
 	}
-	dst := netip.AddrPortFrom(nettest.OtherV4Host, 80)
+	dst := netip.AddrPortFrom(netlab.OtherV4Host, 80)
 	const round = 100
 	took := map[string]time.Duration{}
 	b.ResetTimer()
@@ -99,7 +99,7 @@ func connectLoop(podNetns string, dst netip.AddrPort, n int) (time.Duration, err
 				ch <- res{err: err}
 				return
 			}
-			if i == 0 && !strings.Contains(string(line), nettest.ListenerOutbound) {
+			if i == 0 && !strings.Contains(string(line), netlab.ListenerOutbound) {
 				c.Close()
 				ch <- res{err: fmt.Errorf("connection to %s was not captured: %s", dst, line)}
 				return

@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -415,28 +416,28 @@ func TestChainDualStack(t *testing.T) {
 			// The bridge's gateway addresses stand for the world (a listener
 			// on port 80 in the node's namespace); the node connects to the
 			// pod's app port.
-			topo := &nettest.Topology{PodNetns: nsName, PeerNetns: strings.TrimPrefix(h.netnsPath, "/run/netns/"), PodIface: "eth0",
+			topo := &netlab.Topology{PodNetns: nsName, PeerNetns: strings.TrimPrefix(h.netnsPath, "/run/netns/"), PodIface: "eth0",
 				AppPorts: []uint16{8080}, PeerTCPPorts: []uint16{80}, PeerUDPPorts: []uint16{}}
-			ls, err := nettest.StartListeners(topo, nettest.ListenerOptions{})
+			ls, err := netlab.StartListeners(topo, netlab.ListenerOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = ls.Close() })
 			ap := netip.AddrPortFrom
-			app := func(dst netip.AddrPort) nettest.Probe {
-				return nettest.Probe{From: nettest.FromApp, UID: nettest.AppUID, GID: nettest.AppGID, Proto: redirect.ProtoTCP, Dst: dst}
+			app := func(dst netip.AddrPort) netlab.Probe {
+				return netlab.Probe{From: netlab.FromApp, UID: netlab.AppUID, GID: netlab.AppGID, Proto: redirect.ProtoTCP, Dst: dst}
 			}
-			node := func(dst netip.AddrPort) nettest.Probe {
-				return nettest.Probe{From: nettest.FromPeer, Proto: redirect.ProtoTCP, Dst: dst}
+			node := func(dst netip.AddrPort) netlab.Probe {
+				return netlab.Probe{From: netlab.FromPeer, Proto: redirect.ProtoTCP, Dst: dst}
 			}
-			out6, in6, why6 := nettest.PeerListener(ap(gw6, 80)), nettest.AppListener(8080), "IPv6 not captured: the sidecar is not dual-stack"
+			out6, in6, why6 := netlab.PeerListener(ap(gw6, 80)), netlab.AppListener(8080), "IPv6 not captured: the sidecar is not dual-stack"
 			if dualStack {
-				out6, in6, why6 = nettest.ListenerOutbound, nettest.ListenerInbound, "IPv6 captured: ISTIO_DUAL_STACK=true"
+				out6, in6, why6 = netlab.ListenerOutbound, netlab.ListenerInbound, "IPv6 captured: ISTIO_DUAL_STACK=true"
 			}
 			cases := []nettest.ProbeCase{
-				{Name: "app→gateway-v4:80", Probe: app(ap(gw4, 80)), WantLanded: nettest.ListenerOutbound, WantOrig: ap(gw4, 80), Why: "IPv4 captured"},
+				{Name: "app→gateway-v4:80", Probe: app(ap(gw4, 80)), WantLanded: netlab.ListenerOutbound, WantOrig: ap(gw4, 80), Why: "IPv4 captured"},
 				{Name: "app→gateway-v6:80", Probe: app(ap(gw6, 80)), WantLanded: out6, WantOrig: ap(gw6, 80), Why: why6},
-				{Name: "node→pod-v4:8080", Probe: node(ap(pod4, 8080)), WantLanded: nettest.ListenerInbound, WantOrig: ap(pod4, 8080), Why: "IPv4 captured"},
+				{Name: "node→pod-v4:8080", Probe: node(ap(pod4, 8080)), WantLanded: netlab.ListenerInbound, WantOrig: ap(pod4, 8080), Why: "IPv4 captured"},
 				{Name: "node→pod-v6:8080", Probe: node(ap(pod6, 8080)), WantLanded: in6, WantOrig: ap(pod6, 8080), Why: why6},
 			}
 			waitReachable(t, topo, ap(gw6, 80))
@@ -460,12 +461,12 @@ func TestChainDualStack(t *testing.T) {
 // connection from the pod sent as the proxy, whose traffic is never
 // captured: until the bridge's duplicate address detection is over, a
 // missing answer would look like a capture failure.
-func waitReachable(t *testing.T, topo *nettest.Topology, dst netip.AddrPort) {
+func waitReachable(t *testing.T, topo *netlab.Topology, dst netip.AddrPort) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		got := topo.Probe(nettest.Probe{From: nettest.FromApp, UID: 1337, GID: 1337, Proto: redirect.ProtoTCP, Dst: dst})
-		if got.Landed == nettest.PeerListener(dst) {
+		got := topo.Probe(netlab.Probe{From: netlab.FromApp, UID: 1337, GID: 1337, Proto: redirect.ProtoTCP, Dst: dst})
+		if got.Landed == netlab.PeerListener(dst) {
 			return
 		}
 		if time.Now().After(deadline) {

@@ -24,11 +24,11 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
-	"github.com/nftmesh/nftmesh/testkit/nettest"
 )
 
 // The package's tests share one API server and one built plugin binary.
@@ -152,8 +152,8 @@ func newNetns(t testing.TB, kind string) (string, string) {
 	return name, "/run/netns/" + name
 }
 
-// inNetns runs fn inside the namespace at path (see nettest.Do).
-func inNetns(path string, fn func() error) error { return nettest.Do(path, fn) }
+// inNetns runs fn inside the namespace at path (see netlab.Do).
+func inNetns(path string, fn func() error) error { return netlab.Do(path, fn) }
 
 // host is a throw-away "node": a netns where the bridge lives and the chain
 // runs, a forwarder inside it to the API server (so the plugin reaches the

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -58,10 +59,10 @@ func raceRound(t *testing.T, runDir string, pod *corev1.Pod, backend string, tra
 	}
 	var nsPath string
 	prev := prevResultV4("1.0.0", "198.51.100.7/24")
-	var topo *nettest.Topology
+	var topo *netlab.Topology
 	if traffic {
-		topo, err = nettest.NewTopology(func() nettest.TopologyOptions {
-			o := nettest.TopologyOptionsFor(spec)
+		topo, err = netlab.NewTopology(func() netlab.TopologyOptions {
+			o := netlab.TopologyOptionsFor(spec)
 			o.Prefix = "cni-race-"
 			return o
 		}())
@@ -77,7 +78,7 @@ func raceRound(t *testing.T, runDir string, pod *corev1.Pod, backend string, tra
 		prev = map[string]any{
 			"cniVersion": "1.0.0",
 			"interfaces": []any{map[string]any{"name": topo.PodIface, "sandbox": nsPath}},
-			"ips":        []any{map[string]any{"address": nettest.PodV4.String() + "/30", "interface": 0}},
+			"ips":        []any{map[string]any{"address": netlab.PodV4.String() + "/30", "interface": 0}},
 		}
 	} else {
 		_, nsPath = newNetns(t, "race")
@@ -135,7 +136,7 @@ func raceRound(t *testing.T, runDir string, pod *corev1.Pod, backend string, tra
 		t.Fatalf("%d ADD(s) returned success (backend %s) but the netns lacks the complete capture:\n%s", ok, backend, strings.Join(diffs, "\n"))
 	}
 	if traffic {
-		ls, err := nettest.StartListeners(topo, nettest.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
+		ls, err := netlab.StartListeners(topo, netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
-	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // TestRealTraffic: after the plugin's ADD (the built binary, exec'd as a
@@ -28,15 +28,15 @@ func TestRealTraffic(t *testing.T) {
 	runDir := agentRunDir(t, env.token)
 	for _, tc := range []struct {
 		file     string
-		stack    scenarios.Stack
+		stack    netlab.Stack
 		wantIPv6 bool
 	}{
-		{"injected.yaml", scenarios.StackIPv4, false},
-		{"injected.yaml", scenarios.StackDual, false},
-		{"injected.yaml", scenarios.StackDualV6First, false},
-		{"injected.yaml", scenarios.StackIPv6, true},
-		{"annotated.json", scenarios.StackDual, true},
-		{"no-sidecar.yaml", scenarios.StackDual, false},
+		{"injected.yaml", netlab.StackIPv4, false},
+		{"injected.yaml", netlab.StackDual, false},
+		{"injected.yaml", netlab.StackDualV6First, false},
+		{"injected.yaml", netlab.StackIPv6, true},
+		{"annotated.json", netlab.StackDual, true},
+		{"no-sidecar.yaml", netlab.StackDual, false},
 	} {
 		t.Run(tc.file+"/"+strings.ReplaceAll(tc.stack.String(), " ", "-"), func(t *testing.T) {
 			file := tc.file
@@ -46,8 +46,8 @@ func TestRealTraffic(t *testing.T) {
 				t.Fatal(err)
 			}
 			spec.IPv6 = tc.wantIPv6
-			topo, err := nettest.NewTopology(func() nettest.TopologyOptions {
-				o := nettest.TopologyOptionsFor(spec)
+			topo, err := netlab.NewTopology(func() netlab.TopologyOptions {
+				o := netlab.TopologyOptionsFor(spec)
 				o.Prefix = "cni-"
 				o.Stack = tc.stack
 				return o
@@ -60,11 +60,11 @@ func TestRealTraffic(t *testing.T) {
 					t.Error(err)
 				}
 			})
-			var lo nettest.ListenerOptions
+			var lo netlab.ListenerOptions
 			if inMesh {
-				lo = nettest.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]}
+				lo = netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]}
 			}
-			ls, err := nettest.StartListeners(topo, lo)
+			ls, err := netlab.StartListeners(topo, lo)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -15,8 +15,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nftmesh/nftmesh/capture"
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/testkit/nettest"
 )
 
 func newDemoCmd() *cobra.Command {
@@ -48,13 +48,13 @@ own namespaces.`,
 
 type demoCase struct {
 	what   string
-	probe  nettest.Probe
+	probe  netlab.Probe
 	landed string
 	orig   netip.AddrPort // expected original destination; zero: not checked
 }
 
 func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
-	topo, err := nettest.NewTopology(nettest.TopologyOptions{Prefix: "demo-"})
+	topo, err := netlab.NewTopology(netlab.TopologyOptions{Prefix: "demo-"})
 	if err != nil {
 		return failure(fmt.Errorf("creating the demo namespaces: %w", err))
 	}
@@ -69,7 +69,7 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 			fmt.Fprintf(w, "\nremoved namespaces %s and %s\n", topo.PodNetns, topo.PeerNetns)
 		}
 	}()
-	ls, err := nettest.StartListeners(topo, nettest.ListenerOptions{})
+	ls, err := netlab.StartListeners(topo, netlab.ListenerOptions{})
 	if err != nil {
 		return failure(fmt.Errorf("starting the demo listeners: %w", err))
 	}
@@ -95,32 +95,32 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 	}
 	took := time.Since(start)
 	fmt.Fprintf(w, "pod netns %s (%s, %s) <-veth-> peer netns %s (external hosts %s, %s, %s)\n",
-		topo.PodNetns, nettest.PodV4, nettest.PodV6, topo.PeerNetns, nettest.OtherV4Host, nettest.OtherV6Host, nettest.ExcludedV4Host)
+		topo.PodNetns, netlab.PodV4, netlab.PodV6, topo.PeerNetns, netlab.OtherV4Host, netlab.OtherV6Host, netlab.ExcludedV4Host)
 	fmt.Fprintf(w, "applied the default sidecar capture (%d rules, %d sets, IPv4+IPv6, excludeOutboundIPRanges=192.0.2.0/24) with %s in %s, one netlink batch\n\n",
 		res.Rules, len(plan.Sets), res.Backend, took.Round(10*time.Microsecond))
 
-	app := func(dst netip.AddrPort) nettest.Probe {
-		return nettest.Probe{From: nettest.FromApp, UID: nettest.AppUID, GID: nettest.AppGID, Proto: redirect.ProtoTCP, Dst: dst}
+	app := func(dst netip.AddrPort) netlab.Probe {
+		return netlab.Probe{From: netlab.FromApp, UID: netlab.AppUID, GID: netlab.AppGID, Proto: redirect.ProtoTCP, Dst: dst}
 	}
-	proxy := func(dst netip.AddrPort) nettest.Probe {
-		return nettest.Probe{From: nettest.FromApp, UID: redirect.DefaultProxyID, GID: redirect.DefaultProxyID, Proto: redirect.ProtoTCP, Dst: dst}
+	proxy := func(dst netip.AddrPort) netlab.Probe {
+		return netlab.Probe{From: netlab.FromApp, UID: redirect.DefaultProxyID, GID: redirect.DefaultProxyID, Proto: redirect.ProtoTCP, Dst: dst}
 	}
-	ext4 := netip.AddrPortFrom(nettest.OtherV4Host, 80)
-	ext6 := netip.AddrPortFrom(nettest.OtherV6Host, 443)
-	excl := netip.AddrPortFrom(nettest.ExcludedV4Host, 80)
-	pod8080 := netip.AddrPortFrom(nettest.PodV4, 8080)
-	pod6 := netip.AddrPortFrom(nettest.PodV6, 8080)
+	ext4 := netip.AddrPortFrom(netlab.OtherV4Host, 80)
+	ext6 := netip.AddrPortFrom(netlab.OtherV6Host, 443)
+	excl := netip.AddrPortFrom(netlab.ExcludedV4Host, 80)
+	pod8080 := netip.AddrPortFrom(netlab.PodV4, 8080)
+	pod6 := netip.AddrPortFrom(netlab.PodV6, 8080)
 	probe := netip.AddrPortFrom(redirect.InboundPassthroughV4.Addr(), redirect.ValidationProbePort)
 	cases := []demoCase{
-		{"app calls an external service", app(ext4), nettest.ListenerOutbound, ext4},
-		{"app calls an external service (IPv6)", app(ext6), nettest.ListenerOutbound, ext6},
-		{"app calls an excluded CIDR", app(excl), nettest.PeerListener(excl), netip.AddrPort{}},
-		{"proxy (uid 1337) calls upstream", proxy(ext4), nettest.PeerListener(ext4), netip.AddrPort{}},
-		{"client in the peer calls the pod", nettest.Probe{From: nettest.FromPeer, Proto: redirect.ProtoTCP, Dst: pod8080}, nettest.ListenerInbound, pod8080},
-		{"client in the peer calls the pod (IPv6)", nettest.Probe{From: nettest.FromPeer, Proto: redirect.ProtoTCP, Dst: pod6}, nettest.ListenerInbound, pod6},
-		{"proxy hands inbound to the app (127.0.0.6)", nettest.Probe{From: nettest.FromPassthrough, UID: redirect.DefaultProxyID, GID: redirect.DefaultProxyID, Proto: redirect.ProtoTCP, Dst: pod8080}, nettest.AppListener(8080), netip.AddrPort{}},
-		{"app calls itself over the pod IP", app(pod8080), nettest.AppListener(8080), netip.AddrPort{}},
-		{"istio-validation probe (uid 1337 -> 127.0.0.6:15002)", proxy(probe), nettest.ListenerInbound, probe},
+		{"app calls an external service", app(ext4), netlab.ListenerOutbound, ext4},
+		{"app calls an external service (IPv6)", app(ext6), netlab.ListenerOutbound, ext6},
+		{"app calls an excluded CIDR", app(excl), netlab.PeerListener(excl), netip.AddrPort{}},
+		{"proxy (uid 1337) calls upstream", proxy(ext4), netlab.PeerListener(ext4), netip.AddrPort{}},
+		{"client in the peer calls the pod", netlab.Probe{From: netlab.FromPeer, Proto: redirect.ProtoTCP, Dst: pod8080}, netlab.ListenerInbound, pod8080},
+		{"client in the peer calls the pod (IPv6)", netlab.Probe{From: netlab.FromPeer, Proto: redirect.ProtoTCP, Dst: pod6}, netlab.ListenerInbound, pod6},
+		{"proxy hands inbound to the app (127.0.0.6)", netlab.Probe{From: netlab.FromPassthrough, UID: redirect.DefaultProxyID, GID: redirect.DefaultProxyID, Proto: redirect.ProtoTCP, Dst: pod8080}, netlab.AppListener(8080), netip.AddrPort{}},
+		{"app calls itself over the pod IP", app(pod8080), netlab.AppListener(8080), netip.AddrPort{}},
+		{"istio-validation probe (uid 1337 -> 127.0.0.6:15002)", proxy(probe), netlab.ListenerInbound, probe},
 	}
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -156,11 +156,11 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 	return nil
 }
 
-func fromLabel(p nettest.Probe) string {
+func fromLabel(p netlab.Probe) string {
 	switch p.From {
-	case nettest.FromPeer:
+	case netlab.FromPeer:
 		return "peer"
-	case nettest.FromPassthrough:
+	case netlab.FromPassthrough:
 		return fmt.Sprintf("pod uid %d, src 127.0.0.6", p.UID)
 	}
 	return fmt.Sprintf("pod uid %d", p.UID)

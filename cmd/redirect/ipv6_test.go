@@ -7,11 +7,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
-	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // TestCLIApplyDecidesIPv6FromNetns: apply --netns captures IPv6 as Istio
@@ -28,22 +28,22 @@ func TestCLIApplyDecidesIPv6FromNetns(t *testing.T) {
 	injected, annotated := filepath.Join(pods, "injected.yaml"), filepath.Join(pods, "annotated.json")
 	for _, tc := range []struct {
 		name     string
-		stack    scenarios.Stack
+		stack    netlab.Stack
 		spec     []string // --pod or annotation flags
 		extra    []string
 		wantIPv6 bool
 	}{
-		{"v4-only pod", scenarios.StackIPv4, []string{"--pod", injected}, nil, false},
-		{"dual-stack pod, sidecar not dual-stack", scenarios.StackDual, []string{"--pod", injected}, nil, false},
-		{"dual-stack pod given IPv6 first, sidecar not dual-stack", scenarios.StackDualV6First, []string{"--pod", injected}, nil, false},
-		{"dual-stack pod, ISTIO_DUAL_STACK=true", scenarios.StackDual, []string{"--pod", annotated}, nil, true},
-		{"v6-only pod", scenarios.StackIPv6, []string{"--pod", injected}, nil, true},
-		{"explicit --ipv6 wins", scenarios.StackDual, []string{"--pod", injected}, []string{"--ipv6"}, true},
-		{"annotations, dual-stack pod", scenarios.StackDual, []string{"-a", redirect.AnnotationExcludeInboundPorts + "=9090"}, nil, false},
-		{"annotations, dual-stack pod, --dual-stack", scenarios.StackDual, []string{"-a", redirect.AnnotationExcludeInboundPorts + "=9090"}, []string{"--dual-stack"}, true},
+		{"v4-only pod", netlab.StackIPv4, []string{"--pod", injected}, nil, false},
+		{"dual-stack pod, sidecar not dual-stack", netlab.StackDual, []string{"--pod", injected}, nil, false},
+		{"dual-stack pod given IPv6 first, sidecar not dual-stack", netlab.StackDualV6First, []string{"--pod", injected}, nil, false},
+		{"dual-stack pod, ISTIO_DUAL_STACK=true", netlab.StackDual, []string{"--pod", annotated}, nil, true},
+		{"v6-only pod", netlab.StackIPv6, []string{"--pod", injected}, nil, true},
+		{"explicit --ipv6 wins", netlab.StackDual, []string{"--pod", injected}, []string{"--ipv6"}, true},
+		{"annotations, dual-stack pod", netlab.StackDual, []string{"-a", redirect.AnnotationExcludeInboundPorts + "=9090"}, nil, false},
+		{"annotations, dual-stack pod, --dual-stack", netlab.StackDual, []string{"-a", redirect.AnnotationExcludeInboundPorts + "=9090"}, []string{"--dual-stack"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			topo, err := nettest.NewTopology(nettest.TopologyOptions{Prefix: "cli6-", Stack: tc.stack})
+			topo, err := netlab.NewTopology(netlab.TopologyOptions{Prefix: "cli6-", Stack: tc.stack})
 			if err != nil {
 				t.Fatal(err)
 			}

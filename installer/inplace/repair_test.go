@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -126,7 +127,7 @@ func TestRepairPodRealTraffic(t *testing.T) {
 	}{{"auto", false}, {"iptables-legacy", false}, {"auto", true}} {
 		t.Run(fmt.Sprintf("%s/dual-stack-sidecar=%t", tc.backend, tc.dualStack), func(t *testing.T) {
 			backend := tc.backend
-			pod := loadPod(t, "injected.yaml", nettest.PodV4, nettest.PodV6)
+			pod := loadPod(t, "injected.yaml", netlab.PodV4, netlab.PodV6)
 			if tc.dualStack {
 				for i := range pod.Spec.Containers {
 					if pod.Spec.Containers[i].Name == podinfo.ProxyContainer {
@@ -138,8 +139,8 @@ func TestRepairPodRealTraffic(t *testing.T) {
 			if err != nil || !inMesh {
 				t.Fatalf("sample pod not in mesh: %v", err)
 			}
-			topo, err := nettest.NewTopology(func() nettest.TopologyOptions {
-				o := nettest.TopologyOptionsFor(spec)
+			topo, err := netlab.NewTopology(func() netlab.TopologyOptions {
+				o := netlab.TopologyOptionsFor(spec)
 				o.Prefix = "e2e-"
 				return o
 			}())
@@ -151,7 +152,7 @@ func TestRepairPodRealTraffic(t *testing.T) {
 					t.Error(err)
 				}
 			})
-			ls, err := nettest.StartListeners(topo, nettest.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
+			ls, err := netlab.StartListeners(topo, netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -170,7 +171,7 @@ func TestRepairPodRealTraffic(t *testing.T) {
 			// test elsewhere on this machine whose main thread sits in its
 			// own pod namespace would be a second candidate. Never program
 			// someone else's namespace.
-			if f, err := FindNetns("/proc", []netip.Addr{nettest.PodV4, nettest.PodV6}); err != nil || f.PID != pause {
+			if f, err := FindNetns("/proc", []netip.Addr{netlab.PodV4, netlab.PodV6}); err != nil || f.PID != pause {
 				t.Skipf("skipping: another process holds nettest's pod addresses (found %+v, %v)", f, err)
 			}
 			rep, err := newRepairer(t, backend).RepairPod(context.Background(), pod)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
@@ -64,14 +65,14 @@ func TestRepairPodUsernsPod(t *testing.T) {
 	}
 	for i, backend := range []string{"auto", "iptables-legacy"} {
 		t.Run(backend, func(t *testing.T) {
-			pod := loadPod(t, "injected.yaml", nettest.PodV4, nettest.PodV6)
+			pod := loadPod(t, "injected.yaml", netlab.PodV4, netlab.PodV6)
 			inMesh, _, spec, err := podinfo.FromPod(pod)
 			if err != nil || !inMesh {
 				t.Fatalf("sample pod not in mesh: %v", err)
 			}
 			base := uint32(3_500_000 + i*usernstest.Size)
 			var holder *usernstest.Netns
-			o := nettest.TopologyOptionsFor(spec)
+			o := netlab.TopologyOptionsFor(spec)
 			o.Prefix = "e2e-"
 			o.NewPodNetns = func(path string) (io.Closer, error) {
 				n, err := usernstest.NewAt(path, base)
@@ -79,7 +80,7 @@ func TestRepairPodUsernsPod(t *testing.T) {
 				return n, err
 			}
 			o.PodUIDBase, o.PodGIDBase = base, base
-			topo, err := nettest.NewTopology(o)
+			topo, err := netlab.NewTopology(o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -88,14 +89,14 @@ func TestRepairPodUsernsPod(t *testing.T) {
 					t.Error(err)
 				}
 			})
-			ls, err := nettest.StartListeners(topo, nettest.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
+			ls, err := netlab.StartListeners(topo, netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = ls.Close() })
 			// nettest topologies share addresses: never program another
 			// test's namespace.
-			if f, err := FindNetns("/proc", []netip.Addr{nettest.PodV4, nettest.PodV6}); err != nil || f.PID != holder.PID() {
+			if f, err := FindNetns("/proc", []netip.Addr{netlab.PodV4, netlab.PodV6}); err != nil || f.PID != holder.PID() {
 				t.Skipf("skipping: another process holds nettest's pod addresses (found %+v, %v)", f, err)
 			}
 

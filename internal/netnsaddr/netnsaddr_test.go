@@ -13,9 +13,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/internal/netnsaddr"
-	"github.com/nftmesh/nftmesh/testkit/nettest"
-	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // interfaceAddrs is the independent reader: Go's net.InterfaceAddrs run on
@@ -23,7 +22,7 @@ import (
 func interfaceAddrs(t *testing.T, path string) []netip.Addr {
 	t.Helper()
 	var out []netip.Addr
-	err := nettest.Do(path, func() error {
+	err := netlab.Do(path, func() error {
 		as, err := net.InterfaceAddrs()
 		if err != nil {
 			return err
@@ -73,9 +72,9 @@ func TestListOrderMatchesInterfaceAddrs(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces")
 	}
-	for _, st := range []scenarios.Stack{scenarios.StackDual, scenarios.StackDualV6First, scenarios.StackIPv4, scenarios.StackIPv6} {
+	for _, st := range []netlab.Stack{netlab.StackDual, netlab.StackDualV6First, netlab.StackIPv4, netlab.StackIPv6} {
 		t.Run(strings.ReplaceAll(st.String(), " ", "-"), func(t *testing.T) {
-			topo, err := nettest.NewTopology(nettest.TopologyOptions{Prefix: "nna-", Stack: st})
+			topo, err := netlab.NewTopology(netlab.TopologyOptions{Prefix: "nna-", Stack: st})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -20,7 +20,7 @@ import (
 // TestModuleVersionPinned: the constant the tests report is the version
 // the tools module builds.
 func TestModuleVersionPinned(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(RepoRoot(), "internal", "istiotest", "istio", "go.mod"))
+	data, err := os.ReadFile(filepath.Join(RepoRoot(), "testkit", "istiotest", "istio", "go.mod"))
 	if err != nil {
 		t.Fatal(err)
 	}

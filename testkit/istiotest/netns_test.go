@@ -19,11 +19,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/e2e/cluster/standin"
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/testkit/nettest"
 )
 
 // The "other pod" of the netns test: the peer namespace runs a stand-in app
@@ -32,7 +32,7 @@ const peerPort = 7070
 
 // outside is where every app and proxy dials: an address the peer owns that
 // the exclude-cidrs variant excludes (203.0.113.0/24) and nothing else does.
-var outside = netip.AddrPortFrom(nettest.OtherV4Host, peerPort)
+var outside = netip.AddrPortFrom(netlab.OtherV4Host, peerPort)
 
 // TestInjectedPodsInNetns runs every pod Istio's injector wrote as a node
 // would, in a throw-away pod network namespace wired to a peer namespace
@@ -121,7 +121,7 @@ func runInjectedPod(t *testing.T, p injectedPod, agent string, agentErr error, b
 
 	targets := []string{outside.String()}
 	if cs.CaptureDNS {
-		targets = append(targets, "udp://"+netip.AddrPortFrom(nettest.OtherV4Host, 53).String())
+		targets = append(targets, "udp://"+netip.AddrPortFrom(netlab.OtherV4Host, 53).String())
 	}
 	spec := p.Pod.Spec.DeepCopy()
 	if err := Rewrite(spec, Standin{Image: "x", PilotAgent: agent, Proxy: bins.proxy, App: bins.app,
@@ -170,7 +170,7 @@ func runInjectedPod(t *testing.T, p injectedPod, agent string, agentErr error, b
 		}
 		for _, port := range c.Ports {
 			appPorts = append(appPorts, port.ContainerPort)
-			dials = append(dials, "-connect="+netip.AddrPortFrom(nettest.PodV4, uint16(port.ContainerPort)).String())
+			dials = append(dials, "-connect="+netip.AddrPortFrom(netlab.PodV4, uint16(port.ContainerPort)).String())
 		}
 	}
 	peer := corev1.Container{Name: "peer"}
@@ -188,7 +188,7 @@ func runInjectedPod(t *testing.T, p injectedPod, agent string, agentErr error, b
 		checks = append(checks, check{what: "app's DNS query", log: app, target: targets[1], want: reply{pod: p.Name, listener: standin.ListenerDNS}})
 	}
 	for _, port := range appPorts {
-		dst := netip.AddrPortFrom(nettest.PodV4, uint16(port))
+		dst := netip.AddrPortFrom(netlab.PodV4, uint16(port))
 		want := reply{pod: p.Name, listener: standin.ListenerInbound, orig: dst.String()}
 		if !inMesh || !capturesInbound(cs, uint16(port)) {
 			want = reply{pod: p.Name, listener: standin.AppListener(uint16(port)), orig: dst.String()}
@@ -371,9 +371,9 @@ func withPod(argv []string, name string) []string {
 	return append([]string{argv[0], "-pod=" + name}, argv[1:]...)
 }
 
-func newTopology(t *testing.T) *nettest.Topology {
+func newTopology(t *testing.T) *netlab.Topology {
 	t.Helper()
-	topo, err := nettest.NewTopology(nettest.TopologyOptions{Prefix: "ist-"})
+	topo, err := netlab.NewTopology(netlab.TopologyOptions{Prefix: "ist-"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +456,7 @@ func runToEnd(t *testing.T, ns string, c corev1.Container, pod *corev1.PodSecuri
 	cmd := command(c, pod, argv)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := nettest.Do(ns, cmd.Start); err != nil {
+	if err := netlab.Do(ns, cmd.Start); err != nil {
 		t.Fatalf("starting %v: %v", argv, err)
 	}
 	done := make(chan error, 1)
@@ -487,7 +487,7 @@ func startIn(t *testing.T, ns string, c corev1.Container, pod *corev1.PodSecurit
 	out := &syncBuffer{}
 	var stderr syncBuffer
 	cmd.Stdout, cmd.Stderr = out, &stderr
-	if err := nettest.Do(ns, cmd.Start); err != nil {
+	if err := netlab.Do(ns, cmd.Start); err != nil {
 		t.Fatalf("starting %s %v: %v", c.Name, argv, err)
 	}
 	done := make(chan error, 1)
@@ -562,9 +562,9 @@ func TestTProxyInboundBeforeProxyListens(t *testing.T) {
 			}
 			app := startIn(t, topo.PodNetnsPath(), corev1.Container{Name: "app"}, nil, []string{bins.app, "-pod=tproxy", "-listen=8080"})
 			waitReady(t, app)
-			dst := netip.AddrPortFrom(nettest.PodV4, 8080)
+			dst := netip.AddrPortFrom(netlab.PodV4, 8080)
 			var e standin.Event
-			if err := nettest.Do(topo.PeerNetnsPath(), func() error {
+			if err := netlab.Do(topo.PeerNetnsPath(), func() error {
 				e = standin.Dial(context.Background(), standin.Target{Proto: "tcp", Addr: dst.String()})
 				return nil
 			}); err != nil {

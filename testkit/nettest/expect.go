@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
@@ -13,7 +14,7 @@ import (
 // ProbeCase is one probe and where Istio's semantics say it must land.
 type ProbeCase struct {
 	Name  string
-	Probe Probe
+	Probe netlab.Probe
 	// WantLanded is a listener name, LandedRefused or LandedTimeout.
 	WantLanded string
 	// WantOrig is the original destination the listener must report; the
@@ -26,7 +27,7 @@ type ProbeCase struct {
 
 // ExpectedProbes returns the probes for a scenario with their expected
 // landings, for a topology built with TopologyOptionsFor(spec).
-func ExpectedProbes(sc scenarios.Scenario, topo *Topology) ([]ProbeCase, error) {
+func ExpectedProbes(sc scenarios.Scenario, topo *netlab.Topology) ([]ProbeCase, error) {
 	s, err := sc.Spec()
 	if err != nil {
 		return nil, err
@@ -42,13 +43,13 @@ func ExpectedProbes(sc scenarios.Scenario, topo *Topology) ([]ProbeCase, error) 
 // senders, nat PREROUTING/ISTIO_INBOUND or the TPROXY mangle chains for what
 // arrives), not from redirect.Build or any backend: it is the independent
 // oracle the backends are held to.
-func ExpectedProbesFor(s *redirect.Spec, topo *Topology) []ProbeCase {
+func ExpectedProbesFor(s *redirect.Spec, topo *netlab.Topology) []ProbeCase {
 	o := oracle{s: s, t: topo}
 	var out []ProbeCase
 	for _, np := range o.probes() {
 		landed, why := o.expect(np.p)
 		c := ProbeCase{Name: np.name, Probe: np.p, WantLanded: landed, Why: why}
-		if landed != LandedRefused && landed != LandedTimeout {
+		if landed != netlab.LandedRefused && landed != netlab.LandedTimeout {
 			c.WantOrig = np.p.Dst
 		}
 		out = append(out, c)
@@ -58,12 +59,12 @@ func ExpectedProbesFor(s *redirect.Spec, topo *Topology) []ProbeCase {
 
 type namedProbe struct {
 	name string
-	p    Probe
+	p    netlab.Probe
 }
 
 type oracle struct {
 	s *redirect.Spec // nil: no rules
-	t *Topology
+	t *netlab.Topology
 }
 
 func (o oracle) proxyIDs() (uid, gid uint32) {
@@ -85,80 +86,80 @@ func (o oracle) probes() []namedProbe {
 	tcp, udp := redirect.ProtoTCP, redirect.ProtoUDP
 	ap := netip.AddrPortFrom
 	var ps []namedProbe
-	add := func(name string, from From, uid, gid uint32, proto redirect.Proto, dst netip.AddrPort) {
-		ps = append(ps, namedProbe{name, Probe{From: from, UID: uid, GID: gid, Proto: proto, Dst: dst}})
+	add := func(name string, from netlab.From, uid, gid uint32, proto redirect.Proto, dst netip.AddrPort) {
+		ps = append(ps, namedProbe{name, netlab.Probe{From: from, UID: uid, GID: gid, Proto: proto, Dst: dst}})
 	}
 	app := func(name string, proto redirect.Proto, dst netip.AddrPort) {
-		add(name, FromApp, AppUID, AppGID, proto, dst)
+		add(name, netlab.FromApp, netlab.AppUID, netlab.AppGID, proto, dst)
 	}
 
 	// Outbound from the app.
-	app("app→other-v4:80", tcp, ap(OtherV4Host, 80))
-	app("app→other-v6:80", tcp, ap(OtherV6Host, 80))
-	app("app→excluded-v4:80", tcp, ap(ExcludedV4Host, 80))
-	app("app→excluded-v6:80", tcp, ap(ExcludedV6Host, 80))
-	app("app→included-v4:80", tcp, ap(IncludedV4Host, 80))
-	app("app→included-v6:80", tcp, ap(IncludedV6Host, 80))
-	app("app→other-v4:15020", tcp, ap(OtherV4Host, 15020))
-	app("app→other-v4:3306", tcp, ap(OtherV4Host, 3306))
-	app("app→other-v6:3306", tcp, ap(OtherV6Host, 3306))
-	app("app→other-v4:5432", tcp, ap(OtherV4Host, 5432))
-	app("app→other-v6:5432", tcp, ap(OtherV6Host, 5432))
+	app("app→other-v4:80", tcp, ap(netlab.OtherV4Host, 80))
+	app("app→other-v6:80", tcp, ap(netlab.OtherV6Host, 80))
+	app("app→excluded-v4:80", tcp, ap(netlab.ExcludedV4Host, 80))
+	app("app→excluded-v6:80", tcp, ap(netlab.ExcludedV6Host, 80))
+	app("app→included-v4:80", tcp, ap(netlab.IncludedV4Host, 80))
+	app("app→included-v6:80", tcp, ap(netlab.IncludedV6Host, 80))
+	app("app→other-v4:15020", tcp, ap(netlab.OtherV4Host, 15020))
+	app("app→other-v4:3306", tcp, ap(netlab.OtherV4Host, 3306))
+	app("app→other-v6:3306", tcp, ap(netlab.OtherV6Host, 3306))
+	app("app→other-v4:5432", tcp, ap(netlab.OtherV4Host, 5432))
+	app("app→other-v6:5432", tcp, ap(netlab.OtherV6Host, 5432))
 
 	// Outbound from the proxy, by UID and by GID alone.
-	add("proxy-uid→other-v4:80", FromApp, puid, AppGID, tcp, ap(OtherV4Host, 80))
-	add("proxy-uid→other-v6:80", FromApp, puid, AppGID, tcp, ap(OtherV6Host, 80))
-	add("proxy-gid→other-v4:80", FromApp, AppUID, pgid, tcp, ap(OtherV4Host, 80))
-	add("proxy-gid→other-v6:80", FromApp, AppUID, pgid, tcp, ap(OtherV6Host, 80))
+	add("proxy-uid→other-v4:80", netlab.FromApp, puid, netlab.AppGID, tcp, ap(netlab.OtherV4Host, 80))
+	add("proxy-uid→other-v6:80", netlab.FromApp, puid, netlab.AppGID, tcp, ap(netlab.OtherV6Host, 80))
+	add("proxy-gid→other-v4:80", netlab.FromApp, netlab.AppUID, pgid, tcp, ap(netlab.OtherV4Host, 80))
+	add("proxy-gid→other-v6:80", netlab.FromApp, netlab.AppUID, pgid, tcp, ap(netlab.OtherV6Host, 80))
 	if puid != redirect.DefaultProxyID || pgid != redirect.DefaultProxyID {
 		// 1337 is nobody special once the proxy runs under other IDs.
-		add("uid-1337→other-v4:80", FromApp, redirect.DefaultProxyID, AppGID, tcp, ap(OtherV4Host, 80))
-		add("gid-1337→other-v4:80", FromApp, AppUID, redirect.DefaultProxyID, tcp, ap(OtherV4Host, 80))
-		add("uid-1337→pod-v4:8080 (lo)", FromApp, redirect.DefaultProxyID, AppGID, tcp, ap(PodV4, 8080))
+		add("uid-1337→other-v4:80", netlab.FromApp, redirect.DefaultProxyID, netlab.AppGID, tcp, ap(netlab.OtherV4Host, 80))
+		add("gid-1337→other-v4:80", netlab.FromApp, netlab.AppUID, redirect.DefaultProxyID, tcp, ap(netlab.OtherV4Host, 80))
+		add("uid-1337→pod-v4:8080 (lo)", netlab.FromApp, redirect.DefaultProxyID, netlab.AppGID, tcp, ap(netlab.PodV4, 8080))
 	}
 
 	// DNS.
-	app("app→other-v4:53/udp", udp, ap(OtherV4Host, 53))
-	app("app→other-v6:53/udp", udp, ap(OtherV6Host, 53))
-	app("app→other-v4:53/tcp", tcp, ap(OtherV4Host, 53))
-	add("proxy-uid→other-v4:53/udp", FromApp, puid, pgid, udp, ap(OtherV4Host, 53))
-	add("proxy-uid→other-v6:53/udp", FromApp, puid, pgid, udp, ap(OtherV6Host, 53))
+	app("app→other-v4:53/udp", udp, ap(netlab.OtherV4Host, 53))
+	app("app→other-v6:53/udp", udp, ap(netlab.OtherV6Host, 53))
+	app("app→other-v4:53/tcp", tcp, ap(netlab.OtherV4Host, 53))
+	add("proxy-uid→other-v4:53/udp", netlab.FromApp, puid, pgid, udp, ap(netlab.OtherV4Host, 53))
+	add("proxy-uid→other-v6:53/udp", netlab.FromApp, puid, pgid, udp, ap(netlab.OtherV6Host, 53))
 
 	// Inbound from the peer over the veth.
 	for _, port := range []uint16{8080, 8081, 9090, 9091, 15008, 15020, 15021, 15090} {
-		add(fmt.Sprintf("peer→pod-v4:%d", port), FromPeer, 0, 0, tcp, ap(PodV4, port))
+		add(fmt.Sprintf("peer→pod-v4:%d", port), netlab.FromPeer, 0, 0, tcp, ap(netlab.PodV4, port))
 	}
-	add("peer→pod-v6:8080", FromPeer, 0, 0, tcp, ap(PodV6, 8080))
-	add("peer→pod-v6:8081", FromPeer, 0, 0, tcp, ap(PodV6, 8081))
+	add("peer→pod-v6:8080", netlab.FromPeer, 0, 0, tcp, ap(netlab.PodV6, 8080))
+	add("peer→pod-v6:8081", netlab.FromPeer, 0, 0, tcp, ap(netlab.PodV6, 8081))
 	if o.s != nil && len(o.s.RerouteVirtualInterfaces) > 0 {
 		// What a VM behind the rerouted interface sends to the world.
-		add("peer→through-pod-v4:80", FromPeer, 0, 0, tcp, ap(ThroughPodV4, 80))
-		add("peer→through-pod-v6:80", FromPeer, 0, 0, tcp, ap(ThroughPodV6, 80))
+		add("peer→through-pod-v4:80", netlab.FromPeer, 0, 0, tcp, ap(netlab.ThroughPodV4, 80))
+		add("peer→through-pod-v6:80", netlab.FromPeer, 0, 0, tcp, ap(netlab.ThroughPodV6, 80))
 	}
 
 	// Inside the pod, over lo.
-	add("passthrough→pod-v4:8080", FromPassthrough, puid, pgid, tcp, ap(PodV4, 8080))
+	add("passthrough→pod-v4:8080", netlab.FromPassthrough, puid, pgid, tcp, ap(netlab.PodV4, 8080))
 	if o.s != nil && o.s.IPv6 {
 		// ::6 exists only once the backend added it (Plan.LoopbackAddrs).
-		add("passthrough→pod-v6:8080", FromPassthrough, puid, pgid, tcp, ap(PodV6, 8080))
+		add("passthrough→pod-v6:8080", netlab.FromPassthrough, puid, pgid, tcp, ap(netlab.PodV6, 8080))
 	}
-	app("app→pod-v4:8080 (lo)", tcp, ap(PodV4, 8080))
-	app("app→pod-v6:8080 (lo)", tcp, ap(PodV6, 8080))
+	app("app→pod-v4:8080 (lo)", tcp, ap(netlab.PodV4, 8080))
+	app("app→pod-v6:8080 (lo)", tcp, ap(netlab.PodV6, 8080))
 	app("app→127.0.0.2:8080 (lo)", tcp, ap(netip.MustParseAddr("127.0.0.2"), 8080))
-	add("proxy-uid→pod-v4:8080 (lo)", FromApp, puid, AppGID, tcp, ap(PodV4, 8080))
-	add("proxy-uid→pod-v6:8080 (lo)", FromApp, puid, AppGID, tcp, ap(PodV6, 8080))
-	add("proxy-gid→pod-v4:8080 (lo)", FromApp, AppUID, pgid, tcp, ap(PodV4, 8080))
-	add("proxy-uid→pod-v4:15008 (lo)", FromApp, puid, pgid, tcp, ap(PodV4, redirect.InboundTunnelPort))
+	add("proxy-uid→pod-v4:8080 (lo)", netlab.FromApp, puid, netlab.AppGID, tcp, ap(netlab.PodV4, 8080))
+	add("proxy-uid→pod-v6:8080 (lo)", netlab.FromApp, puid, netlab.AppGID, tcp, ap(netlab.PodV6, 8080))
+	add("proxy-gid→pod-v4:8080 (lo)", netlab.FromApp, netlab.AppUID, pgid, tcp, ap(netlab.PodV4, 8080))
+	add("proxy-uid→pod-v4:15008 (lo)", netlab.FromApp, puid, pgid, tcp, ap(netlab.PodV4, redirect.InboundTunnelPort))
 	// istio-validation: as the proxy, to 127.0.0.6:15002 (§1.3); the
 	// source is 127.0.0.1 (lo's route source), so ISTIO_OUTPUT sends it to
 	// 15006 with SO_ORIGINAL_DST 127.0.0.6:15002.
-	add("validation→127.0.0.6:15002", FromApp, puid, pgid, tcp, ap(PassthroughV4, redirect.ValidationProbePort))
+	add("validation→127.0.0.6:15002", netlab.FromApp, puid, pgid, tcp, ap(netlab.PassthroughV4, redirect.ValidationProbePort))
 	if o.s != nil && o.s.IPv6 {
 		// The IPv6 twin is NOT captured: connecting to ::6 without binding a
 		// source, the kernel picks ::6 itself as the source (RFC 6724 rule
 		// 1), and ISTIO_OUTPUT's "-o lo -s ::6 RETURN" lets it through to
 		// nothing. Pinned so every backend shows the same (Istio's) result.
-		add("validation-v6→[::6]:15002", FromApp, puid, pgid, tcp, ap(PassthroughV6, redirect.ValidationProbePort))
+		add("validation-v6→[::6]:15002", netlab.FromApp, puid, pgid, tcp, ap(netlab.PassthroughV6, redirect.ValidationProbePort))
 	}
 	// Not probed: reroute-interfaces' second interface (the pod has one
 	// veth, named after the first), and drop-invalid's drop itself (it
@@ -175,7 +176,7 @@ func (o oracle) probes() []namedProbe {
 // it has an address of a's family, or a is on lo.
 func (o oracle) podHasFamily(a netip.Addr) bool {
 	switch {
-	case a.IsLoopback() || a == PassthroughV6:
+	case a.IsLoopback() || a == netlab.PassthroughV6:
 		return true
 	case a.Is4():
 		return o.t.Stack.Has4()
@@ -193,21 +194,21 @@ const (
 	vDNS              // ISTIO_OUTPUT_DNS → 15053
 )
 
-func (o oracle) expect(p Probe) (landed, why string) {
-	if p.From == FromPeer {
+func (o oracle) expect(p netlab.Probe) (landed, why string) {
+	if p.From == netlab.FromPeer {
 		return o.arriving(p)
 	}
 	return o.sent(p)
 }
 
 // rules reports whether capture rules exist for the probe's family.
-func (o oracle) rules(p Probe) bool {
+func (o oracle) rules(p netlab.Probe) bool {
 	return o.s != nil && (p.Dst.Addr().Is4() || o.s.IPv6)
 }
 
 // isLocal reports whether dst is an address of the pod (routed over lo).
 func (o oracle) isLocal(a netip.Addr) bool {
-	return a == PodV4 || a == PodV6 || a.IsLoopback() || (a == PassthroughV6 && o.s != nil && o.s.IPv6)
+	return a == netlab.PodV4 || a == netlab.PodV6 || a.IsLoopback() || (a == netlab.PassthroughV6 && o.s != nil && o.s.IPv6)
 }
 
 // loopbackDst is Istio's "-d 127.0.0.1/32" (the host IPv4 loopback CIDR)
@@ -248,7 +249,7 @@ func (o oracle) owners() []owner {
 	return out
 }
 
-func (w owner) matches(p Probe) bool {
+func (w owner) matches(p netlab.Probe) bool {
 	if w.gid {
 		return p.GID == w.id
 	}
@@ -277,15 +278,15 @@ func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
 // or ::6: bound on purpose (FromPassthrough), or chosen by the kernel for a
 // connection to ::6 itself (same-address source selection). A connection to
 // 127.0.0.6 gets 127.0.0.1, the source of lo's local route.
-func (o oracle) passthroughSource(p Probe) bool {
-	return p.From == FromPassthrough || p.Dst.Addr() == PassthroughV6
+func (o oracle) passthroughSource(p netlab.Probe) bool {
+	return p.From == netlab.FromPassthrough || p.Dst.Addr() == netlab.PassthroughV6
 }
 
 // natOutput follows nat OUTPUT → ISTIO_OUTPUT (§5.1) for a connection the
 // pod itself opens. Jumps to ISTIO_REDIRECT / ISTIO_IN_REDIRECT /
 // ISTIO_OUTPUT_DNS return when their REDIRECT does not match (e.g. UDP), and
 // evaluation continues below the jump, as in iptables.
-func (o oracle) natOutput(p Probe, viaLo bool) (verdict, string) {
+func (o oracle) natOutput(p netlab.Probe, viaLo bool) (verdict, string) {
 	s := o.s
 	dst, port := p.Dst.Addr(), p.Dst.Port()
 	tcp := p.Proto == redirect.ProtoTCP
@@ -365,7 +366,7 @@ func (o oracle) natOutput(p Probe, viaLo bool) (verdict, string) {
 }
 
 // sent is the landing of a connection opened inside the pod.
-func (o oracle) sent(p Probe) (string, string) {
+func (o oracle) sent(p netlab.Probe) (string, string) {
 	viaLo := o.isLocal(p.Dst.Addr())
 	if !o.rules(p) {
 		return o.direct(p), o.noRules(p)
@@ -373,11 +374,11 @@ func (o oracle) sent(p Probe) (string, string) {
 	v, why := o.natOutput(p, viaLo)
 	switch v {
 	case vOutbound:
-		return ListenerOutbound, why
+		return netlab.ListenerOutbound, why
 	case vInbound:
-		return ListenerInbound, why
+		return netlab.ListenerInbound, why
 	case vDNS:
-		return ListenerDNS, why
+		return netlab.ListenerDNS, why
 	}
 	if viaLo {
 		if l, w := o.loopbackTProxy(p); l != "" {
@@ -387,7 +388,7 @@ func (o oracle) sent(p Probe) (string, string) {
 	return o.direct(p), why
 }
 
-func (o oracle) noRules(p Probe) string {
+func (o oracle) noRules(p netlab.Probe) string {
 	if o.s == nil {
 		return "no capture rules"
 	}
@@ -399,7 +400,7 @@ func (o oracle) noRules(p Probe) string {
 // proxy's non-loopback lo traffic 1338, and mangle ISTIO_INBOUND only lets
 // lo traffic without that mark (or from 127.0.0.6) through untouched.
 // It returns "" when the connection is not diverted.
-func (o oracle) loopbackTProxy(p Probe) (string, string) {
+func (o oracle) loopbackTProxy(p netlab.Probe) (string, string) {
 	s := o.s
 	if s.InterceptionMode != redirect.ModeTProxy || s.InboundPorts.None() || p.Proto != redirect.ProtoTCP {
 		return "", ""
@@ -427,15 +428,15 @@ func (o oracle) loopbackTProxy(p Probe) (string, string) {
 	if o.loopbackDst(dst) {
 		return "", ""
 	}
-	return ListenerInbound, "the proxy's lo traffic is marked 1338 (mangle OUTPUT), so mangle ISTIO_INBOUND TPROXYs it to 15006 (15008 is not excluded in TPROXY)"
+	return netlab.ListenerInbound, "the proxy's lo traffic is marked 1338 (mangle OUTPUT), so mangle ISTIO_INBOUND TPROXYs it to 15006 (15008 is not excluded in TPROXY)"
 }
 
 // Istio always appends these to the inbound exclusions (§4).
 var alwaysExcludedInbound = []uint16{15020, 15021, 15090}
 
 // arriving is the landing of a connection from the peer over the veth.
-func (o oracle) arriving(p Probe) (string, string) {
-	through := p.Dst.Addr() == ThroughPodV4 || p.Dst.Addr() == ThroughPodV6
+func (o oracle) arriving(p netlab.Probe) (string, string) {
+	through := p.Dst.Addr() == netlab.ThroughPodV4 || p.Dst.Addr() == netlab.ThroughPodV6
 	if !o.rules(p) {
 		return o.direct(p), o.noRules(p)
 	}
@@ -457,7 +458,7 @@ func (o oracle) arriving(p Probe) (string, string) {
 			}
 		}
 		if in && tcp {
-			return ListenerOutbound, fmt.Sprintf("inbound on rerouted interface %s is treated as outbound (PREROUTING -i %s → ISTIO_REDIRECT)", iface, iface), true
+			return netlab.ListenerOutbound, fmt.Sprintf("inbound on rerouted interface %s is treated as outbound (PREROUTING -i %s → ISTIO_REDIRECT)", iface, iface), true
 		}
 		return o.direct(p), fmt.Sprintf("rerouted interface %s, destination not captured (PREROUTING -i %s RETURN)", iface, iface), true
 	}
@@ -469,7 +470,7 @@ func (o oracle) arriving(p Probe) (string, string) {
 		if !s.InboundPorts.None() && tcp && !through {
 			captured, why := o.inboundPorts(port, true)
 			if captured && !o.loopbackDst(dst) {
-				return ListenerInbound, why + " (mangle ISTIO_INBOUND → ISTIO_TPROXY, on-port 15006)"
+				return netlab.ListenerInbound, why + " (mangle ISTIO_INBOUND → ISTIO_TPROXY, on-port 15006)"
 			}
 			if l, w, ok := reroute(); ok {
 				return l, w
@@ -498,7 +499,7 @@ func (o oracle) arriving(p Probe) (string, string) {
 	}
 	captured, why := o.inboundPorts(port, false)
 	if captured {
-		return ListenerInbound, why + " (ISTIO_INBOUND → ISTIO_IN_REDIRECT)"
+		return netlab.ListenerInbound, why + " (ISTIO_INBOUND → ISTIO_IN_REDIRECT)"
 	}
 	return o.direct(p), why
 }
@@ -522,34 +523,34 @@ func (o oracle) inboundPorts(port uint16, tproxy bool) (bool, string) {
 }
 
 // direct is where a connection lands when nothing redirects it.
-func (o oracle) direct(p Probe) string {
+func (o oracle) direct(p netlab.Probe) string {
 	dst, port := p.Dst.Addr(), p.Dst.Port()
 	tcp := p.Proto == redirect.ProtoTCP
-	if p.From != FromPeer && o.isLocal(dst) || p.From == FromPeer && (dst == PodV4 || dst == PodV6) {
+	if p.From != netlab.FromPeer && o.isLocal(dst) || p.From == netlab.FromPeer && (dst == netlab.PodV4 || dst == netlab.PodV6) {
 		switch {
 		case port == redirect.DNSProxyPort:
-			return ListenerDNS
+			return netlab.ListenerDNS
 		case !tcp:
-			return LandedRefused
+			return netlab.LandedRefused
 		case port == redirect.ProxyOutboundPort:
-			return ListenerOutbound
+			return netlab.ListenerOutbound
 		case port == redirect.ProxyInboundPort:
-			return ListenerInbound
+			return netlab.ListenerInbound
 		case slices.Contains(o.t.AppPorts, port):
-			return AppListener(port)
+			return netlab.AppListener(port)
 		}
-		return LandedRefused
+		return netlab.LandedRefused
 	}
-	if slices.Contains(ExternalHosts(), dst) {
+	if slices.Contains(netlab.ExternalHosts(), dst) {
 		ports := o.t.PeerTCPPorts
 		if !tcp {
 			ports = o.t.PeerUDPPorts
 		}
 		if slices.Contains(ports, port) {
-			return PeerListener(p.Dst)
+			return netlab.PeerListener(p.Dst)
 		}
-		return LandedRefused
+		return netlab.LandedRefused
 	}
 	// Nobody owns it (ThroughPod*): the pod does not forward.
-	return LandedTimeout
+	return netlab.LandedTimeout
 }

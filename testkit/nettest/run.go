@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -16,7 +17,7 @@ import (
 // Outcome is a probe case and what actually happened.
 type Outcome struct {
 	Case ProbeCase
-	Got  Result
+	Got  netlab.Result
 	// Took is how long the probe took; a captured or direct connection
 	// takes about a millisecond, a lost SYN a second or more.
 	Took time.Duration
@@ -43,7 +44,7 @@ func (o Outcome) String() string {
 
 // RunProbes sends every case's probe, one after the other (each fails within
 // a few seconds at most), and returns the outcomes in order.
-func RunProbes(t *Topology, cases []ProbeCase) []Outcome {
+func RunProbes(t *netlab.Topology, cases []ProbeCase) []Outcome {
 	out := make([]Outcome, len(cases))
 	for i, c := range cases {
 		start := time.Now()
@@ -53,7 +54,7 @@ func RunProbes(t *Topology, cases []ProbeCase) []Outcome {
 		// exceed the deadline. A rule that really sends the probe nowhere
 		// times out again; Retried records that it happened.
 		retried := false
-		if got.Landed == LandedTimeout && c.WantLanded != LandedTimeout {
+		if got.Landed == netlab.LandedTimeout && c.WantLanded != netlab.LandedTimeout {
 			retried = true
 			got = t.Probe(c.Probe)
 		}
@@ -77,7 +78,7 @@ type TestingT interface {
 type ScenarioRun struct {
 	Spec     redirect.Spec
 	Plan     redirect.Plan
-	Topo     *Topology
+	Topo     *netlab.Topology
 	Outcomes []Outcome
 }
 
@@ -98,9 +99,9 @@ func RunScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario) Sc
 	if err != nil {
 		t.Fatalf("building plan of scenario %s: %v", sc.Name, err)
 	}
-	opts := TopologyOptionsFor(spec)
+	opts := netlab.TopologyOptionsFor(spec)
 	opts.Stack = sc.Stack
-	topo, err := NewTopology(opts)
+	topo, err := netlab.NewTopology(opts)
 	if err != nil {
 		t.Fatalf("scenario %s: %v", sc.Name, err)
 	}
@@ -112,7 +113,7 @@ func RunScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario) Sc
 	if err := CheckIPv6Decision(topo, spec); err != nil {
 		t.Fatalf("scenario %s: %v", sc.Name, err)
 	}
-	ls, err := StartListeners(topo, ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
+	ls, err := netlab.StartListeners(topo, netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
 	if err != nil {
 		t.Fatalf("scenario %s: %v", sc.Name, err)
 	}
@@ -159,9 +160,9 @@ func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario)
 
 // CheckIPv6Decision reads the pod namespace's addresses as the kernel lists
 // them and checks that they are the topology's Stack in the order
-// scenarios.Stack.Listed predicts, and that Istio's decision over them
+// netlab.Stack.Listed predicts, and that Istio's decision over them
 // (meshpod.IPv6Capture with spec.DualStack) is spec.IPv6.
-func CheckIPv6Decision(topo *Topology, spec redirect.Spec) error {
+func CheckIPv6Decision(topo *netlab.Topology, spec redirect.Spec) error {
 	all, err := netnsaddr.List(topo.PodNetnsPath())
 	if err != nil {
 		return err
@@ -178,13 +179,13 @@ func CheckIPv6Decision(topo *Topology, spec redirect.Spec) error {
 
 // CheckPassthroughV6 checks that ::6 is on the pod's lo exactly when want
 // (IPv6 captured): Istio adds it only then.
-func CheckPassthroughV6(topo *Topology, want bool) error {
+func CheckPassthroughV6(topo *netlab.Topology, want bool) error {
 	all, err := netnsaddr.List(topo.PodNetnsPath())
 	if err != nil {
 		return err
 	}
-	if got := slices.Contains(all, PassthroughV6); got != want {
-		return fmt.Errorf("%s on the pod's lo: %t, want %t (addresses %v)", PassthroughV6, got, want, all)
+	if got := slices.Contains(all, netlab.PassthroughV6); got != want {
+		return fmt.Errorf("%s on the pod's lo: %t, want %t (addresses %v)", netlab.PassthroughV6, got, want, all)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -13,15 +14,15 @@ import (
 // address as its source, 127.0.0.1 for other 127/8 destinations, ::6 for
 // ::6; other connections leave on the pod's veth from the pod's address;
 // the peer sends from its own address into the pod's veth).
-func TracePacketFor(s *redirect.Spec, topo *Topology, p Probe) redirect.Packet {
+func TracePacketFor(s *redirect.Spec, topo *netlab.Topology, p netlab.Probe) redirect.Packet {
 	o := oracle{s: s, t: topo}
 	dst := p.Dst.Addr()
 	pkt := redirect.Packet{Proto: p.Proto, Dst: p.Dst, UID: p.UID, GID: p.GID}
-	if p.From == FromPeer {
+	if p.From == netlab.FromPeer {
 		pkt.Dir, pkt.Iface, pkt.UID, pkt.GID = redirect.DirIn, topo.PodIface, 0, 0
-		pkt.Src = PeerV4
+		pkt.Src = netlab.PeerV4
 		if dst.Is6() {
-			pkt.Src = PeerV6
+			pkt.Src = netlab.PeerV6
 		}
 		return pkt
 	}
@@ -30,20 +31,20 @@ func TracePacketFor(s *redirect.Spec, topo *Topology, p Probe) redirect.Packet {
 		pkt.Iface = "lo"
 	}
 	switch {
-	case p.From == FromPassthrough && dst.Is4():
-		pkt.Src = PassthroughV4
-	case p.From == FromPassthrough, dst == PassthroughV6:
-		pkt.Src = PassthroughV6
+	case p.From == netlab.FromPassthrough && dst.Is4():
+		pkt.Src = netlab.PassthroughV4
+	case p.From == netlab.FromPassthrough, dst == netlab.PassthroughV6:
+		pkt.Src = netlab.PassthroughV6
 	case dst.Is4() && dst.IsLoopback():
 		pkt.Src = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 	case dst.IsLoopback():
 		pkt.Src = netip.IPv6Loopback()
-	case dst == PodV4 || dst == PodV6:
+	case dst == netlab.PodV4 || dst == netlab.PodV6:
 		pkt.Src = dst
 	case dst.Is4():
-		pkt.Src = PodV4
+		pkt.Src = netlab.PodV4
 	default:
-		pkt.Src = PodV6
+		pkt.Src = netlab.PodV6
 	}
 	return pkt
 }
@@ -52,11 +53,11 @@ func TracePacketFor(s *redirect.Spec, topo *Topology, p Probe) redirect.Packet {
 // right: a redirect or tproxy to a proxy port lands on that port's listener
 // with the probe's destination as the original one, a drop times out, and
 // a packet left alone goes where it would with no rules.
-func TracedLanding(s *redirect.Spec, topo *Topology, p Probe, v redirect.TraceVerdict) (landed string, orig netip.AddrPort, err error) {
+func TracedLanding(s *redirect.Spec, topo *netlab.Topology, p netlab.Probe, v redirect.TraceVerdict) (landed string, orig netip.AddrPort, err error) {
 	byPort := map[uint16]string{
-		redirect.ProxyOutboundPort: ListenerOutbound,
-		redirect.ProxyInboundPort:  ListenerInbound,
-		redirect.DNSProxyPort:      ListenerDNS,
+		redirect.ProxyOutboundPort: netlab.ListenerOutbound,
+		redirect.ProxyInboundPort:  netlab.ListenerInbound,
+		redirect.DNSProxyPort:      netlab.ListenerDNS,
 	}
 	switch v.Outcome {
 	case redirect.OutcomeRedirect, redirect.OutcomeTProxy:
@@ -66,10 +67,10 @@ func TracedLanding(s *redirect.Spec, topo *Topology, p Probe, v redirect.TraceVe
 		}
 		return l, p.Dst, nil
 	case redirect.OutcomeDrop:
-		return LandedTimeout, netip.AddrPort{}, nil
+		return netlab.LandedTimeout, netip.AddrPort{}, nil
 	case redirect.OutcomeAccept:
 		l := oracle{s: s, t: topo}.direct(p)
-		if l == LandedRefused || l == LandedTimeout {
+		if l == netlab.LandedRefused || l == netlab.LandedTimeout {
 			return l, netip.AddrPort{}, nil
 		}
 		return l, p.Dst, nil

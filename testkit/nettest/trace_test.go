@@ -3,6 +3,7 @@ package nettest
 import (
 	"testing"
 
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
@@ -24,11 +25,11 @@ func TestTracerAgreesWithOracle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		o := TopologyOptionsFor(spec)
+		o := netlab.TopologyOptionsFor(spec)
 		if o.PodIface == "" {
 			o.PodIface = "eth0"
 		}
-		topo := &Topology{PodIface: o.PodIface, Stack: sc.Stack, AppPorts: DefaultAppPorts, PeerTCPPorts: DefaultPeerTCPPorts, PeerUDPPorts: DefaultPeerUDPPorts}
+		topo := &netlab.Topology{PodIface: o.PodIface, Stack: sc.Stack, AppPorts: netlab.DefaultAppPorts, PeerTCPPorts: netlab.DefaultPeerTCPPorts, PeerUDPPorts: netlab.DefaultPeerUDPPorts}
 		for _, c := range ExpectedProbesFor(&spec, topo) {
 			total++
 			pkt := TracePacketFor(&spec, topo, c.Probe)

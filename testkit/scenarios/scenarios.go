@@ -10,73 +10,11 @@ package scenarios
 
 import (
 	"fmt"
-	"net/netip"
 
+	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 )
-
-// The pod's own addresses in every test topology (testkit/nettest gives
-// them to the pod's interface as its Stack says): 198.18.0.0/15
-// (benchmarking range) and a ULA.
-var (
-	PodV4 = netip.MustParseAddr("198.18.0.2")
-	PodV6 = netip.MustParseAddr("fd00:6e74:7300::2")
-)
-
-// Stack is which address families the pod has, and the order its primary
-// plugin gave them (its pod IPs' order).
-type Stack uint8
-
-const (
-	// StackDual: PodV4, then PodV6 (the usual order). The zero value.
-	StackDual Stack = iota
-	// StackDualV6First: PodV6, then PodV4.
-	StackDualV6First
-	// StackIPv4: PodV4 only.
-	StackIPv4
-	// StackIPv6: PodV6 only.
-	StackIPv6
-)
-
-func (st Stack) String() string {
-	switch st {
-	case StackDual:
-		return "dual-stack"
-	case StackDualV6First:
-		return "dual-stack, IPv6 first"
-	case StackIPv4:
-		return "IPv4 only"
-	case StackIPv6:
-		return "IPv6 only"
-	}
-	return fmt.Sprintf("stack(%d)", uint8(st))
-}
-
-// Added lists the pod's addresses in the order they are added to its
-// interface.
-func (st Stack) Added() []netip.Addr {
-	switch st {
-	case StackDualV6First:
-		return []netip.Addr{PodV6, PodV4}
-	case StackIPv4:
-		return []netip.Addr{PodV4}
-	case StackIPv6:
-		return []netip.Addr{PodV6}
-	}
-	return []netip.Addr{PodV4, PodV6}
-}
-
-// Listed is Added in the order the kernel lists the namespace's addresses
-// (IPv4 first), the order Istio's IPv6 decision reads them in; the kernel
-// tests check it against the kernel's own listing.
-func (st Stack) Listed() []netip.Addr { return meshpod.KernelOrder(st.Added()) }
-
-// Has4 reports whether the pod has an IPv4 address.
-func (st Stack) Has4() bool { return st != StackIPv6 }
-
-// Has6 reports whether the pod has an IPv6 address.
-func (st Stack) Has6() bool { return st != StackIPv4 }
 
 // Addresses the scenarios use (documentation ranges, never routed).
 const (
@@ -99,7 +37,7 @@ type Scenario struct {
 	// DualStack, as for a real pod.
 	Mutate func(*redirect.Spec)
 	// Stack is the pod's address families (StackDual if zero).
-	Stack Stack
+	Stack netlab.Stack
 }
 
 // Base is the spec every scenario starts from (before IPv6 is decided from
@@ -140,15 +78,15 @@ func (sc Scenario) Plan() (redirect.Plan, error) {
 var All = []Scenario{
 	{Name: "defaults", Doc: "an injected pod with no capture annotations, dual-stack, with a dual-stack sidecar (ISTIO_DUAL_STACK=true): IPv4 and IPv6 captured"},
 	{Name: "ipv4-only", Doc: "defaults on a single-stack IPv4 pod",
-		Stack: StackIPv4, Mutate: func(s *redirect.Spec) { s.DualStack = false }},
+		Stack: netlab.StackIPv4, Mutate: func(s *redirect.Spec) { s.DualStack = false }},
 	{Name: "ipv4-only-dual-stack-sidecar", Doc: "a single-stack IPv4 pod with ISTIO_DUAL_STACK=true: its loopback and link-local IPv6 addresses do not count, IPv4 only",
-		Stack: StackIPv4},
+		Stack: netlab.StackIPv4},
 	{Name: "dual-stack-ipv4-sidecar", Doc: "a dual-stack pod (IPv4 first) whose sidecar is not dual-stack: IPv4 captured; IPv6 goes straight to its destination and no ::6",
 		Mutate: func(s *redirect.Spec) { s.DualStack = false }},
 	{Name: "dual-stack-ipv6-first-ipv4-sidecar", Doc: "a dual-stack pod given IPv6 first, sidecar not dual-stack: the kernel still lists IPv4 first, so IPv4 only",
-		Stack: StackDualV6First, Mutate: func(s *redirect.Spec) { s.DualStack = false }},
+		Stack: netlab.StackDualV6First, Mutate: func(s *redirect.Spec) { s.DualStack = false }},
 	{Name: "ipv6-only", Doc: "a single-stack IPv6 pod whose sidecar is not dual-stack: its first address is IPv6, so IPv6 is captured (IPv4 rules too, for lo)",
-		Stack: StackIPv6, Mutate: func(s *redirect.Spec) { s.DualStack = false }},
+		Stack: netlab.StackIPv6, Mutate: func(s *redirect.Spec) { s.DualStack = false }},
 	{Name: "include-inbound-ports", Doc: "only listed inbound ports captured; excludes ignored",
 		Annotations: map[string]string{
 			redirect.AnnotationIncludeInboundPorts: "8080,9090",

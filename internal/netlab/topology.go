@@ -1,4 +1,4 @@
-package nettest
+package netlab
 
 import (
 	"crypto/rand"
@@ -20,7 +20,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/redirect"
-	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // netnsDir is where named network namespaces are bind-mounted (as by
@@ -33,12 +32,10 @@ var (
 	// The pod's veth and the peer's end, 198.18.0.0/15 (benchmarking range)
 	// and a ULA /64. The pod has the families its Stack says; the peer has
 	// both.
-	PodV4  = scenarios.PodV4
 	PeerV4 = netip.MustParseAddr("198.18.0.1")
-	PodV6  = scenarios.PodV6
 	PeerV6 = netip.MustParseAddr("fd00:6e74:7300::1")
 
-	// Hosts the peer owns, one inside each of testkit/scenarios' ranges and
+	// Hosts the peer owns, one inside each of the scenarios' ranges and
 	// one "other internet" address in neither.
 	ExcludedV4Host = netip.MustParseAddr("192.0.2.10")     // scenarios.ExcludedV4
 	ExcludedV6Host = netip.MustParseAddr("2001:db8:e::10") // scenarios.ExcludedV6
@@ -83,8 +80,8 @@ type TopologyOptions struct {
 	PeerTCPPorts []uint16
 	PeerUDPPorts []uint16
 	// Stack is the pod's address families, and the order its interface
-	// gets them (scenarios.StackDual if zero).
-	Stack scenarios.Stack
+	// gets them (StackDual if zero).
+	Stack Stack
 	// NewPodNetns, when set, creates the pod namespace bind-mounted at the
 	// path it is given instead of a plain one, and returns what removes it
 	// (Close calls it). Tests make it a namespace owned by its own user
@@ -124,7 +121,7 @@ func TopologyOptionsFor(s redirect.Spec) TopologyOptions {
 type Topology struct {
 	PodNetns, PeerNetns string // names under /run/netns
 	PodIface, PeerIface string
-	Stack               scenarios.Stack
+	Stack               Stack
 
 	AppPorts     []uint16
 	PeerTCPPorts []uint16

@@ -1,4 +1,4 @@
-package nettest
+package netlab
 
 import (
 	"errors"

@@ -1,0 +1,70 @@
+package netlab
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+)
+
+// The pod's own addresses in every test topology (given to the pod's
+// interface as its Stack says): 198.18.0.0/15
+// (benchmarking range) and a ULA.
+var (
+	PodV4 = netip.MustParseAddr("198.18.0.2")
+	PodV6 = netip.MustParseAddr("fd00:6e74:7300::2")
+)
+
+// Stack is which address families the pod has, and the order its primary
+// plugin gave them (its pod IPs' order).
+type Stack uint8
+
+const (
+	// StackDual: PodV4, then PodV6 (the usual order). The zero value.
+	StackDual Stack = iota
+	// StackDualV6First: PodV6, then PodV4.
+	StackDualV6First
+	// StackIPv4: PodV4 only.
+	StackIPv4
+	// StackIPv6: PodV6 only.
+	StackIPv6
+)
+
+func (st Stack) String() string {
+	switch st {
+	case StackDual:
+		return "dual-stack"
+	case StackDualV6First:
+		return "dual-stack, IPv6 first"
+	case StackIPv4:
+		return "IPv4 only"
+	case StackIPv6:
+		return "IPv6 only"
+	}
+	return fmt.Sprintf("stack(%d)", uint8(st))
+}
+
+// Added lists the pod's addresses in the order they are added to its
+// interface.
+func (st Stack) Added() []netip.Addr {
+	switch st {
+	case StackDualV6First:
+		return []netip.Addr{PodV6, PodV4}
+	case StackIPv4:
+		return []netip.Addr{PodV4}
+	case StackIPv6:
+		return []netip.Addr{PodV6}
+	}
+	return []netip.Addr{PodV4, PodV6}
+}
+
+// Listed is Added in the order the kernel lists the namespace's addresses
+// (IPv4 first), the order Istio's IPv6 decision reads them in; the kernel
+// tests check it against the kernel's own listing.
+func (st Stack) Listed() []netip.Addr { return meshpod.KernelOrder(st.Added()) }
+
+// Has4 reports whether the pod has an IPv4 address.
+func (st Stack) Has4() bool { return st != StackIPv6 }
+
+// Has6 reports whether the pod has an IPv6 address.
+func (st Stack) Has6() bool { return st != StackIPv4 }
