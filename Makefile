@@ -37,7 +37,7 @@ export HELM_BIN := $(HELM)
 export NFTMESH_IMAGE_TAR := $(abspath $(BIN)/nftmesh-image.tar)
 export NFTMESH_IMAGE := $(IMAGE)
 
-.PHONY: all build image chart version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-manifests standin
+.PHONY: all build image chart version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-cni istio-manifests standin
 
 all: build
 
@@ -134,10 +134,12 @@ $(APISERVER):
 
 ## istio: Istio's own pilot-agent and istioctl, built from the istio.io/istio
 ## module pinned in testkit/istiotest/istio (cached in .cache/, kept if
-## present). pilot-agent alone is what the injected istio-validation runs.
+## present). pilot-agent alone is what the injected istio-validation runs;
+## istio-cni (Istio's CNI plugin) is only the competition in `make bench`.
 istio: $(ISTIO_BINS)
 pilot-agent: $(CACHE)/pilot-agent
-$(CACHE)/pilot-agent $(CACHE)/istioctl:
+istio-cni: $(CACHE)/istio-cni
+$(CACHE)/pilot-agent $(CACHE)/istioctl $(CACHE)/istio-cni:
 	./testkit/istiotest/build-istio.sh $(CACHE) $(notdir $@)
 
 ## istio-manifests: regenerate testdata/istio with Istio's injector (review the diff).

@@ -2,7 +2,7 @@
 # Builds Istio's own binaries from the pinned tools module next to this script
 # (istio.io/istio through the Go module proxy) into a git-ignored cache
 # directory, skipping any that already exist.
-# Usage: build-istio.sh OUTDIR NAME...   (NAME: pilot-agent, istioctl)
+# Usage: build-istio.sh OUTDIR NAME...   (NAME: pilot-agent, istioctl, istio-cni)
 # One `go build` for both shares the compile work (about 6 minutes cold on
 # two cores).
 set -eu
@@ -25,7 +25,8 @@ for name in "$@"; do
 	case $name in
 	pilot-agent) pkg=istio.io/istio/pilot/cmd/pilot-agent ;;
 	istioctl) pkg=istio.io/istio/istioctl/cmd/istioctl ;;
-	*) echo "build-istio.sh: unknown binary $name (pilot-agent, istioctl)" >&2; exit 2 ;;
+	istio-cni) pkg=istio.io/istio/cni/cmd/istio-cni ;;
+	*) echo "build-istio.sh: unknown binary $name (pilot-agent, istioctl, istio-cni)" >&2; exit 2 ;;
 	esac
 	if [ -x "$out/$name" ]; then
 		echo "istio: $out/$name exists, not rebuilding (delete it to rebuild)"

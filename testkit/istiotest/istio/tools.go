@@ -4,6 +4,7 @@
 package tools
 
 import (
+	_ "istio.io/istio/cni/cmd/istio-cni"
 	_ "istio.io/istio/istioctl/cmd/istioctl"
 	_ "istio.io/istio/pilot/cmd/pilot-agent"
 )
