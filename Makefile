@@ -16,6 +16,10 @@ HELM_VERSION ?= v3.22.0
 STATICCHECK_VERSION ?= v0.8.2
 FUZZTIME  ?= 10s
 BENCHTIME ?= 200x
+# Rounds of the side-by-side with Istio's plugin (each runs both), and
+# 100-pod bursts per plugin.
+SIDE_ROUNDS ?= 30
+BURSTS    ?= 3
 
 # One version string for the binaries (--version, the plugin's about line,
 # the agent's start log), the image's labels and tag, and the chart's
@@ -75,16 +79,22 @@ test-unit:
 	$(GO) test -count=1 -short ./...
 
 ## bench: Go benchmarks side by side, then the whole-process comparison with
-## iptables-restore and nft (the binaries are only the competition here).
+## iptables-restore and nft (the binaries are only the competition here),
+## then nftmesh-cni against Istio's own istio-cni plugin (e2e/bench: same
+## loop, alternating, fresh netns each ADD; ratios are ours/Istio's).
 # The kernel tears down the hundreds of network namespaces a group leaves
 # behind asynchronously, on the same cores; the pauses keep that work out of
 # the next group's figures.
-bench: build
+bench: build $(CACHE)/istio-cni
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem ./redirect/ ./nft/ ./iptables/
 	sleep 15
 	$(GO) test -run '^$$' -bench WholeProcess -benchtime 30x ./cmd/redirect/
 	sleep 5
 	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./cmd/nftmesh-cni/
+	sleep 5
+	$(GO) test -run '^$$' -bench 'Version|PluginAlone' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
+	sleep 5
+	$(GO) test -run '^$$' -bench Burst -benchtime $(BURSTS)x -timeout 30m ./e2e/bench/
 
 ## e2e-cluster: a real single-node Kubernetes v1.35.4 cluster (kubelet,
 ## containerd) in private namespaces, the image imported, `helm install` of

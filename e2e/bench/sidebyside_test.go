@@ -1,0 +1,187 @@
+package bench
+
+import (
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Every benchmark here runs nftmesh-cni and Istio's istio-cni in the same
+// loop, alternating which goes first each round, and reports each one's
+// figures and our ratio to Istio's (below 1 is faster or smaller). A round's
+// network namespaces are made before its clock starts; ns/op mixes both
+// contenders and means nothing (reported as 0).
+//
+//	go test -run '^$' -bench . -benchtime 30x ./e2e/bench/
+
+// BenchmarkVersion times a bare CNI VERSION call, the floor of every
+// invocation: process start, runtime and package initialisation, one JSON
+// answer. Peak RSS is the child's maxrss from wait4.
+func BenchmarkVersion(b *testing.B) {
+	needEnv(b)
+	ps := []plugin{{name: "nftmesh", bin: env.ours}, {name: "istio", bin: env.istioCNI}}
+	stdin := []byte(`{"cniVersion":"1.0.0"}`)
+	walls := map[string][]time.Duration{}
+	rss := map[string][]time.Duration{} // KiB, kept as durations to share pct
+	for i := 0; b.Loop(); i++ {
+		for j := range ps {
+			p := ps[(i+j)%len(ps)]
+			r := execCNI(p.bin, "VERSION", "", "", "", stdin)
+			if r.err != nil {
+				b.Fatalf("%s VERSION: %v %s %s", p.name, r.err, r.stdout, r.stderr)
+			}
+			walls[p.name] = append(walls[p.name], r.wall)
+			rss[p.name] = append(rss[p.name], time.Duration(r.maxRSS)*time.Microsecond)
+		}
+	}
+	b.StopTimer()
+	ow, iw := pct(walls["nftmesh"], .5), pct(walls["istio"], .5)
+	// pct gives KiB/1000 here; back to MiB.
+	orss, irss := pct(rss["nftmesh"], .5)*1000/1024, pct(rss["istio"], .5)*1000/1024
+	b.ReportMetric(ow, "nftmesh-p50-ms")
+	b.ReportMetric(iw, "istio-p50-ms")
+	b.ReportMetric(ow/iw, "wall-ratio")
+	b.ReportMetric(orss, "nftmesh-rss-MiB")
+	b.ReportMetric(irss, "istio-rss-MiB")
+	b.ReportMetric(orss/irss, "rss-ratio")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkPluginAlone is one ADD of the injected dual-stack pod, the
+// plugin on its own: no agent to ask, so each plugin GETs the pod from the
+// same fake API server (plain HTTP on 127.0.0.1, answering from memory) and
+// installs its capture (ours over netlink; Istio's through the iptables-nft
+// binaries it execs, both ending in nf_tables). Every ADD goes into a fresh
+// netns and is checked afterwards with nft. The API server counts requests.
+func BenchmarkPluginAlone(b *testing.B) {
+	needEnv(b)
+	api := newFakeAPI(b)
+	ps := []plugin{oursPlugin(b, api.url), istioPlugin(b, api.url)}
+	walls := map[string][]time.Duration{}
+	reqs := map[string]int64{}
+	rss := map[string]int64{}
+	for i := 0; b.Loop(); i++ {
+		for j := range ps {
+			p := ps[(i+j)%len(ps)]
+			b.StopTimer()
+			name, path := newPodNetns(b)
+			pod := benchPod(b)
+			api.add(b, pod)
+			before := api.requests.Load()
+			b.StartTimer()
+			r := addPod(b, p, pod, path)
+			b.StopTimer()
+			if b.Failed() {
+				b.FailNow()
+			}
+			reqs[p.name] += api.requests.Load() - before
+			rss[p.name] = max(rss[p.name], r.maxRSS)
+			walls[p.name] = append(walls[p.name], r.wall)
+			checkCaptured(b, p, name)
+			b.StartTimer()
+		}
+	}
+	b.StopTimer()
+	reportAdds(b, walls, reqs, rss)
+}
+
+func reportAdds(b *testing.B, walls map[string][]time.Duration, reqs, rss map[string]int64) {
+	o50, i50 := pct(walls["nftmesh"], .5), pct(walls["istio"], .5)
+	b.ReportMetric(o50, "nftmesh-p50-ms")
+	b.ReportMetric(pct(walls["nftmesh"], .99), "nftmesh-p99-ms")
+	b.ReportMetric(i50, "istio-p50-ms")
+	b.ReportMetric(pct(walls["istio"], .99), "istio-p99-ms")
+	b.ReportMetric(o50/i50, "p50-ratio")
+	if n := len(walls["nftmesh"]); n > 0 && reqs != nil {
+		b.ReportMetric(float64(reqs["nftmesh"])/float64(n), "nftmesh-api-req/add")
+		b.ReportMetric(float64(reqs["istio"])/float64(len(walls["istio"])), "istio-api-req/add")
+	}
+	if rss != nil {
+		b.ReportMetric(float64(rss["nftmesh"])/1024, "nftmesh-maxrss-MiB")
+		b.ReportMetric(float64(rss["istio"])/1024, "istio-maxrss-MiB")
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// burstSize is how many pods a node starts at once in BenchmarkBurst: a node
+// coming back with its full pod list.
+const burstSize = 100
+
+// BenchmarkBurst starts burstSize ADDs at once, each into its own fresh
+// netns, and times the whole burst (first start to last exit) and each ADD.
+// One b.N is one burst per plugin, alternating which goes first. Every pod
+// must end up captured.
+func BenchmarkBurst(b *testing.B) {
+	needEnv(b)
+	api := newFakeAPI(b)
+	ps := []plugin{oursPlugin(b, api.url), istioPlugin(b, api.url)}
+	bursts := map[string][]time.Duration{}
+	adds := map[string][]time.Duration{}
+	reqs := map[string]int64{}
+	for i := 0; b.Loop(); i++ {
+		for j := range ps {
+			p := ps[(i+j)%len(ps)]
+			b.StopTimer()
+			type target struct {
+				name, path string
+				pod        *corev1.Pod
+			}
+			ts := make([]target, burstSize)
+			for k := range ts {
+				ts[k].name, ts[k].path = newPodNetns(b)
+				ts[k].pod = benchPod(b)
+				api.add(b, ts[k].pod)
+			}
+			// The kernel tears down the previous burst's namespaces in the
+			// background; let it finish before the clock starts.
+			time.Sleep(3 * time.Second)
+			before := api.requests.Load()
+			walls := make([]time.Duration, burstSize)
+			var wg sync.WaitGroup
+			gate := make(chan struct{})
+			for k := range ts {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-gate
+					walls[k] = addPod(b, p, ts[k].pod, ts[k].path).wall
+				}()
+			}
+			b.StartTimer()
+			start := time.Now()
+			close(gate)
+			wg.Wait()
+			whole := time.Since(start)
+			b.StopTimer()
+			if b.Failed() {
+				b.FailNow()
+			}
+			reqs[p.name] += api.requests.Load() - before
+			bursts[p.name] = append(bursts[p.name], whole)
+			adds[p.name] = append(adds[p.name], walls...)
+			for _, t := range ts {
+				checkCaptured(b, p, t.name)
+			}
+			for _, t := range ts {
+				_ = exec.Command("ip", "netns", "del", t.name).Run()
+			}
+			b.StartTimer()
+		}
+	}
+	b.StopTimer()
+	// The median burst (the lower one of two).
+	ows, iws := pct(bursts["nftmesh"], .5), pct(bursts["istio"], .5)
+	b.ReportMetric(ows, "nftmesh-burst-ms")
+	b.ReportMetric(iws, "istio-burst-ms")
+	b.ReportMetric(ows/iws, "burst-ratio")
+	b.ReportMetric(pct(adds["nftmesh"], .5), "nftmesh-add-p50-ms")
+	b.ReportMetric(pct(adds["nftmesh"], .99), "nftmesh-add-p99-ms")
+	b.ReportMetric(pct(adds["istio"], .5), "istio-add-p50-ms")
+	b.ReportMetric(pct(adds["istio"], .99), "istio-add-p99-ms")
+	b.ReportMetric(float64(reqs["nftmesh"])/float64(len(adds["nftmesh"])), "nftmesh-api-req/add")
+	b.ReportMetric(float64(reqs["istio"])/float64(len(adds["istio"])), "istio-api-req/add")
+	b.ReportMetric(0, "ns/op")
+}
