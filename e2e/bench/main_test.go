@@ -73,23 +73,30 @@ func run(m *testing.M) int {
 	env.dir = dir
 	env.ours = filepath.Join(dir, "bin", "nftmesh-cni")
 	env.agent = filepath.Join(dir, "bin", "nftmesh-agent")
+	return m.Run()
+}
+
+// buildOnce builds the binaries the first time a benchmark needs them (a
+// plain go test of the package runs none and builds nothing).
+var buildOnce = sync.OnceValue(func() error {
 	// Built as `make build` builds them (static, stripped), so the figures
 	// are the shipped binaries'.
 	build := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=",
-		"-o", filepath.Join(dir, "bin")+"/", "../../cmd/nftmesh-cni", "../../cmd/nftmesh-agent")
+		"-o", filepath.Join(env.dir, "bin")+"/", "../../cmd/nftmesh-cni", "../../cmd/nftmesh-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "building the binaries: %v\n", err)
-		return 1
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building the binaries: %v\n%s", err, out)
 	}
-	return m.Run()
-}
+	return nil
+})
 
 func needEnv(t testing.TB) {
 	t.Helper()
 	if env.skip != "" {
 		t.Skipf("skipping: %s", env.skip)
+	}
+	if err := buildOnce(); err != nil {
+		t.Fatal(err)
 	}
 }
 
