@@ -8,7 +8,6 @@ import (
 	"slices"
 
 	"github.com/google/nftables"
-	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -114,7 +113,7 @@ func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
 		idx[c.Name] = [2]int{ti, len(p.Tables[ti].Chains) - 1}
 	}
 
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
+	conn, err := dialRaw(ns)
 	if err != nil {
 		return fmt.Errorf("connecting to nftables: %w", err)
 	}

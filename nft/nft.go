@@ -51,25 +51,6 @@ func dial(ns netns.NsHandle) (*nftables.Conn, error) {
 	return nftables.New(nftables.WithNetNSFd(int(ns)), nftables.AsLasting())
 }
 
-func forceSendBuffer(c *netlink.Conn, n int) error {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		// SO_SNDBUFFORCE ignores net.core.wmem_max (we run as root);
-		// fall back to SO_SNDBUF when not permitted.
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, n)
-		if serr != nil {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, n)
-		}
-	}); err != nil {
-		return err
-	}
-	return serr
-}
-
 // openNetns opens a namespace file that must be a network namespace (a
 // FIFO or other file is refused without blocking on it).
 func openNetns(path string) (netns.NsHandle, error) {
