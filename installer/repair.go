@@ -212,6 +212,14 @@ func NewRepairController(client kubernetes.Interface, cfg RepairConfig, repairer
 	return c, nil
 }
 
+// PodInformer is the controller's informer of its node's pods, for other
+// readers of the same watch (the agent's socket); Run runs it. nodeOnly
+// reports whether it holds every pod of the node, that is, no extra label
+// or field selector narrows it.
+func (c *RepairController) PodInformer() (pods cache.SharedIndexInformer, nodeOnly bool) {
+	return c.pods, c.cfg.LabelSelectors == "" && c.cfg.FieldSelectors == ""
+}
+
 // Run processes broken pods until ctx ends.
 func (c *RepairController) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()

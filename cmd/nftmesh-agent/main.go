@@ -95,15 +95,24 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		}
 		repairer = r
 	}
+	// One API client for the repair controller and the pod socket.
+	client, clientErr := repairClient(cfg)
 	if cfg.Repair.Mode() != installer.RepairNone {
-		rc, err := repairClient(cfg)
+		err := clientErr
 		if err == nil {
-			repair, err = installer.NewRepairController(rc, cfg.Repair, repairer, log, m)
+			repair, err = installer.NewRepairController(client, cfg.Repair, repairer, log, m)
 		}
 		if err != nil {
 			log.Error().Err(err).Msg("invalid repair configuration; nothing was changed on the host")
 			return exitConfig
 		}
+	}
+	// Without the socket the plugin reads pods from the API itself, so a
+	// socket that cannot be set up costs speed, not pod starts.
+	sock, err := newPodSocket(cfg, client, repair, log, m)
+	if err != nil {
+		log.Error().Err(err).Msg("setting up the pod socket; the plugin reads pods from the API itself")
+		sock = nil
 	}
 
 	var servers []*installer.Server
@@ -160,6 +169,14 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		repairDone <- nil
 	}
 
+	sockDone := make(chan error, 1)
+	if sock != nil {
+		go func() { sockDone <- sock.run(ctx) }()
+	} else {
+		log.Info().Msg("no pod socket (needs an API client and --node-name): the plugin reads pods from the API itself")
+		sockDone <- nil
+	}
+
 	code := exitOK
 	if err := in.Run(ctx); err != nil {
 		log.Error().Err(err).Msg("install loop failed")
@@ -175,6 +192,9 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	}
 	if err := <-repairDone; err != nil {
 		log.Error().Err(err).Msg("repair controller failed")
+	}
+	if err := <-sockDone; err != nil {
+		log.Error().Err(err).Msg("pod socket failed; the plugin read pods from the API itself")
 	}
 	if err := <-plogDone; err != nil {
 		log.Warn().Err(err).Msg("following the plugin log failed; plugin lines stay in " + installer.PluginLogFileName + " only")

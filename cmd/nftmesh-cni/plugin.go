@@ -14,7 +14,6 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/rs/zerolog"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftmesh/nftmesh/capture"
@@ -81,7 +80,11 @@ type invocation struct {
 	// lookedUp says whether there was one.
 	lookupMS float64
 	lookedUp bool
-	// tlsResumed: the lookup resumed a kept TLS session (no full handshake).
+	// lookupPath is where the pod came from: lookupAgent or lookupAPI;
+	// agentMiss says why the agent did not answer, when it did not.
+	lookupPath, agentMiss string
+	// tlsResumed: the API lookup resumed a kept TLS session (no full
+	// handshake).
 	tlsResumed bool
 	args       *skel.CmdArgs
 	conf       *podinfo.Config
@@ -135,7 +138,13 @@ func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
 		Str("backend", backend).
 		Float64("duration_ms", durationMS(inv.start))
 	if inv.lookedUp {
-		e = e.Float64("lookup_ms", inv.lookupMS).Bool("tls_resumed", inv.tlsResumed)
+		e = e.Str("lookup", inv.lookupPath).Float64("lookup_ms", inv.lookupMS)
+		if inv.agentMiss != "" {
+			e = e.Str("agent_miss", inv.agentMiss)
+		}
+		if inv.lookupPath == lookupAPI {
+			e = e.Bool("tls_resumed", inv.tlsResumed)
+		}
 	}
 	return e
 }
@@ -168,9 +177,10 @@ func printPrevResult(conf *podinfo.Config) error {
 	return types.PrintResult(conf.PrevResult, conf.CNIVersion)
 }
 
-// lookup fetches the pod and decides. A nil plan with a nil error means
-// the pod is not in the mesh (reason says why).
-func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redirect.Plan, reason string, err error) {
+// lookup fetches the pod (from the node agent, else the API server) and
+// decides. A nil plan with a nil error means the pod is not in the mesh
+// (reason says why).
+func (inv *invocation) lookup(ctx context.Context) (pod *meshpod.Pod, plan *redirect.Plan, reason string, err error) {
 	start := time.Now()
 	inv.lookedUp = true
 	defer func() { inv.lookupMS = durationMS(start) }()
@@ -179,34 +189,14 @@ func (inv *invocation) lookup(ctx context.Context) (pod *corev1.Pod, plan *redir
 		inv.lookupMS = durationMS(start)
 		return inv.fail(e)
 	}
-	if _, serr := os.Stat(inv.conf.Kubeconfig); serr != nil {
-		return nil, nil, "", fail(types.NewError(types.ErrTryAgainLater,
-			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: kubeconfig %s is missing (is the nftmesh agent running on this node?)", inv.podRef(), inv.conf.Kubeconfig),
-			serr.Error()))
-	}
-	client, cerr := podinfo.NewPodClient(inv.conf.Kubeconfig, podinfo.WithTLSSessionDir(inv.conf.AgentRunDir))
-	if cerr != nil {
-		return nil, nil, "", fail(types.NewError(CodePodLookup,
-			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: invalid kubeconfig", inv.podRef()), cerr.Error()))
-	}
-	pod, gerr := client.GetPod(ctx, inv.k8s.PodNamespace, inv.k8s.PodName, inv.k8s.PodUID, inv.conf.APITimeout)
-	if gerr != nil {
-		code := CodePodLookup
-		if podinfo.Retryable(gerr) {
-			code = types.ErrTryAgainLater
+	pod = inv.askAgent(ctx)
+	if pod == nil {
+		var terr *types.Error
+		if pod, terr = inv.getPod(ctx, inv.conf.APITimeout-time.Since(start)); terr != nil {
+			return nil, nil, "", fail(terr)
 		}
-		return nil, nil, "", fail(types.NewError(code,
-			fmt.Sprintf("nftmesh-cni: cannot look up pod %s (failing closed)", inv.podRef()), gerr.Error()))
 	}
-	inv.tlsResumed = client.TLSResumed()
-	if werr := client.SessionWriteErr(); werr != nil {
-		inv.log.Debug().Err(werr).Msg("keeping the TLS session for the next run failed (costs a full handshake next time)")
-	}
-	if inv.k8s.PodUID != "" && string(pod.UID) != inv.k8s.PodUID {
-		return nil, nil, "", fail(types.NewError(types.ErrTryAgainLater,
-			fmt.Sprintf("nftmesh-cni: pod %s in the API has UID %s, the sandbox is for UID %s", inv.podRef(), pod.UID, inv.k8s.PodUID), ""))
-	}
-	inMesh, reason, spec, ferr := podinfo.FromPod(pod)
+	inMesh, reason, spec, ferr := meshpod.Decide(pod)
 	if ferr != nil {
 		return nil, nil, "", fail(types.NewError(CodeInvalidCapture,
 			fmt.Sprintf("nftmesh-cni: invalid capture settings for pod %s", inv.podRef()), detail(ferr)))

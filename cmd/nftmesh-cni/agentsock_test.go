@@ -1,0 +1,295 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
+	"github.com/nftmesh/nftmesh/podinfo/agentsock/cachesource"
+)
+
+// The tests in this file run the plugin binary as the runtime does, with
+// the agent's socket served in-process from a real informer over the real
+// kube-apiserver, and the plugin's own API traffic counted by a proxy its
+// kubeconfig points at.
+
+// testNode is the node the test pods are scheduled to.
+const testNode = "node-sock"
+
+// countingRunDir is an agent run dir whose kubeconfig reaches the real API
+// server through a TLS proxy that counts the plugin's pod reads.
+func countingRunDir(t *testing.T) (string, *atomic.Int32) {
+	t.Helper()
+	var reads atomic.Int32
+	target, err := url.Parse(env.api.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	ca, err := os.ReadFile(env.api.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.AppendCertsFromPEM(ca)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/pods/") {
+			reads.Add(1)
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	dir := t.TempDir()
+	kc := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: %q, certificate-authority-data: %s}}]\n"+
+		"users: [{name: u, user: {token: %q}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n",
+		srv.URL, base64.StdEncoding.EncodeToString(caPEM), env.token)
+	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir, &reads
+}
+
+// agent is the agent's socket side: a node-scoped informer and the server.
+type agent struct {
+	stop func()
+	// gets counts the agent's own API reads (pods its informer had not
+	// seen in time).
+	gets atomic.Int32
+}
+
+// startAgent serves the socket in runDir until the returned agent is
+// stopped (or the test ends).
+func startAgent(t *testing.T, runDir string) *agent {
+	t.Helper()
+	a := &agent{}
+	client := env.api.Client()
+	pods := cachesource.NodeInformer(client, testNode)
+	get := cachesource.APIGetter(client)
+	src := cachesource.New(pods.GetIndexer(), pods.HasSynced, func(ctx context.Context, ns, name string) (*corev1.Pod, error) {
+		a.gets.Add(1)
+		return get(ctx, ns, name)
+	})
+	if _, err := pods.AddEventHandler(src.Handler()); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := agentsock.Listen(runDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go pods.RunWithContext(ctx)
+	done := make(chan error, 1)
+	go func() { done <- (&agentsock.Server{Resolver: src, AllowUID: agentsock.PeerUID}).Serve(ctx, ln) }()
+	if !cache.WaitForCacheSync(ctx.Done(), pods.HasSynced) {
+		t.Fatal("informer did not sync")
+	}
+	var once sync.Once
+	a.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("agent socket: %v", err)
+			}
+		})
+	}
+	t.Cleanup(a.stop)
+	return a
+}
+
+// nodePod is a pod of testdata/pods/file scheduled to testNode, stored in
+// the API.
+func nodePod(t *testing.T, file string) *corev1.Pod {
+	t.Helper()
+	p := loadPod(t, file)
+	p.Spec.NodeName = testNode
+	return createPod(t, env.api, p)
+}
+
+// lookups reads the lookup field of the plugin's decision lines in runDir,
+// by pod name.
+func lookups(t *testing.T, runDir string) map[string]string {
+	t.Helper()
+	f, err := os.Open(filepath.Join(runDir, LogFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := map[string]string{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var e struct{ Pod, Decision, Lookup, AgentMiss string }
+		var raw map[string]any
+		if json.Unmarshal(sc.Bytes(), &raw) != nil || raw["decision"] == nil {
+			continue
+		}
+		e.Pod, _ = raw["pod"].(string)
+		e.Lookup, _ = raw["lookup"].(string)
+		e.AgentMiss, _ = raw["agent_miss"].(string)
+		got[e.Pod] = e.Lookup
+		if e.AgentMiss != "" {
+			got[e.Pod+"/miss"] = e.AgentMiss
+		}
+	}
+	return got
+}
+
+// addExec runs the plugin binary's ADD for pod in a fresh netns and
+// returns the netns path.
+func addExec(t *testing.T, runDir string, pod *corev1.Pod) (string, error) {
+	t.Helper()
+	_, nsPath := newNetns(t, "sock")
+	conf := directConf(t, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.40/24"), nil)
+	id := "ctr-" + randHex(6)
+	out, stderr, err := execPlugin("ADD", nsPath, id, cniArgsFor(pod, id), conf)
+	if err != nil {
+		return nsPath, fmt.Errorf("ADD of %s: %v\n%s\n%s", pod.Name, err, out, stderr)
+	}
+	return nsPath, nil
+}
+
+// TestAgentSocketNoAPIReads: with the agent up, ADDs of mesh and plain
+// pods (one created a moment before its ADD) read nothing from the API
+// server: each decision line says lookup=agent, the proxy counts 0 pod
+// reads, and the mesh pods have exactly their planned rules.
+func TestAgentSocketNoAPIReads(t *testing.T) {
+	needEnv(t)
+	runDir, reads := countingRunDir(t)
+	ag := startAgent(t, runDir)
+	mesh := []*corev1.Pod{nodePod(t, "injected.yaml"), nodePod(t, "native-sidecar.yaml")}
+	plain := nodePod(t, "no-sidecar.yaml")
+	time.Sleep(200 * time.Millisecond) // the informer has them
+	for _, p := range append(mesh, plain) {
+		ns, err := addExec(t, runDir, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p != plain {
+			if err := nft.New().Check(context.Background(), ns, wantPlan(t, p, false)); err != nil {
+				t.Fatalf("rules of %s: %v", p.Name, err)
+			}
+		} else {
+			assertNoRules(t, ns)
+		}
+	}
+	// Created a moment ago: the ADD starts right after the create returns,
+	// before or while the watch brings the pod to the agent.
+	fresh := nodePod(t, "injected.yaml")
+	ns, err := addExec(t, runDir, fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nft.New().Check(context.Background(), ns, wantPlan(t, fresh, false)); err != nil {
+		t.Fatalf("rules of the fresh pod: %v", err)
+	}
+	got := lookups(t, runDir)
+	for _, p := range append(mesh, plain, fresh) {
+		if got[p.Name] != lookupAgent {
+			t.Errorf("pod %s: lookup=%q (%s), want agent", p.Name, got[p.Name], got[p.Name+"/miss"])
+		}
+	}
+	if n := reads.Load(); n != 0 {
+		t.Errorf("the plugin read pods from the API %d times with the agent up, want 0", n)
+	}
+	t.Logf("agent API reads for pods its informer had not seen in time: %d", ag.gets.Load())
+}
+
+// TestAgentSocketDownFallsBack: with no agent on the socket (never
+// started, or gone leaving its socket file), ADD reads the pod from the
+// API itself and captures as before.
+func TestAgentSocketDownFallsBack(t *testing.T) {
+	needEnv(t)
+	runDir, reads := countingRunDir(t)
+	ag := startAgent(t, runDir)
+	ag.stop()
+	p := nodePod(t, "injected.yaml")
+	ns, err := addExec(t, runDir, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nft.New().Check(context.Background(), ns, wantPlan(t, p, false)); err != nil {
+		t.Fatalf("rules: %v", err)
+	}
+	if got := lookups(t, runDir); got[p.Name] != lookupAPI || !strings.Contains(got[p.Name+"/miss"], "no agent") {
+		t.Fatalf("lookup=%q agent_miss=%q, want api after no agent", got[p.Name], got[p.Name+"/miss"])
+	}
+	if reads.Load() == 0 {
+		t.Fatal("the fallback read no pod from the API")
+	}
+}
+
+// TestAgentRestartMidBurst: the agent stops and a new one starts while a
+// burst of ADDs runs. Every ADD succeeds, through the old agent, the
+// fallback or the new agent, and every mesh pod has its rules: none fails
+// open.
+func TestAgentRestartMidBurst(t *testing.T) {
+	needEnv(t)
+	runDir, _ := countingRunDir(t)
+	ag := startAgent(t, runDir)
+	const n = 24
+	pods := make([]*corev1.Pod, n)
+	for i := range pods {
+		pods[i] = nodePod(t, "injected.yaml")
+	}
+	time.Sleep(200 * time.Millisecond)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	nss := make([]string, n)
+	for i := range pods {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nss[i], errs[i] = addExec(t, runDir, pods[i])
+		}()
+		// Spread the burst over the restart: a third before, a third
+		// with no agent, a third after.
+		time.Sleep(10 * time.Millisecond)
+		if i == n/3 {
+			ag.stop()
+		}
+		if i == 2*n/3 {
+			startAgent(t, runDir)
+		}
+	}
+	wg.Wait()
+	got := lookups(t, runDir)
+	paths := map[string]int{}
+	for i, p := range pods {
+		if errs[i] != nil {
+			t.Errorf("ADD %d: %v", i, errs[i])
+			continue
+		}
+		paths[got[p.Name]]++
+		if err := nft.New().Check(context.Background(), nss[i], wantPlan(t, p, false)); err != nil {
+			t.Errorf("pod %s (lookup=%s): %v", p.Name, got[p.Name], err)
+		}
+	}
+	t.Logf("lookups: %v", paths)
+	if paths[lookupAgent]+paths[lookupAPI] != n || paths[lookupAPI] == 0 || paths[lookupAgent] == 0 {
+		t.Fatalf("lookup paths %v, want all %d ADDs through the agent or the API, some of each", paths, n)
+	}
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nftmesh/nftmesh/internal/quote"
+	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+)
+
+// Where a run's pod came from, as the decision line's lookup field says.
+const (
+	lookupAgent = "agent"
+	lookupAPI   = "api"
+)
+
+// askAgent asks the node agent for the pod over its socket and returns the
+// pod's decision fields, or nil (with inv.agentMiss saying why) when the
+// plugin must ask the API server itself: no UID to ask with, no agent, no
+// answer in time, "unknown", or an answer that is not about this pod.
+func (inv *invocation) askAgent(ctx context.Context) *meshpod.Pod {
+	if inv.k8s.PodUID == "" {
+		// Without the UID a cached pod cannot be told from an older one
+		// of the same name; the API read can.
+		inv.agentMiss = "no K8S_POD_UID in CNI_ARGS"
+		return nil
+	}
+	// Half of api_timeout at most, so the API lookup keeps time to fail
+	// closed on its own within api_timeout.
+	actx, cancel := context.WithTimeout(ctx, min(agentsock.ClientTimeout, inv.conf.APITimeout/2))
+	defer cancel()
+	a, err := agentsock.Ask(actx, agentsock.Path(inv.conf.AgentRunDir), agentsock.Request{
+		V: agentsock.Version, Namespace: inv.k8s.PodNamespace, Name: inv.k8s.PodName, UID: inv.k8s.PodUID,
+	})
+	switch {
+	case err != nil:
+		inv.agentMiss = quote.Text(err.Error())
+		return nil
+	case a.Status != agentsock.StatusFound:
+		inv.agentMiss = quote.Text("agent: " + a.Reason)
+		return nil
+	}
+	inv.lookupPath = lookupAgent
+	return a.Pod
+}
+
+// getPod reads the pod from the API server within timeout (today's path,
+// failing closed) and returns its decision fields or the CNI error.
+func (inv *invocation) getPod(ctx context.Context, timeout time.Duration) (*meshpod.Pod, *types.Error) {
+	inv.lookupPath = lookupAPI
+	if _, serr := os.Stat(inv.conf.Kubeconfig); serr != nil {
+		return nil, types.NewError(types.ErrTryAgainLater,
+			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: kubeconfig %s is missing (is the nftmesh agent running on this node?)", inv.podRef(), inv.conf.Kubeconfig),
+			serr.Error())
+	}
+	client, cerr := podinfo.NewPodClient(inv.conf.Kubeconfig, podinfo.WithTLSSessionDir(inv.conf.AgentRunDir))
+	if cerr != nil {
+		return nil, types.NewError(CodePodLookup,
+			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: invalid kubeconfig", inv.podRef()), cerr.Error())
+	}
+	pod, gerr := client.GetPod(ctx, inv.k8s.PodNamespace, inv.k8s.PodName, inv.k8s.PodUID, max(timeout, time.Millisecond))
+	if gerr != nil {
+		code := CodePodLookup
+		if podinfo.Retryable(gerr) {
+			code = types.ErrTryAgainLater
+		}
+		return nil, types.NewError(code,
+			fmt.Sprintf("nftmesh-cni: cannot look up pod %s (failing closed)", inv.podRef()), gerr.Error())
+	}
+	inv.tlsResumed = client.TLSResumed()
+	if werr := client.SessionWriteErr(); werr != nil {
+		inv.log.Debug().Err(werr).Msg("keeping the TLS session for the next run failed (costs a full handshake next time)")
+	}
+	if inv.k8s.PodUID != "" && string(pod.UID) != inv.k8s.PodUID {
+		return nil, types.NewError(types.ErrTryAgainLater,
+			fmt.Sprintf("nftmesh-cni: pod %s in the API has UID %s, the sandbox is for UID %s", inv.podRef(), pod.UID, inv.k8s.PodUID), "")
+	}
+	return podinfo.Mesh(pod), nil
+}

@@ -1,0 +1,221 @@
+// Package cachesource answers the plugin's socket questions (package
+// agentsock) from the agent's node-scoped pod informer. It owns when an
+// answer may be given: only for the very UID asked about. A pod the
+// informer has not seen yet (created a moment ago) is waited for on the
+// watch, briefly; then the agent reads it once from the API server. Any
+// other case is "unknown", which sends the plugin to its own lookup.
+//
+// It does not own the informer: the agent shares the one its repair
+// controller runs (one watch per node), and hands in its store, a sync
+// check, and a getter for the one read.
+package cachesource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
+)
+
+// Store is the informer's store, read by namespace/name key
+// (cache.Indexer satisfies it).
+type Store interface {
+	GetByKey(key string) (item any, exists bool, err error)
+}
+
+// GetFunc reads one pod from the API server with a consistent read.
+type GetFunc func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+
+// DefaultWait is how long a pod the informer has not seen is waited for
+// before the one API read: kubelet learns of a pod from the same API
+// server's watch, so the agent's informer is normally a few milliseconds
+// behind it at most.
+const DefaultWait = time.Second
+
+// Source answers from an informer's store.
+type Source struct {
+	store  Store
+	synced func() bool
+	get    GetFunc
+	// Wait bounds the wait for the watch to bring the pod.
+	Wait time.Duration
+
+	mu      sync.Mutex
+	waiters map[string][]chan struct{}
+}
+
+var _ agentsock.Resolver = (*Source)(nil)
+
+// New builds a source. synced reports whether the informer has listed its
+// pods once (before that a miss means nothing); get may be nil, and then a
+// pod not in the store after the wait is unknown. A nil store (an agent
+// without a pod watch) answers every request with one read through get.
+func New(store Store, synced func() bool, get GetFunc) *Source {
+	return &Source{store: store, synced: synced, get: get, Wait: DefaultWait, waiters: map[string][]chan struct{}{}}
+}
+
+// Handler is the event handler to register on the informer: it wakes the
+// requests waiting for a pod.
+func (s *Source) Handler() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { s.notify(obj) },
+		UpdateFunc: func(_, obj any) { s.notify(obj) },
+	}
+}
+
+func (s *Source) notify(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	key := pod.Namespace + "/" + pod.Name
+	s.mu.Lock()
+	ws := s.waiters[key]
+	delete(s.waiters, key)
+	s.mu.Unlock()
+	for _, w := range ws {
+		close(w)
+	}
+}
+
+// subscribe returns a channel closed at the next event for key.
+func (s *Source) subscribe(key string) chan struct{} {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	s.waiters[key] = append(s.waiters[key], ch)
+	s.mu.Unlock()
+	return ch
+}
+
+func (s *Source) unsubscribe(key string, ch chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ws := s.waiters[key]
+	for i, w := range ws {
+		if w == ch {
+			ws = append(ws[:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(ws) == 0 {
+		delete(s.waiters, key)
+	} else {
+		s.waiters[key] = ws
+	}
+}
+
+// lookup reads the store: the pod when it has the UID asked about; else
+// why not.
+func (s *Source) lookup(key, uid string) (*corev1.Pod, string) {
+	obj, exists, err := s.store.GetByKey(key)
+	if err != nil {
+		return nil, "reading the pod cache: " + err.Error()
+	}
+	if !exists {
+		return nil, "not in the pod cache"
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, fmt.Sprintf("pod cache holds a %T", obj)
+	}
+	if string(pod.UID) != uid {
+		return nil, "pod cache has UID " + string(pod.UID)
+	}
+	return pod, ""
+}
+
+// Resolve answers one request (see the package doc). The answer is never
+// about a pod with another UID.
+func (s *Source) Resolve(ctx context.Context, req agentsock.Request) agentsock.Answer {
+	key := req.Namespace + "/" + req.Name
+	if s.store != nil && (s.synced == nil || s.synced()) {
+		// Subscribe before looking, so an event between the look and the
+		// wait is not missed.
+		ch := s.subscribe(key)
+		pod, why := s.lookup(key, req.UID)
+		if pod == nil {
+			wctx, cancel := context.WithTimeout(ctx, s.Wait)
+			for pod == nil && wctx.Err() == nil {
+				select {
+				case <-ch:
+					ch = s.subscribe(key)
+					pod, why = s.lookup(key, req.UID)
+				case <-wctx.Done():
+				}
+			}
+			cancel()
+		}
+		s.unsubscribe(key, ch)
+		if pod != nil {
+			return answer(pod)
+		}
+		if s.get == nil {
+			return agentsock.Unknown(why)
+		}
+	}
+	return s.fetch(ctx, req)
+}
+
+// fetch is the one API read for a pod the cache cannot answer for.
+func (s *Source) fetch(ctx context.Context, req agentsock.Request) agentsock.Answer {
+	if s.get == nil {
+		return agentsock.Unknown("pod cache not synced yet")
+	}
+	pod, err := s.get(ctx, req.Namespace, req.Name)
+	switch {
+	case apierrors.IsNotFound(err):
+		return agentsock.Unknown("not found in the API")
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		return agentsock.Unknown("no answer from the API in time")
+	case err != nil:
+		return agentsock.Unknown("reading the pod from the API: " + err.Error())
+	case pod.Namespace != req.Namespace || pod.Name != req.Name:
+		return agentsock.Unknown("the API answered with pod " + pod.Namespace + "/" + pod.Name)
+	case string(pod.UID) != req.UID:
+		return agentsock.Unknown("the API has UID " + string(pod.UID))
+	}
+	return answer(pod)
+}
+
+func answer(pod *corev1.Pod) agentsock.Answer {
+	return agentsock.Found(string(pod.UID), podinfo.Mesh(pod))
+}
+
+// NodeInformer is an informer of the pods on node, for an agent whose
+// repair controller does not run one of its own (repair off) or narrows
+// its own with extra selectors.
+func NodeInformer(client kubernetes.Interface, node string) cache.SharedIndexInformer {
+	sel := fields.OneTermEqualSelector("spec.nodeName", node).String()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return client.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, o)
+		},
+	}
+	return cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, 0, cache.Indexers{})
+}
+
+// APIGetter is a GetFunc reading with client (a consistent read: the
+// informer is the cached view already).
+func APIGetter(client kubernetes.Interface) GetFunc {
+	return func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+		return client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	}
+}

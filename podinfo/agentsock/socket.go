@@ -1,0 +1,319 @@
+package agentsock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Where the socket lives under the agent's run dir: a directory of its
+// own, mode 0700, so that only root reaches the socket (mode 0600) whatever
+// the run dir's mode is (the plugin's log there is group-readable).
+const (
+	DirName    = "agent-sock"
+	SocketName = "pod.sock"
+	dirMode    = 0o700
+	socketMode = 0o600
+)
+
+// Path is the socket's path for the agent run dir runDir.
+func Path(runDir string) string { return filepath.Join(runDir, DirName, SocketName) }
+
+// PeerUID is the one user the server answers and the client accepts as a
+// server: root. The plugin runs as root (the runtime runs it), and so does
+// the agent.
+const PeerUID = 0
+
+// ErrPeerRefused: the process at the other end of the socket is not root.
+var ErrPeerRefused = errors.New("peer is not root")
+
+// peerUID reads the credentials of the process at the other end of c.
+func peerUID(c *net.UnixConn) (uint32, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, fmt.Errorf("reading SO_PEERCRED: %w", cerr)
+	}
+	return cred.Uid, nil
+}
+
+// Listener is the agent's socket.
+type Listener struct {
+	*net.UnixListener
+	path string
+	ino  uint64
+
+	closeOnce sync.Once
+}
+
+// Listen creates the socket for runDir: the directory (0700, owned by this
+// process's user, not a symlink), then the socket (0600), replacing one a
+// previous agent left. Close removes the socket only while it is still
+// this listener's, so an agent shutting down after its successor started
+// does not take the successor's socket away.
+func Listen(runDir string) (*Listener, error) {
+	// The run dir is the agent's (the installer creates it the same way);
+	// the socket may come up first.
+	if err := os.MkdirAll(runDir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating run dir %s: %w", runDir, err)
+	}
+	dir := filepath.Join(runDir, DirName)
+	if err := os.Mkdir(dir, dirMode); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("creating socket dir %s: %w", dir, err)
+	}
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("checking socket dir %s: %w", dir, err)
+	}
+	sys, _ := st.Sys().(*syscall.Stat_t)
+	switch {
+	case !st.IsDir():
+		return nil, fmt.Errorf("checking socket dir %s: it is a %s, not a directory", dir, st.Mode().Type())
+	case sys == nil || int(sys.Uid) != os.Geteuid():
+		return nil, fmt.Errorf("checking socket dir %s: not owned by uid %d", dir, os.Geteuid())
+	}
+	if st.Mode().Perm() != dirMode {
+		if err := os.Chmod(dir, dirMode); err != nil {
+			return nil, fmt.Errorf("restricting socket dir %s to mode %o: %w", dir, dirMode, err)
+		}
+	}
+	path := filepath.Join(dir, SocketName)
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("removing the old socket %s: %w", path, err)
+	}
+	ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", path, err)
+	}
+	ul.SetUnlinkOnClose(false)
+	l := &Listener{UnixListener: ul, path: path}
+	// The directory already keeps others out; the socket's own mode is the
+	// second wall should the directory ever be opened up.
+	if err := os.Chmod(path, socketMode); err != nil {
+		ul.Close()
+		return nil, fmt.Errorf("restricting socket %s to mode %o: %w", path, socketMode, err)
+	}
+	if st, err := os.Lstat(path); err == nil {
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			l.ino = sys.Ino
+		}
+	}
+	return l, nil
+}
+
+// Path is the socket's path.
+func (l *Listener) Path() string { return l.path }
+
+// Close stops listening and removes the socket if it is still ours.
+func (l *Listener) Close() error {
+	var err error
+	l.closeOnce.Do(func() {
+		err = l.UnixListener.Close()
+		if st, serr := os.Lstat(l.path); serr == nil {
+			if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Ino == l.ino {
+				_ = os.Remove(l.path)
+			}
+		}
+	})
+	return err
+}
+
+// Outcome is what happened on one connection, for the agent's log and
+// metrics.
+type Outcome struct {
+	// Status is StatusFound, StatusUnknown, or one of the Outcome*
+	// constants for a connection that got no answer.
+	Status   string
+	Reason   string // why unknown, or the error
+	Request  Request
+	PeerUID  uint32
+	Duration time.Duration
+}
+
+// Outcomes of connections that got no answer.
+const (
+	OutcomeRefused    = "refused"     // the peer is not root
+	OutcomeBadRequest = "bad_request" // unreadable or invalid request
+	OutcomeWriteError = "write_error" // the answer could not be sent
+)
+
+// Resolver answers a valid request. It must return within ctx's deadline
+// (the server sends "unknown" for it otherwise).
+type Resolver interface {
+	Resolve(ctx context.Context, req Request) Answer
+}
+
+// ResolverFunc adapts a function to Resolver.
+type ResolverFunc func(ctx context.Context, req Request) Answer
+
+// Resolve implements Resolver.
+func (f ResolverFunc) Resolve(ctx context.Context, req Request) Answer { return f(ctx, req) }
+
+// Server deadlines. The client waits ClientTimeout for its answer, so the
+// server's whole budget fits inside it.
+const (
+	// ResolveTimeout bounds the resolver: a pod the informer has not seen
+	// is waited for, then fetched once.
+	ResolveTimeout = 2 * time.Second
+	ioTimeout      = time.Second
+	maxInFlight    = 256
+)
+
+// Server answers plugin requests on a Listener.
+type Server struct {
+	Resolver Resolver
+	// Observe, when set, is told about every connection (from the
+	// connection's goroutine).
+	Observe func(Outcome)
+	// AllowUID is the peer user answered; PeerUID unless a test changes it.
+	AllowUID uint32
+}
+
+// Serve answers connections until ctx ends or the listener fails; it
+// closes l and waits for the connections in progress.
+func (s *Server) Serve(ctx context.Context, l *Listener) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	defer l.Close()
+	sem := make(chan struct{}, maxInFlight)
+	for {
+		c, err := l.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("accepting on %s: %w", l.path, err)
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			c.Close()
+			return nil
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s.handle(ctx, c)
+		}()
+	}
+}
+
+func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
+	defer c.Close()
+	start := time.Now()
+	o := Outcome{}
+	defer func() {
+		o.Duration = time.Since(start)
+		if s.Observe != nil {
+			s.Observe(o)
+		}
+	}()
+	uid, err := peerUID(c)
+	o.PeerUID = uid
+	if err != nil || uid != s.AllowUID {
+		o.Status, o.Reason = OutcomeRefused, fmt.Sprintf("peer uid %d is not %d", uid, s.AllowUID)
+		if err != nil {
+			o.Reason = err.Error()
+		}
+		return
+	}
+	_ = c.SetReadDeadline(time.Now().Add(ioTimeout))
+	var req Request
+	if err := readFrame(c, &req, MaxRequest, "request"); err != nil {
+		o.Status, o.Reason = OutcomeBadRequest, err.Error()
+		return
+	}
+	o.Request = req
+	if err := req.Validate(); err != nil {
+		o.Status, o.Reason = OutcomeBadRequest, err.Error()
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, ResolveTimeout)
+	a := s.Resolver.Resolve(rctx, req)
+	cancel()
+	// The resolver is trusted code, but a wrong answer would only send the
+	// plugin to the API server: send "unknown" instead and say why.
+	if err := CheckAnswer(req, a); err != nil {
+		a = Unknown("agent error: " + err.Error())
+	}
+	o.Status, o.Reason = a.Status, a.Reason
+	_ = c.SetWriteDeadline(time.Now().Add(ioTimeout))
+	if err := writeFrame(c, a, MaxAnswer); err != nil {
+		o.Status, o.Reason = OutcomeWriteError, err.Error()
+	}
+}
+
+// ClientTimeout is how long the plugin waits for the agent's answer by
+// default: the server's resolve budget plus its I/O.
+const ClientTimeout = ResolveTimeout + 500*time.Millisecond
+
+// ErrNoAgent is wrapped by Ask's error when no agent listens on the socket
+// (it does not exist, or nobody accepts on it).
+var ErrNoAgent = errors.New("no agent on the socket")
+
+// Ask sends req to the agent at path and returns its checked answer. ctx
+// bounds the whole exchange. Every error means "ask the API server".
+func Ask(ctx context.Context, path string, req Request) (Answer, error) {
+	if err := req.Validate(); err != nil {
+		return Answer{}, err
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+			return Answer{}, fmt.Errorf("asking the agent at %s: %w: %w", path, ErrNoAgent, err)
+		}
+		return Answer{}, fmt.Errorf("asking the agent at %s: %w", path, err)
+	}
+	c := nc.(*net.UnixConn)
+	defer c.Close()
+	// Only root can have bound a socket in the root-only directory; the
+	// check costs one getsockopt and holds should that ever change.
+	if uid, err := peerUID(c); err != nil || uid != PeerUID {
+		if err == nil {
+			err = fmt.Errorf("%w: uid %d", ErrPeerRefused, uid)
+		}
+		return Answer{}, fmt.Errorf("asking the agent at %s: %w", path, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if err := writeFrame(c, req, MaxRequest); err != nil {
+		return Answer{}, fmt.Errorf("asking the agent at %s: sending the request: %w", path, err)
+	}
+	var a Answer
+	if err := readFrame(c, &a, MaxAnswer, "answer"); err != nil {
+		return Answer{}, fmt.Errorf("asking the agent at %s: %w", path, err)
+	}
+	if err := CheckAnswer(req, a); err != nil {
+		return Answer{}, fmt.Errorf("asking the agent at %s: %w", path, err)
+	}
+	return a, nil
+}
