@@ -8,10 +8,10 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // Where a run's pod came from, as the decision line's lookup field says.

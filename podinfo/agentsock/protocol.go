@@ -28,8 +28,8 @@ import (
 	"io"
 	"strings"
 
-	"github.com/nftmesh/nftmesh/internal/quote"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // Version is the protocol version both sides speak; any other is refused.
