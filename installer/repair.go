@@ -39,6 +39,7 @@ type RepairReport struct {
 	Netns      string // the namespace path programmed (<host-proc>/<pid>/ns/net)
 	PID        int    // the process found in it (the pause container)
 	Candidates int    // namespaces that held one of the pod's IPs
+	Match      string // why that one is the pod's (its cgroup, or its address alone)
 	Backend    string
 	Why        string // why that backend
 	Rules      int
@@ -371,7 +372,7 @@ func (c *RepairController) handle(ctx context.Context, key string) error {
 		c.mu.Lock()
 		c.repaired[pod.UID] = true
 		c.mu.Unlock()
-		log.Info().Str("netns", rep.Netns).Int("pid", rep.PID).Int("candidates", rep.Candidates).
+		log.Info().Str("netns", rep.Netns).Int("pid", rep.PID).Int("candidates", rep.Candidates).Str("match", rep.Match).
 			Str("backend", rep.Backend).Str("why", rep.Why).Int("rules", rep.Rules).
 			Msg("repaired the pod's capture in place; it recovers when its validation container restarts")
 	case RepairDelete:

@@ -31,6 +31,7 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
@@ -332,6 +333,9 @@ func TestNodeEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pause.Process.Kill(); _ = pause.Wait() })
+	// In the pod's cgroup, as on a node: repair in place takes a namespace
+	// holding the pod's IP only when its processes are the pod's.
+	cgrouptest.MovePod(t, pause.Process.Pid, cgrouptest.CgroupfsLeaf(string(early.UID)))
 	early.Status = corev1.PodStatus{
 		Phase: corev1.PodPending, PodIP: earlyIP, PodIPs: []corev1.PodIP{{IP: earlyIP}},
 		InitContainerStatuses: []corev1.ContainerStatus{{

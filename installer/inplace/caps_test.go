@@ -8,10 +8,16 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
 )
 
-const helperEnv = "NFTMESH_INPLACE_CAPS_HELPER"
+const (
+	helperEnv    = "NFTMESH_INPLACE_CAPS_HELPER"
+	helperUIDEnv = "NFTMESH_INPLACE_CAPS_HELPER_UID"
+)
 
 // The chart gives the agent exactly NET_ADMIN, NET_RAW, SYS_ADMIN and
 // SYS_PTRACE in repairPods mode (capabilities drop ALL first). This runs a
@@ -39,8 +45,10 @@ func TestRepairCapabilities(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			v4, _ := uniqueAddrs()
 			ns := podNetns(t, v4)
-			_ = sleeper(t, ns, "setpriv", "--reuid=65535", "--regid=65535", "--clear-groups")
-			if _, err := FindNetns("/proc", []netip.Addr{v4.Addr()}); err != nil { // as full root: it is there
+			pause := sleeper(t, ns, "setpriv", "--reuid=65535", "--regid=65535", "--clear-groups")
+			uid := cgrouptest.NewUID()
+			cgrouptest.MovePod(t, pause, cgrouptest.CgroupfsLeaf(uid))
+			if _, err := FindNetns("/proc", "", []netip.Addr{v4.Addr()}); err != nil { // as full root: it is there
 				t.Fatalf("the pause process is not findable even with every capability: %v", err)
 			}
 
@@ -50,7 +58,7 @@ func TestRepairCapabilities(t *testing.T) {
 			}
 			cmd := exec.Command(setpriv, "--bounding-set", bounding, "--inh-caps", "-all", "--",
 				os.Args[0], "-test.run", "^TestRepairCapabilitiesHelper$", "-test.v")
-			cmd.Env = append(os.Environ(), helperEnv+"="+v4.Addr().String())
+			cmd.Env = append(os.Environ(), helperEnv+"="+v4.Addr().String(), helperUIDEnv+"="+uid)
 			out, err := cmd.CombinedOutput()
 			t.Logf("helper with %s:\n%s", c.caps, out)
 			if c.ok != (err == nil) {
@@ -87,7 +95,9 @@ func TestRepairCapabilitiesHelper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := r.RepairPod(context.Background(), loadPod(t, "injected.yaml", netip.MustParseAddr(ip)))
+	pod := loadPod(t, "injected.yaml", netip.MustParseAddr(ip))
+	pod.UID = types.UID(os.Getenv(helperUIDEnv))
+	rep, err := r.RepairPod(context.Background(), pod)
 	if err != nil {
 		t.Fatal(err)
 	}

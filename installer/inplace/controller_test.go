@@ -21,6 +21,7 @@ import (
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
@@ -115,10 +116,11 @@ func TestRepairControllerInPlace(t *testing.T) {
 	v4, v6 := uniqueAddrs()
 	ips := []netip.Addr{v4.Addr(), v6.Addr()}
 	nsName := podNetns(t, v4, v6)
-	_ = sleeper(t, nsName)
 	nsPath := "/run/netns/" + nsName
 
+	pause := sleeper(t, nsName)
 	pod := createBrokenPod(t, admin, "web-broken", "node-1", ips)
+	cgrouptest.MovePod(t, pause, cgrouptest.CgroupfsLeaf(string(pod.UID)))
 	o4, o6 := uniqueAddrs()
 	other := podNetns(t, o4, o6)
 	_ = sleeper(t, other)
@@ -172,7 +174,7 @@ func TestRepairControllerInPlace(t *testing.T) {
 		return nft.New().Check(ctx, nsPath, want) == nil
 	})
 	eventually(t, "success counted", func() bool { return repairs("success") == 1 })
-	if l := logs.String(); !strings.Contains(l, "repaired the pod's capture in place") || !strings.Contains(l, `"pod":"web-broken"`) {
+	if l := logs.String(); !strings.Contains(l, "repaired the pod's capture in place") || !strings.Contains(l, `"pod":"web-broken"`) || !strings.Contains(l, `"match":"pod cgroup"`) {
 		t.Errorf("no repair log line naming the pod:\n%s", l)
 	}
 	out, err := exec.Command("ip", "netns", "exec", nsName, "nft", "list", "tables").CombinedOutput()

@@ -2,9 +2,9 @@
 // namespace: Istio's repairPods mode, for pods that started before the
 // nftmesh-cni plugin was in place on their node.
 //
-// It owns finding a pod's network namespace from the host's /proc (by the
-// pod's IPs, the oldest process of the matching namespace being the pause
-// container) and programming the same plan the plugin would have
+// It owns finding a pod's network namespace from the host's /proc (the one
+// holding the pod's IPs whose processes are in the pod's cgroup, reached
+// through its oldest process, the pause container) and programming the same plan the plugin would have
 // programmed, through the shared backend selection. It does not decide which
 // pods are broken (installer's repair controller does) and it does not
 // write to the API server. Functions return errors and never log.
@@ -14,10 +14,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
@@ -39,9 +42,11 @@ type Netns struct {
 	Dev, Inode uint64
 	// StartTicks is the process's start time (clock ticks after boot).
 	StartTicks uint64
-	// Candidates is how many distinct namespaces held one of the IPs; more
-	// than one means the choice fell to the oldest process, as in Istio.
+	// Candidates is how many distinct namespaces held one of the IPs.
 	Candidates int
+	// Match says why this namespace is the pod's: MatchCgroup or
+	// MatchAddress.
+	Match string
 }
 
 type nsID struct{ dev, ino uint64 }
@@ -96,15 +101,26 @@ func truncate(b []byte) string {
 	return string(b)
 }
 
-// FindNetns walks procDir (the host's /proc) for the network namespace that
-// holds one of ips and returns it through its oldest process. Each namespace
-// is inspected once, through a netlink socket opened inside it
-// (netlink.NewHandleAt), so the caller's own thread never changes namespace.
-// The namespaces of procDir's PID 1 (the host's) and of the calling process
-// are never candidates: a pod IP there means a host-network pod, which has
-// no capture of its own.
+// FindNetns walks procDir (the host's /proc) for the network namespace of
+// the pod with the given UID that holds one of ips, and returns it through
+// its oldest process. Each namespace is inspected once, through a netlink
+// socket opened inside it (netlink.NewHandleAt), so the caller's own thread
+// never changes namespace. The namespaces of procDir's PID 1 (the host's)
+// and of the calling process are never candidates: a pod IP there means a
+// host-network pod, which has no capture of its own.
+//
+// An IP alone does not name a pod: another cluster on the same machine (a
+// kind cluster in a CI pod, nested containers) can hold the same private
+// addresses in namespaces of its own, and programming one of those would
+// capture a stranger's traffic and leave the pod broken. So a namespace
+// counts as the pod's when one of its processes is in the pod's cgroup (the
+// kubelet names every pod cgroup after the pod's UID, with either cgroup
+// driver). Only on a host where no process is in any pod's cgroup (a
+// kubelet without per-pod cgroups), and exactly one namespace holds the
+// IPs, is that one taken on the IPs alone. An empty uid takes the IPs alone
+// (the oldest namespace holding them).
 // Processes that vanish or cannot be inspected during the walk are skipped.
-func FindNetns(procDir string, ips []netip.Addr) (Netns, error) {
+func FindNetns(procDir, uid string, ips []netip.Addr) (Netns, error) {
 	if len(ips) == 0 {
 		return Netns{}, errors.New("finding a pod's network namespace: the pod has no IPs")
 	}
@@ -133,6 +149,7 @@ func FindNetns(procDir string, ips []netip.Addr) (Netns, error) {
 	type group struct {
 		pid   int
 		ticks uint64
+		pids  []int // every process in the namespace, for its cgroups
 	}
 	// Oldest process per namespace.
 	groups := map[nsID]*group{}
@@ -152,18 +169,20 @@ func FindNetns(procDir string, ips []netip.Addr) (Netns, error) {
 		}
 		g := groups[id]
 		if g == nil {
-			groups[id] = &group{pid: pid, ticks: ticks}
+			groups[id] = &group{pid: pid, ticks: ticks, pids: []int{pid}}
 			order = append(order, id)
 			continue
 		}
+		g.pids = append(g.pids, pid)
 		if ticks < g.ticks || (ticks == g.ticks && pid < g.pid) {
 			g.pid, g.ticks = pid, ticks
 		}
 	}
 
-	var best *Netns
-	candidates := 0
+	var ours, others []*Netns // holding an IP: in the pod's cgroup, or not
 	var lastErr error
+	foreign := 0            // of others, those in another pod's cgroup
+	podCgroups := uid == "" // some namespace's process is in a pod's cgroup
 	for _, id := range order {
 		g := groups[id]
 		path := filepath.Join(procDir, strconv.Itoa(g.pid), "ns", "net")
@@ -173,21 +192,131 @@ func FindNetns(procDir string, ips []netip.Addr) (Netns, error) {
 			continue
 		}
 		if !ok {
+			if !podCgroups {
+				podCgroups = cgroupOwner(procDir, []int{g.pid}, uid) != ""
+			}
 			continue
 		}
-		candidates++
-		if best == nil || g.ticks < best.StartTicks || (g.ticks == best.StartTicks && g.pid < best.PID) {
-			best = &Netns{Path: path, PID: g.pid, Dev: id.dev, Inode: id.ino, StartTicks: g.ticks}
+		n := &Netns{Path: path, PID: g.pid, Dev: id.dev, Inode: id.ino, StartTicks: g.ticks, Match: MatchAddress}
+		owner := ""
+		if uid != "" {
+			owner = cgroupOwner(procDir, g.pids, uid)
+		}
+		switch owner {
+		case ownerPod:
+			n.Match = MatchCgroup
+			ours = append(ours, n)
+		case ownerOtherPod:
+			foreign++
+			others = append(others, n)
+		default:
+			others = append(others, n)
+		}
+		if owner != "" {
+			podCgroups = true
 		}
 	}
-	if best == nil {
-		if lastErr != nil {
-			return Netns{}, fmt.Errorf("%w (%v); last error: %w", ErrNotFound, ips, lastErr)
+	oldest := func(ns []*Netns) *Netns {
+		var best *Netns
+		for _, n := range ns {
+			if best == nil || n.StartTicks < best.StartTicks || (n.StartTicks == best.StartTicks && n.PID < best.PID) {
+				best = n
+			}
 		}
+		return best
+	}
+	candidates := len(ours) + len(others)
+	var best *Netns
+	switch {
+	case len(ours) > 0:
+		best = oldest(ours)
+	case uid == "" && len(others) > 0:
+		best = oldest(others)
+	case len(others) == 1 && !podCgroups:
+		// No process on the host is in a pod's cgroup: the runtime does
+		// not make them, so the IPs are all there is to go by.
+		best = others[0]
+	case candidates > 0:
+		return Netns{}, fmt.Errorf("%w (%v): %d network namespaces hold them (%d in other pods' cgroups), none in the cgroup of pod %s",
+			ErrNotFound, ips, candidates, foreign, uid)
+	case lastErr != nil:
+		return Netns{}, fmt.Errorf("%w (%v); last error: %w", ErrNotFound, ips, lastErr)
+	default:
 		return Netns{}, fmt.Errorf("%w (%v)", ErrNotFound, ips)
 	}
 	best.Candidates = candidates
 	return *best, nil
+}
+
+// How a namespace was matched to the pod.
+const (
+	MatchCgroup  = "pod cgroup" // a process in it is in the pod's cgroup
+	MatchAddress = "address"    // the only one holding the IPs; no pod cgroup seen
+)
+
+const (
+	ownerPod      = "pod"
+	ownerOtherPod = "other pod"
+)
+
+// cgroupOwner says whether one of pids is in the cgroup of the pod with
+// uid (ownerPod), else whether one is in another pod's (ownerOtherPod),
+// else "" (no pod cgroup, or nothing readable).
+func cgroupOwner(procDir string, pids []int, uid string) string {
+	owner := ""
+	for _, pid := range pids {
+		b, err := readLimited(filepath.Join(procDir, strconv.Itoa(pid), "cgroup"), maxCgroupFile)
+		if err != nil {
+			continue
+		}
+		for _, u := range PodUIDsInCgroups(b) {
+			if strings.EqualFold(u, uid) {
+				return ownerPod
+			}
+			owner = ownerOtherPod
+		}
+	}
+	return owner
+}
+
+// maxCgroupFile bounds what is read of a /proc/PID/cgroup file (one line
+// per hierarchy: a few hundred bytes in practice).
+const maxCgroupFile = 64 << 10
+
+func readLimited(path string, n int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, n))
+}
+
+// podCgroupUID is a pod UID as the kubelet spells it in cgroup names:
+// "pod<uid>" with the cgroupfs driver, "…-pod<uid with _ for ->.slice"
+// with the systemd one.
+var podCgroupUID = regexp.MustCompile(`pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})`)
+
+// PodUIDsInCgroups returns the pod UIDs (in their API form, with dashes)
+// named by the cgroup paths of a /proc/PID/cgroup file, once each.
+func PodUIDsInCgroups(cgroupFile []byte) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, line := range bytes.Split(cgroupFile, []byte("\n")) {
+		// hierarchy-ID:controllers:path; the path may hold ':' itself.
+		parts := bytes.SplitN(line, []byte(":"), 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, m := range podCgroupUID.FindAllSubmatch(parts[2], -1) {
+			u := strings.ToLower(strings.ReplaceAll(string(m[1]), "_", "-"))
+			if !seen[u] {
+				seen[u] = true
+				out = append(out, u)
+			}
+		}
+	}
+	return out
 }
 
 // holdsAny reports whether the namespace at path (still the namespace id)

@@ -1,6 +1,7 @@
 package inplace
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
 )
 
 func TestParseStartTicks(t *testing.T) {
@@ -188,7 +191,7 @@ func TestFindNetns(t *testing.T) {
 	}
 	for _, ips := range [][]netip.Addr{{v4.Addr()}, {v6.Addr()}, {netip.MustParseAddr("192.0.2.99"), v4.Addr()}} {
 		start := time.Now()
-		got, err := FindNetns("/proc", ips)
+		got, err := FindNetns("/proc", "", ips)
 		if err != nil {
 			t.Fatalf("FindNetns(%v): %v", ips, err)
 		}
@@ -201,14 +204,14 @@ func TestFindNetns(t *testing.T) {
 		}
 	}
 
-	_, err = FindNetns("/proc", []netip.Addr{netip.MustParseAddr("192.0.2.99")})
+	_, err = FindNetns("/proc", "", []netip.Addr{netip.MustParseAddr("192.0.2.99")})
 	if !errors.Is(err, ErrNotFound) {
 		t.Errorf("an IP nobody holds: err = %v, want ErrNotFound", err)
 	}
-	if _, err := FindNetns("/proc", nil); err == nil || !strings.Contains(err.Error(), "no IPs") {
+	if _, err := FindNetns("/proc", "", nil); err == nil || !strings.Contains(err.Error(), "no IPs") {
 		t.Errorf("no IPs: err = %v", err)
 	}
-	if _, err := FindNetns("/nonexistent/proc", []netip.Addr{v4.Addr()}); err == nil || !strings.Contains(err.Error(), "/nonexistent/proc") {
+	if _, err := FindNetns("/nonexistent/proc", "", []netip.Addr{v4.Addr()}); err == nil || !strings.Contains(err.Error(), "/nonexistent/proc") {
 		t.Errorf("missing proc dir: err = %v", err)
 	}
 }
@@ -221,8 +224,116 @@ func BenchmarkFindNetns(b *testing.B) {
 	pod := podNetns(b, v4)
 	_ = sleeper(b, pod)
 	for b.Loop() {
-		if _, err := FindNetns("/proc", []netip.Addr{v4.Addr()}); err != nil {
+		if _, err := FindNetns("/proc", "", []netip.Addr{v4.Addr()}); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// Another network namespace on the machine holds the pod's IP too (a second
+// cluster, a kind cluster in a CI pod), and its process is older than the
+// pod's: FindNetns picks the namespace whose process is in the pod's
+// cgroup, whichever cgroup driver named it. A lookup by IP alone (the
+// oldest holder) picks the stranger.
+func TestFindNetnsPicksThePodsCgroup(t *testing.T) {
+	needRoot(t)
+	for _, driver := range []string{"cgroupfs", "systemd"} {
+		t.Run(driver, func(t *testing.T) {
+			v4, _ := uniqueAddrs()
+			uid := cgrouptest.NewUID()
+			leaf := cgrouptest.CgroupfsLeaf(uid)
+			if driver == "systemd" {
+				leaf = cgrouptest.SystemdLeaf(uid)
+			}
+			decoy := podNetns(t, v4)
+			stranger := sleeper(t, decoy)
+			time.Sleep(20 * time.Millisecond) // a later start tick for the pod
+			pod := podNetns(t, v4)
+			pause := sleeper(t, pod)
+			cgrouptest.MovePod(t, pause, leaf)
+			podID, err := nsIdentity("/run/netns/" + pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			got, err := FindNetns("/proc", uid, []netip.Addr{v4.Addr()})
+			if err != nil {
+				t.Fatalf("FindNetns: %v", err)
+			}
+			t.Logf("FindNetns = pid %d (%s, %d candidates); the stranger is %d", got.PID, got.Match, got.Candidates, stranger)
+			if got.PID != pause || (nsID{got.Dev, got.Inode}) != podID || got.Match != MatchCgroup || got.Candidates != 2 {
+				t.Errorf("picked pid %d in %d:%d (%s, %d candidates), want the pod's %d in %d:%d by its cgroup among 2",
+					got.PID, got.Dev, got.Inode, got.Match, got.Candidates, pause, podID.dev, podID.ino)
+			}
+		})
+	}
+}
+
+// The only namespace holding the pod's IP belongs to another pod (its
+// process is in that pod's cgroup): not the pod's, whatever its address;
+// neither is one in no pod's cgroup on a host whose pods have cgroups. The
+// lookup fails (retried later) instead of programming a stranger.
+func TestFindNetnsRefusesAStranger(t *testing.T) {
+	needRoot(t)
+	uid := cgrouptest.NewUID()
+
+	v4, _ := uniqueAddrs()
+	other := podNetns(t, v4)
+	cgrouptest.MovePod(t, sleeper(t, other), cgrouptest.CgroupfsLeaf(cgrouptest.NewUID()))
+	_, err := FindNetns("/proc", uid, []netip.Addr{v4.Addr()})
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "1 in other pods' cgroups") {
+		t.Errorf("IP held by another pod's namespace: err = %v, want ErrNotFound naming it", err)
+	}
+
+	// other's process makes this a host whose pods have cgroups.
+	w4, _ := uniqueAddrs()
+	plain := podNetns(t, w4)
+	_ = sleeper(t, plain)
+	_, err = FindNetns("/proc", uid, []netip.Addr{w4.Addr()})
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "none in the cgroup of pod "+uid) {
+		t.Errorf("IP held by a namespace in no pod's cgroup: err = %v, want ErrNotFound", err)
+	}
+}
+
+func TestPodUIDsInCgroups(t *testing.T) {
+	const uid = "6387570a-0130-442b-bbdb-e69e3c110c0c"
+	for _, tc := range []struct {
+		name, file string
+		want       []string
+	}{
+		{"cgroupfs v1", "9:name=systemd:/nftmesh-e2e-1/kubepods/besteffort/pod" + uid + "/c786ee1f\n4:memory:/kubepods/besteffort/pod" + uid + "/c786ee1f\n", []string{uid}},
+		{"systemd v2", "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-c786.scope\n", []string{uid}},
+		{"guaranteed, upper case", "0::/kubepods/pod" + strings.ToUpper(uid) + "/x\n", []string{uid}},
+		{"cgroup namespace", "0::/../../pod" + uid + "/c786\n", []string{uid}},
+		{"nested: a kind node's pod", "0::/docker/ab12/kubelet/kubepods/pod" + uid + "/x\n", []string{uid}},
+		{"two pods", "1:cpu:/kubepods/pod" + uid + "\n2:pids:/kubepods/pod11111111-2222-3333-4444-555555555555\n", []string{uid, "11111111-2222-3333-4444-555555555555"}},
+		{"no pod", "0::/user.slice/session-1.scope\n9:name=systemd:/\n", nil},
+		{"not a UUID", "0::/kubepods/poduid-0000/x\n", nil},
+		{"pod in the controller field only", "3:pod" + uid + ":/x\n", nil},
+		{"empty", "", nil},
+		{"no colons", "pod" + uid + "\n", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := PodUIDsInCgroups([]byte(tc.file))
+			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Errorf("PodUIDsInCgroups(%q) = %q, want %q", tc.file, got, tc.want)
+			}
+		})
+	}
+}
+
+func FuzzPodUIDsInCgroups(f *testing.F) {
+	f.Add([]byte("0::/kubepods/besteffort/pod6387570a-0130-442b-bbdb-e69e3c110c0c/x\n"))
+	f.Add([]byte("1:cpu:/kubepods-pod6387570a_0130_442b_bbdb_e69e3c110c0c.slice\n"))
+	f.Add([]byte("::\n:"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, u := range PodUIDsInCgroups(b) {
+			if len(u) != 36 || strings.Count(u, "-") != 4 || strings.ToLower(u) != u {
+				t.Fatalf("%q is not a UID in API form", u)
+			}
+			if !bytes.Contains(bytes.ReplaceAll(bytes.ToLower(b), []byte("_"), []byte("-")), []byte(u)) {
+				t.Fatalf("UID %q not in the input", u)
+			}
+		}
+	})
 }

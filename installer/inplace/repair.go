@@ -113,11 +113,11 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.Re
 	if len(ips) == 0 {
 		return rep, fmt.Errorf("pod %s/%s has no IP yet", pod.Namespace, pod.Name)
 	}
-	ns, err := FindNetns(r.opts.ProcDir, ips)
+	ns, err := FindNetns(r.opts.ProcDir, string(pod.UID), ips)
 	if err != nil {
 		return rep, fmt.Errorf("finding the network namespace of pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	rep.Netns, rep.PID, rep.Candidates = ns.Path, ns.PID, ns.Candidates
+	rep.Netns, rep.PID, rep.Candidates, rep.Match = ns.Path, ns.PID, ns.Candidates, ns.Match
 	// Read before the identity re-check below, which also covers them.
 	addrs, err := r.opts.Pipeline.Addrs(ns.Path)
 	if err != nil {

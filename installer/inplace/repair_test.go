@@ -10,12 +10,14 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 )
 
@@ -25,7 +27,7 @@ func loadPod(t testing.TB, file string, ips ...netip.Addr) *corev1.Pod {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod.UID = "uid-" + "0000"
+	pod.UID = types.UID(cgrouptest.NewUID())
 	pod.Status = corev1.PodStatus{}
 	for _, ip := range ips {
 		pod.Status.PodIPs = append(pod.Status.PodIPs, corev1.PodIP{IP: ip.String()})
@@ -158,6 +160,7 @@ func TestRepairPodRealTraffic(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = ls.Close() })
 			pause := sleeper(t, topo.PodNetns)
+			cgrouptest.MovePod(t, pause, cgrouptest.CgroupfsLeaf(string(pod.UID)))
 
 			// Before: no capture at all (the broken pod's state).
 			before := nettest.ExpectedProbesFor(nil, topo)
@@ -171,7 +174,7 @@ func TestRepairPodRealTraffic(t *testing.T) {
 			// test elsewhere on this machine whose main thread sits in its
 			// own pod namespace would be a second candidate. Never program
 			// someone else's namespace.
-			if f, err := FindNetns("/proc", []netip.Addr{netlab.PodV4, netlab.PodV6}); err != nil || f.PID != pause {
+			if f, err := FindNetns("/proc", "", []netip.Addr{netlab.PodV4, netlab.PodV6}); err != nil || f.PID != pause {
 				t.Skipf("skipping: another process holds nettest's pod addresses (found %+v, %v)", f, err)
 			}
 			rep, err := newRepairer(t, backend).RepairPod(context.Background(), pod)
@@ -179,8 +182,8 @@ func TestRepairPodRealTraffic(t *testing.T) {
 				t.Fatalf("RepairPod: %v", err)
 			}
 			t.Logf("repair report: %+v", rep)
-			if rep.PID != pause || rep.Rules == 0 {
-				t.Errorf("repaired through pid %d (%d rules), want the sleeper %d", rep.PID, rep.Rules, pause)
+			if rep.PID != pause || rep.Rules == 0 || rep.Match != MatchCgroup {
+				t.Errorf("repaired through pid %d (%d rules, matched by %s), want the sleeper %d matched by its pod cgroup", rep.PID, rep.Rules, rep.Match, pause)
 			}
 			if rep.Backend != backend && !(backend == "auto" && rep.Backend == "nftables") {
 				t.Errorf("backend %s, want %s", rep.Backend, backend)

@@ -17,6 +17,7 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 	"github.com/nftmesh/nftmesh/testkit/usernstest"
 )
@@ -42,7 +43,7 @@ func TestFindNetnsUsernsPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ip := range []netip.Addr{v4.Addr(), v6.Addr()} {
-		got, err := FindNetns("/proc", []netip.Addr{ip})
+		got, err := FindNetns("/proc", "", []netip.Addr{ip})
 		if err != nil {
 			t.Fatalf("FindNetns(%s): %v", ip, err)
 		}
@@ -94,9 +95,10 @@ func TestRepairPodUsernsPod(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = ls.Close() })
+			cgrouptest.MovePod(t, holder.PID(), cgrouptest.CgroupfsLeaf(string(pod.UID)))
 			// nettest topologies share addresses: never program another
 			// test's namespace.
-			if f, err := FindNetns("/proc", []netip.Addr{netlab.PodV4, netlab.PodV6}); err != nil || f.PID != holder.PID() {
+			if f, err := FindNetns("/proc", "", []netip.Addr{netlab.PodV4, netlab.PodV6}); err != nil || f.PID != holder.PID() {
 				t.Skipf("skipping: another process holds nettest's pod addresses (found %+v, %v)", f, err)
 			}
 
