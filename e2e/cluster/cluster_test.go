@@ -198,6 +198,7 @@ func (c *Cluster) Start(ctx context.Context, images []string) error {
 		{"files and certificates", c.writeFiles},
 		{"cgroups", c.makeCgroups},
 		{"holder namespaces", c.startHolder},
+		{"decoy namespace", c.startDecoy},
 		{"etcd, apiserver, containerd", c.startControlPlane},
 		{"apiserver ready", func() error { return c.waitAPIServer(ctx) }},
 		{"images imported", func() error { return c.importImages(ctx, images) }},
@@ -739,12 +740,17 @@ func (c *Cluster) startNode() error {
 		"--leader-elect=false", "--bind-address", "127.0.0.1")); err != nil {
 		return err
 	}
-	if _, err := c.spawn("kubelet", c.inNode(c.bin.kubelet,
-		"--config", c.path("kubelet.yaml"),
+	kubeletArgs := []string{"--config", c.path("kubelet.yaml"),
 		"--kubeconfig", c.path("kubeconfig", "kubelet"),
 		"--root-dir", c.path("kubelet"),
 		"--hostname-override", nodeName,
-		"--node-ip", nodeIP)); err != nil {
+		"--node-ip", nodeIP}
+	// NFTMESH_E2E_KUBELET_V=4 logs the kubelet's pod worker and back-off
+	// decisions, what explains a pod that starts late.
+	if v := os.Getenv("NFTMESH_E2E_KUBELET_V"); v != "" {
+		kubeletArgs = append(kubeletArgs, "--v="+v)
+	}
+	if _, err := c.spawn("kubelet", c.inNode(c.bin.kubelet, kubeletArgs...)); err != nil {
 		return err
 	}
 	// The conntrack flags keep kube-proxy away from the global conntrack
@@ -884,7 +890,7 @@ func (c *Cluster) stop() error {
 	}
 	stop("kube-apiserver")
 	stop("etcd")
-	stop("holder")
+	stop("holder", "decoy")
 	if c.netNS != nil {
 		c.netNS.Close()
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nftmesh/nftmesh/installer/inplace"
 	"github.com/nftmesh/nftmesh/testkit/istiotest"
 )
 
@@ -149,6 +151,23 @@ func (c *Cluster) race(ctx context.Context, t *testing.T, mode string, sets []st
 		t.Fatalf("%v (%s)", err, podState(fixed))
 	}
 	record("race: repair mode %s: chart installed → workload Running and captured %.1fs (pod %s)", mode, time.Since(t0).Seconds(), fixed.Name)
+	if mode == "repair" {
+		// The harness's stranger namespace holds the pod's address too:
+		// the agent must have found the pod by its cgroup.
+		out, err := c.Kubectl(ctx, "-n", agentNS, "logs", "ds/"+agentDaemonSet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var line string
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, "repaired the pod's capture in place") && strings.Contains(l, `"pod":"`+fixed.Name+`"`) {
+				line = l
+			}
+		}
+		if !strings.Contains(line, `"match":"`+inplace.MatchCgroup+`"`) || !strings.Contains(line, `"candidates":2`) {
+			t.Errorf("repair line for %s does not say it found the pod by its cgroup among 2 namespaces holding its IP: %q", fixed.Name, line)
+		}
+	}
 	if mode != "repair" {
 		line := c.agentLogLine(ctx, t, meshNS, fixed.Name, "ADD")
 		if line["decision"] != "capture" {
