@@ -109,35 +109,17 @@ func mergeFamilies(v4, v6 []redirect.Rule) []redirect.Rule {
 	for i, r := range v6 {
 		b[i] = key(r)
 	}
-	n, m := len(a), len(b)
-	lcs := make([][]int, n+1)
-	for i := range lcs {
-		lcs[i] = make([]int, m+1)
-	}
-	for i := n - 1; i >= 0; i-- {
-		for j := m - 1; j >= 0; j-- {
-			if a[i] == b[j] {
-				lcs[i][j] = lcs[i+1][j+1] + 1
-			} else {
-				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
-			}
-		}
-	}
 	var out []redirect.Rule
-	i, j := 0, 0
-	for i < n || j < m {
+	for _, st := range redirect.Align(len(a), len(b), func(i, j int) bool { return a[i] == b[j] }, true) {
 		switch {
-		case i < n && j < m && a[i] == b[j]:
-			r := v4[i]
+		case st.A >= 0 && st.B >= 0:
+			r := v4[st.A]
 			r.Family = redirect.FamilyAny
 			out = append(out, r)
-			i, j = i+1, j+1
-		case i < n && (j == m || lcs[i+1][j] >= lcs[i][j+1]):
-			out = append(out, v4[i])
-			i++
+		case st.A >= 0:
+			out = append(out, v4[st.A])
 		default:
-			out = append(out, v6[j])
-			j++
+			out = append(out, v6[st.B])
 		}
 	}
 	return out
@@ -190,7 +172,11 @@ func raise(byFam map[redirect.Family][]decodedTable) (redirect.Plan, error) {
 				if h != hookPrerouting && h != hookOutput {
 					return p, fmt.Errorf("our rules in %s/%s, a chain nftmesh never uses", tname, name)
 				}
-				c.Hook, c.Type, c.Priority = baseChainProps(tname, name)
+				bc, ok := redirect.BuiltinChain(tname, name)
+				if !ok {
+					return p, fmt.Errorf("our rules in %s/%s, a chain nftmesh never uses", tname, name)
+				}
+				c.Hook, c.Type, c.Priority = bc.Hook, bc.Type, bc.Priority
 			}
 			t.Chains = append(t.Chains, c)
 		}
@@ -201,25 +187,6 @@ func raise(byFam map[redirect.Family][]decodedTable) (redirect.Plan, error) {
 		p.Sets = append(p.Sets, *sets[name])
 	}
 	return p, nil
-}
-
-// baseChainProps gives a base chain the hook, type and priority
-// redirect.Build gives it (iptables' table priorities).
-func baseChainProps(t redirect.TableName, chain string) (redirect.Hook, redirect.ChainType, int32) {
-	hook := redirect.HookPrerouting
-	if chain == redirect.ChainOutput {
-		hook = redirect.HookOutput
-	}
-	switch t {
-	case redirect.TableNat:
-		return hook, redirect.ChainTypeNat, redirect.PriorityNat
-	case redirect.TableMangle:
-		if chain == redirect.ChainOutput {
-			return hook, redirect.ChainTypeRoute, redirect.PriorityMangle
-		}
-		return hook, redirect.ChainTypeFilter, redirect.PriorityMangle
-	}
-	return hook, redirect.ChainTypeFilter, redirect.PriorityRaw
 }
 
 // raiseRules converts one chain's rules and folds runs of rules expanded

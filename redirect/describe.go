@@ -6,6 +6,55 @@ import (
 	"strings"
 )
 
+// Describe renders a Plan as canonical, backend-neutral lines, one per set,
+// chain, rule, route and address. It is the form Diff compares.
+func Describe(p Plan) []string {
+	var out []string
+	sets := slices.Clone(p.Sets)
+	slices.SortFunc(sets, func(x, y Set) int { return strings.Compare(x.Name, y.Name) })
+	for _, s := range sets {
+		out = append(out, fmt.Sprintf("set %s %s { %s }", s.Name, s.Kind, setElements(s)))
+	}
+	for _, t := range p.Tables {
+		for _, c := range t.Chains {
+			if c.IsBase() {
+				out = append(out, fmt.Sprintf("chain %s %s { type %s hook %s priority %d }", t.Name, c.Name, c.Type, c.Hook, c.Priority))
+			} else {
+				out = append(out, fmt.Sprintf("chain %s %s", t.Name, c.Name))
+			}
+			// No rule numbers: a missing rule then shows as one line, not
+			// as every later rule renumbered.
+			for _, r := range c.Rules {
+				out = append(out, fmt.Sprintf("rule %s %s: %s", t.Name, c.Name, r))
+			}
+		}
+	}
+	for _, r := range p.Routes {
+		out = append(out, fmt.Sprintf("route %s fwmark %d lookup %d (local default via lo)", r.Family, r.Mark, r.Table))
+	}
+	for _, a := range p.LoopbackAddrs {
+		out = append(out, fmt.Sprintf("address %s dev lo", a))
+	}
+	return out
+}
+
+func setElements(s Set) string {
+	var el []string
+	switch s.Kind {
+	case SetPort:
+		ports := slices.Clone(s.Ports)
+		slices.Sort(ports)
+		for _, p := range slices.Compact(ports) {
+			el = append(el, fmt.Sprint(p))
+		}
+	default:
+		for _, r := range MergePrefixes(s.Prefixes) {
+			el = append(el, r.String())
+		}
+	}
+	return strings.Join(el, ", ")
+}
+
 // String renders a rule in the canonical neutral form used by Describe and
 // Diff: "[family] match match ... -> verdict".
 func (r Rule) String() string {

@@ -1,0 +1,64 @@
+package redirect
+
+import (
+	"net/netip"
+	"slices"
+)
+
+// AddrRange is an inclusive address range.
+type AddrRange struct{ From, To netip.Addr }
+
+func (r AddrRange) String() string {
+	if r.From == r.To {
+		return r.From.String()
+	}
+	// Print as a prefix when it is one.
+	for bits := 0; bits <= r.From.BitLen(); bits++ {
+		p := netip.PrefixFrom(r.From, bits).Masked()
+		if p.Addr() == r.From && lastAddr(p) == r.To {
+			return p.String()
+		}
+	}
+	return r.From.String() + "-" + r.To.String()
+}
+
+// MergePrefixes returns the prefixes as sorted, non-overlapping, non-adjacent
+// ranges: the form an nftables interval set stores.
+func MergePrefixes(ps []netip.Prefix) []AddrRange {
+	rs := make([]AddrRange, 0, len(ps))
+	for _, p := range ps {
+		p = p.Masked()
+		rs = append(rs, AddrRange{p.Addr(), lastAddr(p)})
+	}
+	slices.SortFunc(rs, func(x, y AddrRange) int { return x.From.Compare(y.From) })
+	var out []AddrRange
+	for _, r := range rs {
+		if n := len(out); n > 0 {
+			last := &out[n-1]
+			next := last.To.Next()
+			if r.From.Compare(last.To) <= 0 || (next.IsValid() && r.From == next) {
+				if r.To.Compare(last.To) > 0 {
+					last.To = r.To
+				}
+				continue
+			}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// lastAddr is the highest address in p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr().AsSlice()
+	bits := p.Bits()
+	for i := range a {
+		for bit := 0; bit < 8; bit++ {
+			if i*8+bit >= bits {
+				a[i] |= 0x80 >> bit
+			}
+		}
+	}
+	out, _ := netip.AddrFromSlice(a)
+	return out
+}
