@@ -82,7 +82,8 @@ type Config struct {
 	Repair RepairConfig
 }
 
-// RepairConfig configures the repair controller (ISTIO-REFERENCE §1.3).
+// RepairConfig configures the repair controller: the same switches as
+// Istio's CNI repair controller (repair pods, delete them, or label them).
 type RepairConfig struct {
 	Enabled                         bool
 	RepairPods                      bool

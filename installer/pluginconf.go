@@ -5,7 +5,8 @@ import (
 )
 
 // PluginConf is the nftmesh-cni entry the agent inserts. The field names
-// are the plugin's contract (issue 4); the plugin ignores unknown fields.
+// are the contract with the plugin (Istio's istio-cni names, so an
+// existing chained config keeps working); the plugin ignores unknown fields.
 type PluginConf struct {
 	CNIVersion        string   `json:"cniVersion,omitempty"`
 	Name              string   `json:"name"`

@@ -20,7 +20,7 @@ type ProbeCase struct {
 	// WantOrig is the original destination the listener must report; the
 	// zero value when nothing is expected to answer.
 	WantOrig netip.AddrPort
-	// Why names the rule of Istio's chains (ISTIO-REFERENCE.md §5) that
+	// Why names the rule of Istio's chains (as istio-iptables writes them) that
 	// decides the landing.
 	Why string
 }
@@ -38,8 +38,8 @@ func ExpectedProbes(sc scenarios.Scenario, topo *netlab.Topology) ([]ProbeCase, 
 // ExpectedProbesFor is ExpectedProbes for a Spec; s == nil means no capture
 // rules at all (every probe reaches its real destination).
 //
-// The expectations come from a model of Istio's iptables chains written from
-// ISTIO-REFERENCE.md §5 (packet by packet: nat OUTPUT/ISTIO_OUTPUT for local
+// The expectations come from a model of the chains Istio's istio-iptables
+// writes, walked packet by packet (nat OUTPUT/ISTIO_OUTPUT for local
 // senders, nat PREROUTING/ISTIO_INBOUND or the TPROXY mangle chains for what
 // arrives), not from redirect.Build or any backend: it is the independent
 // oracle the backends are held to.
@@ -150,9 +150,10 @@ func (o oracle) probes() []namedProbe {
 	add("proxy-uid→pod-v6:8080 (lo)", netlab.FromApp, puid, netlab.AppGID, tcp, ap(netlab.PodV6, 8080))
 	add("proxy-gid→pod-v4:8080 (lo)", netlab.FromApp, netlab.AppUID, pgid, tcp, ap(netlab.PodV4, 8080))
 	add("proxy-uid→pod-v4:15008 (lo)", netlab.FromApp, puid, pgid, tcp, ap(netlab.PodV4, redirect.InboundTunnelPort))
-	// istio-validation: as the proxy, to 127.0.0.6:15002 (§1.3); the
-	// source is 127.0.0.1 (lo's route source), so ISTIO_OUTPUT sends it to
-	// 15006 with SO_ORIGINAL_DST 127.0.0.6:15002.
+	// istio-validation (the init container that checks capture works): as
+	// the proxy, to 127.0.0.6:15002; the source is 127.0.0.1 (lo's route
+	// source), so ISTIO_OUTPUT sends it to 15006 with SO_ORIGINAL_DST
+	// 127.0.0.6:15002.
 	add("validation→127.0.0.6:15002", netlab.FromApp, puid, pgid, tcp, ap(netlab.PassthroughV4, redirect.ValidationProbePort))
 	if o.s != nil && o.s.IPv6 {
 		// The IPv6 twin is NOT captured: connecting to ::6 without binding a
@@ -282,7 +283,7 @@ func (o oracle) passthroughSource(p netlab.Probe) bool {
 	return p.From == netlab.FromPassthrough || p.Dst.Addr() == netlab.PassthroughV6
 }
 
-// natOutput follows nat OUTPUT → ISTIO_OUTPUT (§5.1) for a connection the
+// natOutput follows nat OUTPUT → ISTIO_OUTPUT (REDIRECT mode) for a connection the
 // pod itself opens. Jumps to ISTIO_REDIRECT / ISTIO_IN_REDIRECT /
 // ISTIO_OUTPUT_DNS return when their REDIRECT does not match (e.g. UDP), and
 // evaluation continues below the jump, as in iptables.
@@ -396,7 +397,7 @@ func (o oracle) noRules(p netlab.Probe) string {
 }
 
 // loopbackTProxy follows what a connection the pod opened to itself meets
-// when it comes back in on lo in TPROXY mode (§5.2): mangle OUTPUT marks the
+// when it comes back in on lo in TPROXY mode: mangle OUTPUT marks the
 // proxy's non-loopback lo traffic 1338, and mangle ISTIO_INBOUND only lets
 // lo traffic without that mark (or from 127.0.0.6) through untouched.
 // It returns "" when the connection is not diverted.
@@ -431,7 +432,8 @@ func (o oracle) loopbackTProxy(p netlab.Probe) (string, string) {
 	return netlab.ListenerInbound, "the proxy's lo traffic is marked 1338 (mangle OUTPUT), so mangle ISTIO_INBOUND TPROXYs it to 15006 (15008 is not excluded in TPROXY)"
 }
 
-// Istio always appends these to the inbound exclusions (§4).
+// Istio always appends these to the inbound exclusions, whatever the
+// annotations say.
 var alwaysExcludedInbound = []uint16{15020, 15021, 15090}
 
 // arriving is the landing of a connection from the peer over the veth.

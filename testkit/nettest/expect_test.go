@@ -34,7 +34,8 @@ func TestHostsLieInScenarioRanges(t *testing.T) {
 }
 
 // TestExpectations pins the oracle's answer for the probes that tell the
-// scenarios apart, each checked by hand against ISTIO-REFERENCE.md §4-5.
+// scenarios apart, each checked by hand against Istio's annotation semantics
+// and the chains its istio-iptables writes.
 func TestExpectations(t *testing.T) {
 	ap := netip.AddrPortFrom
 	peer := func(a netip.Addr, port uint16) string { return netlab.PeerListener(ap(a, port)) }
