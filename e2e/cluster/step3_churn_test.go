@@ -155,12 +155,14 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 		"--reuse-values", "--set", "tag="+newTag, "--wait", "--timeout", "2m"); err != nil {
 		t.Fatal(err)
 	}
-	record("churn: helm upgrade to tag %s --wait %.2fs", newTag, time.Since(t0).Seconds())
-	if err := c.waitAgentImage(ctx, ref+":"+newTag); err != nil {
+	helmTook := time.Since(t0)
+	if err := c.waitAgentImage(ctx, ref+":"+newTag, ""); err != nil {
 		t.Fatal(err)
 	}
+	record("churn: helm upgrade to tag %s --wait %.2fs, new agent Ready %.2fs", newTag, helmTook.Seconds(), time.Since(t0).Seconds())
 
 	time.Sleep(3 * time.Second)
+	upgradeBin, upgradeEntry := w.absent()
 	// (b) the agent pod deleted while pods keep starting.
 	old, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})
 	if err != nil || len(old.Items) != 1 {
@@ -170,10 +172,12 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 	if err := c.Client.CoreV1().Pods(agentNS).Delete(ctx, old.Items[0].Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Kubectl(ctx, "-n", agentNS, "rollout", "status", "ds/"+agentDaemonSet, "--timeout=120s"); err != nil {
+	// Not kubectl rollout status: it can return before the deleted pod is
+	// even gone.
+	if err := c.waitAgentImage(ctx, ref+":"+newTag, old.Items[0].Name); err != nil {
 		t.Fatal(err)
 	}
-	record("churn: agent pod deleted → DaemonSet ready again %.2fs", time.Since(t0).Seconds())
+	record("churn: agent pod deleted → replacement Ready %.2fs", time.Since(t0).Seconds())
 	time.Sleep(3 * time.Second)
 	close(stopCreate)
 	createDone.Wait()
@@ -212,8 +216,11 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 	if len(starts) > 0 {
 		p50, p95 = percentiles(starts)
 	}
-	record("churn: %d mesh pods created during upgrade and restart: %d not Running with validation passing within the bound, %d repaired (%d repair lines, each by pod cgroup); create → Running and captured p50 %v p95 %v; plugin binary read %d times, %d partial; binary absent %v, conflist entry absent %v in total",
-		created, len(failures), repaired, repairs, p50.Round(100*time.Millisecond), p95.Round(100*time.Millisecond), w.reads, w.partial, w.binGone.Round(time.Millisecond), w.entryGone.Round(time.Millisecond))
+	binGone, entryGone := w.absent()
+	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	record("churn: %d mesh pods created during upgrade and restart: %d not Running with validation passing within the bound, %d repaired (%d repair lines, each by pod cgroup); create → Running and captured p50 %v p95 %v; plugin binary read %d times, %d partial; node without the plugin binary %v in the upgrade, %v in the restart; without our conflist entry %v and %v",
+		created, len(failures), repaired, repairs, p50.Round(100*time.Millisecond), p95.Round(100*time.Millisecond), w.reads, w.partial,
+		ms(upgradeBin), ms(binGone-upgradeBin), ms(upgradeEntry), ms(entryGone-upgradeEntry))
 	if w.partial > 0 {
 		t.Errorf("the plugin binary was seen incomplete or different %d times: not replaced atomically", w.partial)
 	}
@@ -276,15 +283,16 @@ func (c *Cluster) meshPrerequisites(ctx context.Context, sa string) error {
 	return nil
 }
 
-// waitAgentImage waits until the only agent pod runs image and is ready.
-func (c *Cluster) waitAgentImage(ctx context.Context, image string) error {
+// waitAgentImage waits until the only agent pod runs image, is ready and
+// is not the pod named replaced.
+func (c *Cluster) waitAgentImage(ctx context.Context, image, replaced string) error {
 	return c.poll(ctx, 120*time.Second, "agent on "+image, func() (bool, error) {
 		l, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})
 		if err != nil || len(l.Items) != 1 {
 			return false, nil
 		}
 		p := l.Items[0]
-		if p.Spec.Containers[0].Image != image || p.DeletionTimestamp != nil {
+		if p.Spec.Containers[0].Image != image || p.DeletionTimestamp != nil || p.Name == replaced {
 			return false, nil
 		}
 		for _, cond := range p.Status.Conditions {
@@ -301,8 +309,16 @@ type nodeWatch struct {
 	bin, conf string
 	want      []byte
 
+	mu                 sync.Mutex
 	reads, partial     int
 	binGone, entryGone time.Duration
+}
+
+// absent returns how long the binary and the entry were missing so far.
+func (w *nodeWatch) absent() (bin, entry time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.binGone, w.entryGone
 }
 
 func (w *nodeWatch) run(stop <-chan struct{}) {
@@ -317,6 +333,7 @@ func (w *nodeWatch) run(stop <-chan struct{}) {
 		step := now.Sub(last)
 		last = now
 		data, err := os.ReadFile(w.bin)
+		w.mu.Lock()
 		switch {
 		case os.IsNotExist(err):
 			w.binGone += step
@@ -333,5 +350,6 @@ func (w *nodeWatch) run(stop <-chan struct{}) {
 		if err != nil || json.Unmarshal(conf, &list) != nil || len(list.Plugins) == 0 || list.Plugins[len(list.Plugins)-1]["type"] != "nftmesh-cni" {
 			w.entryGone += step
 		}
+		w.mu.Unlock()
 	}
 }
