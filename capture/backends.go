@@ -13,9 +13,9 @@ import (
 
 // Backend names as used by flags, the plugin config and the chart.
 const (
-	Auto     = "auto"
-	NFTables = "nftables"
-	Legacy   = "iptables-legacy"
+	Auto     = redirect.BackendAuto
+	NFTables = redirect.BackendNFTables
+	Legacy   = redirect.BackendLegacy
 )
 
 // BackendNames lists the accepted backend names.

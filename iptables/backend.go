@@ -23,7 +23,7 @@ type Backend struct {
 func New() *Backend { return &Backend{revs: map[redirect.Family]map[string]uint8{}} }
 
 // Name implements redirect.Backend.
-func (b *Backend) Name() string { return "iptables-legacy" }
+func (b *Backend) Name() string { return redirect.BackendLegacy }
 
 var allFamilies = []redirect.Family{redirect.FamilyIPv4, redirect.FamilyIPv6}
 

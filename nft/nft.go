@@ -43,7 +43,7 @@ func New(opts ...Option) *Backend {
 }
 
 // Name implements redirect.Backend.
-func (b *Backend) Name() string { return "nftables" }
+func (b *Backend) Name() string { return redirect.BackendNFTables }
 
 // dial opens a lasting google/nftables connection into the namespace (the
 // read path).

@@ -11,6 +11,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
@@ -27,11 +28,12 @@ const (
 	AgentPodPrefix = "nftmesh-agent-"
 )
 
-// Backend names accepted in the config.
+// Backend names accepted in the config (redirect defines them for every
+// package; podinfo reaches no kernel code).
 const (
-	BackendAuto           = "auto"
-	BackendNftables       = "nftables"
-	BackendIptablesLegacy = "iptables-legacy"
+	BackendAuto           = redirect.BackendAuto
+	BackendNftables       = redirect.BackendNFTables
+	BackendIptablesLegacy = redirect.BackendLegacy
 )
 
 // Log levels accepted in the config.

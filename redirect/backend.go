@@ -29,6 +29,16 @@ type Backend interface {
 	Remove(ctx context.Context, netns string) error
 }
 
+// Backend names, as flags, the plugin config, the chart and logs spell
+// them: the one definition (the pipeline, the backends and the plugin
+// config all use these).
+const (
+	// BackendAuto lets the pipeline choose per network namespace.
+	BackendAuto     = "auto"
+	BackendNFTables = "nftables"
+	BackendLegacy   = "iptables-legacy"
+)
+
 // DriftError reports differences between a Plan and a live namespace.
 // Each line starts with "-" (expected, missing) or "+" (present, unexpected).
 type DriftError struct{ Lines []string }

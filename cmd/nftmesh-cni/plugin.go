@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"runtime/debug"
 	"time"
@@ -17,7 +18,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -53,6 +53,10 @@ func applyErrorCode(err error, def uint) uint {
 	}
 	return def
 }
+
+// pipeline does the kernel work of every verb: the running kernel, or in
+// the root-free tests an in-memory one.
+var pipeline = capture.Linux()
 
 // applyTimeout bounds the kernel work of one verb; it is milliseconds
 // normally, so this only stops a wedged netlink socket from hanging kubelet.
@@ -196,30 +200,23 @@ func (inv *invocation) lookup(ctx context.Context) (pod *meshpod.Pod, plan *redi
 			return nil, nil, "", fail(terr)
 		}
 	}
-	inMesh, reason, spec, ferr := meshpod.Decide(pod)
-	if ferr != nil {
+	d, perr := capture.Plan(pod, func() ([]netip.Addr, error) { return pipeline.Addrs(inv.args.Netns) })
+	switch capture.PlanStep(perr) {
+	case "":
+	case capture.StepDecide:
 		return nil, nil, "", fail(types.NewError(CodeInvalidCapture,
-			fmt.Sprintf("nftmesh-cni: invalid capture settings for pod %s", inv.podRef()), detail(ferr)))
-	}
-	if !inMesh {
-		return pod, nil, reason, nil
-	}
-	// IPv6 capture as Istio decides it: from the addresses inside the pod's
-	// namespace, in the kernel's order, and the sidecar's ISTIO_DUAL_STACK.
-	// Capturing IPv6 for a sidecar that does not listen on it would break
-	// the app's IPv6 connections.
-	addrs, aerr := netnsaddr.List(inv.args.Netns)
-	if aerr != nil {
+			fmt.Sprintf("nftmesh-cni: invalid capture settings for pod %s", inv.podRef()), detail(perr)))
+	case capture.StepAddrs:
 		return nil, nil, "", fail(types.NewError(types.ErrIOFailure,
-			fmt.Sprintf("nftmesh-cni: reading the addresses of pod %s", inv.podRef()), aerr.Error()))
-	}
-	spec.IPv6 = meshpod.IPv6Capture(addrs, spec.DualStack)
-	p, berr := redirect.Build(spec)
-	if berr != nil {
+			fmt.Sprintf("nftmesh-cni: reading the addresses of pod %s", inv.podRef()), perr.Error()))
+	default:
 		return nil, nil, "", fail(types.NewError(CodeInvalidCapture,
-			fmt.Sprintf("nftmesh-cni: cannot build capture rules for pod %s", inv.podRef()), berr.Error()))
+			fmt.Sprintf("nftmesh-cni: cannot build capture rules for pod %s", inv.podRef()), perr.Error()))
 	}
-	return pod, &p, reason, nil
+	if !d.InMesh {
+		return pod, nil, d.Reason, nil
+	}
+	return pod, &d.Plan, d.Reason, nil
 }
 
 // detail is the per-field text of a validation error (each annotation or
@@ -266,7 +263,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 	}
 	actx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
-	res, err := capture.Apply(actx, ns, *plan, inv.captureOptions())
+	res, err := pipeline.Apply(actx, ns, *plan, inv.captureOptions())
 	if err != nil {
 		return inv.failWith(res.Backend, types.NewError(applyErrorCode(err, CodeApply),
 			fmt.Sprintf("nftmesh-cni: programming capture rules for pod %s in %s", inv.podRef(), args.Netns), err.Error()))
@@ -318,7 +315,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 		want = *plan
 	}
 	// Not in the mesh means no rules of ours: Check against the empty plan.
-	backend, err := capture.Check(actx, ns, want, inv.captureOptions())
+	backend, err := pipeline.Check(actx, ns, want, inv.captureOptions())
 	if err != nil {
 		code := CodeDrift
 		if !redirect.IsDrift(err) {
@@ -329,7 +326,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	// Our rules as planned is not a pass while another installer's
 	// capture (Istio's) acts on the same traffic.
-	foreign, err := capture.Foreign(actx, ns)
+	foreign, err := pipeline.Foreign(actx, ns)
 	if err != nil {
 		return inv.failWith(backend, types.NewError(types.ErrIOFailure,
 			fmt.Sprintf("nftmesh-cni: looking for foreign capture rules of pod %s in %s", inv.podRef(), args.Netns), err.Error()))
@@ -357,7 +354,7 @@ func cmdDel(args *skel.CmdArgs) error {
 		inv.decided("skip", "no netns")
 		return nil
 	}
-	ns, err := capture.Open(args.Netns)
+	ns, err := pipeline.Open(args.Netns)
 	if gone(err) {
 		inv.decided("skip", "netns already gone")
 		return nil
@@ -368,12 +365,12 @@ func cmdDel(args *skel.CmdArgs) error {
 	defer ns.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 	defer cancel()
-	removal, err := capture.Remove(ctx, ns, inv.captureOptions())
+	removal, err := pipeline.Remove(ctx, ns, inv.captureOptions())
 	if err != nil {
 		// Our descriptor keeps the namespace alive, but its bind mount may
 		// be undone while we work (the backends open the path again): then
 		// our rules go with the namespace.
-		again, oerr := capture.OpenForReading(args.Netns)
+		again, oerr := pipeline.OpenForReading(args.Netns)
 		if gone(oerr) {
 			inv.decided("skip", "netns gone during removal")
 			return nil
@@ -415,7 +412,7 @@ func netnsError(path string, err error) *types.Error {
 // pod lookup that follows has the more useful error if it fails too; the
 // caller opens it again before the kernel work.
 func (inv *invocation) openNetns(missingOK bool) (*capture.Netns, error) {
-	ns, err := capture.Open(inv.args.Netns)
+	ns, err := pipeline.Open(inv.args.Netns)
 	if missingOK && errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
@@ -123,7 +122,7 @@ before. On failure nothing is left behind. PATH is a netns file such as
 				return err
 			}
 			capture.AllowOwnNetns(allowOwn)
-			ns, err := capture.Open(netns)
+			ns, err := pipeline.Open(netns)
 			if err != nil {
 				return failure(err)
 			}
@@ -133,7 +132,7 @@ before. On failure nothing is left behind. PATH is a netns file such as
 			ctx, cancel := context.WithTimeout(ctx, verbTimeout)
 			defer cancel()
 			start := time.Now()
-			res, err := capture.Apply(ctx, ns, p, capture.Options{Backend: backend, RunDir: runDir})
+			res, err := pipeline.Apply(ctx, ns, p, capture.Options{Backend: backend, RunDir: runDir})
 			if err != nil {
 				return failure(fmt.Errorf("applying capture rules for %s in %s: %w", r.subject, netns, err))
 			}
@@ -169,7 +168,7 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 			if !outputFormats[output] {
 				return badOutput(output)
 			}
-			ns, err := capture.OpenForReading(netns)
+			ns, err := pipeline.OpenForReading(netns)
 			if err != nil {
 				return failure(err)
 			}
@@ -179,7 +178,7 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 			opts := capture.Options{Backend: backend, RunDir: runDir}
 			w := cmd.OutOrStdout()
 			if sf.pod == "" && len(sf.annotations) == 0 {
-				live, name, err := capture.List(ctx, ns, opts)
+				live, name, err := pipeline.List(ctx, ns, opts)
 				if err != nil {
 					return failure(fmt.Errorf("reading capture rules in %s: %w", netns, err))
 				}
@@ -198,7 +197,7 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 			if err != nil {
 				return err
 			}
-			name, err := capture.Check(ctx, ns, want, opts)
+			name, err := pipeline.Check(ctx, ns, want, opts)
 			var drift *redirect.DriftError
 			var effects []redirect.DriftEffect
 			if errors.As(err, &drift) {
@@ -209,7 +208,7 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 			var foreign []string
 			if err == nil || drift != nil {
 				var ferr error
-				if foreign, ferr = capture.Foreign(ctx, ns); ferr != nil {
+				if foreign, ferr = pipeline.Foreign(ctx, ns); ferr != nil {
 					return failure(ferr)
 				}
 			}
@@ -282,14 +281,14 @@ does exactly the same.`,
 			if err := checkTarget(&netns, backend); err != nil {
 				return err
 			}
-			ns, err := capture.Open(netns)
+			ns, err := pipeline.Open(netns)
 			if err != nil {
 				return failure(err)
 			}
 			defer ns.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), verbTimeout)
 			defer cancel()
-			removal, err := capture.Remove(ctx, ns, capture.Options{Backend: backend, RunDir: runDir})
+			removal, err := pipeline.Remove(ctx, ns, capture.Options{Backend: backend, RunDir: runDir})
 			if err != nil {
 				if len(removal) > 0 {
 					err = fmt.Errorf("%w (before the failure: %s)", err, removal)
@@ -371,13 +370,17 @@ const maxEffectsShown = 10
 // the planned and the live rules. It is best effort: if the live rules or
 // the namespace's addresses cannot be read, the drift lines stand alone.
 func driftEffects(ctx context.Context, ns *capture.Netns, netns string, want redirect.Plan, opts capture.Options) []redirect.DriftEffect {
-	live, _, err := capture.List(ctx, ns, opts)
+	live, _, err := pipeline.List(ctx, ns, opts)
 	if err != nil {
 		return nil
 	}
-	addrs, _ := netnsaddr.List(netns)
+	addrs, _ := pipeline.Addrs(netns)
 	return redirect.ExplainDrift(&want, &live, addrs)
 }
+
+// pipeline does the kernel work of every command: the running kernel, or
+// in the root-free tests an in-memory one.
+var pipeline = capture.Linux()
 
 // netnsDir is where `ip netns add NAME` mounts its namespaces.
 var netnsDir = "/run/netns"

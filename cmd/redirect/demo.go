@@ -78,10 +78,11 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 	spec := redirect.DefaultSpec()
 	spec.IPv6 = true
 	spec.OutboundIPRangesExclude = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
-	plan, err := redirect.Build(spec)
+	d, err := capture.PlanSpec(spec, nil)
 	if err != nil {
 		return failure(err)
 	}
+	plan := d.Plan
 	ns, err := capture.Open(topo.PodNetnsPath())
 	if err != nil {
 		return failure(err)

@@ -40,7 +40,15 @@ type exitError struct {
 	err  error
 }
 
-func (e *exitError) Error() string { return e.err.Error() }
+// Error is the message, or for an exit code alone (inspect's drift, whose
+// report is already printed) the code, so that every reader of the error
+// (the root hint, a wrapping caller) can call it.
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit code %d", e.code)
+	}
+	return e.err.Error()
+}
 func (e *exitError) Unwrap() error { return e.err }
 
 func usageErr(format string, args ...any) error {

@@ -27,6 +27,8 @@ func TestRootHint(t *testing.T) {
 		{"another errno", fmt.Errorf("x: %w", syscall.ENOENT), 1000, false},
 		{"usage error", usageErr("--netns is required"), 1000, false},
 		{"nil", nil, 1000, false},
+		// inspect's drift is an exit code with nothing to print.
+		{"exit code alone", &exitError{exitDrift, nil}, 1000, false},
 	} {
 		if got := rootHint(tc.err, tc.euid); (got != "") != tc.hint || (tc.hint && !strings.Contains(got, "needs root")) {
 			t.Errorf("%s: rootHint = %q, want a hint: %t", tc.name, got, tc.hint)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/nftmesh/nftmesh/internal/netnsaddr"
+	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/quote"
@@ -216,19 +216,21 @@ func (f *specFlags) planIn(fs *pflag.FlagSet, netns string) (redirect.Plan, reso
 	if err != nil {
 		return redirect.Plan{}, r, err
 	}
-	if netns != "" && !fs.Changed("ipv6") && r.inMesh {
-		addrs, err := netnsaddr.List(netns)
-		if err != nil {
-			return redirect.Plan{}, r, failure(err)
-		}
-		r.spec.IPv6 = meshpod.IPv6Capture(addrs, r.spec.DualStack)
-	}
 	if !r.inMesh {
 		return redirect.Plan{}, r, &exitError{exitNotInMesh, fmt.Errorf("%s is not in the mesh: %s", r.subject, r.reason)}
 	}
-	p, err := redirect.Build(r.spec)
-	if err != nil {
-		return redirect.Plan{}, r, usageErr("%s: %w", r.subject, err)
+	var addrs capture.AddrSource
+	if netns != "" && !fs.Changed("ipv6") {
+		addrs = func() ([]netip.Addr, error) { return pipeline.Addrs(netns) }
 	}
-	return p, r, nil
+	d, err := capture.PlanSpec(r.spec, addrs)
+	r.spec = d.Spec
+	switch capture.PlanStep(err) {
+	case "":
+	case capture.StepAddrs:
+		return redirect.Plan{}, r, failure(errors.Unwrap(err))
+	default:
+		return redirect.Plan{}, r, usageErr("%s: %w", r.subject, errors.Unwrap(err))
+	}
+	return d.Plan, r, nil
 }

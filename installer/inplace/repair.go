@@ -12,8 +12,6 @@ import (
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/podinfo"
-	"github.com/nftmesh/nftmesh/podinfo/meshpod"
-	"github.com/nftmesh/nftmesh/redirect"
 )
 
 // Options configure a Repairer with the values the plugin on this node uses,
@@ -84,11 +82,10 @@ func PodIPs(pod *corev1.Pod) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// RepairPod decides the pod's capture as the plugin does (podinfo.FromPod,
-// then IPv6 capture from the addresses in the pod's network namespace and
-// its sidecar's ISTIO_DUAL_STACK, as Istio decides it), finds that
-// namespace through ProcDir and applies the plan with the backend the shared
-// selection picks there.
+// RepairPod decides the pod's capture as the plugin does (capture.Plan, with
+// IPv6 capture decided from the addresses in the pod's network namespace),
+// finding that namespace through ProcDir, and applies the plan with the
+// backend the shared selection picks there.
 func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.RepairReport, error) {
 	var rep installer.RepairReport
 	if pod.Spec.HostNetwork {
@@ -97,36 +94,42 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.Re
 	if why := r.skip.SkipBeforeLookup(podinfo.K8sArgs{PodNamespace: pod.Namespace, PodName: pod.Name}); why != "" {
 		return rep, fmt.Errorf("%w: %s", installer.ErrRepairNotNeeded, why)
 	}
-	inMesh, reason, spec, err := podinfo.FromPod(pod)
-	if err != nil {
+	// The namespace is looked for only for a pod in the mesh: its
+	// addresses decide IPv6 capture, as the plugin's do.
+	var ns Netns
+	findNetns := func() ([]netip.Addr, error) {
+		ips, err := PodIPs(pod)
+		if err != nil {
+			return nil, err
+		}
+		if len(ips) == 0 {
+			return nil, fmt.Errorf("pod %s/%s has no IP yet", pod.Namespace, pod.Name)
+		}
+		if ns, err = FindNetns(r.opts.ProcDir, string(pod.UID), ips); err != nil {
+			return nil, fmt.Errorf("finding the network namespace of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+		rep.Netns, rep.PID, rep.Candidates, rep.Match = ns.Path, ns.PID, ns.Candidates, ns.Match
+		// Read before the identity re-check below, which also covers them.
+		addrs, err := r.opts.Pipeline.Addrs(ns.Path)
+		if err != nil {
+			return nil, fmt.Errorf("reading the addresses of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+		return addrs, nil
+	}
+	d, err := capture.Plan(podinfo.Mesh(pod), findNetns)
+	switch capture.PlanStep(err) {
+	case "":
+	case capture.StepAddrs:
+		return rep, errors.Unwrap(err)
+	case capture.StepDecide:
 		// Bad annotations stay bad until the pod is recreated (the plugin
 		// would have failed it closed): retrying cannot help.
 		return rep, fmt.Errorf("%w: %w", installer.ErrRepairImpossible, err)
-	}
-	if !inMesh {
-		return rep, fmt.Errorf("%w: %s", installer.ErrRepairNotNeeded, reason)
-	}
-	ips, err := PodIPs(pod)
-	if err != nil {
-		return rep, err
-	}
-	if len(ips) == 0 {
-		return rep, fmt.Errorf("pod %s/%s has no IP yet", pod.Namespace, pod.Name)
-	}
-	ns, err := FindNetns(r.opts.ProcDir, string(pod.UID), ips)
-	if err != nil {
-		return rep, fmt.Errorf("finding the network namespace of pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	rep.Netns, rep.PID, rep.Candidates, rep.Match = ns.Path, ns.PID, ns.Candidates, ns.Match
-	// Read before the identity re-check below, which also covers them.
-	addrs, err := r.opts.Pipeline.Addrs(ns.Path)
-	if err != nil {
-		return rep, fmt.Errorf("reading the addresses of pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	spec.IPv6 = meshpod.IPv6Capture(addrs, spec.DualStack)
-	plan, err := redirect.Build(spec)
-	if err != nil {
+	default:
 		return rep, fmt.Errorf("%w: building capture rules for pod %s/%s: %w", installer.ErrRepairImpossible, pod.Namespace, pod.Name, err)
+	}
+	if !d.InMesh {
+		return rep, fmt.Errorf("%w: %s", installer.ErrRepairNotNeeded, d.Reason)
 	}
 
 	// The PID could have exited and been reused since the walk: program
@@ -141,7 +144,7 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.Re
 		return rep, fmt.Errorf("re-checking the network namespace %s of pod %s/%s: %w", ns.Path, pod.Namespace, pod.Name, err)
 	}
 	defer target.Close()
-	res, err := r.opts.Pipeline.Apply(ctx, target, plan, capture.Options{Backend: r.opts.Backend, RunDir: r.opts.RunDir})
+	res, err := r.opts.Pipeline.Apply(ctx, target, d.Plan, capture.Options{Backend: r.opts.Backend, RunDir: r.opts.RunDir})
 	rep.Backend, rep.Why = res.Backend, res.Why
 	if errors.Is(err, capture.ErrUserNamespaced) {
 		// The configured backend can never program this pod (hostUsers:
