@@ -4,16 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nftmesh/nftmesh/testkit/notnetns"
 )
 
 // TestNotANetns: CNI_NETNS naming a FIFO, a directory, a socket or a device
@@ -26,24 +24,10 @@ func TestNotANetns(t *testing.T) {
 		t.Skipf("skipping: %s", env.skip)
 	}
 	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	reg := filepath.Join(dir, "file")
-	if err := os.WriteFile(reg, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	targets := notnetns.Files(t, dir)
 	runDir := t.TempDir() // no kubeconfig: nothing gets as far as a lookup
 	conf := directConf(t, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.7/24"), map[string]any{"backend": "auto"})
 	args := "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=x"
-	targets := map[string]string{fifo: "FIFO", dir: "directory", sock: "socket", "/dev/null": "character device", reg: "regular file"}
 	for path, kind := range targets {
 		for _, verb := range []string{"ADD", "CHECK", "DEL"} {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -4,18 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/notnetns"
 )
 
 func needRoot(t *testing.T) {
@@ -108,21 +107,7 @@ func TestCLICleanBothBackends(t *testing.T) {
 // the FIFO) with an error naming the path and what it is.
 func TestCLINotANetns(t *testing.T) {
 	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	reg := filepath.Join(dir, "file")
-	if err := os.WriteFile(reg, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	targets := map[string]string{fifo: "FIFO", reg: "regular file", dir: "directory", sock: "socket", "/dev/null": "character device"}
+	targets := notnetns.Files(t, dir)
 	for path, kind := range targets {
 		for _, verb := range [][]string{
 			{"apply", "-a", "sidecar.istio.io/interceptionMode=REDIRECT"},

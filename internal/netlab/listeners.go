@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/serve"
 	"github.com/nftmesh/nftmesh/internal/sockopt"
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -62,11 +62,7 @@ type ListenerOptions struct {
 }
 
 // Listeners are the running listeners of a topology.
-type Listeners struct {
-	mu      sync.Mutex
-	closers []func() error
-	wg      sync.WaitGroup
-}
+type Listeners struct{ group serve.Group }
 
 // StartListeners starts, in the pod: TCP 15001 (outbound), 15006 (inbound,
 // transparent so TPROXY can hand it connections), TCP+UDP 15053 (DNS proxy),
@@ -128,26 +124,7 @@ func StartListeners(t *Topology, opts ListenerOptions) (_ *Listeners, err error)
 }
 
 // Close stops every listener and waits for their goroutines.
-func (l *Listeners) Close() error {
-	l.mu.Lock()
-	closers := l.closers
-	l.closers = nil
-	l.mu.Unlock()
-	var errs []error
-	for _, c := range closers {
-		if err := c(); err != nil && !errors.Is(err, net.ErrClosed) {
-			errs = append(errs, err)
-		}
-	}
-	l.wg.Wait()
-	return errors.Join(errs...)
-}
-
-func (l *Listeners) addCloser(c func() error) {
-	l.mu.Lock()
-	l.closers = append(l.closers, c)
-	l.mu.Unlock()
-}
+func (l *Listeners) Close() error { return l.group.Close() }
 
 func network(base string, v6 bool) (string, string) {
 	if v6 {
@@ -172,29 +149,23 @@ func (l *Listeners) startTCP(ns, name string, port uint16, v6, transparent bool,
 	if err != nil {
 		return fmt.Errorf("listening on %s %s in %s: %w", netw, addr, ns, err)
 	}
-	l.addCloser(ln.Close)
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
+	l.group.Add(ln.Close)
+	l.group.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			l.wg.Add(1)
-			go func() {
-				defer l.wg.Done()
-				serveTCP(c.(*net.TCPConn), name)
-			}()
+			l.group.Go(func() { serveTCP(c.(*net.TCPConn), name) })
 		}
-	}()
+	})
 	return nil
 }
 
 func serveTCP(c *net.TCPConn, name string) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(ioTimeout))
-	local := addrPort(c.LocalAddr())
+	local := sockopt.AddrPort(c.LocalAddr())
 	orig, err := sockopt.Destination(c)
 	if err != nil {
 		orig = local
@@ -202,20 +173,8 @@ func serveTCP(c *net.TCPConn, name string) {
 	if name == "" {
 		name = PeerListener(local)
 	}
-	b, _ := json.Marshal(Reply{Listener: name, Orig: orig.String(), Local: local.String(), Peer: addrPort(c.RemoteAddr()).String()})
+	b, _ := json.Marshal(Reply{Listener: name, Orig: orig.String(), Local: local.String(), Peer: sockopt.AddrPort(c.RemoteAddr()).String()})
 	_, _ = c.Write(append(b, '\n'))
-}
-
-func addrPort(a net.Addr) netip.AddrPort {
-	switch a := a.(type) {
-	case *net.TCPAddr:
-		ap := a.AddrPort()
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	case *net.UDPAddr:
-		ap := a.AddrPort()
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	}
-	return netip.AddrPort{}
 }
 
 func (l *Listeners) startUDP(ns, name string, port uint16, v6 bool, owner *creds) error {
@@ -239,31 +198,13 @@ func (l *Listeners) startUDP(ns, name string, port uint16, v6 bool, owner *creds
 		pc.Close()
 		return err
 	}
-	l.addCloser(func() error { err := pc.Close(); ct.Close(); return err })
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		serveUDP(pc.(*net.UDPConn), ct, name, port, v6)
-	}()
+	l.group.Add(func() error { err := pc.Close(); ct.Close(); return err })
+	l.group.Go(func() { serveUDP(pc.(*net.UDPConn), ct, name, port, v6) })
 	return nil
 }
 
 func serveUDP(c *net.UDPConn, ct *netlink.Handle, name string, port uint16, v6 bool) {
-	buf := make([]byte, 1500)
-	oob := make([]byte, 256)
-	for {
-		_, oobn, _, from, err := c.ReadMsgUDPAddrPort(buf, oob)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue
-		}
-		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-		dst, ok := sockopt.PktinfoDst(oob[:oobn])
-		if !ok {
-			continue
-		}
+	serve.AnswerDatagrams(c, ioTimeout, func(dst netip.Addr, from netip.AddrPort) []byte {
 		local := netip.AddrPortFrom(dst, port)
 		orig, ok := conntrackOrig(ct, v6, local, from)
 		if !ok {
@@ -274,9 +215,8 @@ func serveUDP(c *net.UDPConn, ct *netlink.Handle, name string, port uint16, v6 b
 			n = PeerListener(local)
 		}
 		b, _ := json.Marshal(Reply{Listener: n, Orig: orig.String(), Local: local.String(), Peer: from.String()})
-		_ = c.SetWriteDeadline(time.Now().Add(ioTimeout))
-		_, _, _ = c.WriteMsgUDPAddrPort(b, sockopt.PktinfoSrc(dst), from)
-	}
+		return b
+	}, nil)
 }
 
 // conntrackOrig finds the original destination of the UDP flow whose reply

@@ -3,7 +3,7 @@
 // and IP_TRANSPARENT (to accept connections a TPROXY rule delivers to a
 // socket that does not own the destination address).
 //
-// It is shared by the test harness (testkit/nettest) and the stand-in
+// It is shared by the real-traffic lab (internal/netlab) and the stand-in
 // proxy the cluster end-to-end test runs in place of Envoy, so both read
 // original destinations the same way. It owns no sockets and never logs.
 package sockopt
@@ -37,7 +37,7 @@ func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("reading SO_ORIGINAL_DST: %w", err)
 	}
-	v6 := addrPort(c.LocalAddr()).Addr().Is6()
+	v6 := AddrPort(c.LocalAddr()).Addr().Is6()
 	var out netip.AddrPort
 	var serr error
 	cerr := rc.Control(func(fd uintptr) {
@@ -72,7 +72,7 @@ func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
 func Destination(c *net.TCPConn) (netip.AddrPort, error) {
 	orig, err := OriginalDst(c)
 	if errors.Is(err, ErrNoOriginalDst) {
-		return addrPort(c.LocalAddr()), nil
+		return AddrPort(c.LocalAddr()), nil
 	}
 	return orig, err
 }
@@ -100,12 +100,19 @@ func Transparent(network, _ string, rc syscall.RawConn) error {
 	return nil
 }
 
-func addrPort(a net.Addr) netip.AddrPort {
-	if t, ok := a.(*net.TCPAddr); ok {
-		ap := t.AddrPort()
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+// AddrPort is a TCP or UDP socket address as a netip.AddrPort, an
+// IPv4-mapped IPv6 address unmapped (the zero AddrPort for other kinds).
+func AddrPort(a net.Addr) netip.AddrPort {
+	var ap netip.AddrPort
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ap = a.AddrPort()
+	case *net.UDPAddr:
+		ap = a.AddrPort()
+	default:
+		return netip.AddrPort{}
 	}
-	return netip.AddrPort{}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
 func getsockopt(fd uintptr, level, opt int, val unsafe.Pointer, size *uint32) error {

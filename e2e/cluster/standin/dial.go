@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nftmesh/nftmesh/internal/sockopt"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
@@ -68,7 +69,7 @@ func dial(ctx context.Context, t Target) (Reply, string, error) {
 		return Reply{}, "", fmt.Errorf("connecting to %s: %w", t, err)
 	}
 	defer c.Close()
-	local := addrPort(c.LocalAddr()).String()
+	local := sockopt.AddrPort(c.LocalAddr()).String()
 	_ = c.SetDeadline(time.Now().Add(ioTimeout))
 	var b []byte
 	if t.Proto == "udp" {

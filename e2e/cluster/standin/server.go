@@ -8,10 +8,10 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"sync"
 	"syscall"
 	"time"
 
+	"github.com/nftmesh/nftmesh/internal/serve"
 	"github.com/nftmesh/nftmesh/internal/sockopt"
 )
 
@@ -21,33 +21,10 @@ const ioTimeout = 3 * time.Second
 
 // Server is a set of running listeners; Close stops them all and waits for
 // their goroutines.
-type Server struct {
-	mu      sync.Mutex
-	closers []func() error
-	wg      sync.WaitGroup
-}
+type Server struct{ group serve.Group }
 
 // Close stops every listener and waits for the connections in flight.
-func (s *Server) Close() error {
-	s.mu.Lock()
-	closers := s.closers
-	s.closers = nil
-	s.mu.Unlock()
-	var errs []error
-	for _, c := range closers {
-		if err := c(); err != nil && !errors.Is(err, net.ErrClosed) {
-			errs = append(errs, err)
-		}
-	}
-	s.wg.Wait()
-	return errors.Join(errs...)
-}
-
-func (s *Server) add(c func() error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closers = append(s.closers, c)
-}
+func (s *Server) Close() error { return s.group.Close() }
 
 // families are the socket families a server listens on: IPv4 always, IPv6
 // where the pod has it (a pod without IPv6 refuses the socket; that is not
@@ -83,12 +60,10 @@ func (s *Server) ServeTCP(log *Log, name string, port uint16, transparent bool) 
 			}
 			return fmt.Errorf("listening for %s on %s %s: %w", name, netw, addr, err)
 		}
-		s.add(ln.Close)
+		s.group.Add(ln.Close)
 		uid, gid := Identity()
 		log.Emit(Event{Event: EventListening, Proto: "tcp", Listener: name, Local: ln.Addr().String(), UID: uid, GID: gid})
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
+		s.group.Go(func() {
 			for {
 				c, err := ln.Accept()
 				if err != nil {
@@ -100,13 +75,9 @@ func (s *Server) ServeTCP(log *Log, name string, port uint16, transparent bool) 
 					time.Sleep(50 * time.Millisecond)
 					continue
 				}
-				s.wg.Add(1)
-				go func() {
-					defer s.wg.Done()
-					answerTCP(log, name, c.(*net.TCPConn))
-				}()
+				s.group.Go(func() { answerTCP(log, name, c.(*net.TCPConn)) })
 			}
-		}()
+		})
 	}
 	return nil
 }
@@ -114,7 +85,7 @@ func (s *Server) ServeTCP(log *Log, name string, port uint16, transparent bool) 
 func answerTCP(log *Log, name string, c *net.TCPConn) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(ioTimeout))
-	r := Reply{Pod: log.Pod(), Listener: name, Local: addrPort(c.LocalAddr()).String(), Peer: addrPort(c.RemoteAddr()).String()}
+	r := Reply{Pod: log.Pod(), Listener: name, Local: sockopt.AddrPort(c.LocalAddr()).String(), Peer: sockopt.AddrPort(c.RemoteAddr()).String()}
 	e := Event{Event: EventAccepted, Proto: "tcp", Listener: name, Local: r.Local, Peer: r.Peer}
 	if orig, err := sockopt.Destination(c); err != nil {
 		e.Error = err.Error()
@@ -147,45 +118,28 @@ func (s *Server) ServeUDP(log *Log, name string, port uint16) error {
 			}
 			return fmt.Errorf("listening for %s on %s %s: %w", name, netw, addr, err)
 		}
-		s.add(pc.Close)
+		s.group.Add(pc.Close)
 		uid, gid := Identity()
 		log.Emit(Event{Event: EventListening, Proto: "udp", Listener: name, Local: pc.LocalAddr().String(), UID: uid, GID: gid})
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			answerUDP(log, name, pc.(*net.UDPConn))
-		}()
+		s.group.Go(func() { answerUDP(log, name, pc.(*net.UDPConn)) })
 	}
 	return nil
 }
 
 func answerUDP(log *Log, name string, c *net.UDPConn) {
-	port := addrPort(c.LocalAddr()).Port()
-	buf := make([]byte, 1500)
-	oob := make([]byte, 256)
-	for {
-		_, oobn, _, from, err := c.ReadMsgUDPAddrPort(buf, oob)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue
-		}
-		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-		dst, ok := sockopt.PktinfoDst(oob[:oobn])
-		if !ok {
-			continue
-		}
-		dst = dst.Unmap()
+	port := sockopt.AddrPort(c.LocalAddr()).Port()
+	var e Event
+	serve.AnswerDatagrams(c, ioTimeout, func(dst netip.Addr, from netip.AddrPort) []byte {
 		r := Reply{Pod: log.Pod(), Listener: name, Local: netip.AddrPortFrom(dst, port).String(), Peer: from.String()}
-		e := Event{Event: EventAccepted, Proto: "udp", Listener: name, Local: r.Local, Peer: r.Peer}
+		e = Event{Event: EventAccepted, Proto: "udp", Listener: name, Local: r.Local, Peer: r.Peer}
 		b, _ := json.Marshal(r)
-		_ = c.SetWriteDeadline(time.Now().Add(ioTimeout))
-		if _, _, err := c.WriteMsgUDPAddrPort(b, sockopt.PktinfoSrc(dst), from); err != nil {
+		return b
+	}, func(err error) {
+		if err != nil {
 			e.Error = fmt.Sprintf("writing reply: %v", err)
 		}
 		log.Emit(e)
-	}
+	})
 }
 
 // ServeHTTP serves h on port over TCP (IPv4 and, if present, IPv6): the
@@ -203,25 +157,9 @@ func (s *Server) ServeHTTP(log *Log, name string, port uint16, h http.Handler) e
 			return fmt.Errorf("listening for %s on %s %s: %w", name, netw, addr, err)
 		}
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: ioTimeout}
-		s.add(srv.Close)
+		s.group.Add(srv.Close)
 		log.Emit(Event{Event: EventListening, Proto: "tcp", Listener: name, Local: ln.Addr().String()})
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			_ = srv.Serve(ln)
-		}()
+		s.group.Go(func() { _ = srv.Serve(ln) })
 	}
 	return nil
-}
-
-func addrPort(a net.Addr) netip.AddrPort {
-	switch a := a.(type) {
-	case *net.TCPAddr:
-		ap := a.AddrPort()
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	case *net.UDPAddr:
-		ap := a.AddrPort()
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	}
-	return netip.AddrPort{}
 }
