@@ -169,9 +169,15 @@ func NewRepairController(client kubernetes.Interface, cfg RepairConfig, repairer
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			tweak(&o)
-			l, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
-			c.apiCalled(ctx, err)
-			return l, err
+			l, err := ListSlimPods(ctx, func(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
+				l, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
+				c.apiCalled(ctx, err)
+				return l, err
+			}, o)
+			if err != nil {
+				return nil, err
+			}
+			return l, nil
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			tweak(&o)
@@ -183,6 +189,10 @@ func NewRepairController(client kubernetes.Interface, cfg RepairConfig, repairer
 	// As the generated informers do: a client without streaming lists
 	// (client-go's fake clientset) gets a plain list first.
 	c.pods = cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	// Only what the agent reads is cached (see SlimPod).
+	if err := c.pods.SetTransform(SlimPod); err != nil {
+		return nil, fmt.Errorf("setting the pod informer's transform: %w", err)
+	}
 	m.RepairAPIReachable.Set(0)
 	enqueue := func(obj any) {
 		pod, ok := obj.(*corev1.Pod)

@@ -217,6 +217,13 @@ func repairClient(cfg *installer.Config) (kubernetes.Interface, error) {
 		BearerTokenFile: filepath.Join(cfg.ServiceAccountDir, "token"),
 		TLSClientConfig: rest.TLSClientConfig{CAFile: ca},
 		UserAgent:       "nftmesh-agent",
+		// Pods in protobuf, as Kubernetes' own node components read them:
+		// decoding the node's pod list from JSON allocated several times
+		// the objects' size at once, and that peak is the agent's RSS.
+		ContentConfig: rest.ContentConfig{
+			ContentType:        "application/vnd.kubernetes.protobuf",
+			AcceptContentTypes: "application/vnd.kubernetes.protobuf,application/json",
+		},
 	}
 	c, err := kubernetes.NewForConfig(rc)
 	if err != nil {

@@ -1,0 +1,138 @@
+package installer
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// SlimPod is the node pod informer's transform: it keeps of a pod only what
+// the agent reads (the repair controller's broken-pod test and its
+// delete/label preconditions, repair in place, the in-mesh decision and
+// capture spec) and drops the rest before the object is cached. An injected
+// pod's managed fields, volumes, probes, resources and mounts are most of
+// its size, and the agent holds every pod of its node for as long as the
+// pod lives, so this is most of the agent's memory on a full node.
+//
+// Anything that is not a *corev1.Pod (a tombstone) is returned unchanged.
+func SlimPod(obj any) (any, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Pod{
+		TypeMeta: pod.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name:              pod.Name,
+			Namespace:         pod.Namespace,
+			UID:               pod.UID,
+			ResourceVersion:   pod.ResourceVersion,
+			Generation:        pod.Generation,
+			CreationTimestamp: pod.CreationTimestamp,
+			DeletionTimestamp: pod.DeletionTimestamp,
+			Labels:            pod.Labels,
+			Annotations:       pod.Annotations,
+			OwnerReferences:   pod.OwnerReferences,
+		},
+		Spec: corev1.PodSpec{
+			NodeName:       pod.Spec.NodeName,
+			HostNetwork:    pod.Spec.HostNetwork,
+			InitContainers: slimContainers(pod.Spec.InitContainers),
+			Containers:     slimContainers(pod.Spec.Containers),
+		},
+		Status: corev1.PodStatus{
+			Phase:                 pod.Status.Phase,
+			PodIP:                 pod.Status.PodIP,
+			PodIPs:                pod.Status.PodIPs,
+			InitContainerStatuses: slimStatuses(pod.Status.InitContainerStatuses),
+		},
+	}
+	return out, nil
+}
+
+// slimContainers keeps what the in-mesh decision reads of a container: its
+// name, arguments, restart policy (a native sidecar), environment
+// variables' names and literal values, and the user and group it
+// runs as.
+func slimContainers(cs []corev1.Container) []corev1.Container {
+	if cs == nil {
+		return nil
+	}
+	out := make([]corev1.Container, len(cs))
+	for i, c := range cs {
+		out[i] = corev1.Container{Name: c.Name, Args: c.Args, RestartPolicy: c.RestartPolicy}
+		if c.Env != nil {
+			// A value from a field or secret is not resolved here (the
+			// decision reads literal values only); the name stays.
+			out[i].Env = make([]corev1.EnvVar, len(c.Env))
+			for j, e := range c.Env {
+				out[i].Env[j] = corev1.EnvVar{Name: e.Name, Value: e.Value}
+			}
+		}
+		if sc := c.SecurityContext; sc != nil && (sc.RunAsUser != nil || sc.RunAsGroup != nil) {
+			out[i].SecurityContext = &corev1.SecurityContext{RunAsUser: sc.RunAsUser, RunAsGroup: sc.RunAsGroup}
+		}
+	}
+	return out
+}
+
+// slimStatuses keeps an init container's name and termination states (the
+// broken-pod test: exit code, reason, message).
+func slimStatuses(ss []corev1.ContainerStatus) []corev1.ContainerStatus {
+	if ss == nil {
+		return nil
+	}
+	out := make([]corev1.ContainerStatus, len(ss))
+	for i, s := range ss {
+		out[i] = corev1.ContainerStatus{Name: s.Name, State: s.State, LastTerminationState: s.LastTerminationState, ContainerID: s.ContainerID}
+	}
+	return out
+}
+
+// listPageSize is how many pods one list request asks for when the agent
+// (re)lists its node's pods.
+const listPageSize = 100
+
+// ListSlimPods lists pods with o, a page of listPageSize at a time, and
+// slims each page (SlimPod) before asking for the next, so the agent never
+// holds its node's whole pod list as the API server encodes it: a list of a
+// thousand injected pods in one answer took about 50 MiB at once (the body,
+// its copy and the decoded pods) for 4 MiB of slimmed pods kept.
+//
+// The reflector asks for pages of 500 at resourceVersion "0" (any version,
+// from the API server's cache), which the server answers whole, ignoring
+// the limit. A list that starts (no continue token) is therefore paged here,
+// at the most recent version, and handed back as one list; a continued one
+// is one request.
+func ListSlimPods(ctx context.Context, list func(context.Context, metav1.ListOptions) (*corev1.PodList, error), o metav1.ListOptions) (*corev1.PodList, error) {
+	paged := o.Continue == ""
+	if paged {
+		o.Limit = listPageSize
+		if o.ResourceVersion == "0" && o.ResourceVersionMatch == "" {
+			o.ResourceVersion = ""
+		}
+	}
+	var out *corev1.PodList
+	for {
+		page, err := list(ctx, o)
+		if err != nil {
+			return nil, err
+		}
+		if out == nil {
+			out = &corev1.PodList{TypeMeta: page.TypeMeta, ListMeta: page.ListMeta, Items: make([]corev1.Pod, 0, len(page.Items))}
+		}
+		for i := range page.Items {
+			slim, _ := SlimPod(&page.Items[i])
+			out.Items = append(out.Items, *slim.(*corev1.Pod))
+		}
+		if !paged || page.Continue == "" {
+			out.Continue = page.Continue
+			out.RemainingItemCount = page.RemainingItemCount
+			return out, nil
+		}
+		o.Continue = page.Continue
+		// The continue token pins the version; the server refuses both.
+		o.ResourceVersion = ""
+	}
+}
