@@ -85,7 +85,7 @@ test-unit:
 # The kernel tears down the hundreds of network namespaces a group leaves
 # behind asynchronously, on the same cores; the pauses keep that work out of
 # the next group's figures.
-bench: build $(CACHE)/istio-cni
+bench: build $(CACHE)/istio-cni $(APISERVER)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem ./redirect/ ./nft/ ./iptables/
 	sleep 15
 	$(GO) test -run '^$$' -bench WholeProcess -benchtime 30x ./cmd/redirect/
@@ -95,6 +95,7 @@ bench: build $(CACHE)/istio-cni
 	$(GO) test -run '^$$' -bench 'Version|PluginAlone' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
 	sleep 5
 	$(GO) test -run '^$$' -bench Burst -benchtime $(BURSTS)x -timeout 30m ./e2e/bench/
+	$(GO) test -run '^$$' -bench AgentAtScale -benchtime 1x -timeout 30m ./e2e/bench/
 
 ## e2e-cluster: a real single-node Kubernetes v1.35.4 cluster (kubelet,
 ## containerd) in private namespaces, the image imported, `helm install` of

@@ -1,0 +1,340 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nftmesh/nftmesh/testkit/istiotest"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
+)
+
+// The cluster the agent is measured in: nodePods on its node among
+// clusterPods in all, as on a full node of a mid-sized cluster.
+const (
+	nodePods    = 1000
+	clusterPods = 10000
+	agentNode   = "node-1"
+	// The targets: resident memory with that cluster, and CPU while
+	// nothing changes.
+	maxAgentRSSMiB  = 64
+	maxIdleCPUShare = 0.01 // of one core
+)
+
+// BenchmarkAgentAtScale runs the real nftmesh-agent binary (repair in place
+// on, so its node-scoped pod informer runs) against a real kube-apiserver
+// holding clusterPods pods, nodePods of them on the agent's node (Istio's
+// injector output for httpbin; the others are small pods on other nodes).
+// It reports the agent's peak and current resident memory once its
+// informer has listed the node's pods, and its CPU over an idle window in
+// which nothing changes. It fails when a target is missed. One run
+// whatever b.N.
+//
+//	go test -run '^$' -bench AgentAtScale -benchtime 1x ./e2e/bench/
+func BenchmarkAgentAtScale(b *testing.B) {
+	needEnv(b)
+	for range b.N {
+		agentAtScale(b)
+	}
+}
+
+func agentAtScale(b *testing.B) {
+	api := kubetest.Start(b)
+	created := createPods(b, api)
+	b.Logf("created %d pods (%d on %s) in %v", clusterPods, nodePods, agentNode, created.Round(time.Millisecond))
+
+	dir := b.TempDir()
+	sa := filepath.Join(dir, "sa")
+	for _, d := range []string{"bin", "conf", "run", "sa"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	tok := api.ServiceAccount(b, agentNS, "nftmesh-agent")
+	api.Grant(b, agentNS, "nftmesh-agent", true,
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}})
+	writeFile(b, filepath.Join(sa, "token"), tok)
+	ca, err := os.ReadFile(api.CAFile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	writeFile(b, filepath.Join(sa, "ca.crt"), string(ca))
+	writeFile(b, filepath.Join(sa, "namespace"), agentNS)
+	writeFile(b, filepath.Join(dir, "conf", "10-bridge.conflist"),
+		`{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"bridge","bridge":"cni0","ipam":{"type":"host-local","subnet":"10.244.0.0/24"}}]}`)
+	metrics := freeAddr(b)
+	cmd := exec.Command(env.agent,
+		"--cni-bin-dir", filepath.Join(dir, "bin"), "--cni-conf-dir", filepath.Join(dir, "conf"),
+		"--agent-run-dir", filepath.Join(dir, "run"), "--plugin-binary", env.ours,
+		"--service-account-dir", sa, "--kube-api-server", api.Host,
+		"--health-addr", metrics, "--metrics-addr", metrics,
+		"--repair-enabled", "--repair-pods", "--host-proc", "/proc", "--node-name", agentNode)
+	// NFTMESH_BENCH_AGENT_GODEBUG=gctrace=1 shows where the agent's heap goes.
+	if v := os.Getenv("NFTMESH_BENCH_AGENT_GODEBUG"); v != "" {
+		cmd.Env = append(os.Environ(), "GODEBUG="+v)
+	}
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if b.Failed() {
+			b.Logf("agent log:\n%s", tail([]byte(logs.String())))
+		}
+	}()
+	pid := cmd.Process.Pid
+
+	// Ready (plugin installed) and the informer's list done: the API
+	// reachable gauge goes to 1 on the first successful list.
+	deadline := time.Now().Add(2 * time.Minute)
+	for !agentSynced(metrics) {
+		if time.Now().After(deadline) {
+			b.Fatalf("agent not ready with its pods listed after 2m")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	synced := time.Since(start)
+	// Let the first list's garbage be collected and the heap settle: the
+	// resident set is sampled until it stops moving.
+	prev := int64(-1)
+	for i := 0; i < 30; i++ {
+		time.Sleep(time.Second)
+		rss := procStatus(b, pid, "VmRSS")
+		if prev >= 0 && abs(rss-prev) < 256 {
+			break
+		}
+		prev = rss
+	}
+	const idle = 20 * time.Second
+	cpu0 := procCPU(b, pid)
+	t0 := time.Now()
+	time.Sleep(idle)
+	cpu := procCPU(b, pid) - cpu0
+	window := time.Since(t0)
+	rss, hwm := procStatus(b, pid, "VmRSS"), procStatus(b, pid, "VmHWM")
+	share := cpu.Seconds() / window.Seconds()
+	anon, file := procStatus(b, pid, "RssAnon"), procStatus(b, pid, "RssFile")
+	b.Logf("agent ready with %d node pods listed %v after start; RSS %.1f MiB (anonymous %.1f, file %.1f), peak %.1f MiB; idle CPU %v over %v (%.2f%% of a core)",
+		nodePods, synced.Round(time.Millisecond), float64(rss)/1024, float64(anon)/1024, float64(file)/1024, float64(hwm)/1024, cpu, window.Round(time.Millisecond), share*100)
+	b.ReportMetric(float64(rss)/1024, "rss-MiB")
+	b.ReportMetric(float64(hwm)/1024, "peak-rss-MiB")
+	b.ReportMetric(share*100, "idle-cpu-%")
+	b.ReportMetric(synced.Seconds(), "synced-s")
+	b.ReportMetric(0, "ns/op")
+	if float64(hwm)/1024 > maxAgentRSSMiB {
+		b.Errorf("agent peak RSS %.1f MiB with %d pods on its node and %d in the cluster: over the %d MiB target", float64(hwm)/1024, nodePods, clusterPods, maxAgentRSSMiB)
+	}
+	if share > maxIdleCPUShare {
+		b.Errorf("agent used %v of CPU in %v with nothing changing (%.2f%% of a core): over %.0f%%", cpu, window, share*100, maxIdleCPUShare*100)
+	}
+}
+
+// createPods fills the API server: nodePods copies of Istio's injected
+// httpbin pod on agentNode, the rest small pods spread over other nodes,
+// created concurrently. Pods are bound by spec.nodeName (no scheduler).
+func createPods(b *testing.B, api *kubetest.Server) time.Duration {
+	b.Helper()
+	data, err := os.ReadFile(filepath.Join(istiotest.TestdataDir(), "injected", "httpbin.yaml"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	objs, err := istiotest.SplitManifests(data)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var meta metav1.ObjectMeta
+	var spec corev1.PodSpec
+	found := false
+	for _, o := range objs {
+		if m, s, err := istiotest.PodTemplate(o); err == nil {
+			meta, spec, found = m, s, true
+			break
+		}
+	}
+	if !found {
+		b.Fatal("no pod template in httpbin.yaml")
+	}
+	cfg := api.AdminConfig()
+	cfg.QPS, cfg.Burst = 5000, 5000
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const namespaces = 10
+	for i := range namespaces {
+		api.EnsureNamespace(b, fmt.Sprintf("bench-%d", i))
+	}
+	small := corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.example/app:1"}}}
+	start := time.Now()
+	var next atomic.Int64
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= clusterPods || failed.Load() != nil {
+					return
+				}
+				pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("pod-%05d", i), Namespace: fmt.Sprintf("bench-%d", i%namespaces)}}
+				if i < nodePods {
+					pod.Labels, pod.Annotations = meta.Labels, meta.Annotations
+					pod.Spec = *spec.DeepCopy()
+					pod.Spec.NodeName = agentNode
+				} else {
+					pod.Spec = *small.DeepCopy()
+					pod.Spec.NodeName = fmt.Sprintf("node-%d", 2+i%99)
+				}
+				if _, err := client.CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+					failed.Store(fmt.Errorf("creating pod %s/%s: %w", pod.Namespace, pod.Name, err))
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// agentSynced is true once the agent's /readyz answers 200 and its
+// metrics say the API was reached (the informer's first list succeeded).
+func agentSynced(addr string) bool {
+	r, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return false
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusOK {
+		return false
+	}
+	m, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return false
+	}
+	defer m.Body.Close()
+	sc := bufio.NewScanner(m.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "nftmesh_repair_api_reachable ") {
+			return strings.TrimSpace(strings.TrimPrefix(sc.Text(), "nftmesh_repair_api_reachable ")) == "1"
+		}
+	}
+	return false
+}
+
+// procStatus reads a "kB" field of /proc/PID/status (VmRSS, VmHWM), in KiB.
+func procStatus(b *testing.B, pid int, field string) int64 {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			v, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				b.Fatalf("/proc/%d/status %s: %v", pid, field, err)
+			}
+			return v
+		}
+	}
+	b.Fatalf("/proc/%d/status has no %s", pid, field)
+	return 0
+}
+
+// procCPU is the user+system CPU time the process has used, from
+// /proc/PID/stat (clock ticks of 1/100 s, as on every Linux USER_HZ).
+func procCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The command name may hold spaces; fields count from after its ')'.
+	rest := string(data[bytes.LastIndexByte(data, ')')+2:])
+	f := strings.Fields(rest)
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		b.Fatalf("parsing /proc/%d/stat: %q", pid, data)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+func freeAddr(b *testing.B) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func writeFile(b *testing.B, path, text string) {
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
+
+// syncBuffer collects a child's output written from two pipes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
+var _ io.Writer = (*syncBuffer)(nil)
