@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/capture/capturetest"
@@ -400,5 +401,45 @@ func TestFakeDump(t *testing.T) {
 	}
 	if got, want := f2.Dump(podNS), "# iptables-legacy\n"+text; got != want {
 		t.Errorf("Dump:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestFakeLock: while one verb is inside a backend, every other verb on
+// the same namespace waits for its lock (here until its deadline), and
+// one on another namespace does not.
+func TestFakeLock(t *testing.T) {
+	ctx := context.Background()
+	f, pl, o := fake(t)
+	f.AddNetns("/run/netns/other", podV4)
+	entered, release := f.Block(capturetest.OpApply, "")
+	defer release()
+	p := plan(t, "defaults")
+	done := make(chan error, 1)
+	go func() {
+		n, err := pl.Open(podNS)
+		if err == nil {
+			_, err = pl.Apply(ctx, n, p, o)
+			n.Close()
+		}
+		done <- err
+	}()
+	<-entered
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := pl.Check(short, open(t, pl, podNS), p, o); err == nil || !strings.Contains(err.Error(), "waiting for the lock") {
+		t.Errorf("Check during an Apply = %v, want it to wait for the lock", err)
+	}
+	if _, err := pl.Remove(short, open(t, pl, podNS), o); err == nil || !strings.Contains(err.Error(), "waiting for the lock") {
+		t.Errorf("Remove during an Apply = %v, want it to wait for the lock", err)
+	}
+	if _, err := pl.Apply(ctx, open(t, pl, "/run/netns/other"), p, o); err != nil {
+		t.Errorf("Apply into another namespace during an Apply: %v", err)
+	}
+	release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pl.Check(ctx, open(t, pl, podNS), p, o); err != nil {
+		t.Errorf("Check after the Apply: %v", err)
 	}
 }

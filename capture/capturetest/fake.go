@@ -37,7 +37,15 @@ type Fake struct {
 	// legacyErr is LegacyAvailable's answer.
 	legacyErr error
 	faults    []fault
+	blocks    []*block
 	calls     []string
+}
+
+// block holds one call of op on backend until released.
+type block struct {
+	op, backend string
+	entered     chan struct{}
+	release     chan struct{}
 }
 
 // Netns is one namespace of the fake kernel. Tests change its fields
@@ -180,6 +188,43 @@ func (f *Fake) FailList(backend string, err error) {
 // FailRemove makes every later Remove of backend fail with err.
 func (f *Fake) FailRemove(backend string, err error) {
 	f.addFault(fault{op: OpRemove, backend: backend, err: err})
+}
+
+// Block makes the next call of op on backend ("" for either) wait until
+// release is called or its context ends; entered is closed once the call
+// waits. It shows what runs while a verb is inside a backend (the lock's
+// work).
+func (f *Fake) Block(op, backend string) (entered <-chan struct{}, release func()) {
+	b := &block{op: op, backend: backend, entered: make(chan struct{}), release: make(chan struct{})}
+	f.mu.Lock()
+	f.blocks = append(f.blocks, b)
+	f.mu.Unlock()
+	var once sync.Once
+	return b.entered, func() { once.Do(func() { close(b.release) }) }
+}
+
+// wait holds a call that a Block names, outside f.mu.
+func (f *Fake) wait(ctx context.Context, op, backend string) error {
+	f.mu.Lock()
+	var b *block
+	for i, x := range f.blocks {
+		if x.op == op && (x.backend == "" || x.backend == backend) {
+			b = x
+			f.blocks = slices.Delete(f.blocks, i, i+1)
+			break
+		}
+	}
+	f.mu.Unlock()
+	if b == nil {
+		return nil
+	}
+	close(b.entered)
+	select {
+	case <-b.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Heal drops every fault.
@@ -454,6 +499,9 @@ func (b *Backend) begin(ctx context.Context, op, path string) (*Netns, *fault, e
 // Apply implements redirect.Backend: p replaces what the backend held;
 // on a fault nothing changes unless the fault is partial.
 func (b *Backend) Apply(ctx context.Context, path string, p redirect.Plan) error {
+	if err := b.f.wait(ctx, OpApply, b.name); err != nil {
+		return err
+	}
 	b.f.mu.Lock()
 	defer b.f.mu.Unlock()
 	n, ft, err := b.begin(ctx, OpApply, path)
@@ -472,6 +520,9 @@ func (b *Backend) Apply(ctx context.Context, path string, p redirect.Plan) error
 
 // List implements redirect.Backend.
 func (b *Backend) List(ctx context.Context, path string) (redirect.Plan, error) {
+	if err := b.f.wait(ctx, OpList, b.name); err != nil {
+		return redirect.Plan{}, err
+	}
 	b.f.mu.Lock()
 	defer b.f.mu.Unlock()
 	n, ft, err := b.begin(ctx, OpList, path)
@@ -493,6 +544,9 @@ func (b *Backend) Check(ctx context.Context, path string, p redirect.Plan) error
 // Remove implements redirect.Backend: the backend's tables, the routes and
 // ::6 go; nothing there is success.
 func (b *Backend) Remove(ctx context.Context, path string) error {
+	if err := b.f.wait(ctx, OpRemove, b.name); err != nil {
+		return err
+	}
 	b.f.mu.Lock()
 	defer b.f.mu.Unlock()
 	n, ft, err := b.begin(ctx, OpRemove, path)

@@ -370,3 +370,27 @@ func TestFakePrevResultVersions(t *testing.T) {
 		}
 	}
 }
+
+// TestFakeDelAfterBackendChange: DEL removes ours from every backend
+// whatever backend the config names, so a sandbox programmed before the
+// config changed backend can be set up again in the same namespace (the
+// new backend refuses to add rules beside the old one's).
+func TestFakeDelAfterBackendChange(t *testing.T) {
+	n := newFakeNode(t, injectedPod(t))
+	n.conf["backend"] = capture.Legacy
+	_, err := n.run("ADD")
+	noErr(t, "ADD with iptables-legacy", err)
+	n.conf["backend"] = capture.NFTables
+	_, err = n.run("ADD")
+	wantCode(t, "ADD with nftables beside the legacy rules", err, CodeApply)
+	_, err = n.run("DEL")
+	noErr(t, "DEL", err)
+	if d := n.kernel.Dump(fakeNetns); d != "" {
+		t.Fatalf("DEL with backend nftables left:\n%s", d)
+	}
+	_, err = n.run("ADD")
+	noErr(t, "ADD with nftables after DEL", err)
+	if got := n.kernel.Backends(fakeNetns); !slices.Equal(got, []string{capture.NFTables}) {
+		t.Errorf("after DEL and ADD the namespace has rules in %v", got)
+	}
+}

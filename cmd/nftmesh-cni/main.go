@@ -12,11 +12,12 @@
 // exclude_namespaces and the agent's own pods (name prefix "nftmesh-agent-"
 // in pod_namespace) are let through before any Kubernetes client exists.
 //
-// DEL removes our rules when the netns still exists and succeeds when the
-// netns, the pod or the API is gone. CHECK compares the live rules with the
-// pod's plan. STATUS reports the plugin unavailable while the agent has not
-// written the kubeconfig. GC has nothing to collect: all state lives in pod
-// network namespaces, which die with their pods.
+// DEL removes our rules, from every backend that holds them, when the netns
+// still exists, and succeeds when the netns, the pod or the API is gone.
+// CHECK compares the live rules with the pod's plan. STATUS reports the
+// plugin unavailable while the agent has not written the kubeconfig. GC has
+// nothing to collect: all state lives in pod network namespaces, which die
+// with their pods.
 //
 // Logs are JSON (zerolog) on stderr and in a size-capped file in
 // agent_run_dir, never on stdout, which carries the CNI result.

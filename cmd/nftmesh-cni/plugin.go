@@ -365,7 +365,12 @@ func cmdDel(args *skel.CmdArgs) error {
 	defer ns.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 	defer cancel()
-	removal, err := pipeline.Remove(ctx, ns, inv.captureOptions())
+	// From every backend that holds ours, whatever the config names now:
+	// rules an earlier backend setting left would make the next ADD in
+	// this namespace refuse to add the new backend's beside them.
+	opts := inv.captureOptions()
+	opts.Backend = capture.Auto
+	removal, err := pipeline.Remove(ctx, ns, opts)
 	if err != nil {
 		// Our descriptor keeps the namespace alive, but its bind mount may
 		// be undone while we work (the backends open the path again): then
