@@ -128,6 +128,10 @@ lint: staticcheck
 	@# in-memory kernel.
 	@bad=$$($(GO) list -deps ./cmd/... | grep -E '^github.com/nftmesh/nftmesh/((testkit|e2e)(/|$$)|capture/capturetest$$)' || true); \
 	  if [ -n "$$bad" ]; then echo "a binary imports the test kit, e2e or capture/capturetest:"; echo "$$bad"; exit 1; fi
+	@# Nor does any product package, linked into a binary today or not.
+	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep -E 'nftmesh/nftmesh/((testkit|e2e)/|capture/capturetest( |$$))' | cut -d: -f1 | \
+	  grep -v -E '^github.com/nftmesh/nftmesh/((testkit|e2e)/|capture/capturetest$$)' || true); \
+	  if [ -n "$$bad" ]; then echo "product code imports the test kit, e2e or capture/capturetest:"; echo "$$bad"; exit 1; fi
 	@# Only the capture pipeline drives the kernel backends: every front end
 	@# (plugin, CLI, repair) goes through it, so every write is guarded and
 	@# locked. Tests may import a backend; no other package may.
