@@ -57,11 +57,21 @@ func BenchmarkAgentAtScale(b *testing.B) {
 	}
 }
 
-func agentAtScale(b *testing.B) {
-	api := kubetest.Start(b)
-	created := createPods(b, api)
-	b.Logf("created %d pods (%d on %s) in %v", clusterPods, nodePods, agentNode, created.Round(time.Millisecond))
+// agent is a running nftmesh-agent binary.
+type agent struct {
+	cmd     *exec.Cmd
+	runDir  string // its agent run dir (kubeconfig, socket, plugin log)
+	metrics string // host:port of /readyz and /metrics
+	started time.Time
+	logs    *syncBuffer
+}
 
+// startAgent runs the agent binary as the DaemonSet runs it, with repair in
+// place (so its node-scoped pod informer runs) for agentNode, against api
+// with its own service account, on a stand-in node tree in a temp dir. It is
+// stopped with SIGTERM when the benchmark ends; its log is shown on failure.
+func startAgent(b *testing.B, api *kubetest.Server) *agent {
+	b.Helper()
 	dir := b.TempDir()
 	sa := filepath.Join(dir, "sa")
 	for _, d := range []string{"bin", "conf", "run", "sa"} {
@@ -82,49 +92,63 @@ func agentAtScale(b *testing.B) {
 	writeFile(b, filepath.Join(sa, "namespace"), agentNS)
 	writeFile(b, filepath.Join(dir, "conf", "10-bridge.conflist"),
 		`{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"bridge","bridge":"cni0","ipam":{"type":"host-local","subnet":"10.244.0.0/24"}}]}`)
-	metrics := freeAddr(b)
-	cmd := exec.Command(env.agent,
+	a := &agent{runDir: filepath.Join(dir, "run"), metrics: freeAddr(b), logs: &syncBuffer{}}
+	a.cmd = exec.Command(env.agent,
 		"--cni-bin-dir", filepath.Join(dir, "bin"), "--cni-conf-dir", filepath.Join(dir, "conf"),
-		"--agent-run-dir", filepath.Join(dir, "run"), "--plugin-binary", env.ours,
+		"--agent-run-dir", a.runDir, "--plugin-binary", env.ours,
 		"--service-account-dir", sa, "--kube-api-server", api.Host,
-		"--health-addr", metrics, "--metrics-addr", metrics,
+		"--health-addr", a.metrics, "--metrics-addr", a.metrics,
 		"--repair-enabled", "--repair-pods", "--host-proc", "/proc", "--node-name", agentNode)
 	// NFTMESH_BENCH_AGENT_GODEBUG=gctrace=1 shows where the agent's heap goes.
 	if v := os.Getenv("NFTMESH_BENCH_AGENT_GODEBUG"); v != "" {
-		cmd.Env = append(os.Environ(), "GODEBUG="+v)
+		a.cmd.Env = append(os.Environ(), "GODEBUG="+v)
 	}
-	var logs syncBuffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
+	a.started = time.Now()
+	if err := a.cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
+	b.Cleanup(func() {
+		_ = a.cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
+		go func() { _ = a.cmd.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
+			_ = a.cmd.Process.Kill()
 			<-done
 		}
 		if b.Failed() {
-			b.Logf("agent log:\n%s", tail([]byte(logs.String())))
+			b.Logf("agent log:\n%s", tail([]byte(a.logs.String())))
 		}
-	}()
-	pid := cmd.Process.Pid
+	})
+	return a
+}
 
-	// Ready (plugin installed) and the informer's list done: the API
-	// reachable gauge goes to 1 on the first successful list.
+// waitSynced waits until the agent is ready and its informer has listed.
+func (a *agent) waitSynced(b *testing.B) time.Duration {
+	b.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
-	for !agentSynced(metrics) {
+	for !agentSynced(a.metrics) {
 		if time.Now().After(deadline) {
 			b.Fatalf("agent not ready with its pods listed after 2m")
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
-	synced := time.Since(start)
+	return time.Since(a.started)
+}
+
+func agentAtScale(b *testing.B) {
+	api := kubetest.Start(b)
+	created := createPods(b, api)
+	b.Logf("created %d pods (%d on %s) in %v", clusterPods, nodePods, agentNode, created.Round(time.Millisecond))
+
+	a := startAgent(b, api)
+	pid := a.cmd.Process.Pid
+
+	// Ready (plugin installed) and the informer's list done: the API
+	// reachable gauge goes to 1 on the first successful list.
+	synced := a.waitSynced(b)
 	// Let the first list's garbage be collected and the heap settle: the
 	// resident set is sampled until it stops moving.
 	prev := int64(-1)

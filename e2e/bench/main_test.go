@@ -247,9 +247,10 @@ users:
 
 // plugin is one contender: its binary and the config a runtime hands it.
 type plugin struct {
-	name string
-	bin  string
-	conf func(prev map[string]any) []byte
+	name   string
+	bin    string
+	runDir string // where its kubeconfig and log are
+	conf   func(prev map[string]any) []byte
 }
 
 const agentNS = "nftmesh"
@@ -263,7 +264,7 @@ func oursPlugin(t testing.TB, server string) plugin {
 		t.Fatal(err)
 	}
 	writeKubeconfig(t, filepath.Join(runDir, "kubeconfig"), server)
-	return plugin{name: "nftmesh", bin: env.ours, conf: func(prev map[string]any) []byte {
+	return plugin{name: "nftmesh", bin: env.ours, runDir: runDir, conf: func(prev map[string]any) []byte {
 		return mustJSON(t, map[string]any{
 			"cniVersion":         "1.0.0",
 			"name":               "k8s-pod-network",
@@ -290,7 +291,7 @@ func istioPlugin(t testing.TB, server string) plugin {
 		t.Fatal(err)
 	}
 	writeKubeconfig(t, filepath.Join(runDir, "istio-cni-kubeconfig"), server)
-	return plugin{name: "istio", bin: env.istioCNI, conf: func(prev map[string]any) []byte {
+	return plugin{name: "istio", bin: env.istioCNI, runDir: runDir, conf: func(prev map[string]any) []byte {
 		return mustJSON(t, map[string]any{
 			"cniVersion":         "1.0.0",
 			"name":               "k8s-pod-network",

@@ -1,0 +1,168 @@
+package bench
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
+)
+
+// BenchmarkAgentUp is one ADD of the injected dual-stack pod on a node whose
+// agent is up: the real nftmesh-agent, its node-scoped informer over a real
+// kube-apiserver, answers our plugin over its unix socket; Istio's plugin,
+// which has no such agent path in sidecar mode, GETs the pod from the same
+// API server. Both plugins reach the API server through a proxy that counts
+// the connections they open (none, with the agent answering, means no
+// request). The pods exist in the API before the round, bound to the
+// agent's node, as kubelet sees them; every ADD goes into a fresh netns and
+// is checked with nft.
+//
+//	go test -run '^$' -bench AgentUp -benchtime 30x ./e2e/bench/
+func BenchmarkAgentUp(b *testing.B) {
+	needEnv(b)
+	api := kubetest.Start(b)
+	a := startAgent(b, api)
+	a.waitSynced(b)
+	sock := filepath.Join(a.runDir, "agent-sock", "pod.sock")
+	if _, err := os.Stat(sock); err != nil {
+		b.Skipf("the agent serves no pod socket at %s (an agent without it): %v", sock, err)
+	}
+
+	// What the chart grants the plugin: get pods.
+	tok := api.ServiceAccount(b, agentNS, "nftmesh-cni")
+	api.Grant(b, agentNS, "nftmesh-cni", true, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}})
+	conns := countingProxy(b, strings.TrimPrefix(api.Host, "https://"))
+	ours := oursAgentPlugin(b, api, a.runDir, conns.url, tok)
+	istio := istioAPIPlugin(b, api, conns.url, tok)
+	ps := []plugin{ours, istio}
+
+	// Every pod the rounds will ask about, created up front on the node.
+	n := b.N
+	pods := map[string][]*corev1.Pod{}
+	api.EnsureNamespace(b, "shop")
+	for _, p := range ps {
+		for range n {
+			pod := benchPod(b)
+			pod.UID, pod.ResourceVersion, pod.Status = "", "", corev1.PodStatus{}
+			pod.Spec.NodeName = agentNode
+			got, err := api.Client().CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{})
+			if err != nil {
+				b.Fatalf("creating pod: %v", err)
+			}
+			pods[p.name] = append(pods[p.name], got)
+		}
+	}
+	time.Sleep(time.Second) // the informer has them: no round waits on the watch
+
+	walls := map[string][]time.Duration{}
+	reqs := map[string]int64{}
+	i := 0
+	for b.Loop() {
+		for j := range ps {
+			p := ps[(i+j)%len(ps)]
+			b.StopTimer()
+			name, path := newPodNetns(b)
+			pod := pods[p.name][len(walls[p.name])%n]
+			before := conns.count.Load()
+			b.StartTimer()
+			r := addPod(b, p, pod, path)
+			b.StopTimer()
+			if b.Failed() {
+				b.FailNow()
+			}
+			reqs[p.name] += conns.count.Load() - before
+			walls[p.name] = append(walls[p.name], r.wall)
+			checkCaptured(b, p, name)
+			b.StartTimer()
+		}
+		i++
+	}
+	b.StopTimer()
+	reportAdds(b, walls, nil, nil)
+	// Connections opened to the API server per ADD: with the agent
+	// answering ours opens none (so sends no request); Istio's opens one for
+	// its GET.
+	b.ReportMetric(float64(reqs["nftmesh"])/float64(len(walls["nftmesh"])), "nftmesh-api-conns/add")
+	b.ReportMetric(float64(reqs["istio"])/float64(len(walls["istio"])), "istio-api-conns/add")
+	if data, err := os.ReadFile(filepath.Join(ours.runDir, "nftmesh-cni.log")); err == nil {
+		b.ReportMetric(float64(strings.Count(string(data), `"lookup":"agent"`))/float64(len(walls["nftmesh"])), "nftmesh-agent-answers/add")
+	}
+}
+
+// oursAgentPlugin is nftmesh-cni configured as the agent installs it, its
+// run dir the agent's (the socket), its kubeconfig for the fallback GET
+// through the counting proxy.
+func oursAgentPlugin(b *testing.B, api *kubetest.Server, runDir, proxy, token string) plugin {
+	b.Helper()
+	kc := filepath.Join(b.TempDir(), "kubeconfig")
+	if err := api.WriteKubeconfigHost(kc, proxy, token); err != nil {
+		b.Fatal(err)
+	}
+	return plugin{name: "nftmesh", bin: env.ours, runDir: runDir, conf: func(prev map[string]any) []byte {
+		return mustJSON(b, map[string]any{
+			"cniVersion":         "1.0.0",
+			"name":               "k8s-pod-network",
+			"type":               "nftmesh-cni",
+			"log_level":          "info",
+			"exclude_namespaces": []string{"kube-system"},
+			"pod_namespace":      agentNS,
+			"agent_run_dir":      runDir,
+			"kubeconfig":         kc,
+			"backend":            "auto",
+			"api_timeout":        "30s",
+			"prevResult":         prev,
+		})
+	}}
+}
+
+// istioAPIPlugin is Istio's plugin with its kubeconfig (TLS, the token)
+// reaching the real API server through the counting proxy.
+func istioAPIPlugin(b *testing.B, api *kubetest.Server, proxy, token string) plugin {
+	b.Helper()
+	p := istioPlugin(b, "http://127.0.0.1:1")
+	if err := api.WriteKubeconfigHost(filepath.Join(p.runDir, "istio-cni-kubeconfig"), proxy, token); err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// proxy forwards TCP connections to the API server and counts them.
+type proxy struct {
+	url   string
+	count atomic.Int64
+}
+
+func countingProxy(b *testing.B, target string) *proxy {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := &proxy{url: "https://" + ln.Addr().String()}
+	b.Cleanup(func() { ln.Close() })
+	go kubetest.Forward(&countingListener{Listener: ln, n: &p.count}, target)
+	return p
+}
+
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
