@@ -92,7 +92,7 @@ bench: build $(CACHE)/istio-cni $(APISERVER)
 	sleep 5
 	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./cmd/nftmesh-cni/
 	sleep 5
-	$(GO) test -run '^$$' -bench 'Version|PluginAlone' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
+	$(GO) test -run '^$$' -bench 'Version|PluginAlone|AgentUp' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
 	sleep 5
 	$(GO) test -run '^$$' -bench Burst -benchtime $(BURSTS)x -timeout 30m ./e2e/bench/
 	$(GO) test -run '^$$' -bench AgentAtScale -benchtime 1x -timeout 30m ./e2e/bench/
