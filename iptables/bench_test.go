@@ -6,6 +6,8 @@ import (
 
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 func defaultPlan(b testing.TB) redirect.Plan {
@@ -20,13 +22,13 @@ func defaultPlan(b testing.TB) redirect.Plan {
 // BenchmarkApplyLegacy: the default dual-stack plan (v4 + v6 nat) into a
 // fresh netns. Netns creation is outside the timer.
 func BenchmarkApplyLegacy(b *testing.B) {
-	needRoot(b)
+	nstest.NeedRoot(b)
 	p := defaultPlan(b)
 	be := New()
 	ctx := context.Background()
 	for b.Loop() {
 		b.StopTimer()
-		_, path := newNetns(b)
+		_, path := nstest.New(b, "leg-")
 		b.StartTimer()
 		if err := be.Apply(ctx, path, p); err != nil {
 			b.Fatal(err)
@@ -37,11 +39,11 @@ func BenchmarkApplyLegacy(b *testing.B) {
 // appliedNetns is a fresh netns holding the default plan.
 func appliedNetns(b *testing.B) (*Backend, context.Context, string, redirect.Plan) {
 	b.Helper()
-	needRoot(b)
+	nstest.NeedRoot(b)
 	p := defaultPlan(b)
 	be := New()
 	ctx := context.Background()
-	_, path := newNetns(b)
+	_, path := nstest.New(b, "leg-")
 	if err := be.Apply(ctx, path, p); err != nil {
 		b.Fatal(err)
 	}

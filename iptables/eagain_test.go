@@ -9,15 +9,17 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/redirect"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // TestReplaceRetriesOnEAGAIN changes the table between our read and our
 // write (with the iptables binary): the kernel must refuse the stale write
 // with EAGAIN, and updateTable must re-read and keep the other writer's rule.
 func TestReplaceRetriesOnEAGAIN(t *testing.T) {
-	needRoot(t)
-	ns, path := newNetns(t)
-	inNetns(t, ns, "", "iptables-legacy", "-t", "nat", "-A", "OUTPUT", "-j", "RETURN")
+	nstest.NeedRoot(t)
+	ns, path := nstest.New(t, "leg-")
+	nstest.Run(t, ns, "", "iptables-legacy", "-t", "nat", "-A", "OUTPUT", "-j", "RETURN")
 	s, err := openSockets(path, []redirect.Family{redirect.FamilyIPv4}, false)
 	if err != nil {
 		t.Fatal(err)
@@ -28,7 +30,7 @@ func TestReplaceRetriesOnEAGAIN(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inNetns(t, ns, "", "iptables-legacy", "-t", "nat", "-A", "POSTROUTING", "-s", "192.0.2.1/32", "-j", "ACCEPT")
+	nstest.Run(t, ns, "", "iptables-legacy", "-t", "nat", "-A", "POSTROUTING", "-s", "192.0.2.1/32", "-j", "ACCEPT")
 	if err := stale.replace(fd); !errors.Is(err, unix.EAGAIN) {
 		t.Fatalf("stale replace: err = %v, want EAGAIN", err)
 	}
@@ -39,7 +41,7 @@ func TestReplaceRetriesOnEAGAIN(t *testing.T) {
 	_, err = updateTable(context.Background(), fd, l, "nat", func(tb *table) error {
 		edits++
 		if edits == 1 { // a second writer sneaks in after our first read
-			inNetns(t, ns, "", "iptables-legacy", "-t", "nat", "-A", "POSTROUTING", "-s", "192.0.2.2/32", "-j", "ACCEPT")
+			nstest.Run(t, ns, "", "iptables-legacy", "-t", "nat", "-A", "POSTROUTING", "-s", "192.0.2.2/32", "-j", "ACCEPT")
 		}
 		return tb.addOurs(enc, x)
 	})

@@ -13,6 +13,8 @@ import (
 
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // readNS reads one table of a netns with our reader (test helper).
@@ -34,21 +36,21 @@ func readNS(t *testing.T, path string, fam redirect.Family, name string) *table 
 // those iptables-legacy-restore writes for the same text (revisions, masks,
 // flags, padding), not only printed the same.
 func TestEntriesMatchIptablesBytes(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	for _, sc := range scenarios.All {
 		p, err := sc.Plan()
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Run(sc.Name, func(t *testing.T) {
-			nsA, pathA := newNetns(t)
-			_, pathB := newNetns(t)
+			nsA, pathA := nstest.New(t, "leg-")
+			_, pathB := nstest.New(t, "leg-")
 			if err := New().Apply(context.Background(), pathB, p); err != nil {
 				t.Fatal(err)
 			}
 			for _, f := range families {
 				text, _ := Render(p, f.fam)
-				inNetns(t, nsA, text, restoreBin(f.ext == "v6"))
+				nstest.Run(t, nsA, text, restoreBin(f.ext == "v6"))
 				for name := range splitTables(text) {
 					a, b := readNS(t, pathA, f.fam, name), readNS(t, pathB, f.fam, name)
 					ab, _, _, _, err := a.layout()
@@ -152,7 +154,7 @@ COMMIT
 // and checks that the foreign rules print the same throughout and that the
 // tables equal the original after Remove.
 func TestForeignRulesSurvive(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	ctx := context.Background()
 	for _, sc := range scenarios.All {
 		t.Run(sc.Name, func(t *testing.T) {
@@ -160,9 +162,9 @@ func TestForeignRulesSurvive(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ns, path := newNetns(t)
-			inNetns(t, ns, foreignV4, "iptables-legacy-restore")
-			inNetns(t, ns, foreignV6, "ip6tables-legacy-restore")
+			ns, path := nstest.New(t, "leg-")
+			nstest.Run(t, ns, foreignV4, "iptables-legacy-restore")
+			nstest.Run(t, ns, foreignV6, "ip6tables-legacy-restore")
 			before := [2]string{saveTables(t, ns, false), saveTables(t, ns, true)}
 			b := New()
 			for i := 0; i < 2; i++ { // apply, then re-apply over our own rules
@@ -231,17 +233,17 @@ func withoutOurs(save string) string {
 // same netns (taking the xtables lock, as iptables-legacy does) while we
 // apply 50 times; none of its rules and none of ours may be lost.
 func TestConcurrentIptables(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	ctx := context.Background()
 	sc, _ := scenarios.ByName("defaults")
 	p, err := sc.Plan()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns, path := newNetns(t)
+	ns, path := nstest.New(t, "leg-")
 	// A foreign rule that must exist at the end, and a loop that adds and
 	// removes another one through the iptables binary.
-	inNetns(t, ns, "", "iptables-legacy", "-w", "-t", "nat", "-A", "POSTROUTING", "-s", "198.51.100.7/32", "-j", "ACCEPT")
+	nstest.Run(t, ns, "", "iptables-legacy", "-w", "-t", "nat", "-A", "POSTROUTING", "-s", "198.51.100.7/32", "-j", "ACCEPT")
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var loops atomic.Int64

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // TestForeignIstioChainsNotOurs: ISTIO_* chains that another installer
@@ -11,8 +13,8 @@ import (
 // not nftmesh's: Probe does not report them, List does not show them,
 // Remove leaves them, and Apply refuses to reuse their names.
 func TestForeignIstioChainsNotOurs(t *testing.T) {
-	ns, path := newNetns(t)
-	ipt := func(args ...string) { inNetns(t, ns, "", append([]string{"iptables-legacy"}, args...)...) }
+	ns, path := nstest.New(t, "leg-")
+	ipt := func(args ...string) { nstest.Run(t, ns, "", append([]string{"iptables-legacy"}, args...)...) }
 	ipt("-t", "nat", "-N", "ISTIO_OUTPUT")
 	ipt("-t", "nat", "-A", "ISTIO_OUTPUT", "-p", "tcp", "--dport", "8", "-j", "RETURN")
 	ipt("-t", "mangle", "-N", "ISTIO_INBOUND")

@@ -7,6 +7,8 @@ import (
 
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // TestKernelScenarios applies every scenario into a fresh netns and checks
@@ -14,7 +16,7 @@ import (
 // must print exactly Render's text; List+Diff must be empty; re-applying is
 // a no-op; Remove leaves the tables as iptables-save showed them before.
 func TestKernelScenarios(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	ctx := context.Background()
 	for _, sc := range scenarios.All {
 		t.Run(sc.Name, func(t *testing.T) {
@@ -22,7 +24,7 @@ func TestKernelScenarios(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ns, path := newNetns(t)
+			ns, path := nstest.New(t, "leg-")
 			b := New()
 			if err := b.Apply(ctx, path, p); err != nil {
 				t.Fatalf("Apply: %v", err)

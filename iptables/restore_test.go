@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // TestRenderMatchesRealSave loads each render with the real
@@ -12,7 +14,7 @@ import (
 // valid input and uses the binary's own output forms. (restore instantiates
 // tables in file order, so table order is compared by the Apply test, not here.)
 func TestRenderMatchesRealSave(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	for _, sc := range scenarios.All {
 		p, err := sc.Plan()
 		if err != nil {
@@ -24,9 +26,9 @@ func TestRenderMatchesRealSave(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ns, _ := newNetns(t)
+				ns, _ := nstest.New(t, "leg-")
 				v6 := f.ext == "v6"
-				inNetns(t, ns, text, restoreBin(v6))
+				nstest.Run(t, ns, text, restoreBin(v6))
 				got := splitTables(saveTables(t, ns, v6))
 				want := splitTables(text)
 				if len(got) != len(want) {

@@ -5,18 +5,20 @@ import (
 	"testing"
 
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 func TestLegacyAvailable(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	if err := LegacyAvailable(); err != nil {
 		t.Fatalf("LegacyAvailable on a kernel with x_tables legacy built in: %v", err)
 	}
 }
 
 func TestHasLegacyRules(t *testing.T) {
-	needRoot(t)
-	ns, path := newNetns(t)
+	nstest.NeedRoot(t)
+	ns, path := nstest.New(t, "leg-")
 	check := func(want bool, when string) {
 		t.Helper()
 		got, err := HasLegacyRules(path)
@@ -31,13 +33,13 @@ func TestHasLegacyRules(t *testing.T) {
 	if out := saveTables(t, ns, false); out != "" {
 		t.Errorf("HasLegacyRules instantiated tables:\n%s", out)
 	}
-	inNetns(t, ns, "", "iptables-legacy", "-t", "filter", "-A", "INPUT", "-j", "ACCEPT")
+	nstest.Run(t, ns, "", "iptables-legacy", "-t", "filter", "-A", "INPUT", "-j", "ACCEPT")
 	check(false, "filter rules only")
-	inNetns(t, ns, "", "iptables-legacy", "-t", "nat", "-L")
+	nstest.Run(t, ns, "", "iptables-legacy", "-t", "nat", "-L")
 	check(false, "empty nat table")
-	inNetns(t, ns, "", "ip6tables-legacy", "-t", "mangle", "-N", "X")
+	nstest.Run(t, ns, "", "ip6tables-legacy", "-t", "mangle", "-N", "X")
 	check(true, "a user chain in ip6 mangle")
-	inNetns(t, ns, "", "ip6tables-legacy", "-t", "mangle", "-X", "X")
+	nstest.Run(t, ns, "", "ip6tables-legacy", "-t", "mangle", "-X", "X")
 	check(false, "chain deleted")
 	sc, _ := scenarios.ByName("defaults")
 	p, _ := sc.Plan()

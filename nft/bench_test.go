@@ -11,6 +11,8 @@ import (
 
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // Run side by side with:
@@ -36,7 +38,7 @@ func defaultPlan(b *testing.B) redirect.Plan {
 // and make the figures noise. The pause lets the kernel finish destroying
 // the namespaces of an earlier benchmark.
 func freshNetnsLoop(b *testing.B, f func(ns string) error) {
-	needRoot(b)
+	nstest.NeedRoot(b)
 	b.StopTimer()
 	var cleanups []func()
 	nss := make([]string, 0, b.N)
@@ -109,7 +111,7 @@ func applyFloor(path string, p redirect.Plan) error {
 // into its own fresh namespace, and reports both and their ratio: measured
 // in one interleaved loop, the ratio holds up when the machine is busy.
 func BenchmarkApplyOverFloor(b *testing.B) {
-	needRoot(b)
+	nstest.NeedRoot(b)
 	p := defaultPlan(b)
 	be := New()
 	var floor, apply time.Duration
@@ -149,7 +151,7 @@ func BenchmarkApplyOverFloor(b *testing.B) {
 }
 
 func appliedNetns(b *testing.B, p redirect.Plan) string {
-	needRoot(b)
+	nstest.NeedRoot(b)
 	ns, cleanup := newNetns(b)
 	b.Cleanup(cleanup)
 	if err := New().Apply(context.Background(), ns, p); err != nil {

@@ -14,6 +14,8 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/nftmesh/nftmesh/internal/netlab"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // BenchmarkConnRate10kVs0 measures TCP connection setup through the capture
@@ -23,7 +25,7 @@ import (
 // rounds. Reported: connections per second for each and their ratio (target:
 // the 10k pod within 10% of the 0 pod, i.e. ratio ≥ 0.9).
 func BenchmarkConnRate10kVs0(b *testing.B) {
-	needRoot(b)
+	nstest.NeedRoot(b)
 	pods := map[string]*netlab.Topology{}
 	for name, n := range map[string]int{"0": 0, "10k": 10000} {
 		topo, err := netlab.NewTopology(netlab.TopologyOptions{Prefix: "nfa-cr-"})

@@ -17,6 +17,8 @@ import (
 
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // nftJSON is the part of `nft -j list ruleset` the tests read.
@@ -50,7 +52,7 @@ type ruleset struct {
 func readRuleset(t *testing.T, ns string) ruleset {
 	t.Helper()
 	var doc nftJSON
-	out := inNetns(t, ns, "nft", "-j", "list", "ruleset")
+	out := nstest.Run(t, ns, "", "nft", "-j", "list", "ruleset")
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("parsing nft -j output: %v\n%s", err, out)
 	}
@@ -204,7 +206,7 @@ func normalize(s string) string {
 var handleRE = regexp.MustCompile(` # handle \d+`)
 
 func TestKernelScenarios(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	ctx := context.Background()
 	for _, sc := range scenarios.All {
 		t.Run(sc.Name, func(t *testing.T) {
@@ -234,7 +236,7 @@ func TestKernelScenarios(t *testing.T) {
 				}
 			}
 			// Independent reader 2: nft's text is what Render prints.
-			listed := handleRE.ReplaceAllString(inNetns(t, ns, "nft", "list", "table", "inet", TableName), "")
+			listed := handleRE.ReplaceAllString(nstest.Run(t, ns, "", "nft", "list", "table", "inet", TableName), "")
 			rendered, err := Render(p)
 			if err != nil {
 				t.Fatal(err)
@@ -243,11 +245,11 @@ func TestKernelScenarios(t *testing.T) {
 				t.Errorf("nft list differs from Render:\n--- nft list\n%s\n--- Render\n%s", listed, rendered)
 			}
 			// Routes and the passthrough address, read with ip.
-			rules := inNetns(t, ns, "ip", "rule") + inNetns(t, ns, "ip", "-6", "rule")
+			rules := nstest.Run(t, ns, "", "ip", "rule") + nstest.Run(t, ns, "", "ip", "-6", "rule")
 			if n := strings.Count(rules, "fwmark 0x539 lookup 133"); n != len(p.Routes) {
 				t.Errorf("ip rule shows %d fwmark rules, plan has %d routes:\n%s", n, len(p.Routes), rules)
 			}
-			addrs := inNetns(t, ns, "ip", "-6", "addr", "show", "dev", "lo")
+			addrs := nstest.Run(t, ns, "", "ip", "-6", "addr", "show", "dev", "lo")
 			if strings.Contains(addrs, "::6/128") != (len(p.LoopbackAddrs) > 0) {
 				t.Errorf("lo addresses %q, plan wants %v", addrs, p.LoopbackAddrs)
 			}
@@ -354,18 +356,18 @@ func deleteLastRule(t *testing.T, path string) {
 
 func assertNothingLeft(t *testing.T, ns string) {
 	t.Helper()
-	if out := strings.TrimSpace(inNetns(t, ns, "nft", "list", "ruleset")); out != "" {
+	if out := strings.TrimSpace(nstest.Run(t, ns, "", "nft", "list", "ruleset")); out != "" {
 		t.Errorf("nft list ruleset after Remove:\n%s", out)
 	}
-	rules := inNetns(t, ns, "ip", "rule") + inNetns(t, ns, "ip", "-6", "rule")
+	rules := nstest.Run(t, ns, "", "ip", "rule") + nstest.Run(t, ns, "", "ip", "-6", "rule")
 	if strings.Contains(rules, "fwmark") {
 		t.Errorf("fwmark rules left:\n%s", rules)
 	}
-	routes := inNetns(t, ns, "ip", "route", "show", "table", "all") + inNetns(t, ns, "ip", "-6", "route", "show", "table", "all")
+	routes := nstest.Run(t, ns, "", "ip", "route", "show", "table", "all") + nstest.Run(t, ns, "", "ip", "-6", "route", "show", "table", "all")
 	if strings.Contains(routes, "table 133") {
 		t.Errorf("routes left in table 133:\n%s", routes)
 	}
-	if addrs := inNetns(t, ns, "ip", "-6", "addr", "show", "dev", "lo"); strings.Contains(addrs, "::6/128") {
+	if addrs := nstest.Run(t, ns, "", "ip", "-6", "addr", "show", "dev", "lo"); strings.Contains(addrs, "::6/128") {
 		t.Errorf("::6 left on lo:\n%s", addrs)
 	}
 }
@@ -391,7 +393,7 @@ func longChainPlan(t *testing.T) redirect.Plan {
 }
 
 func TestKernelRejectedBatchLeavesNothing(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	ctx := context.Background()
 	ns := podNetns(t)
 	b := New()
@@ -419,7 +421,7 @@ func TestKernelRejectedBatchLeavesNothing(t *testing.T) {
 }
 
 func TestKernelRouteFailureRollsBack(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	ctx := context.Background()
 	sc, _ := scenarios.ByName("tproxy")
 	p, err := sc.Plan()
@@ -454,7 +456,7 @@ func TestKernelRouteFailureRollsBack(t *testing.T) {
 // committed puts the earlier table back (an earlier run's rules are not the
 // failed call's to remove); routes of the earlier plan stay.
 func TestKernelFailedReapplyRestores(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	ctx := context.Background()
 	ns := podNetns(t)
 	tp, _ := scenarios.ByName("tproxy")
@@ -480,7 +482,7 @@ func TestKernelFailedReapplyRestores(t *testing.T) {
 }
 
 func TestKernelReapplySwitchesMode(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	ctx := context.Background()
 	ns := podNetns(t)
 	b := New()
@@ -501,7 +503,7 @@ func TestKernelReapplySwitchesMode(t *testing.T) {
 }
 
 func TestKernelApplyByProcPath(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	ns := podNetns(t)
 	// /proc/PID/ns/net of a process living in the namespace.
 	cmd := inNetnsStart(t, ns, "sleep", "30")
@@ -520,7 +522,7 @@ func TestKernelApplyByProcPath(t *testing.T) {
 }
 
 func TestKernel10kCIDRs(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	p := planWithExcludes(t, 10000)
 	ns := podNetns(t)
 	b := New()
@@ -530,7 +532,7 @@ func TestKernel10kCIDRs(t *testing.T) {
 	if err := b.Check(context.Background(), ns, p); err != nil {
 		t.Fatal(err)
 	}
-	out := inNetns(t, ns, "nft", "list", "set", "inet", TableName, "outbound-exclude-v4")
+	out := nstest.Run(t, ns, "", "nft", "list", "set", "inet", TableName, "outbound-exclude-v4")
 	if n := strings.Count(out, "/24"); n != 10000 {
 		t.Errorf("nft lists %d /24 elements, want 10000", n)
 	}
@@ -553,7 +555,7 @@ func planWithExcludes(tb testing.TB, n int) redirect.Plan {
 }
 
 func TestKernelWithTable(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	ctx := context.Background()
 	ns := podNetns(t)
 	p, err := scenarios.All[0].Plan()

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,13 +16,6 @@ import (
 
 // nsPrefix keeps this package's namespaces apart from other packages' tests.
 const nsPrefix = "nfa-"
-
-func needRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("kernel test: needs root (network namespaces, nftables); run as root, e.g. sudo go test ./nft/")
-	}
-}
 
 // newNetns creates a named namespace with lo up and returns its path and a
 // cleanup function. It switches a locked thread into the new namespace and
@@ -128,18 +120,6 @@ func podNetns(t *testing.T) string {
 	setup(hp, "eth0", "203.0.113.2/24", "2001:db8:ff::2/64")
 	setup(hq, "eth0p", "203.0.113.1/24", "2001:db8:ff::1/64")
 	return pod
-}
-
-// inNetns runs a command inside the namespace (test-only independent
-// readers such as nft).
-func inNetns(t testing.TB, path string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("nsenter", append([]string{"--net=" + path, "--"}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
 }
 
 // inNetnsStart starts a long-running process in the namespace and returns

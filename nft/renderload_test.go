@@ -9,6 +9,8 @@ import (
 
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // TestKernelRenderLoads feeds Render's text to `nft -f` in a fresh netns
@@ -16,7 +18,7 @@ import (
 // nft's own encoding of it decodes to the same Plan (so inspect works on a
 // table someone loaded by hand from `redirect render`).
 func TestKernelRenderLoads(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	plans := map[string]redirect.Plan{"vocabulary": vocabularyPlan()}
 	for _, sc := range scenarios.All {
 		p, err := sc.Plan()
@@ -37,7 +39,7 @@ func TestKernelRenderLoads(t *testing.T) {
 			}
 			ns, cleanup := newNetns(t)
 			t.Cleanup(cleanup)
-			inNetns(t, ns, "nft", "-f", file)
+			nstest.Run(t, ns, "", "nft", "-f", file)
 			got, err := New().List(context.Background(), ns)
 			if err != nil {
 				t.Fatalf("List of the nft-loaded table: %v", err)

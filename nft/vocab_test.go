@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/nftmesh/nftmesh/redirect"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // vocabularyPlan uses every match and verdict of the closed vocabulary in
@@ -56,7 +58,7 @@ func vocabularyPlan() redirect.Plan {
 }
 
 func TestKernelVocabulary(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	p := vocabularyPlan()
 	if err := p.Verify(); err != nil {
 		t.Fatalf("vocabulary plan: %v", err)
@@ -74,7 +76,7 @@ func TestKernelVocabulary(t *testing.T) {
 	if d := redirect.Diff(p, got); len(d) > 0 {
 		t.Errorf("List differs:\n%s", strings.Join(d, "\n"))
 	}
-	listed := handleRE.ReplaceAllString(inNetns(t, ns, "nft", "list", "table", "inet", TableName), "")
+	listed := handleRE.ReplaceAllString(nstest.Run(t, ns, "", "nft", "list", "table", "inet", TableName), "")
 	rendered, err := Render(p)
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,8 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock/cachesource"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // The tests in this file run the plugin binary as the runtime does, with
@@ -162,9 +164,9 @@ func lookups(t *testing.T, runDir string) map[string]string {
 // returns the netns path.
 func addExec(t *testing.T, runDir string, pod *corev1.Pod) (string, error) {
 	t.Helper()
-	_, nsPath := newNetns(t, "sock")
+	_, nsPath := nstest.New(t, "cni-sock-")
 	conf := directConf(t, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.40/24"), nil)
-	id := "ctr-" + randHex(6)
+	id := "ctr-" + nstest.RandHex(6)
 	out, stderr, err := execPlugin("ADD", nsPath, id, cniArgsFor(pod, id), conf)
 	if err != nil {
 		return nsPath, fmt.Errorf("ADD of %s: %v\n%s\n%s", pod.Name, err, out, stderr)

@@ -11,6 +11,8 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // TestChainBackends: the chain with backend auto (a fresh netns: nftables)
@@ -30,7 +32,7 @@ func TestChainBackends(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.backend, func(t *testing.T) {
 			pod := createPod(t, env.api, loadPod(t, "injected.yaml"))
-			_, nsPath := newNetns(t, "pod")
+			_, nsPath := nstest.New(t, "cni-pod-")
 			cl := h.conflist(t, "1.0.0", map[string]any{"backend": tt.backend})
 			rt := runtimeConf(pod, nsPath)
 			if _, err := h.add(cl, rt); err != nil {

@@ -12,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/podinfo"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // BenchmarkPluginAdd times what kubelet waits for when our plugin runs in a
@@ -53,7 +55,7 @@ func BenchmarkPluginAddTLS(b *testing.B) {
 	netnss := make([]string, b.N)
 	pods := make([]*corev1.Pod, b.N)
 	for i := range netnss {
-		_, netnss[i] = newNetns(b, "bench")
+		_, netnss[i] = nstest.New(b, "cni-bench-")
 		pods[i] = createPod(b, env.api, loadPod(b, "injected.yaml"))
 	}
 	conf := directConf(b, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.30/24"), map[string]any{"backend": "nftables"})
@@ -69,7 +71,7 @@ func BenchmarkPluginAddTLS(b *testing.B) {
 			}
 			b.StartTimer()
 		}
-		id := "ctr-" + randHex(6)
+		id := "ctr-" + nstest.RandHex(6)
 		start := time.Now()
 		out, stderr, err := execPlugin("ADD", netnss[i], id, cniArgsFor(pods[i], id), conf)
 		d := time.Since(start)
@@ -105,7 +107,7 @@ func benchAdd(b *testing.B, file, backend string) {
 	}
 	targets := make([]target, b.N)
 	for i := range targets {
-		_, path := newNetns(b, "bench")
+		_, path := nstest.New(b, "cni-bench-")
 		targets[i] = target{pod: createPod(b, env.api, loadPod(b, file)), netns: path}
 	}
 	conf := directConf(b, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.30/24"), map[string]any{"backend": backend})
@@ -115,7 +117,7 @@ func benchAdd(b *testing.B, file, backend string) {
 	time.Sleep(time.Second)
 	b.ResetTimer()
 	for i := range b.N {
-		id := "ctr-" + randHex(6)
+		id := "ctr-" + nstest.RandHex(6)
 		start := time.Now()
 		out, stderr, err := execPlugin("ADD", targets[i].netns, id, cniArgsFor(targets[i].pod, id), conf)
 		times = append(times, time.Since(start))

@@ -24,6 +24,8 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // TestChainMeshPod runs [bridge, nftmesh-cni] through libcni, as a
@@ -36,7 +38,7 @@ func TestChainMeshPod(t *testing.T) {
 		t.Run(v, func(t *testing.T) {
 			h := newHost(t, env.api, env.token)
 			pod := createPod(t, env.api, loadPod(t, "injected.yaml"))
-			nsName, nsPath := newNetns(t, "pod")
+			nsName, nsPath := nstest.New(t, "cni-pod-")
 			cl := h.conflist(t, v, nil)
 			rt := runtimeConf(pod, nsPath)
 
@@ -64,7 +66,7 @@ func TestChainMeshPod(t *testing.T) {
 				if err := h.check(cl, rt); err != nil {
 					t.Fatalf("CHECK on intact rules: %v", err)
 				}
-				sh(t, "ip", "netns", "exec", nsName, "nft", "flush", "table", "inet", nft.TableName)
+				nstest.Sh(t, "ip", "netns", "exec", nsName, "nft", "flush", "table", "inet", nft.TableName)
 				err := h.check(cl, rt)
 				if err == nil || !strings.Contains(err.Error(), "not as planned") || !strings.Contains(err.Error(), pod.Name) {
 					t.Fatalf("CHECK after flushing our table: err = %v, want a drift error naming the pod", err)
@@ -91,10 +93,10 @@ func TestChainPassthrough(t *testing.T) {
 		reason string
 	}{
 		{"excluded namespace", func(t *testing.T) *corev1.Pod {
-			return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "coredns-" + randHex(3)}}
+			return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "coredns-" + nstest.RandHex(3)}}
 		}, "namespace excluded"},
 		{"agent pod", func(t *testing.T) *corev1.Pod {
-			return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: agentNS, Name: "nftmesh-agent-" + randHex(3)}}
+			return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: agentNS, Name: "nftmesh-agent-" + nstest.RandHex(3)}}
 		}, "agent's own pod"},
 		{"no sidecar", func(t *testing.T) *corev1.Pod { return createPod(t, env.api, loadPod(t, "no-sidecar.yaml")) }, "no istio-proxy container"},
 		{"inject=false", func(t *testing.T) *corev1.Pod { return createPod(t, env.api, loadPod(t, "inject-false.yaml")) }, "inject=false label"},
@@ -104,7 +106,7 @@ func TestChainPassthrough(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := tt.pod(t)
-			_, nsPath := newNetns(t, "pod")
+			_, nsPath := nstest.New(t, "cni-pod-")
 			cl := h.conflist(t, "1.0.0", nil)
 			rt := runtimeConf(pod, nsPath)
 			res, err := h.add(cl, rt)
@@ -173,7 +175,7 @@ func TestChainBadAnnotation(t *testing.T) {
 	needEnv(t)
 	h := newHost(t, env.api, env.token)
 	pod := createPod(t, env.api, loadPod(t, "bad-annotation.yaml"))
-	_, nsPath := newNetns(t, "pod")
+	_, nsPath := nstest.New(t, "cni-pod-")
 	cl := h.conflist(t, "1.0.0", nil)
 	rt := runtimeConf(pod, nsPath)
 	_, err := h.add(cl, rt)
@@ -199,7 +201,7 @@ func TestChainAPIStopped(t *testing.T) {
 	pod := createPod(t, api, loadPod(t, "injected.yaml"))
 	api.Stop()
 
-	_, nsPath := newNetns(t, "pod")
+	_, nsPath := nstest.New(t, "cni-pod-")
 	const timeout = 2 * time.Second
 	cl := h.conflist(t, "1.0.0", map[string]any{"api_timeout": timeout.String()})
 	rt := runtimeConf(pod, nsPath)
@@ -224,10 +226,10 @@ func TestChainAPIStopped(t *testing.T) {
 // ADD fail at once, saying forbidden.
 func TestChainRBACDenied(t *testing.T) {
 	needEnv(t)
-	token := env.api.ServiceAccount(t, agentNS, "no-pods-"+randHex(3))
+	token := env.api.ServiceAccount(t, agentNS, "no-pods-"+nstest.RandHex(3))
 	h := newHost(t, env.api, token)
 	pod := createPod(t, env.api, loadPod(t, "injected.yaml"))
-	_, nsPath := newNetns(t, "pod")
+	_, nsPath := nstest.New(t, "cni-pod-")
 	cl := h.conflist(t, "1.0.0", nil)
 	rt := runtimeConf(pod, nsPath)
 	start := time.Now()
@@ -251,7 +253,7 @@ func TestChainAddTwiceAndDelAfterNetnsGone(t *testing.T) {
 	needEnv(t)
 	h := newHost(t, env.api, env.token)
 	pod := createPod(t, env.api, loadPod(t, "native-sidecar.yaml"))
-	nsName, nsPath := newNetns(t, "pod")
+	nsName, nsPath := nstest.New(t, "cni-pod-")
 	cl := h.conflist(t, "1.0.0", nil)
 	rt := runtimeConf(pod, nsPath)
 	res, err := h.add(cl, rt)
@@ -284,7 +286,7 @@ func TestChainAddTwiceAndDelAfterNetnsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sh(t, "ip", "netns", "del", nsName)
+	nstest.Sh(t, "ip", "netns", "del", nsName)
 	if err := h.del(cl, rt); err != nil {
 		t.Fatalf("DEL after the netns is gone: %v", err)
 	}
@@ -310,7 +312,7 @@ func TestChainConcurrent(t *testing.T) {
 			p.Namespace = "shop"
 		}
 		p = createPod(t, env.api, p)
-		_, path := newNetns(t, fmt.Sprintf("c%02d", i))
+		_, path := nstest.New(t, fmt.Sprintf("cni-c%02d-", i))
 		pods[i] = podNS{pod: p, path: path, rt: runtimeConf(p, path)}
 	}
 	var wg sync.WaitGroup
@@ -363,7 +365,7 @@ func TestChainDualStack(t *testing.T) {
 				}
 			}
 			pod := createPod(t, env.api, p)
-			nsName, nsPath := newNetns(t, "pod")
+			nsName, nsPath := nstest.New(t, "cni-pod-")
 			cl := h.conflist(t, "1.0.0", nil)
 			// Replace the IPAM ranges with a dual-stack pair.
 			var bridge map[string]any

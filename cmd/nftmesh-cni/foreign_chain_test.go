@@ -4,6 +4,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // TestChainCheckReportsIstioCapture: CHECK of a mesh pod whose own rules
@@ -23,7 +25,7 @@ func TestChainCheckReportsIstioCapture(t *testing.T) {
 		t.Run(plant.name, func(t *testing.T) {
 			h := newHost(t, env.api, env.token)
 			pod := createPod(t, env.api, loadPod(t, "injected.yaml"))
-			nsName, nsPath := newNetns(t, "pod")
+			nsName, nsPath := nstest.New(t, "cni-pod-")
 			cl := h.conflist(t, "1.0.0", nil)
 			rt := runtimeConf(pod, nsPath)
 			if _, err := h.add(cl, rt); err != nil {

@@ -17,6 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/redirect"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // The tests in this file play the API server with a local HTTP server, so
@@ -224,7 +226,7 @@ func TestChainHugeAnnotation(t *testing.T) {
 	pod := loadPod(t, "injected.yaml")
 	pod.Annotations[redirect.AnnotationExcludeOutboundIPRanges] = strings.Repeat("10.0.0.1,", 200<<10/9)
 	pod = createPod(t, env.api, pod)
-	_, nsPath := newNetns(t, "pod")
+	_, nsPath := nstest.New(t, "cni-pod-")
 	cl := h.conflist(t, "1.0.0", nil)
 	rt := runtimeConf(pod, nsPath)
 	_, err := h.add(cl, rt)

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -29,6 +27,8 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // The package's tests share one API server and one built plugin binary.
@@ -126,32 +126,6 @@ func needEnv(t testing.TB) {
 	}
 }
 
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-func sh(t testing.TB, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-// newNetns creates a named netns "cni-<kind>-<random>" and deletes it when
-// the test ends. It returns the name and the path.
-func newNetns(t testing.TB, kind string) (string, string) {
-	t.Helper()
-	name := "cni-" + kind + "-" + randHex(4)
-	sh(t, "ip", "netns", "add", name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	sh(t, "ip", "-n", name, "link", "set", "lo", "up")
-	return name, "/run/netns/" + name
-}
-
 // inNetns runs fn inside the namespace at path (see netlab.Do).
 func inNetns(path string, fn func() error) error { return netlab.Do(path, fn) }
 
@@ -174,7 +148,7 @@ func (h *host) cni() *libcni.CNIConfig {
 
 func newHost(t testing.TB, api *kubetest.Server, token string) *host {
 	t.Helper()
-	_, path := newNetns(t, "host")
+	_, path := nstest.New(t, "cni-host-")
 	dir := t.TempDir()
 	h := &host{
 		netnsPath: path,
@@ -249,7 +223,7 @@ func (h *host) conflist(t testing.TB, v string, extra map[string]any) *libcni.Ne
 }
 
 func runtimeConf(pod *corev1.Pod, netnsPath string) *libcni.RuntimeConf {
-	id := "ctr-" + randHex(8)
+	id := "ctr-" + nstest.RandHex(8)
 	return &libcni.RuntimeConf{
 		ContainerID: id,
 		NetNS:       netnsPath,
@@ -288,7 +262,7 @@ func loadPod(t testing.TB, file string) *corev1.Pod {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod.Name = strings.TrimSuffix(pod.Name, "-") + "-" + randHex(3)
+	pod.Name = strings.TrimSuffix(pod.Name, "-") + "-" + nstest.RandHex(3)
 	pod.Status = corev1.PodStatus{}
 	return pod
 }
@@ -353,7 +327,7 @@ func assertNoRules(t testing.TB, netnsPath string) {
 // independent reader of what the plugin installed.
 func nftTables(t testing.TB, netnsName string) string {
 	t.Helper()
-	return sh(t, "ip", "netns", "exec", netnsName, "nft", "list", "tables")
+	return nstest.Sh(t, "ip", "netns", "exec", netnsName, "nft", "list", "tables")
 }
 
 // execPlugin runs the built binary the way a runtime does: CNI_* env,

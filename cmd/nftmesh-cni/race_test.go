@@ -14,6 +14,8 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // TestConcurrentAddsSameNetns: two ADDs for one netns at once (a runtime's
@@ -81,7 +83,7 @@ func raceRound(t *testing.T, runDir string, pod *corev1.Pod, backend string, tra
 			"ips":        []any{map[string]any{"address": netlab.PodV4.String() + "/30", "interface": 0}},
 		}
 	} else {
-		_, nsPath = newNetns(t, "race")
+		_, nsPath = nstest.New(t, "cni-race-")
 	}
 	conf := directConf(t, "1.0.0", runDir, prev, map[string]any{"backend": backend})
 	type result struct {
@@ -95,7 +97,7 @@ func raceRound(t *testing.T, runDir string, pod *corev1.Pod, backend string, tra
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			id := fmt.Sprintf("ctr-race-%d-%s", j, randHex(4))
+			id := fmt.Sprintf("ctr-race-%d-%s", j, nstest.RandHex(4))
 			<-start
 			res[j].out, res[j].stderr, res[j].err = execPlugin("ADD", nsPath, id, cniArgsFor(pod, id), conf)
 		}()

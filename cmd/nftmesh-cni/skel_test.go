@@ -15,6 +15,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/nftmesh/nftmesh/nft"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // runSkel drives the plugin in-process through skel's real dispatcher (the
@@ -67,8 +69,8 @@ func TestSkel110Verbs(t *testing.T) {
 	needEnv(t)
 	runDir := agentRunDir(t, env.token)
 	pod := createPod(t, env.api, loadPod(t, "injected.yaml"))
-	_, nsPath := newNetns(t, "pod")
-	id := "ctr-" + randHex(6)
+	_, nsPath := nstest.New(t, "cni-pod-")
+	id := "ctr-" + nstest.RandHex(6)
 	args := cniArgsFor(pod, id)
 	prev := prevResultV4("1.1.0", "198.51.100.20/24")
 	conf := directConf(t, "1.1.0", runDir, prev, nil)

@@ -10,6 +10,8 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // TestRealTraffic: after the plugin's ADD (the built binary, exec'd as a
@@ -83,7 +85,7 @@ func TestRealTraffic(t *testing.T) {
 				"interfaces": []any{map[string]any{"name": topo.PodIface, "sandbox": topo.PodNetnsPath()}},
 				"ips":        ips,
 			}
-			id := "ctr-" + randHex(6)
+			id := "ctr-" + nstest.RandHex(6)
 			start := time.Now()
 			out, stderr, err := execPlugin("ADD", topo.PodNetnsPath(), id, cniArgsFor(pod, id), directConf(t, "1.0.0", runDir, prev, nil))
 			if err != nil {

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 func inNetnsCmd(t *testing.T, path, stdin string, args ...string) {
@@ -22,8 +24,8 @@ func inNetnsCmd(t *testing.T, path, stdin string, args ...string) {
 // tables of its native nftables mode) does not say "in sync": it names
 // each foreign object and exits 3, in text and in JSON.
 func TestCLIInspectReportsIstioCapture(t *testing.T) {
-	needRoot(t)
-	_, path := newNetns(t)
+	nstest.NeedRoot(t)
+	_, path := nstest.New(t, "rcli-")
 	runDir := t.TempDir()
 	pod := filepath.Join("..", "..", "testdata", "pods", "injected.yaml")
 	if code, _, errOut := runCLI(t, "apply", "--netns", path, "--run-dir", runDir, "--backend", "nftables", "-f", pod); code != exitOK {

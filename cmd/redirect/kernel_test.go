@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,49 +12,20 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/notnetns"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
-
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("kernel test: needs root (network namespaces)")
-	}
-}
-
-func newNetns(t *testing.T) (string, string) {
-	t.Helper()
-	name := fmt.Sprintf("rcli-%d-%d", os.Getpid(), time.Now().UnixNano()%1e9)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
-		t.Fatalf("lo up: %v %s", err, out)
-	}
-	return name, "/run/netns/" + name
-}
-
-func inNetns(t *testing.T, name, stdin string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", name}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("%v: %v\n%s", args, err, out)
-	}
-	return string(out)
-}
 
 // TestCLICleanBothBackends: `redirect clean` (auto) removes nftmesh's rules
 // from nftables AND iptables-legacy when both hold them, says what it
 // removed from which, keeps another installer's ISTIO_* chain, and then says
 // there is nothing to remove.
 func TestCLICleanBothBackends(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	if err := iptables.LegacyAvailable(); err != nil {
 		t.Skip(err)
 	}
-	name, path := newNetns(t)
+	name, path := nstest.New(t, "rcli-")
 	spec := redirect.DefaultSpec()
 	spec.InterceptionMode = redirect.ModeTProxy
 	spec.IPv6 = true
@@ -72,8 +40,8 @@ func TestCLICleanBothBackends(t *testing.T) {
 	if err := iptables.New().Apply(ctx, path, p); err != nil {
 		t.Fatal(err)
 	}
-	inNetns(t, name, "", "iptables-legacy", "-t", "nat", "-N", "ISTIO_FOREIGN")
-	inNetns(t, name, "", "iptables-legacy", "-t", "nat", "-A", "ISTIO_FOREIGN", "-p", "tcp", "--dport", "7", "-j", "RETURN")
+	nstest.Run(t, name, "", "iptables-legacy", "-t", "nat", "-N", "ISTIO_FOREIGN")
+	nstest.Run(t, name, "", "iptables-legacy", "-t", "nat", "-A", "ISTIO_FOREIGN", "-p", "tcp", "--dport", "7", "-j", "RETURN")
 	runDir := t.TempDir()
 
 	code, out, errOut := runCLI(t, "clean", "--netns", path, "--run-dir", runDir)
@@ -93,7 +61,7 @@ func TestCLICleanBothBackends(t *testing.T) {
 			t.Errorf("%s still holds rules of ours (%v):\n%s", b.Name(), err, strings.Join(redirect.Describe(left), "\n"))
 		}
 	}
-	if saved := inNetns(t, name, "", "iptables-legacy-save", "-t", "nat"); !strings.Contains(saved, "-A ISTIO_FOREIGN -p tcp -m tcp --dport 7 -j RETURN") {
+	if saved := nstest.Run(t, name, "", "iptables-legacy-save", "-t", "nat"); !strings.Contains(saved, "-A ISTIO_FOREIGN -p tcp -m tcp --dport 7 -j RETURN") {
 		t.Errorf("the foreign ISTIO_FOREIGN chain is gone:\n%s", saved)
 	}
 	code, _, errOut = runCLI(t, "clean", "--netns", path, "--run-dir", runDir)
@@ -138,8 +106,8 @@ func TestCLINotANetns(t *testing.T) {
 // a namespace without our rules) and, with a pod, {inSync, drift} with exit
 // 0 or 3, read back from a real namespace.
 func TestCLIInspectJSON(t *testing.T) {
-	needRoot(t)
-	_, path := newNetns(t)
+	nstest.NeedRoot(t)
+	_, path := nstest.New(t, "rcli-")
 	runDir := t.TempDir()
 	pod := filepath.Join("..", "..", "testdata", "pods", "injected.yaml")
 	type planDoc struct {
@@ -207,8 +175,8 @@ func TestCLIInspectJSON(t *testing.T) {
 // TestCLINetnsName: --netns takes an `ip netns` name as well as a path; a
 // name that does not exist is a usage error naming it.
 func TestCLINetnsName(t *testing.T) {
-	needRoot(t)
-	name, path := newNetns(t)
+	nstest.NeedRoot(t)
+	name, path := nstest.New(t, "rcli-")
 	runDir := t.TempDir()
 	ann := redirect.AnnotationIncludeInboundPorts + "=8080"
 	if code, _, errOut := runCLI(t, "apply", "--netns", name, "--run-dir", runDir, "--backend", "nftables", "-a", ann); code != exitOK || !strings.Contains(errOut, path) {

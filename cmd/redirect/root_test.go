@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 func TestRootHint(t *testing.T) {
@@ -39,8 +41,8 @@ func TestRootHint(t *testing.T) {
 // TestCLINonRootSaysRoot: the whole binary run as nobody against a real
 // namespace says the command needs root, for each kernel verb, exit 1.
 func TestCLINonRootSaysRoot(t *testing.T) {
-	needRoot(t) // to create the namespace and drop to nobody
-	name, _ := newNetns(t)
+	nstest.NeedRoot(t) // to create the namespace and drop to nobody
+	name, _ := nstest.New(t, "rcli-")
 	dir := t.TempDir()
 	for _, d := range []string{filepath.Dir(dir), dir} { // nobody must reach the binary
 		if err := os.Chmod(d, 0o755); err != nil {

@@ -9,6 +9,8 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/usernstest"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // TestCLIUsernsNetns: for a netns owned by another user namespace (a pod
@@ -16,7 +18,7 @@ import (
 // error naming the reason and writes nothing; `apply` (auto) programs it
 // with nftables and says why.
 func TestCLIUsernsNetns(t *testing.T) {
-	needRoot(t)
+	nstest.NeedRoot(t)
 	if err := iptables.LegacyAvailable(); err != nil {
 		t.Skip(err)
 	}

@@ -3,8 +3,6 @@ package node
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,6 +31,8 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 const (
@@ -41,21 +41,6 @@ const (
 	podSubnet    = "10.244.7.0/24"
 	gatewayIP    = "10.244.7.1"
 )
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-func sh(t testing.TB, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
 
 func needEnv(t *testing.T) {
 	t.Helper()
@@ -108,16 +93,6 @@ func copyFile(t *testing.T, src, dst string, mode os.FileMode) {
 	if err := os.WriteFile(dst, b, mode); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// newNetns creates "e2e-<kind>-<random>" and deletes it when the test ends.
-func newNetns(t *testing.T, kind string) (string, string) {
-	t.Helper()
-	name := "e2e-" + kind + "-" + randHex(4)
-	sh(t, "ip", "netns", "add", name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	sh(t, "ip", "-n", name, "link", "set", "lo", "up")
-	return name, "/run/netns/" + name
 }
 
 // inNetns runs fn inside the namespace at path (see netlab.Do).
@@ -289,7 +264,7 @@ func TestNodeEndToEnd(t *testing.T) {
 
 	// The node's network namespace, where the runtime runs the chain; the
 	// API server answers at the same address there.
-	_, hostNetns := newNetns(t, "host")
+	_, hostNetns := nstest.New(t, "e2e-host-")
 	var fwd net.Listener
 	if err := inNetns(hostNetns, func() (err error) {
 		fwd, err = net.Listen("tcp", apiHostPort)
@@ -307,7 +282,7 @@ func TestNodeEndToEnd(t *testing.T) {
 	cni := func() *libcni.CNIConfig { return libcni.NewCNIConfigWithCacheDir([]string{host.bin}, host.cache, nil) }
 	api.EnsureNamespace(t, "shop")
 	early := createPod(t, api, "early-")
-	earlyNetnsName, earlyNetns := newNetns(t, "early")
+	earlyNetnsName, earlyNetns := nstest.New(t, "e2e-early-")
 	earlyRT := runtimeConf(early, earlyNetns)
 	bridgeOnly, err := libcni.ConfListFromBytes(primary)
 	if err != nil {
@@ -439,7 +414,7 @@ func TestNodeEndToEnd(t *testing.T) {
 
 	// A new pod, as the API server has it when the runtime sets it up.
 	pod := createPod(t, api, "web-")
-	podNetnsName, podNetns := newNetns(t, "pod")
+	podNetnsName, podNetns := nstest.New(t, "e2e-pod-")
 	rt := runtimeConf(pod, podNetns)
 	outbound := captureListener(t, podNetns, 15001)
 	inbound := captureListener(t, podNetns, 15006)
@@ -475,7 +450,7 @@ func TestNodeEndToEnd(t *testing.T) {
 	if err := nft.New().Check(ctx, podNetns, want); err != nil {
 		t.Errorf("rules in the pod after ADD: %v", err)
 	}
-	if out := sh(t, "ip", "netns", "exec", podNetnsName, "nft", "list", "tables"); !strings.Contains(out, nft.TableName) {
+	if out := nstest.Sh(t, "ip", "netns", "exec", podNetnsName, "nft", "list", "tables"); !strings.Contains(out, nft.TableName) {
 		t.Errorf("nft list tables in the pod: %s", out)
 	}
 	if err := inNetns(hostNetns, func() error { return cni().CheckNetworkList(ctx, cl, rt) }); err != nil {
@@ -579,7 +554,7 @@ func createPod(t *testing.T, api *kubetest.Server, prefix string) *corev1.Pod {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod.Name = prefix + randHex(3)
+	pod.Name = prefix + nstest.RandHex(3)
 	pod.Spec.NodeName = "node-1"
 	pod.Status = corev1.PodStatus{}
 	pod, err = api.Client().CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{})
@@ -591,7 +566,7 @@ func createPod(t *testing.T, api *kubetest.Server, prefix string) *corev1.Pod {
 
 // runtimeConf is what kubelet's runtime passes for the pod's sandbox.
 func runtimeConf(pod *corev1.Pod, netnsPath string) *libcni.RuntimeConf {
-	id := "e2e-" + randHex(8)
+	id := "e2e-" + nstest.RandHex(8)
 	return &libcni.RuntimeConf{
 		ContainerID: id,
 		NetNS:       netnsPath,
