@@ -132,6 +132,10 @@ lint: staticcheck
 	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep -E 'nftmesh/nftmesh/((testkit|e2e)/|capture/capturetest( |$$))' | cut -d: -f1 | \
 	  grep -v -E '^github.com/nftmesh/nftmesh/((testkit|e2e)/|capture/capturetest$$)' || true); \
 	  if [ -n "$$bad" ]; then echo "product code imports the test kit, e2e or capture/capturetest:"; echo "$$bad"; exit 1; fi
+	@# The plugin is a new process on every pod start and Go initialises every
+	@# linked package first: it must not link client-go or the API types.
+	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni | grep -E '^k8s\.io/|klog|logr' || true); \
+	  if [ -n "$$bad" ]; then echo "nftmesh-cni links Kubernetes client packages:"; echo "$$bad"; exit 1; fi
 	@# Only the capture pipeline drives the kernel backends: every front end
 	@# (plugin, CLI, repair) goes through it, so every write is guarded and
 	@# locked. Tests may import a backend; no other package may.

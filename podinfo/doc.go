@@ -1,9 +1,15 @@
 // Package podinfo turns a Kubernetes pod into a capture decision: is the pod
 // in the mesh (Istio's sidecar selection rules, in Istio's order), and if so
 // which redirect.Spec it gets from its istio-proxy container and annotations.
-// It also owns the CNI side of that lookup: the plugin's JSON config, the
-// K8S_* CNI_ARGS, and fetching the pod from the API server with a bounded
-// retry (fail closed).
+// It adapts client-go's corev1.Pod to the pure decision in podinfo/meshpod
+// and reads Pod manifests, for the Go code that holds corev1 objects (the
+// agent's repair, tests).
+//
+// The plugin's own pieces live in packages that import nothing from
+// Kubernetes, so its process starts without client-go's initialisation:
+// podinfo/cniconf (plugin config, CNI_ARGS; re-exported here),
+// podinfo/podget (the pod GET, failing closed, with TLS session
+// resumption) and podinfo/agentsock (asking the node agent first).
 //
 // It does not program anything: backends apply the Plan built from the Spec,
 // and cmd/nftmesh-cni wires the pieces and logs. Nothing here logs.

@@ -8,9 +8,9 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/podinfo/podget"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
@@ -50,8 +50,8 @@ func (inv *invocation) askAgent(ctx context.Context) *meshpod.Pod {
 	return a.Pod
 }
 
-// getPod reads the pod from the API server within timeout (today's path,
-// failing closed) and returns its decision fields or the CNI error.
+// getPod reads the pod from the API server within timeout (failing
+// closed) and returns its decision fields or the CNI error.
 func (inv *invocation) getPod(ctx context.Context, timeout time.Duration) (*meshpod.Pod, *types.Error) {
 	inv.lookupPath = lookupAPI
 	if _, serr := os.Stat(inv.conf.Kubeconfig); serr != nil {
@@ -59,7 +59,7 @@ func (inv *invocation) getPod(ctx context.Context, timeout time.Duration) (*mesh
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: kubeconfig %s is missing (is the nftmesh agent running on this node?)", inv.podRef(), inv.conf.Kubeconfig),
 			serr.Error())
 	}
-	client, cerr := podinfo.NewPodClient(inv.conf.Kubeconfig, podinfo.WithTLSSessionDir(inv.conf.AgentRunDir))
+	client, cerr := podget.NewFromFile(inv.conf.Kubeconfig, podget.Options{SessionDir: inv.conf.AgentRunDir})
 	if cerr != nil {
 		return nil, types.NewError(CodePodLookup,
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: invalid kubeconfig", inv.podRef()), cerr.Error())
@@ -67,7 +67,7 @@ func (inv *invocation) getPod(ctx context.Context, timeout time.Duration) (*mesh
 	pod, gerr := client.GetPod(ctx, inv.k8s.PodNamespace, inv.k8s.PodName, inv.k8s.PodUID, max(timeout, time.Millisecond))
 	if gerr != nil {
 		code := CodePodLookup
-		if podinfo.Retryable(gerr) {
+		if podget.Retryable(gerr) {
 			code = types.ErrTryAgainLater
 		}
 		return nil, types.NewError(code,
@@ -77,9 +77,9 @@ func (inv *invocation) getPod(ctx context.Context, timeout time.Duration) (*mesh
 	if werr := client.SessionWriteErr(); werr != nil {
 		inv.log.Debug().Err(werr).Msg("keeping the TLS session for the next run failed (costs a full handshake next time)")
 	}
-	if inv.k8s.PodUID != "" && string(pod.UID) != inv.k8s.PodUID {
+	if inv.k8s.PodUID != "" && pod.UID != inv.k8s.PodUID {
 		return nil, types.NewError(types.ErrTryAgainLater,
 			fmt.Sprintf("nftmesh-cni: pod %s in the API has UID %s, the sandbox is for UID %s", inv.podRef(), pod.UID, inv.k8s.PodUID), "")
 	}
-	return podinfo.Mesh(pod), nil
+	return pod.Pod, nil
 }

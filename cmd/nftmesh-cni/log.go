@@ -8,8 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/nftmesh/nftmesh/internal/zklog"
-	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 )
 
 // Log file in agent_run_dir, rotated once to LogFileName+".1" when it
@@ -20,10 +19,9 @@ const (
 )
 
 // newLogger builds the one logger of a plugin run: JSON lines to stderr and,
-// when agent_run_dir exists, to the capped log file, for our events and
-// client-go's alike. It never writes to stdout. close flushes and closes the
-// file.
-func newLogger(conf *podinfo.Config, command string) (log zerolog.Logger, close func()) {
+// when agent_run_dir exists, to the capped log file. It never writes to
+// stdout. close flushes and closes the file.
+func newLogger(conf *cniconf.Config, command string) (log zerolog.Logger, close func()) {
 	log, _, close = newLoggers(conf, command)
 	return log, close
 }
@@ -37,7 +35,7 @@ const RecordOnlyField = "record_only"
 // there when the log level hides it, so the agent's counters and latency
 // histograms see every decision whatever the level (the file is the agent's
 // intake). Without a log file it discards.
-func newLoggers(conf *podinfo.Config, command string) (log, record zerolog.Logger, close func()) {
+func newLoggers(conf *cniconf.Config, command string) (log, record zerolog.Logger, close func()) {
 	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
 	writers := []io.Writer{os.Stderr}
 	close = func() {}
@@ -61,9 +59,6 @@ func newLoggers(conf *podinfo.Config, command string) (log, record zerolog.Logge
 		w = zerolog.MultiLevelWriter(writers...)
 	}
 	log = zerolog.New(w).Level(level).With().Timestamp().Str("plugin", "nftmesh-cni").Str("command", command).Logger()
-	// client-go logs through klog (e.g. a connection closed mid-answer):
-	// as JSON lines of this run, not plain text on the same stderr.
-	zklog.Route(log)
 	return log, record, close
 }
 

@@ -15,11 +15,11 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/rs/zerolog"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/podinfo/podget"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
@@ -91,8 +91,8 @@ type invocation struct {
 	// handshake).
 	tlsResumed bool
 	args       *skel.CmdArgs
-	conf       *podinfo.Config
-	k8s        podinfo.K8sArgs
+	conf       *cniconf.Config
+	k8s        cniconf.K8sArgs
 	log        zerolog.Logger
 	// record takes the decision line when log's level hides it.
 	record zerolog.Logger
@@ -102,7 +102,7 @@ type invocation struct {
 // still safe to call.
 func begin(verb string, args *skel.CmdArgs) (*invocation, func(), error) {
 	inv := &invocation{verb: verb, start: time.Now(), args: args, record: zerolog.Nop()}
-	conf, err := podinfo.ParseConfig(args.StdinData)
+	conf, err := cniconf.ParseConfig(args.StdinData)
 	if err != nil {
 		inv.log, _ = newLogger(nil, verb)
 		inv.log.Error().Str("error", detail(err)).Msg("invalid plugin config")
@@ -117,7 +117,7 @@ func begin(verb string, args *skel.CmdArgs) (*invocation, func(), error) {
 	if err := version.ParsePrevResult(&conf.NetConf); err != nil {
 		return inv, closeLog, inv.fail(types.NewError(types.ErrDecodingFailure, "nftmesh-cni: invalid prevResult", err.Error()))
 	}
-	if inv.k8s, err = podinfo.ParseK8sArgs(args.Args); err != nil {
+	if inv.k8s, err = cniconf.ParseK8sArgs(args.Args); err != nil {
 		return inv, closeLog, inv.fail(types.NewError(types.ErrInvalidEnvironmentVariables, "nftmesh-cni: invalid CNI_ARGS", err.Error()))
 	}
 	return inv, closeLog, nil
@@ -174,7 +174,7 @@ func (inv *invocation) podRef() string { return inv.k8s.PodNamespace + "/" + inv
 
 // printPrevResult passes the primary plugin's result on unchanged, or an
 // empty result of the config's version when there is none.
-func printPrevResult(conf *podinfo.Config) error {
+func printPrevResult(conf *cniconf.Config) error {
 	if conf.PrevResult == nil {
 		return types.PrintResult(&current.Result{CNIVersion: current.ImplementedSpecVersion}, conf.CNIVersion)
 	}
@@ -439,7 +439,7 @@ func cmdStatus(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if _, err := clientcmd.LoadFromFile(inv.conf.Kubeconfig); err != nil {
+	if _, err := podget.LoadKubeconfig(inv.conf.Kubeconfig); err != nil {
 		return inv.fail(types.NewError(types.ErrPluginNotAvailable,
 			fmt.Sprintf("nftmesh-cni: not ready: kubeconfig %s is missing or invalid (the nftmesh agent writes it)", inv.conf.Kubeconfig), err.Error()))
 	}

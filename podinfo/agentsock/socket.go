@@ -286,7 +286,8 @@ func Ask(ctx context.Context, path string, req Request) (Answer, error) {
 	nc, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
-			return Answer{}, fmt.Errorf("asking the agent at %s: %w: %w", path, ErrNoAgent, err)
+			// The usual case when no agent runs: short, for the log line.
+			return Answer{}, fmt.Errorf("%w (%s)", ErrNoAgent, path)
 		}
 		return Answer{}, fmt.Errorf("asking the agent at %s: %w", path, err)
 	}

@@ -1,10 +1,12 @@
-package podinfo
+package cniconf
 
 import (
 	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 )
 
 func TestParseConfigDefaults(t *testing.T) {
@@ -110,11 +112,11 @@ func TestSkipBeforeLookup(t *testing.T) {
 	tests := []struct {
 		ns, name, want string
 	}{
-		{"", "", ReasonNotKubernetes},
-		{"shop", "", ReasonNotKubernetes},
-		{"", "web", ReasonNotKubernetes},
-		{"kube-system", "coredns-1", ReasonExcludedNamespace},
-		{"nftmesh", "nftmesh-agent-x7k2p", ReasonAgentPod},
+		{"", "", meshpod.ReasonNotKubernetes},
+		{"shop", "", meshpod.ReasonNotKubernetes},
+		{"", "web", meshpod.ReasonNotKubernetes},
+		{"kube-system", "coredns-1", meshpod.ReasonExcludedNamespace},
+		{"nftmesh", "nftmesh-agent-x7k2p", meshpod.ReasonAgentPod},
 		{"nftmesh", "other-pod", ""},
 		{"shop", "nftmesh-agent-x7k2p", ""},
 		{"shop", "web-1", ""},

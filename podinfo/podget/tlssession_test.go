@@ -1,4 +1,4 @@
-package podinfo
+package podget
 
 import (
 	"bytes"
@@ -97,9 +97,9 @@ func TestTLSSessionResumption(t *testing.T) {
 		t.Fatalf("copying the kubeconfig into the run dir: %v", err)
 	}
 
-	run := func(kubeconfig string, timeout ...time.Duration) (*PodClient, error) {
+	run := func(kubeconfig string, timeout ...time.Duration) (*Client, error) {
 		t.Helper()
-		c, err := NewPodClient(kubeconfig, WithTLSSessionDir(runDir))
+		c, err := NewFromFile(kubeconfig, Options{SessionDir: runDir})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -201,34 +201,15 @@ func TestTLSSessionResumption(t *testing.T) {
 	}
 }
 
-// TestTLSSessionLeftAlone: configs the session cache cannot wrap faithfully
-// keep client-go's own transport.
-func TestTLSSessionLeftAlone(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name string, cluster *clientcmdapi.Cluster, user *clientcmdapi.AuthInfo) string {
-		cfg := clientcmdapi.NewConfig()
-		cfg.Clusters["c"] = cluster
-		cfg.AuthInfos["u"] = user
-		cfg.Contexts["x"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
-		cfg.CurrentContext = "x"
-		p := filepath.Join(dir, name)
-		if err := clientcmd.WriteToFile(*cfg, p); err != nil {
-			t.Fatal(err)
-		}
-		return p
+// TestTLSSessionPlainHTTP: a server over plain HTTP has no session to
+// keep.
+func TestTLSSessionPlainHTTP(t *testing.T) {
+	c, err := New(&Kubeconfig{Server: "http://127.0.0.1:8080", Token: "t"}, Options{SessionDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
 	}
-	for name, path := range map[string]string{
-		"plain http": write("http", &clientcmdapi.Cluster{Server: "http://127.0.0.1:8080"}, &clientcmdapi.AuthInfo{Token: "t"}),
-		"exec plugin": write("exec", &clientcmdapi.Cluster{Server: "https://127.0.0.1:6443", InsecureSkipTLSVerify: true},
-			&clientcmdapi.AuthInfo{Exec: &clientcmdapi.ExecConfig{Command: "/bin/true", APIVersion: "client.authentication.k8s.io/v1", InteractiveMode: clientcmdapi.NeverExecInteractiveMode}}),
-	} {
-		c, err := NewPodClient(path, WithTLSSessionDir(dir))
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		if c.sessions != nil {
-			t.Errorf("%s: session cache installed", name)
-		}
+	if c.sessions != nil {
+		t.Error("session cache installed for plain HTTP")
 	}
 }
 

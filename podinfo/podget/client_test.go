@@ -1,4 +1,4 @@
-package podinfo
+package podget
 
 import (
 	"context"
@@ -51,7 +51,7 @@ func TestGetPod(t *testing.T) {
 	}
 
 	start := time.Now()
-	c, err := NewPodClient(reader)
+	c, err := NewFromFile(reader, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestGetPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := time.Since(start) - built
-	if got.Name != "web-1" || got.Spec.Containers[0].Image != "registry.example/web:1" {
+	if got.Name != "web-1" || got.Namespace != "shop" || got.UID == "" || len(got.Containers) != 1 || got.Containers[0].Name != "web" {
 		t.Fatalf("got %+v", got)
 	}
 	t.Logf("client built in %v, first GET (TLS handshake included) %v", built, first)
@@ -72,7 +72,7 @@ func TestGetPod(t *testing.T) {
 		t.Fatalf("missing pod: err = %v after %v, want not found at once", err, time.Since(start))
 	}
 
-	dc, err := NewPodClient(denied)
+	dc, err := NewFromFile(denied, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestGetPod(t *testing.T) {
 	if err := api.WriteKubeconfigHost(unreach, "https://"+addr, token); err != nil {
 		t.Fatal(err)
 	}
-	uc, err := NewPodClient(unreach)
+	uc, err := NewFromFile(unreach, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,14 +102,14 @@ func TestGetPod(t *testing.T) {
 		t.Fatalf("unreachable: err = %v after %v, want not reachable after ~700ms", err, took)
 	}
 
-	if _, err := NewPodClient(filepath.Join(dir, "nonexistent")); err == nil {
+	if _, err := NewFromFile(filepath.Join(dir, "nonexistent"), Options{}); err == nil {
 		t.Fatal("missing kubeconfig: want an error")
 	}
 	bad := filepath.Join(dir, "bad")
 	if err := os.WriteFile(bad, []byte("clusters: 3"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewPodClient(bad); err == nil || !strings.Contains(err.Error(), bad) {
+	if _, err := NewFromFile(bad, Options{}); err == nil || !strings.Contains(err.Error(), bad) {
 		t.Fatalf("invalid kubeconfig: err = %v, want one naming the file", err)
 	}
 }

@@ -1,4 +1,4 @@
-package podinfo
+package podget
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package podinfo
+package podget
 
 import (
 	"context"
@@ -10,20 +10,18 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"k8s.io/client-go/rest"
 )
 
 // fakeAPI serves pod GETs with answer, given the 1-based number of the
 // request, and counts the requests.
-func fakeAPI(t *testing.T, answer func(n int, w http.ResponseWriter, r *http.Request)) (*PodClient, *atomic.Int32) {
+func fakeAPI(t *testing.T, answer func(n int, w http.ResponseWriter, r *http.Request)) (*Client, *atomic.Int32) {
 	t.Helper()
 	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		answer(int(n.Add(1)), w, r)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := NewPodClientForConfig(&rest.Config{Host: srv.URL})
+	c, err := New(&Kubeconfig{Server: srv.URL}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +38,7 @@ func reply(code int, contentType, body string) func(int, http.ResponseWriter, *h
 	}
 }
 
-func podJSON(namespace, name string) string {
+func podAnswer(namespace, name string) string {
 	return fmt.Sprintf(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":%q,"namespace":%q,"uid":"u-1"}}`, name, namespace)
 }
 
@@ -73,15 +71,17 @@ func TestGetPodFinalAnswers(t *testing.T) {
 			want: []string{"getting pod shop/web-1", "text/html"}, requests: 1},
 		{name: "an empty answer", answer: reply(200, json, ""),
 			want: []string{"getting pod shop/web-1", "0-length"}, requests: 1},
-		{name: "another pod", answer: reply(200, json, podJSON("shop", "web-2")),
+		{name: "another pod", answer: reply(200, json, podAnswer("shop", "web-2")),
 			want: []string{"shop/web-1", `"shop/web-2"`, "not the pod asked for"}, requests: 1, wrongPod: true},
-		{name: "the same name in another namespace", answer: reply(200, json, podJSON("bank", "web-1")),
+		{name: "the same name in another namespace", answer: reply(200, json, podAnswer("bank", "web-1")),
 			want: []string{"shop/web-1", `"bank/web-1"`}, requests: 1, wrongPod: true},
 		{name: "a success status, not a pod", answer: reply(200, json, `{"kind":"Status","apiVersion":"v1","status":"Success"}`),
-			want: []string{"shop/web-1", `"/"`}, requests: 1, wrongPod: true},
-		{name: "invalid name", ask: "web/1", answer: reply(200, json, podJSON("shop", "web/1")),
+			want: []string{"shop/web-1", `"Status"`, "not a v1 Pod"}, requests: 1},
+		{name: "a Pod of another version", answer: reply(200, json, `{"kind":"Pod","apiVersion":"v2","metadata":{"name":"web-1","namespace":"shop"}}`),
+			want: []string{"shop/web-1", `"v2"`}, requests: 1},
+		{name: "invalid name", ask: "web/1", answer: reply(200, json, podAnswer("shop", "web/1")),
 			want: []string{"getting pod shop/web/1", "invalid resource name"}, requests: 0},
-		{name: "dot-dot name", ask: "..", answer: reply(200, json, podJSON("shop", "..")),
+		{name: "dot-dot name", ask: "..", answer: reply(200, json, podAnswer("shop", "..")),
 			want: []string{"getting pod shop/..", "invalid resource name"}, requests: 0},
 		{name: "forbidden", answer: reply(403, json, statusJSON(403, "Forbidden")),
 			want: []string{"getting pod shop/web-1", "Forbidden"}, requests: 1},
@@ -104,7 +104,7 @@ func TestGetPodFinalAnswers(t *testing.T) {
 			pod, err := c.GetPod(context.Background(), "shop", name, "", timeout)
 			took := time.Since(start)
 			if err == nil {
-				t.Fatalf("GetPod = %+v, want an error", pod.ObjectMeta)
+				t.Fatalf("GetPod = %+v, want an error", pod)
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
@@ -131,7 +131,7 @@ func TestGetPodFinalAnswers(t *testing.T) {
 // mid-answer and a stalled attempt are asked again until the pod comes.
 func TestGetPodRetriesWhatCanGetBetter(t *testing.T) {
 	const json = "application/json"
-	pod := reply(200, json, podJSON("shop", "web-1"))
+	pod := reply(200, json, podAnswer("shop", "web-1"))
 	thenPod := func(fails int, bad func(int, http.ResponseWriter, *http.Request)) func(int, http.ResponseWriter, *http.Request) {
 		return func(n int, w http.ResponseWriter, r *http.Request) {
 			if n <= fails {
@@ -195,7 +195,7 @@ func TestGetPodHonoursRetryAfter(t *testing.T) {
 			return
 		}
 		second.Store(time.Now().UnixNano())
-		reply(200, "application/json", podJSON("shop", "web-1"))(i, w, r)
+		reply(200, "application/json", podAnswer("shop", "web-1"))(i, w, r)
 	})
 	if _, err := c.GetPod(context.Background(), "shop", "web-1", "", 20*time.Second); err != nil {
 		t.Fatal(err)
@@ -243,7 +243,7 @@ func TestGetPodPlainHTTPServer(t *testing.T) {
 	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.Add(1) }))
 	t.Cleanup(srv.Close)
-	c, err := NewPodClientForConfig(&rest.Config{Host: "https://" + srv.Listener.Addr().String(), TLSClientConfig: rest.TLSClientConfig{Insecure: true}})
+	c, err := New(&Kubeconfig{Server: "https://" + srv.Listener.Addr().String(), Insecure: true}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,216 @@
+package cniconf
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/redirect/quote"
+)
+
+// Plugin config defaults.
+const (
+	DefaultAgentRunDir = "/var/run/nftmesh"
+	DefaultAPITimeout  = 30 * time.Second
+	// KubeconfigName is the file the agent writes into agent_run_dir.
+	KubeconfigName = "kubeconfig"
+	// AgentPodPrefix is the name prefix of the node agent's DaemonSet pods
+	// (DaemonSet "nftmesh-agent"). Together with pod_namespace it lets the
+	// agent's own pod through before any Kubernetes client exists: after a
+	// node reboot the kubeconfig it would need is written by that very pod.
+	AgentPodPrefix = "nftmesh-agent-"
+)
+
+// Backend names accepted in the config (redirect defines them for every
+// package; cniconf reaches no kernel code).
+const (
+	BackendAuto           = redirect.BackendAuto
+	BackendNftables       = redirect.BackendNFTables
+	BackendIptablesLegacy = redirect.BackendLegacy
+)
+
+// Log levels accepted in the config.
+var logLevels = []string{"debug", "info", "warn", "error", "none"}
+
+// Config is the plugin's entry in the conflist. Unknown fields are ignored.
+type Config struct {
+	types.NetConf
+
+	LogLevel          string        // debug|info|warn|error|none; default info
+	ExcludeNamespaces []string      // namespaces never captured
+	PodNamespace      string        // the agent's own namespace
+	AgentRunDir       string        // where the agent keeps the kubeconfig and our log
+	Kubeconfig        string        // default <AgentRunDir>/kubeconfig
+	Backend           string        // auto|nftables|iptables-legacy; default auto
+	APITimeout        time.Duration // bound on the pod lookup, retries included
+}
+
+// rawConfig is the wire form. Istio's older names (plugin_log_level,
+// cni_agent_run_dir) are read when ours are absent, so an Istio conflist
+// entry keeps its meaning when only the type is changed.
+type rawConfig struct {
+	types.NetConf
+	LogLevel          *string  `json:"log_level"`
+	IstioLogLevel     *string  `json:"plugin_log_level"`
+	ExcludeNamespaces []string `json:"exclude_namespaces"`
+	PodNamespace      string   `json:"pod_namespace"`
+	AgentRunDir       *string  `json:"agent_run_dir"`
+	IstioAgentRunDir  *string  `json:"cni_agent_run_dir"`
+	Kubeconfig        *string  `json:"kubeconfig"`
+	Backend           *string  `json:"backend"`
+	APITimeout        *string  `json:"api_timeout"`
+}
+
+// ConfigError is a problem with one field of the plugin config.
+type ConfigError struct {
+	Field  string
+	Value  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	if e.Value == "" {
+		return fmt.Sprintf("plugin config field %q: %s", e.Field, e.Reason)
+	}
+	return fmt.Sprintf("plugin config field %q: %s %s", e.Field, quote.Value(e.Value), e.Reason)
+}
+
+// ParseConfig decodes and validates the plugin config (CNI stdin). Every
+// problem is reported, joined; a wrong JSON type names the field.
+func ParseConfig(stdin []byte) (*Config, error) {
+	var raw rawConfig
+	if err := json.Unmarshal(stdin, &raw); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return nil, &ConfigError{Field: strings.TrimPrefix(te.Field, "NetConf."), Reason: fmt.Sprintf("has the wrong type (got a JSON %s, want %s)", te.Value, jsonKind(te.Type.Kind().String()))}
+		}
+		return nil, fmt.Errorf("decoding plugin config: %w", err)
+	}
+	c := &Config{
+		NetConf:           raw.NetConf,
+		LogLevel:          "info",
+		ExcludeNamespaces: raw.ExcludeNamespaces,
+		PodNamespace:      raw.PodNamespace,
+		AgentRunDir:       DefaultAgentRunDir,
+		Backend:           BackendAuto,
+		APITimeout:        DefaultAPITimeout,
+	}
+	var errs []error
+	bad := func(field, value, format string, args ...any) {
+		errs = append(errs, &ConfigError{Field: field, Value: value, Reason: fmt.Sprintf(format, args...)})
+	}
+
+	if v, field := pick(raw.LogLevel, "log_level", raw.IstioLogLevel, "plugin_log_level"); v != nil {
+		lvl := strings.ToLower(strings.TrimSpace(*v))
+		switch {
+		case lvl == "":
+		case lvl == "warning":
+			c.LogLevel = "warn"
+		case slices.Contains(logLevels, lvl):
+			c.LogLevel = lvl
+		default:
+			bad(field, *v, "is not a log level (want one of %s)", strings.Join(logLevels, ", "))
+		}
+	}
+	for _, ns := range c.ExcludeNamespaces {
+		if ns == "" || strings.TrimSpace(ns) != ns {
+			bad("exclude_namespaces", ns, "is not a namespace name")
+		}
+	}
+	if v, field := pick(raw.AgentRunDir, "agent_run_dir", raw.IstioAgentRunDir, "cni_agent_run_dir"); v != nil && *v != "" {
+		if !filepath.IsAbs(*v) {
+			bad(field, *v, "is not an absolute path")
+		} else {
+			c.AgentRunDir = filepath.Clean(*v)
+		}
+	}
+	c.Kubeconfig = filepath.Join(c.AgentRunDir, KubeconfigName)
+	if raw.Kubeconfig != nil && *raw.Kubeconfig != "" {
+		if !filepath.IsAbs(*raw.Kubeconfig) {
+			bad("kubeconfig", *raw.Kubeconfig, "is not an absolute path")
+		} else {
+			c.Kubeconfig = filepath.Clean(*raw.Kubeconfig)
+		}
+	}
+	if raw.Backend != nil && *raw.Backend != "" {
+		switch *raw.Backend {
+		case BackendAuto, BackendNftables, BackendIptablesLegacy:
+			c.Backend = *raw.Backend
+		default:
+			bad("backend", *raw.Backend, "is not a backend (want auto, nftables or iptables-legacy)")
+		}
+	}
+	if raw.APITimeout != nil && *raw.APITimeout != "" {
+		d, err := time.ParseDuration(*raw.APITimeout)
+		switch {
+		case err != nil:
+			bad("api_timeout", *raw.APITimeout, "is not a Go duration (e.g. 30s)")
+		case d <= 0:
+			bad("api_timeout", *raw.APITimeout, "is not positive")
+		default:
+			c.APITimeout = d
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// pick returns ours when set, else the Istio alias, with the field name used.
+func pick(ours *string, oursName string, alias *string, aliasName string) (*string, string) {
+	if ours != nil {
+		return ours, oursName
+	}
+	return alias, aliasName
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "string":
+		return "a string"
+	case "slice":
+		return "an array"
+	case "map", "struct":
+		return "an object"
+	case "bool":
+		return "a boolean"
+	case "ptr":
+		return "a string"
+	}
+	return "a " + goKind
+}
+
+// Excluded reports whether pods in namespace are never captured.
+func (c *Config) Excluded(namespace string) bool {
+	return slices.Contains(c.ExcludeNamespaces, namespace)
+}
+
+// IsAgentPod reports whether a pod is the node agent's own, by name prefix
+// and the configured pod_namespace (no pod_namespace, no match).
+func (c *Config) IsAgentPod(namespace, name string) bool {
+	return c.PodNamespace != "" && namespace == c.PodNamespace && strings.HasPrefix(name, AgentPodPrefix)
+}
+
+// SkipBeforeLookup returns why the pod needs no lookup at all ("" when it
+// does): not a Kubernetes pod, an excluded namespace, or the agent's own pod.
+// It runs before any Kubernetes client is built.
+func (c *Config) SkipBeforeLookup(a K8sArgs) string {
+	switch {
+	case a.PodNamespace == "" || a.PodName == "":
+		return meshpod.ReasonNotKubernetes
+	case c.Excluded(a.PodNamespace):
+		return meshpod.ReasonExcludedNamespace
+	case c.IsAgentPod(a.PodNamespace, a.PodName):
+		return meshpod.ReasonAgentPod
+	}
+	return ""
+}

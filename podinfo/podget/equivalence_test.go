@@ -1,0 +1,77 @@
+package podget_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/podget"
+)
+
+// The plugin decodes the API server's JSON with its own mirror of the Pod
+// (podget); the agent hands it podinfo.Mesh of client-go's corev1.Pod. For
+// every pod both must give the same decision fields, UID included.
+func samePod(t *testing.T, name string, pod *corev1.Pod) {
+	t.Helper()
+	pod.Kind, pod.APIVersion = "Pod", "v1"
+	data, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := podget.DecodePod(data)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if want := podinfo.Mesh(pod); got.UID != string(pod.UID) || !reflect.DeepEqual(got.Pod, want) {
+		t.Fatalf("%s: podget decoded %+v (uid %s), podinfo.Mesh gives %+v (uid %s)", name, got.Pod, got.UID, want, pod.UID)
+	}
+}
+
+func TestDecodeMatchesCorev1(t *testing.T) {
+	for _, dir := range []string{filepath.Join("..", "..", "testdata", "pods"), filepath.Join("..", "..", "testdata", "istio", "injected")} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range entries {
+			pod, err := podinfo.ReadPodFile(filepath.Join(dir, e.Name()))
+			if err != nil {
+				continue // not a single Pod (a Deployment, a stream)
+			}
+			pod.UID = "0b7c1a2e-5f1d-4a8e-9a55-2c6f5e8d9a01"
+			pod.Status.PodIP, pod.Status.PodIPs = "198.51.100.7", []corev1.PodIP{{IP: "198.51.100.7"}, {IP: "2001:db8::7"}}
+			samePod(t, e.Name(), pod)
+			n++
+		}
+		if n == 0 && dir == filepath.Join("..", "..", "testdata", "pods") {
+			t.Fatalf("no pods read from %s", dir)
+		}
+	}
+}
+
+// FuzzDecodeMatchesCorev1: any JSON corev1 decodes as a Pod decodes to the
+// same decision fields in podget.
+func FuzzDecodeMatchesCorev1(f *testing.F) {
+	entries, _ := os.ReadDir(filepath.Join("..", "..", "testdata", "pods"))
+	for _, e := range entries {
+		if pod, err := podinfo.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", e.Name())); err == nil {
+			pod.Kind, pod.APIVersion = "Pod", "v1"
+			if b, err := json.Marshal(pod); err == nil {
+				f.Add(b)
+			}
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var pod corev1.Pod
+		if json.Unmarshal(data, &pod) != nil {
+			return
+		}
+		samePod(t, "fuzz", &pod)
+	})
+}

@@ -1,0 +1,4 @@
+package podget
+
+// DecodePod is decodePod, for the external tests.
+var DecodePod = decodePod
