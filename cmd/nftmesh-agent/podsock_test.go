@@ -105,10 +105,17 @@ func TestAgentBinaryPodSocket(t *testing.T) {
 			if a, err := ask(other, "11111111-0000-0000-0000-000000000000"); err != nil || a.Status != agentsock.StatusUnknown {
 				t.Fatalf("another node's pod with a wrong UID: %+v, %v; want unknown", a, err)
 			}
-			_, body := httpGet("http://" + metrics + "/metrics")
+			// An answer is counted just after it is sent: poll.
 			for _, want := range []string{`nftmesh_agent_socket_requests_total{outcome="found"} 1`, `nftmesh_agent_socket_requests_total{outcome="unknown"} 2`} {
-				if !strings.Contains(body, want) {
-					t.Errorf("/metrics lacks %s", want)
+				for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+					_, body := httpGet("http://" + metrics + "/metrics")
+					if strings.Contains(body, want) {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Errorf("/metrics lacks %s", want)
+						break
+					}
 				}
 			}
 			if code, _ := httpGet("http://" + health + "/healthz"); code != http.StatusOK {
