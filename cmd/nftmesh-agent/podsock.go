@@ -56,6 +56,12 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repair *in
 			s.pods, s.ownRun = cachesource.NodeInformer(client, node), true
 		}
 	}
+	if s.ownRun {
+		// Cache what the decision reads, as the repair controller does.
+		if err := s.pods.SetTransform(installer.SlimPod); err != nil {
+			return nil, fmt.Errorf("setting the pod socket informer's transform: %w", err)
+		}
+	}
 	var src *cachesource.Source
 	if s.pods == nil {
 		src = cachesource.New(nil, nil, cachesource.APIGetter(client))
