@@ -245,39 +245,47 @@ func TestAgentSocketDownFallsBack(t *testing.T) {
 }
 
 // TestAgentRestartMidBurst: the agent stops and a new one starts while a
-// burst of ADDs runs. Every ADD succeeds, through the old agent, the
-// fallback or the new agent, and every mesh pod has its rules: none fails
-// open.
+// burst of ADDs runs: one group is in flight when the agent stops, the next
+// runs with no agent, another is in flight when the new agent starts, the
+// last runs after it. Every ADD succeeds (through an agent or the
+// fallback) and every mesh pod has exactly its rules: none fails open.
 func TestAgentRestartMidBurst(t *testing.T) {
 	needEnv(t)
 	runDir, _ := countingRunDir(t)
 	ag := startAgent(t, runDir)
-	const n = 24
+	const n = 28 // 8 in flight at the stop, 8 without agent, 8 at the start, 4 after
 	pods := make([]*corev1.Pod, n)
-	for i := range pods {
-		pods[i] = nodePod(t, "injected.yaml")
-	}
-	time.Sleep(200 * time.Millisecond)
-	var wg sync.WaitGroup
-	errs := make([]error, n)
 	nss := make([]string, n)
 	for i := range pods {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			nss[i], errs[i] = addExec(t, runDir, pods[i])
-		}()
-		// Spread the burst over the restart: a third before, a third
-		// with no agent, a third after.
-		time.Sleep(10 * time.Millisecond)
-		if i == n/3 {
-			ag.stop()
-		}
-		if i == 2*n/3 {
-			startAgent(t, runDir)
+		pods[i] = nodePod(t, "injected.yaml")
+		_, nss[i] = newNetns(t, "sock")
+	}
+	time.Sleep(200 * time.Millisecond)
+	conf := directConf(t, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.40/24"), nil)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	launch := func(from, to int) {
+		for i := from; i < to; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				id := "ctr-" + randHex(6)
+				if out, stderr, err := execPlugin("ADD", nss[i], id, cniArgsFor(pods[i], id), conf); err != nil {
+					errs[i] = fmt.Errorf("ADD of %s: %v\n%s\n%s", pods[i].Name, err, out, stderr)
+				}
+			}()
 		}
 	}
+	launch(0, 8)
+	ag.stop()
+	launch(8, 16)
 	wg.Wait()
+	launch(16, 24)
+	startAgent(t, runDir)
+	wg.Wait()
+	launch(24, n)
+	wg.Wait()
+
 	got := lookups(t, runDir)
 	paths := map[string]int{}
 	for i, p := range pods {
@@ -289,9 +297,15 @@ func TestAgentRestartMidBurst(t *testing.T) {
 		if err := nft.New().Check(context.Background(), nss[i], wantPlan(t, p, false)); err != nil {
 			t.Errorf("pod %s (lookup=%s): %v", p.Name, got[p.Name], err)
 		}
+		switch {
+		case i >= 8 && i < 16 && got[p.Name] != lookupAPI:
+			t.Errorf("ADD %d ran with no agent but says lookup=%q", i, got[p.Name])
+		case i >= 24 && got[p.Name] != lookupAgent:
+			t.Errorf("ADD %d ran after the new agent started but says lookup=%q (%s)", i, got[p.Name], got[p.Name+"/miss"])
+		}
 	}
 	t.Logf("lookups: %v", paths)
-	if paths[lookupAgent]+paths[lookupAPI] != n || paths[lookupAPI] == 0 || paths[lookupAgent] == 0 {
-		t.Fatalf("lookup paths %v, want all %d ADDs through the agent or the API, some of each", paths, n)
+	if paths[lookupAgent]+paths[lookupAPI] != n {
+		t.Fatalf("lookup paths %v, want all %d ADDs through the agent or the API", paths, n)
 	}
 }
