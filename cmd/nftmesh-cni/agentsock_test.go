@@ -258,7 +258,7 @@ func TestAgentRestartMidBurst(t *testing.T) {
 	nss := make([]string, n)
 	for i := range pods {
 		pods[i] = nodePod(t, "injected.yaml")
-		_, nss[i] = newNetns(t, "sock")
+		_, nss[i] = nstest.New(t, "cni-sock-")
 	}
 	time.Sleep(200 * time.Millisecond)
 	conf := directConf(t, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.40/24"), nil)
@@ -269,7 +269,7 @@ func TestAgentRestartMidBurst(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				id := "ctr-" + randHex(6)
+				id := "ctr-" + nstest.RandHex(6)
 				if out, stderr, err := execPlugin("ADD", nss[i], id, cniArgsFor(pods[i], id), conf); err != nil {
 					errs[i] = fmt.Errorf("ADD of %s: %v\n%s\n%s", pods[i].Name, err, out, stderr)
 				}
