@@ -88,7 +88,7 @@ func BenchmarkAgentUp(b *testing.B) {
 		i++
 	}
 	b.StopTimer()
-	reportAdds(b, walls, nil, nil)
+	reportAdds(b, walls, nil)
 	// Connections opened to the API server per ADD: with the agent
 	// answering ours opens none (so sends no request); Istio's opens one for
 	// its GET.
