@@ -234,6 +234,22 @@ func dumpRules(conn *netlink.Conn, table string) ([]liveRule, error) {
 	return out, nil
 }
 
+// walkAttrs calls fn for each netlink attribute in b, read big-endian as
+// nf_tables writes its attributes, and returns the decoder's error.
+func walkAttrs(b []byte, fn func(ad *netlink.AttributeDecoder) error) error {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return err
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		if err := fn(ad); err != nil {
+			return err
+		}
+	}
+	return ad.Err()
+}
+
 func parseRule(b []byte) (liveRule, error) {
 	var r liveRule
 	ad, err := netlink.NewAttributeDecoder(b)
@@ -316,12 +332,7 @@ func parseExpr(name string, data []byte) (any, error) {
 		// Parsed here: google/nftables drops NFTA_CT_SREG, which is what
 		// tells "ct mark set" from "ct mark".
 		c := &expr.Ct{}
-		ad, err := netlink.NewAttributeDecoder(data)
-		if err != nil {
-			return nil, err
-		}
-		ad.ByteOrder = binary.BigEndian
-		for ad.Next() {
+		err := walkAttrs(data, func(ad *netlink.AttributeDecoder) error {
 			switch ad.Type() {
 			case unix.NFTA_CT_KEY:
 				c.Key = expr.CtKey(ad.Uint32())
@@ -330,10 +341,14 @@ func parseExpr(name string, data []byte) (any, error) {
 			case unix.NFTA_CT_SREG:
 				c.Register, c.SourceRegister = ad.Uint32(), true
 			case unix.NFTA_CT_DIRECTION:
-				return nil, fmt.Errorf("ct with a direction is not ours")
+				return fmt.Errorf("ct with a direction is not ours")
 			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
-		return c, ad.Err()
+		return c, nil
 	case "redir":
 		e = &expr.Redir{}
 	case "immediate":
@@ -351,12 +366,7 @@ func parseExpr(name string, data []byte) (any, error) {
 		return v, nil
 	case "tproxy":
 		t := &tproxyExpr{}
-		ad, err := netlink.NewAttributeDecoder(data)
-		if err != nil {
-			return nil, err
-		}
-		ad.ByteOrder = binary.BigEndian
-		for ad.Next() {
+		err := walkAttrs(data, func(ad *netlink.AttributeDecoder) error {
 			switch ad.Type() {
 			case expr.NFTA_TPROXY_FAMILY:
 				t.family = ad.Uint32()
@@ -365,8 +375,12 @@ func parseExpr(name string, data []byte) (any, error) {
 			case expr.NFTA_TPROXY_REG_PORT:
 				t.regPort = ad.Uint32()
 			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
-		return t, ad.Err()
+		return t, nil
 	default:
 		return nil, errUnknownExpr
 	}

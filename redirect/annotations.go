@@ -119,8 +119,11 @@ func splitList(v string) []string {
 	return out
 }
 
-func parsePortSelector(ps *problems, field, v string, wildcard bool) PortSelector {
-	var sel PortSelector
+// parseSelector parses a comma-separated list whose items parse converts
+// (reporting its own problems), or, where wildcard allows it, the single
+// item "*" (all). what names the items in the problem about mixing them
+// with "*". Items are deduplicated; with "*" there are none.
+func parseSelector[T comparable](ps *problems, field, v string, wildcard bool, what string, parse func(item string) (T, bool)) (all bool, out []T) {
 	items := splitList(v)
 	for _, item := range items {
 		if item == "*" {
@@ -128,41 +131,36 @@ func parsePortSelector(ps *problems, field, v string, wildcard bool) PortSelecto
 			case !wildcard:
 				ps.add(field, v, "uses '*', which this annotation does not allow")
 			case len(items) > 1:
-				ps.add(field, v, "mixes '*' with ports; use '*' alone")
+				ps.add(field, v, "mixes '*' with %s; use '*' alone", what)
 			default:
-				sel.All = true
+				all = true
 			}
 			continue
 		}
+		if x, ok := parse(item); ok {
+			out = append(out, x)
+		}
+	}
+	if all {
+		return true, nil
+	}
+	return false, dedup(out)
+}
+
+func parsePortSelector(ps *problems, field, v string, wildcard bool) PortSelector {
+	all, ports := parseSelector(ps, field, v, wildcard, "ports", func(item string) (uint16, bool) {
 		n, err := strconv.ParseUint(item, 10, 32)
 		if err != nil || n < 1 || n > 65535 {
 			ps.add(field, item, "is not a port (want 1-65535)")
-			continue
+			return 0, false
 		}
-		sel.Ports = append(sel.Ports, uint16(n))
-	}
-	sel.Ports = dedup(sel.Ports)
-	if sel.All {
-		sel.Ports = nil
-	}
-	return sel
+		return uint16(n), true
+	})
+	return PortSelector{All: all, Ports: ports}
 }
 
 func parseCIDRSelector(ps *problems, field, v string, wildcard bool) CIDRSelector {
-	var sel CIDRSelector
-	items := splitList(v)
-	for _, item := range items {
-		if item == "*" {
-			switch {
-			case !wildcard:
-				ps.add(field, v, "uses '*', which this annotation does not allow")
-			case len(items) > 1:
-				ps.add(field, v, "mixes '*' with CIDRs; use '*' alone")
-			default:
-				sel.All = true
-			}
-			continue
-		}
+	all, prefixes := parseSelector(ps, field, v, wildcard, "CIDRs", func(item string) (netip.Prefix, bool) {
 		p, err := netip.ParsePrefix(item)
 		if err != nil {
 			if _, aerr := netip.ParseAddr(item); aerr == nil {
@@ -170,20 +168,16 @@ func parseCIDRSelector(ps *problems, field, v string, wildcard bool) CIDRSelecto
 			} else {
 				ps.add(field, item, "is not a CIDR")
 			}
-			continue
+			return netip.Prefix{}, false
 		}
 		if p.Addr().Zone() != "" {
 			ps.add(field, item, "is not a CIDR (has an IPv6 zone)")
-			continue
+			return netip.Prefix{}, false
 		}
 		// 10.1.2.3/8 means 10.0.0.0/8, as iptables reads it.
-		sel.Prefixes = append(sel.Prefixes, p.Masked())
-	}
-	sel.Prefixes = dedup(sel.Prefixes)
-	if sel.All {
-		sel.Prefixes = nil
-	}
-	return sel
+		return p.Masked(), true
+	})
+	return CIDRSelector{All: all, Prefixes: prefixes}
 }
 
 func parseInterfaces(ps *problems, field, v string) []string {

@@ -28,6 +28,30 @@ type creds struct{ uid, gid uint32 }
 // Sockets created by fn stay in the namespace they were created in (and keep
 // the identity of their creator) after the thread is gone.
 func inNetns(nsPath string, c *creds, fn func() error) error {
+	return onThread(c != nil, func() error {
+		target, err := netns.GetFromPath(nsPath)
+		if err != nil {
+			return fmt.Errorf("opening network namespace %s: %w", nsPath, err)
+		}
+		defer target.Close()
+		if err := netns.Set(target); err != nil {
+			return fmt.Errorf("entering network namespace %s: %w", nsPath, err)
+		}
+		if c != nil {
+			if err := setThreadCreds(c.uid, c.gid); err != nil {
+				return err
+			}
+		}
+		return fn()
+	})
+}
+
+// onThread runs fn on a fresh OS thread locked to its goroutine, fn being
+// free to switch the thread's network namespace. Afterwards the thread goes
+// back to the namespace it started in and returns to the pool; if it cannot,
+// or when discard is set (fn changed what cannot be undone, such as its
+// identity), it stays locked and the runtime destroys it with the goroutine.
+func onThread(discard bool, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -38,31 +62,13 @@ func inNetns(nsPath string, c *creds, fn func() error) error {
 			return
 		}
 		defer orig.Close()
-		target, err := netns.GetFromPath(nsPath)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("opening network namespace %s: %w", nsPath, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering network namespace %s: %w", nsPath, err)
-			return
-		}
-		if c != nil {
-			// Never unlocked: the thread exits with the goroutine.
-			if err := setThreadCreds(c.uid, c.gid); err != nil {
-				errc <- err
-				return
-			}
-			errc <- fn()
-			return
-		}
 		ferr := fn()
+		if discard {
+			errc <- ferr
+			return
+		}
 		if err := netns.Set(orig); err != nil {
-			// Stay locked: the runtime terminates this thread.
-			errc <- errors.Join(ferr, fmt.Errorf("returning from network namespace %s: %w", nsPath, err))
+			errc <- errors.Join(ferr, fmt.Errorf("returning to the original network namespace: %w", err))
 			return
 		}
 		runtime.UnlockOSThread()

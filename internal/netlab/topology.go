@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -214,36 +213,19 @@ func orDefault(v, def []uint16) []uint16 {
 // /run/netns/name. netns.NewNamed unshares the calling thread, so it runs on
 // a locked thread that moves back afterwards (or dies).
 func createNamedNetns(name string) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("getting the current network namespace: %w", err)
-			return
-		}
-		defer orig.Close()
-		ns, nerr := netns.NewNamed(name)
-		if nerr == nil {
+	return onThread(false, func() error {
+		ns, err := netns.NewNamed(name)
+		if err == nil {
 			ns.Close()
-		} else if !errors.Is(nerr, os.ErrExist) {
+			return nil
+		}
+		if !errors.Is(err, os.ErrExist) {
 			// NewNamed leaves its mount point file behind when the bind
 			// mount fails; the name is ours (random), so remove it.
 			_ = os.Remove(filepath.Join(netnsDir, name))
 		}
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(nerr, fmt.Errorf("returning to the original network namespace: %w", err))
-			return // stays locked: the runtime discards the thread
-		}
-		runtime.UnlockOSThread()
-		if nerr != nil {
-			errc <- fmt.Errorf("creating network namespace %s: %w", name, nerr)
-			return
-		}
-		errc <- nil
-	}()
-	return <-errc
+		return fmt.Errorf("creating network namespace %s: %w", name, err)
+	})
 }
 
 // handleAt opens a netlink handle inside the named namespace.
