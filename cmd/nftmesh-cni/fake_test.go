@@ -394,3 +394,38 @@ func TestFakeDelAfterBackendChange(t *testing.T) {
 		t.Errorf("after DEL and ADD the namespace has rules in %v", got)
 	}
 }
+
+// TestFakeNetnsGone: ADD of a mesh pod whose namespace is gone fails
+// (its addresses cannot be read) and programs nothing, while a pod outside
+// the mesh is let through; DEL whose namespace goes away while it removes
+// succeeds, as the rules went with it.
+func TestFakeNetnsGone(t *testing.T) {
+	n := newFakeNode(t, injectedPod(t))
+	n.kernel.DeleteNetns(fakeNetns)
+	_, err := n.run("ADD")
+	wantCode(t, "ADD of a mesh pod without its netns", err, types.ErrIOFailure)
+	if n.applies() != 0 {
+		t.Errorf("programmed: %v", n.kernel.Calls())
+	}
+
+	m := newFakeNode(t, loadPod(t, "no-sidecar.yaml"))
+	m.kernel.DeleteNetns(fakeNetns)
+	stdout, err := m.run("ADD")
+	noErr(t, "ADD of a pod outside the mesh without its netns", err)
+	samePrevResult(t, stdout)
+
+	d := newFakeNode(t, injectedPod(t))
+	_, err = d.run("ADD")
+	noErr(t, "ADD", err)
+	entered, release := d.kernel.Block(capturetest.OpRemove, "")
+	go func() {
+		<-entered
+		d.kernel.DeleteNetns(fakeNetns)
+		release()
+	}()
+	_, err = d.run("DEL")
+	noErr(t, "DEL while the netns goes", err)
+	if got := d.decisions(); got[len(got)-1] != "DEL skip" {
+		t.Errorf("decisions %v, want DEL skip last", got)
+	}
+}
