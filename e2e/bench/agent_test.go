@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -26,6 +25,8 @@ import (
 
 	"github.com/nftmesh/nftmesh/testkit/istiotest"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
+
+	"github.com/nftmesh/nftmesh/testkit/syncbuf"
 )
 
 // The cluster the agent is measured in: nodePods on its node among
@@ -63,7 +64,7 @@ type agent struct {
 	runDir  string // its agent run dir (kubeconfig, socket, plugin log)
 	metrics string // host:port of /readyz and /metrics
 	started time.Time
-	logs    *syncBuffer
+	logs    *syncbuf.Buffer
 }
 
 // startAgent runs the agent binary as the DaemonSet runs it, with repair in
@@ -92,7 +93,7 @@ func startAgent(b *testing.B, api *kubetest.Server) *agent {
 	writeFile(b, filepath.Join(sa, "namespace"), agentNS)
 	writeFile(b, filepath.Join(dir, "conf", "10-bridge.conflist"),
 		`{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"bridge","bridge":"cni0","ipam":{"type":"host-local","subnet":"10.244.0.0/24"}}]}`)
-	a := &agent{runDir: filepath.Join(dir, "run"), metrics: freeAddr(b), logs: &syncBuffer{}}
+	a := &agent{runDir: filepath.Join(dir, "run"), metrics: freeAddr(b), logs: &syncbuf.Buffer{}}
 	a.cmd = exec.Command(env.agent,
 		"--cni-bin-dir", filepath.Join(dir, "bin"), "--cni-conf-dir", filepath.Join(dir, "conf"),
 		"--agent-run-dir", a.runDir, "--plugin-binary", env.ours,
@@ -342,23 +343,3 @@ func abs(v int64) int64 {
 	}
 	return v
 }
-
-// syncBuffer collects a child's output written from two pipes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
-
-var _ io.Writer = (*syncBuffer)(nil)

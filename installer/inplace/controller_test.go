@@ -1,12 +1,10 @@
 package inplace
 
 import (
-	"bytes"
 	"context"
 	"net/netip"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +21,8 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
+
+	"github.com/nftmesh/nftmesh/testkit/syncbuf"
 )
 
 // chartRepairRules are the rules the chart grants the agent in repairPods
@@ -32,23 +32,6 @@ var chartRepairRules = []rbacv1.PolicyRule{
 	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
 	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 	{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // brokenStatus is what the kubelet reports for a pod whose istio-validation
@@ -136,7 +119,7 @@ func TestRepairControllerInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := installer.NewMetrics()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	rc, err := installer.NewRepairController(agent, cfg.Repair, r, zerolog.New(&logs), m)
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +23,8 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
+
+	"github.com/nftmesh/nftmesh/testkit/syncbuf"
 )
 
 // The "other pod" of the netns test: the peer namespace runs a stand-in app
@@ -131,7 +132,7 @@ func runInjectedPod(t *testing.T, p injectedPod, agent string, agentErr error, b
 
 	// Init containers in order, as kubelet runs them: validation to the
 	// end, a native sidecar started and left running.
-	logs := map[string]*syncBuffer{}
+	logs := map[string]*syncbuf.Buffer{}
 	for _, c := range spec.InitContainers {
 		argv := append(append([]string(nil), c.Command...), c.Args...)
 		if c.Name == ValidationContainer {
@@ -227,7 +228,7 @@ type check struct {
 // as wanted. A dial answered by anyone else fails at once: capture must
 // never be partly right. Failed dials before that are tolerated (the
 // dialer may start before the server it reaches).
-func (c check) wait(t *testing.T, logs map[string]*syncBuffer) {
+func (c check) wait(t *testing.T, logs map[string]*syncbuf.Buffer) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -262,7 +263,7 @@ func (c check) wait(t *testing.T, logs map[string]*syncBuffer) {
 }
 
 // waitReady waits until a stand-in logged its "ready" event.
-func waitReady(t *testing.T, b *syncBuffer) {
+func waitReady(t *testing.T, b *syncbuf.Buffer) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !isReady(t, b) {
@@ -273,7 +274,7 @@ func waitReady(t *testing.T, b *syncBuffer) {
 	}
 }
 
-func isReady(t *testing.T, b *syncBuffer) bool {
+func isReady(t *testing.T, b *syncbuf.Buffer) bool {
 	for _, e := range events(t, b) {
 		if e.Event == standin.EventReady {
 			return true
@@ -282,7 +283,7 @@ func isReady(t *testing.T, b *syncBuffer) bool {
 	return false
 }
 
-func events(t *testing.T, b *syncBuffer) []standin.Event {
+func events(t *testing.T, b *syncbuf.Buffer) []standin.Event {
 	t.Helper()
 	if b == nil {
 		return nil
@@ -313,7 +314,7 @@ func proxyIdentity(t *testing.T, ev []standin.Event) (int, int) {
 	return 0, 0
 }
 
-func dump(logs map[string]*syncBuffer) string {
+func dump(logs map[string]*syncbuf.Buffer) string {
 	var b strings.Builder
 	for name, l := range logs {
 		fmt.Fprintf(&b, "== %s\n%s", name, tail(l.String(), 30))
@@ -481,11 +482,11 @@ func runToEnd(t *testing.T, ns string, c corev1.Container, pod *corev1.PodSecuri
 
 // startIn starts argv in the namespace as the container would and stops it
 // (SIGTERM, which the stand-ins answer with exit 0) when the test ends.
-func startIn(t *testing.T, ns string, c corev1.Container, pod *corev1.PodSecurityContext, argv []string) *syncBuffer {
+func startIn(t *testing.T, ns string, c corev1.Container, pod *corev1.PodSecurityContext, argv []string) *syncbuf.Buffer {
 	t.Helper()
 	cmd := command(c, pod, argv)
-	out := &syncBuffer{}
-	var stderr syncBuffer
+	out := &syncbuf.Buffer{}
+	var stderr syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = out, &stderr
 	if err := netlab.Do(ns, cmd.Start); err != nil {
 		t.Fatalf("starting %s %v: %v", c.Name, argv, err)
@@ -511,23 +512,6 @@ func startIn(t *testing.T, ns string, c corev1.Container, pod *corev1.PodSecurit
 		}
 	})
 	return out
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestTProxyInboundBeforeProxyListens: in TPROXY mode, until the proxy

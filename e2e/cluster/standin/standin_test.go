@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftmesh/nftmesh/testkit/syncbuf"
 )
 
 func TestParseTarget(t *testing.T) {
@@ -138,7 +140,7 @@ func TestParseEvents(t *testing.T) {
 
 // listening returns the address of the first "listening" event of name
 // in the log so far.
-func listening(t *testing.T, buf *syncBuffer, name, proto string) string {
+func listening(t *testing.T, buf *syncbuf.Buffer, name, proto string) string {
 	t.Helper()
 	ev, err := ParseEvents(strings.NewReader(buf.String()))
 	if err != nil {
@@ -158,7 +160,7 @@ func listening(t *testing.T, buf *syncBuffer, name, proto string) string {
 // "dialed" event, and the server logs the same connection as "accepted".
 // Without redirection the original destination is the address dialed.
 func TestServeAndDialLoopback(t *testing.T) {
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	log := NewLog(&buf, "app", "pod-a")
 	srv := &Server{}
 	t.Cleanup(func() { _ = srv.Close() })
@@ -239,7 +241,7 @@ func TestDialRejectsForeignReply(t *testing.T) {
 }
 
 func TestLogStampsEvents(t *testing.T) {
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	l := NewLog(&buf, "proxy", "pod-b")
 	l.now = func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) }
 	l.Emit(Event{Event: EventStopping, Prog: "ignored", Pod: "ignored"})
