@@ -215,6 +215,21 @@ table inet nts {
 func TestThreadCredsMatchChildProcess(t *testing.T) {
 	needRoot(t)
 	topo, _ := newTopo(t, TopologyOptions{})
+	child := childBinary(t)
+	checkThreadMatchesProcess(t, topo, "a real process", func(p Probe) Result { return childResult(t, topo, child, p) })
+	// The test process itself kept its identity: only probe threads changed.
+	if os.Getuid() != 0 || os.Getgid() != 0 || syscall.Geteuid() != 0 {
+		t.Errorf("process identity changed: uid %d gid %d", os.Getuid(), os.Getgid())
+	}
+}
+
+// checkThreadMatchesProcess installs rules that capture outbound TCP by the
+// proxy's UID (port 80) and GID (port 5432), then sends probes as every mix
+// of those IDs both from a Go thread with switched credentials and through
+// proc (a real process, what the thread stands in for): both must land
+// alike, where the rules send them.
+func checkThreadMatchesProcess(t *testing.T, topo *Topology, what string, proc func(Probe) Result) {
+	t.Helper()
 	nft(t, topo, `
 table inet nts {
 	chain out {
@@ -223,7 +238,6 @@ table inet nts {
 		meta skgid 1337 meta l4proto tcp tcp dport 5432 redirect to :15001
 	}
 }`)
-	child := childBinary(t)
 	for _, c := range []struct {
 		uid, gid uint32
 		dst      netip.AddrPort
@@ -237,17 +251,13 @@ table inet nts {
 	} {
 		p := Probe{From: FromApp, UID: c.uid, GID: c.gid, Proto: redirect.ProtoTCP, Dst: c.dst}
 		thread := topo.Probe(p)
-		proc := childResult(t, topo, child, p)
-		if thread != proc {
-			t.Errorf("%s: thread credentials gave %s, a real process %s", p, thread, proc)
+		got := proc(p)
+		if thread != got {
+			t.Errorf("%s: thread credentials gave %s, %s %s", p, thread, what, got)
 		}
 		if thread.Landed != c.want || thread.OrigDst != c.dst {
 			t.Errorf("%s: got %s, want %s (orig %s)", p, thread, c.want, c.dst)
 		}
-	}
-	// The test process itself kept its identity: only probe threads changed.
-	if os.Getuid() != 0 || os.Getgid() != 0 || syscall.Geteuid() != 0 {
-		t.Errorf("process identity changed: uid %d gid %d", os.Getuid(), os.Getgid())
 	}
 }
 

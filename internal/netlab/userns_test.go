@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/usernstest"
 )
 
@@ -35,36 +34,10 @@ func TestUsernsThreadCredsMatchChildProcess(t *testing.T) {
 		},
 		PodUIDBase: base, PodGIDBase: base,
 	})
-	nft(t, topo, `
-table inet nts {
-	chain out {
-		type nat hook output priority -100;
-		meta skuid 1337 meta l4proto tcp tcp dport 80 redirect to :15001
-		meta skgid 1337 meta l4proto tcp tcp dport 5432 redirect to :15001
-	}
-}`)
 	child := childBinary(t)
-	for _, c := range []struct {
-		uid, gid uint32
-		dst      netip.AddrPort
-		want     string
-	}{
-		{1337, 1337, netip.AddrPortFrom(OtherV4Host, 80), ListenerOutbound},
-		{1337, 1000, netip.AddrPortFrom(OtherV6Host, 80), ListenerOutbound},
-		{1000, 1000, netip.AddrPortFrom(OtherV4Host, 80), PeerListener(netip.AddrPortFrom(OtherV4Host, 80))},
-		{1000, 1337, netip.AddrPortFrom(OtherV4Host, 5432), ListenerOutbound},
-		{1337, 1000, netip.AddrPortFrom(OtherV4Host, 5432), PeerListener(netip.AddrPortFrom(OtherV4Host, 5432))},
-	} {
-		p := Probe{From: FromApp, UID: c.uid, GID: c.gid, Proto: redirect.ProtoTCP, Dst: c.dst}
-		thread := topo.Probe(p)
-		proc := usernsChildResult(t, holder.PID(), child, p)
-		if thread != proc {
-			t.Errorf("%s: thread credentials gave %s, a real process in the user namespace %s", p, thread, proc)
-		}
-		if thread.Landed != c.want || thread.OrigDst != c.dst {
-			t.Errorf("%s: got %s, want %s (orig %s)", p, thread, c.want, c.dst)
-		}
-	}
+	checkThreadMatchesProcess(t, topo, "a real process in the user namespace", func(p Probe) Result {
+		return usernsChildResult(t, holder.PID(), child, p)
+	})
 }
 
 // usernsChildResult runs the child probe inside the holder's user and
