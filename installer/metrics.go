@@ -47,6 +47,9 @@ type Metrics struct {
 	// duration_ms and lookup_ms of its decision records.
 	AddDuration    *prometheus.HistogramVec
 	LookupDuration *prometheus.HistogramVec
+	// Lookups counts the plugin's pod lookups by where the pod came from:
+	// the node agent's socket or the plugin's own API read.
+	Lookups *prometheus.CounterVec
 
 	// Istio's names for the same facts, so dashboards and alerts written
 	// for istio-cni keep working: see the istio* methods for the labels.
@@ -130,9 +133,13 @@ func NewMetrics() *Metrics {
 	}, []string{"decision"})
 	m.LookupDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace, Subsystem: "cni", Name: "pod_lookup_duration_seconds",
-		Help:    "Time the plugin spent looking the pod up in the API (kubeconfig, client, GET) by CNI command, failed lookups included.",
+		Help:    "Time the plugin spent looking the pod up (asking the agent, else kubeconfig, client, GET) by CNI command, failed lookups included.",
 		Buckets: buckets,
 	}, []string{"command"})
+	m.Lookups = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: "cni", Name: "pod_lookups_total",
+		Help: "The plugin's pod lookups by CNI command and path: agent (answered on the agent's socket, no API read) or api (the plugin's own GET).",
+	}, []string{"command", "path"})
 	m.ForeignCapture = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: metricsNamespace, Name: "foreign_capture_plugin",
 		Help: "1 while the CNI config chains another capture plugin (label plugin, e.g. istio-cni) and nftmesh-cni is kept out of it.",
@@ -158,7 +165,7 @@ func NewMetrics() *Metrics {
 		Help: "Broken pods handled by the repair controller, under Istio's name: type repair, delete or label; result success, skip or fail.",
 	}, []string{"type", "result"})
 	m.Registry.MustRegister(m.Installs, m.Ready, m.Reinserts, m.Fights, m.Repairs, m.PluginEvents,
-		m.ForeignCapture, m.RepairAPIReachable, m.RepairAPIErrors, m.AddDuration, m.LookupDuration, m.IstioInstalls, m.IstioReady, m.IstioRepairs,
+		m.ForeignCapture, m.RepairAPIReachable, m.RepairAPIErrors, m.AddDuration, m.LookupDuration, m.Lookups, m.IstioInstalls, m.IstioReady, m.IstioRepairs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -280,6 +280,8 @@ func (p *PluginLogFollower) emit(line []byte) {
 			rec.duration = msField(f.raw)
 		case "lookup_ms":
 			rec.lookup = msField(f.raw)
+		case "lookup":
+			_ = json.Unmarshal(f.raw, &rec.lookupPath)
 		case PluginRecordOnlyField:
 			_ = json.Unmarshal(f.raw, &rec.recordOnly)
 		}
@@ -317,12 +319,15 @@ const PluginRecordOnlyField = "record_only"
 var (
 	pluginCommands  = []string{"ADD", "DEL", "CHECK", "STATUS", "GC"}
 	pluginDecisions = []string{"capture", "skip", "remove", "error"}
+	// pluginLookupPaths: where a run's pod came from.
+	pluginLookupPaths = []string{"agent", "api"}
 )
 
 // record is what the metrics take from a plugin decision line.
 type record struct {
 	command, decision string
 	duration, lookup  float64 // seconds; <0 when the line has none
+	lookupPath        string  // agent or api; "" when the line has none
 	recordOnly        bool
 }
 
@@ -354,6 +359,13 @@ func (p *PluginLogFollower) count(r record) {
 	}
 	if r.lookup >= 0 {
 		p.m.LookupDuration.WithLabelValues(command).Observe(r.lookup)
+	}
+	if r.lookupPath != "" {
+		path := r.lookupPath
+		if !slices.Contains(pluginLookupPaths, path) {
+			path = "other"
+		}
+		p.m.Lookups.WithLabelValues(command, path).Inc()
 	}
 }
 

@@ -294,3 +294,29 @@ func TestPluginRecordLines(t *testing.T) {
 		t.Errorf("ADD duration sum %v s, want 0.0065 (2.5 ms + 4 ms)", sum)
 	}
 }
+
+// TestPluginLookupPaths: each decision line's lookup path (the agent's
+// socket or the plugin's own API read) is counted per command; a value
+// outside the vocabulary is folded into "other"; a line without one (a
+// skip before any lookup) counts nothing.
+func TestPluginLookupPaths(t *testing.T) {
+	var out lockedBuf
+	m := NewMetrics()
+	f := NewPluginLogFollower(t.TempDir(), &out, zerolog.InfoLevel, m)
+	f.consume([]byte(`{"level":"info","command":"ADD","decision":"capture","lookup":"agent","lookup_ms":0.3,"message":"ADD capture"}` + "\n" +
+		`{"level":"info","command":"ADD","decision":"capture","lookup":"agent","lookup_ms":0.2,"record_only":true,"message":"ADD capture"}` + "\n" +
+		`{"level":"info","command":"ADD","decision":"skip","lookup":"api","lookup_ms":3,"agent_miss":"no agent on the socket","message":"ADD skip"}` + "\n" +
+		`{"level":"info","command":"CHECK","decision":"capture","lookup":"carrier-pigeon","message":"CHECK ok"}` + "\n" +
+		`{"level":"info","command":"ADD","decision":"skip","reason":"namespace excluded","message":"ADD skip"}` + "\n"))
+	for _, tc := range []struct {
+		command, path string
+		want          float64
+	}{{"ADD", "agent", 2}, {"ADD", "api", 1}, {"CHECK", "other", 1}} {
+		if got := testutil.ToFloat64(m.Lookups.WithLabelValues(tc.command, tc.path)); got != tc.want {
+			t.Errorf("lookups{%s,%s} = %v, want %v", tc.command, tc.path, got, tc.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.Lookups); n != 3 {
+		t.Errorf("%d lookup series, want 3", n)
+	}
+}
