@@ -185,20 +185,7 @@ func TestUsernsTraffic(t *testing.T) {
 			opts.Prefix = "capu-"
 			opts.NewPodNetns = func(path string) (io.Closer, error) { return usernstest.NewAt(path, usernsBase) }
 			opts.PodUIDBase, opts.PodGIDBase = usernsBase, usernsBase
-			topo, err := netlab.NewTopology(opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := topo.Close(); err != nil {
-					t.Error(err)
-				}
-			})
-			ls, err := netlab.StartListeners(topo, netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = ls.Close() })
+			topo, _ := nettest.NewLab(t, opts, netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
 
 			n := open(t, topo.PodNetnsPath())
 			if uns, err := UserNamespaced(n); err != nil || !uns {

@@ -141,24 +141,11 @@ func TestRepairPodRealTraffic(t *testing.T) {
 			if err != nil || !inMesh {
 				t.Fatalf("sample pod not in mesh: %v", err)
 			}
-			topo, err := netlab.NewTopology(func() netlab.TopologyOptions {
+			topo, _ := nettest.NewLab(t, func() netlab.TopologyOptions {
 				o := netlab.TopologyOptionsFor(spec)
 				o.Prefix = "e2e-"
 				return o
-			}())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := topo.Close(); err != nil {
-					t.Error(err)
-				}
-			})
-			ls, err := netlab.StartListeners(topo, netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = ls.Close() })
+			}(), netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
 			pause := sleeper(t, topo.PodNetns)
 			cgrouptest.MovePod(t, pause, cgrouptest.CgroupfsLeaf(string(pod.UID)))
 

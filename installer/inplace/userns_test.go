@@ -81,20 +81,7 @@ func TestRepairPodUsernsPod(t *testing.T) {
 				return n, err
 			}
 			o.PodUIDBase, o.PodGIDBase = base, base
-			topo, err := netlab.NewTopology(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := topo.Close(); err != nil {
-					t.Error(err)
-				}
-			})
-			ls, err := netlab.StartListeners(topo, netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = ls.Close() })
+			topo, _ := nettest.NewLab(t, o, netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})
 			cgrouptest.MovePod(t, holder.PID(), cgrouptest.CgroupfsLeaf(string(pod.UID)))
 			// nettest topologies share addresses: never program another
 			// test's namespace.

@@ -24,24 +24,7 @@ func needRoot(t *testing.T) {
 // destination, as the nil-spec model says.
 func TestProbesWithoutRules(t *testing.T) {
 	needRoot(t)
-	topo, err := netlab.NewTopology(netlab.TopologyOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := topo.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	ls, err := netlab.StartListeners(topo, netlab.ListenerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ls.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	topo, _ := NewLab(t, netlab.TopologyOptions{}, netlab.ListenerOptions{})
 	cases := ExpectedProbesFor(nil, topo)
 	peer := 0
 	for _, o := range RunProbes(topo, cases) {

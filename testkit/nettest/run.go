@@ -73,6 +73,32 @@ type TestingT interface {
 	Cleanup(func())
 }
 
+// NewLab builds a topology and starts its listeners, both removed in
+// t.Cleanup (listeners first: their open sockets would keep the namespaces
+// alive).
+func NewLab(t TestingT, o netlab.TopologyOptions, lo netlab.ListenerOptions) (*netlab.Topology, *netlab.Listeners) {
+	t.Helper()
+	topo, err := netlab.NewTopology(o)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	t.Cleanup(func() {
+		if err := topo.Close(); err != nil {
+			t.Errorf("%v", err)
+		}
+	})
+	ls, err := netlab.StartListeners(topo, lo)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	t.Cleanup(func() {
+		if err := ls.Close(); err != nil {
+			t.Errorf("closing listeners: %v", err)
+		}
+	})
+	return topo, ls
+}
+
 // ScenarioRun is a scenario applied with a backend in a live topology, and
 // what its probes did.
 type ScenarioRun struct {
