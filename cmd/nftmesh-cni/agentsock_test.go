@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,7 +42,7 @@ const testNode = "node-sock"
 
 // countingRunDir is an agent run dir whose kubeconfig reaches the real API
 // server through a TLS proxy that counts the plugin's pod reads.
-func countingRunDir(t *testing.T) (string, *atomic.Int32) {
+func countingRunDir(t testing.TB) (string, *atomic.Int32) {
 	t.Helper()
 	var reads atomic.Int32
 	target, err := url.Parse(env.api.Host)
@@ -85,7 +86,7 @@ type agent struct {
 
 // startAgent serves the socket in runDir until the returned agent is
 // stopped (or the test ends).
-func startAgent(t *testing.T, runDir string) *agent {
+func startAgent(t testing.TB, runDir string) *agent {
 	t.Helper()
 	a := &agent{}
 	client := env.api.Client()
@@ -124,7 +125,7 @@ func startAgent(t *testing.T, runDir string) *agent {
 
 // nodePod is a pod of testdata/pods/file scheduled to testNode, stored in
 // the API.
-func nodePod(t *testing.T, file string) *corev1.Pod {
+func nodePod(t testing.TB, file string) *corev1.Pod {
 	t.Helper()
 	p := loadPod(t, file)
 	p.Spec.NodeName = testNode
@@ -133,7 +134,7 @@ func nodePod(t *testing.T, file string) *corev1.Pod {
 
 // lookups reads the lookup field of the plugin's decision lines in runDir,
 // by pod name.
-func lookups(t *testing.T, runDir string) map[string]string {
+func lookups(t testing.TB, runDir string) map[string]string {
 	t.Helper()
 	f, err := os.Open(filepath.Join(runDir, LogFileName))
 	if err != nil {
@@ -307,5 +308,66 @@ func TestAgentRestartMidBurst(t *testing.T) {
 	t.Logf("lookups: %v", paths)
 	if paths[lookupAgent]+paths[lookupAPI] != n {
 		t.Fatalf("lookup paths %v, want all %d ADDs through the agent or the API", paths, n)
+	}
+}
+
+// BenchmarkPluginAddAgent alternates mesh ADDs (whole plugin process, fresh
+// netns each) answered by the agent's socket with ADDs that read the pod
+// from the API themselves (another run dir, no agent; TLS session kept), so
+// the two paths are compared in one interleaved loop. It reports each
+// path's p50 and the plugin's API reads on the agent path (want 0).
+//
+//	go test -run '^$' -bench BenchmarkPluginAddAgent -benchtime=100x ./cmd/nftmesh-cni
+func BenchmarkPluginAddAgent(b *testing.B) {
+	needEnv(b)
+	withAgent, reads := countingRunDir(b)
+	startAgent(b, withAgent)
+	without := agentRunDir(b, env.token)
+	type target struct {
+		pod   *corev1.Pod
+		netns string
+	}
+	targets := make([]target, b.N)
+	for i := range targets {
+		_, path := nstest.New(b, "cni-bench-")
+		targets[i] = target{pod: nodePod(b, "injected.yaml"), netns: path}
+	}
+	confs := [2][]byte{
+		directConf(b, "1.0.0", withAgent, prevResultV4("1.0.0", "198.51.100.30/24"), nil),
+		directConf(b, "1.0.0", without, prevResultV4("1.0.0", "198.51.100.30/24"), nil),
+	}
+	var times [2][]time.Duration
+	time.Sleep(time.Second)
+	b.ResetTimer()
+	for i := range b.N {
+		path := i % 2
+		id := "ctr-" + nstest.RandHex(6)
+		start := time.Now()
+		out, stderr, err := execPlugin("ADD", targets[i].netns, id, cniArgsFor(targets[i].pod, id), confs[path])
+		times[path] = append(times[path], time.Since(start))
+		if err != nil {
+			b.Fatalf("ADD: %v\n%s\n%s", err, out, stderr)
+		}
+	}
+	b.StopTimer()
+	med := func(v []time.Duration) float64 {
+		if len(v) == 0 {
+			return 0
+		}
+		slices.Sort(v)
+		return float64(v[len(v)/2].Microseconds()) / 1000
+	}
+	a, g := med(times[0]), med(times[1])
+	b.ReportMetric(a, "agent-p50-ms")
+	b.ReportMetric(g, "api-p50-ms")
+	if g > 0 {
+		b.ReportMetric(a/g, "agent/api")
+	}
+	b.ReportMetric(float64(reads.Load()), "api-reads-agent-path")
+	got := lookups(b, withAgent)
+	for i := 0; i < b.N; i += 2 {
+		if p := targets[i].pod.Name; got[p] != lookupAgent {
+			b.Fatalf("pod %s on the agent path: lookup=%q (%s)", p, got[p], got[p+"/miss"])
+		}
 	}
 }
