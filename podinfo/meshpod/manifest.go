@@ -1,6 +1,7 @@
 package meshpod
 
 import (
+	"encoding/json"
 	"fmt"
 
 	"sigs.k8s.io/yaml"
@@ -8,8 +9,9 @@ import (
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
-// The manifest mirror: the JSON names of the Pod fields Decide reads, as
-// `kubectl get pod -o yaml|json` prints them. Other fields are ignored, as a
+// The manifest mirror: the JSON names of the Pod fields Decide reads (and
+// the UID), as `kubectl get pod -o yaml|json` prints them and the API server
+// sends them. Other fields are ignored, as a
 // non-strict decode of a corev1.Pod ignores unknown ones.
 type manifest struct {
 	APIVersion string `json:"apiVersion"`
@@ -17,6 +19,7 @@ type manifest struct {
 	Metadata   struct {
 		Name        string            `json:"name"`
 		Namespace   string            `json:"namespace"`
+		UID         string            `json:"uid"`
 		Labels      map[string]string `json:"labels"`
 		Annotations map[string]string `json:"annotations"`
 	} `json:"metadata"`
@@ -85,6 +88,33 @@ func ParseManifestNamed(data []byte, name string) (*Pod, error) {
 	case m.APIVersion != "" && m.APIVersion != "v1":
 		return nil, fmt.Errorf("manifest apiVersion is %s (want v1)", quote.Value(m.APIVersion))
 	}
+	return m.pod(), nil
+}
+
+// DecodeAPIPod decodes a Pod as the API server sends it (JSON, kind Pod,
+// apiVersion v1) into the fields the capture decision reads, and its UID.
+// Another kind or version is an error naming what came.
+func DecodeAPIPod(body []byte) (p *Pod, uid string, err error) {
+	// The kind first: another kind's fields need not fit a Pod's.
+	var tm struct {
+		Kind       string `json:"kind"`
+		APIVersion string `json:"apiVersion"`
+	}
+	if err := json.Unmarshal(body, &tm); err != nil {
+		return nil, "", fmt.Errorf("decoding the API server's answer: %w", err)
+	}
+	if tm.Kind != "Pod" || tm.APIVersion != "v1" {
+		return nil, "", fmt.Errorf("the API server answered with a %s of apiVersion %s, not a v1 Pod", quote.Value(tm.Kind), quote.Value(tm.APIVersion))
+	}
+	var m manifest
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, "", fmt.Errorf("decoding the API server's Pod: %w", err)
+	}
+	return m.pod(), m.Metadata.UID, nil
+}
+
+// pod is the decision's view of a decoded manifest.
+func (m *manifest) pod() *Pod {
 	p := &Pod{
 		Namespace:   m.Metadata.Namespace,
 		Name:        m.Metadata.Name,
@@ -113,5 +143,5 @@ func ParseManifestNamed(data []byte, name string) (*Pod, error) {
 	for _, ip := range m.Status.PodIPs {
 		p.PodIPs = append(p.PodIPs, ip.IP)
 	}
-	return p, nil
+	return p
 }

@@ -283,91 +283,14 @@ func isJSON(ctype string) bool {
 	return err == nil && mt == "application/json"
 }
 
-// podJSON is the JSON of a Pod as the API server sends it, only the fields
-// the decision reads (the same mirror as meshpod's manifests) and the UID.
-type podJSON struct {
-	Kind       string `json:"kind"`
-	APIVersion string `json:"apiVersion"`
-	Metadata   struct {
-		Name        string            `json:"name"`
-		Namespace   string            `json:"namespace"`
-		UID         string            `json:"uid"`
-		Labels      map[string]string `json:"labels"`
-		Annotations map[string]string `json:"annotations"`
-	} `json:"metadata"`
-	Spec struct {
-		InitContainers []containerJSON `json:"initContainers"`
-		Containers     []containerJSON `json:"containers"`
-	} `json:"spec"`
-	Status struct {
-		PodIP  string `json:"podIP"`
-		PodIPs []struct {
-			IP string `json:"ip"`
-		} `json:"podIPs"`
-	} `json:"status"`
-}
-
-type containerJSON struct {
-	Name string   `json:"name"`
-	Args []string `json:"args"`
-	Env  []struct {
-		Name  string `json:"name"`
-		Value string `json:"value"`
-	} `json:"env"`
-	SecurityContext *struct {
-		RunAsUser  *int64 `json:"runAsUser"`
-		RunAsGroup *int64 `json:"runAsGroup"`
-	} `json:"securityContext"`
-}
-
 // decodePod decodes a Pod answer; anything else (another kind, another
 // version) is an error naming what came.
 func decodePod(body []byte) (*Pod, error) {
-	// The kind first: another kind's fields need not fit a Pod's.
-	var tm struct {
-		Kind       string `json:"kind"`
-		APIVersion string `json:"apiVersion"`
+	p, uid, err := meshpod.DecodeAPIPod(body)
+	if err != nil {
+		return nil, err
 	}
-	if err := json.Unmarshal(body, &tm); err != nil {
-		return nil, fmt.Errorf("decoding the API server's answer: %w", err)
-	}
-	if tm.Kind != "Pod" || tm.APIVersion != "v1" {
-		return nil, fmt.Errorf("the API server answered with a %s of apiVersion %s, not a v1 Pod", quote.Value(tm.Kind), quote.Value(tm.APIVersion))
-	}
-	var pj podJSON
-	if err := json.Unmarshal(body, &pj); err != nil {
-		return nil, fmt.Errorf("decoding the API server's Pod: %w", err)
-	}
-	p := &meshpod.Pod{
-		Namespace:      pj.Metadata.Namespace,
-		Name:           pj.Metadata.Name,
-		Labels:         pj.Metadata.Labels,
-		Annotations:    pj.Metadata.Annotations,
-		InitContainers: containers(pj.Spec.InitContainers),
-		Containers:     containers(pj.Spec.Containers),
-	}
-	if pj.Status.PodIP != "" {
-		p.PodIPs = append(p.PodIPs, pj.Status.PodIP)
-	}
-	for _, ip := range pj.Status.PodIPs {
-		p.PodIPs = append(p.PodIPs, ip.IP)
-	}
-	return &Pod{UID: pj.Metadata.UID, Pod: p}, nil
-}
-
-func containers(cs []containerJSON) []meshpod.Container {
-	var out []meshpod.Container
-	for _, c := range cs {
-		mc := meshpod.Container{Name: c.Name, Args: c.Args}
-		for _, e := range c.Env {
-			mc.Env = append(mc.Env, meshpod.EnvVar{Name: e.Name, Value: e.Value})
-		}
-		if sc := c.SecurityContext; sc != nil {
-			mc.RunAsUser, mc.RunAsGroup = sc.RunAsUser, sc.RunAsGroup
-		}
-		out = append(out, mc)
-	}
-	return out
+	return &Pod{UID: uid, Pod: p}, nil
 }
 
 // StatusError is an API server's answer other than 2xx: its HTTP code and,
