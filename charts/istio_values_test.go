@@ -63,8 +63,8 @@ func TestIstioValuesFileTakesEffect(t *testing.T) {
 	cfg := r.agentConfig(t)
 	// logging.level in Istio's scope form: the most verbose scope wins, for
 	// the agent and the plugin.
-	if cfg.LogLevel != zerolog.DebugLevel || cfg.PluginConf().LogLevel != "debug" {
-		t.Errorf("log level %v / plugin %s, want debug", cfg.LogLevel, cfg.PluginConf().LogLevel)
+	if cfg.LogLevel != zerolog.DebugLevel || *cfg.PluginConf().LogLevel != "debug" {
+		t.Errorf("log level %v / plugin %s, want debug", cfg.LogLevel, *cfg.PluginConf().LogLevel)
 	}
 	// global.logAsJson=false: plain-text lines.
 	if cfg.LogFormat != "text" {

@@ -47,7 +47,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		t.Error(c.KubeconfigPath())
 	}
 	pc := c.PluginConf()
-	if pc.Kubeconfig != "/var/run/nftmesh/kubeconfig" || pc.AgentRunDir != "/var/run/nftmesh" || pc.APITimeout != "30s" || pc.CNIVersion != "" {
+	if *pc.Kubeconfig != "/var/run/nftmesh/kubeconfig" || *pc.AgentRunDir != "/var/run/nftmesh" || *pc.APITimeout != "30s" || pc.CNIVersion != "" {
 		t.Errorf("plugin conf %+v", pc)
 	}
 }
@@ -288,7 +288,7 @@ func TestParseLogLevelIstioForms(t *testing.T) {
 	}
 	// Through the agent's configuration, as the chart passes it.
 	c, err := ParseConfig(nil, withEnv(map[string]string{"NFTMESH_LOG_LEVEL": "default:info,cni-plugin:debug"}))
-	if err != nil || c.LogLevel != zerolog.DebugLevel || c.PluginConf().LogLevel != "debug" {
+	if err != nil || c.LogLevel != zerolog.DebugLevel || *c.PluginConf().LogLevel != "debug" {
 		t.Errorf("scope form through the environment: %v %+v", err, c)
 	}
 }

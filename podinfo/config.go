@@ -28,6 +28,10 @@ type (
 	ConfigError = cniconf.ConfigError
 	// K8sArgs are the pod identity kubelet passes in CNI_ARGS.
 	K8sArgs = cniconf.K8sArgs
+	// PluginConf is the plugin's entry as the agent writes it.
+	PluginConf = cniconf.PluginConf
+	// PluginSettings are the plugin's own fields of that entry.
+	PluginSettings = cniconf.PluginSettings
 )
 
 // ParseConfig decodes and validates the plugin config (see cniconf).

@@ -53,20 +53,15 @@ type Config struct {
 	APITimeout        time.Duration // bound on the pod lookup, retries included
 }
 
-// rawConfig is the wire form. Istio's older names (plugin_log_level,
-// cni_agent_run_dir) are read when ours are absent, so an Istio conflist
-// entry keeps its meaning when only the type is changed.
+// rawConfig is what the plugin reads: the shared wire fields, and Istio's
+// older names (plugin_log_level, cni_agent_run_dir), read when ours are
+// absent, so an Istio conflist entry keeps its meaning when only the type
+// is changed.
 type rawConfig struct {
 	types.NetConf
-	LogLevel          *string  `json:"log_level"`
-	IstioLogLevel     *string  `json:"plugin_log_level"`
-	ExcludeNamespaces []string `json:"exclude_namespaces"`
-	PodNamespace      string   `json:"pod_namespace"`
-	AgentRunDir       *string  `json:"agent_run_dir"`
-	IstioAgentRunDir  *string  `json:"cni_agent_run_dir"`
-	Kubeconfig        *string  `json:"kubeconfig"`
-	Backend           *string  `json:"backend"`
-	APITimeout        *string  `json:"api_timeout"`
+	PluginSettings
+	IstioLogLevel    *string `json:"plugin_log_level"`
+	IstioAgentRunDir *string `json:"cni_agent_run_dir"`
 }
 
 // ConfigError is a problem with one field of the plugin config.
@@ -90,7 +85,8 @@ func ParseConfig(stdin []byte) (*Config, error) {
 	if err := json.Unmarshal(stdin, &raw); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
-			return nil, &ConfigError{Field: strings.TrimPrefix(te.Field, "NetConf."), Reason: fmt.Sprintf("has the wrong type (got a JSON %s, want %s)", te.Value, jsonKind(te.Type.Kind().String()))}
+			field := strings.TrimPrefix(strings.TrimPrefix(te.Field, "NetConf."), "PluginSettings.")
+			return nil, &ConfigError{Field: field, Reason: fmt.Sprintf("has the wrong type (got a JSON %s, want %s)", te.Value, jsonKind(te.Type.Kind().String()))}
 		}
 		return nil, fmt.Errorf("decoding plugin config: %w", err)
 	}
