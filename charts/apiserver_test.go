@@ -22,6 +22,8 @@ import (
 
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/inplace"
+	"github.com/nftmesh/nftmesh/installer/metrics"
+	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
@@ -191,8 +193,8 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		}
 		// The controller authenticates as the chart's ServiceAccount.
 		c := kubernetes.NewForConfigOrDie(s.ConfigFor(s.TokenFor(t, agentNS, "nftmesh-agent")))
-		m := installer.NewMetrics()
-		rcon, err := installer.NewRepairController(c, cfg.Repair, nil, zerolog.New(io.Discard), m)
+		m := metrics.New()
+		rcon, err := repair.New(c, cfg.Repair, nil, zerolog.New(io.Discard), m)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,8 +321,8 @@ func TestChartOnRealAPIServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := kubernetes.NewForConfigOrDie(s.ConfigFor(s.TokenFor(t, agentNS, "nftmesh-agent")))
-		m := installer.NewMetrics()
-		rcon, err := installer.NewRepairController(c, cfg.Repair, r, zerolog.New(io.Discard), m)
+		m := metrics.New()
+		rcon, err := repair.New(c, cfg.Repair, r, zerolog.New(io.Discard), m)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/installer/repair"
 )
 
 const chartDir = "nftmesh"
@@ -430,7 +431,7 @@ func TestSchemaRejectsTyposAndWrongTypes(t *testing.T) {
 type repairCase struct {
 	name     string
 	set      []string
-	mode     installer.RepairMode
+	mode     repair.Mode
 	rules    []rbacv1.PolicyRule // of the repair ClusterRole; nil: no such role
 	caps     []corev1.Capability
 	hostProc bool
@@ -439,23 +440,23 @@ type repairCase struct {
 var podGet = rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}}
 
 var repairCases = []repairCase{
-	{name: "off", set: []string{"repair.enabled=false"}, mode: installer.RepairNone, caps: []corev1.Capability{"NET_ADMIN"}},
-	{name: "enabled-no-mode", set: []string{"repair.repairPods=false"}, mode: installer.RepairNone, caps: []corev1.Capability{"NET_ADMIN"}},
-	{name: "delete", set: []string{"repair.repairPods=false", "repair.deletePods=true"}, mode: installer.RepairDelete, caps: []corev1.Capability{"NET_ADMIN"}, rules: []rbacv1.PolicyRule{
+	{name: "off", set: []string{"repair.enabled=false"}, mode: repair.None, caps: []corev1.Capability{"NET_ADMIN"}},
+	{name: "enabled-no-mode", set: []string{"repair.repairPods=false"}, mode: repair.None, caps: []corev1.Capability{"NET_ADMIN"}},
+	{name: "delete", set: []string{"repair.repairPods=false", "repair.deletePods=true"}, mode: repair.Delete, caps: []corev1.Capability{"NET_ADMIN"}, rules: []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch", "delete"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
 	}},
-	{name: "label", set: []string{"repair.repairPods=false", "repair.labelPods=true"}, mode: installer.RepairLabel, caps: []corev1.Capability{"NET_ADMIN"}, rules: []rbacv1.PolicyRule{
+	{name: "label", set: []string{"repair.repairPods=false", "repair.labelPods=true"}, mode: repair.Label, caps: []corev1.Capability{"NET_ADMIN"}, rules: []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
 	}},
-	{name: "repair in place (default)", mode: installer.RepairInPlace, hostProc: true,
+	{name: "repair in place (default)", mode: repair.InPlace, hostProc: true,
 		caps: []corev1.Capability{"NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"}, rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
 		}},
-	{name: "repair in place, nftables backend", set: []string{"backend=nftables"}, mode: installer.RepairInPlace, hostProc: true,
+	{name: "repair in place, nftables backend", set: []string{"backend=nftables"}, mode: repair.InPlace, hostProc: true,
 		caps: []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}, rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/installer/repair"
 )
 
 func (r *rendered) agentConfig(t *testing.T) *installer.Config {
@@ -80,7 +81,7 @@ func TestIstioValuesFileTakesEffect(t *testing.T) {
 		cfg.CNIConfFileName != "10-calico.conflist" || !cfg.Chained || !slices.Equal(cfg.ExcludeNamespaces, []string{"kube-system", "istio-system"}) {
 		t.Errorf("dirs %s %s, agent %+v", hostPath(ds, "cni-bin-dir"), hostPath(ds, "cni-conf-dir"), cfg)
 	}
-	if cfg.Repair.Mode() != installer.RepairDelete || cfg.Repair.InitContainerName != "istio-validation" || cfg.Repair.BrokenPodLabelKey != "cni.istio.io/uninitialized" {
+	if cfg.Repair.Mode() != repair.Delete || cfg.Repair.InitContainerName != "istio-validation" || cfg.Repair.BrokenPodLabelKey != "cni.istio.io/uninitialized" {
 		t.Errorf("repair %+v", cfg.Repair)
 	}
 

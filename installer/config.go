@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
@@ -32,17 +33,6 @@ var LogFormats = []string{"json", "text"}
 
 // Backends the plugin understands.
 var Backends = []string{"auto", "nftables", "iptables-legacy"}
-
-// RepairMode is the single repair action the controller takes.
-type RepairMode string
-
-// Repair modes, in Istio's order of precedence.
-const (
-	RepairNone    RepairMode = ""
-	RepairInPlace RepairMode = "repair"
-	RepairDelete  RepairMode = "delete"
-	RepairLabel   RepairMode = "label"
-)
 
 // Config is the agent's whole configuration. Paths are as the agent sees
 // them (inside the DaemonSet pod: /host/...), except AgentRunDir, which the
@@ -79,44 +69,7 @@ type Config struct {
 	FightThreshold int
 	FightWindow    time.Duration
 
-	Repair RepairConfig
-}
-
-// RepairConfig configures the repair controller: the same switches as
-// Istio's CNI repair controller (repair pods, delete them, or label them).
-type RepairConfig struct {
-	Enabled                         bool
-	RepairPods                      bool
-	DeletePods                      bool
-	LabelPods                       bool
-	NodeName                        string
-	InitContainerName               string
-	InitContainerExitCode           int
-	InitContainerTerminationMessage string
-	SidecarAnnotation               string
-	BrokenPodLabelKey               string
-	BrokenPodLabelValue             string
-	LabelSelectors                  string
-	FieldSelectors                  string
-	// HostProc is the host's /proc as the agent sees it (the chart mounts
-	// it at /host/proc); repair in place finds pod namespaces there.
-	HostProc string
-}
-
-// Mode is the action the controller takes; Istio's precedence applies
-// when several are set (repair in place, then delete, then label).
-func (r RepairConfig) Mode() RepairMode {
-	switch {
-	case !r.Enabled:
-		return RepairNone
-	case r.RepairPods:
-		return RepairInPlace
-	case r.DeletePods:
-		return RepairDelete
-	case r.LabelPods:
-		return RepairLabel
-	}
-	return RepairNone
+	Repair repair.Config
 }
 
 // KubeconfigPath is where the plugin finds its kubeconfig.
@@ -170,6 +123,7 @@ func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
 	fs := pflag.NewFlagSet("nftmesh-agent", pflag.ContinueOnError)
 	fs.SortFlags = false
 	logLevel := new(string)
+	rd := repair.DefaultConfig()
 	fs.StringSliceVar(&c.CNIBinDirs, "cni-bin-dir", []string{"/host/opt/cni/bin"}, "host CNI bin dir to install "+PluginName+" into (repeatable, or comma-separated)")
 	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "host CNI config dir")
 	fs.StringVar(&c.CNIConfFileName, "cni-conf-file-name", "", "CNI config file to use instead of discovering the primary one (standalone: the file to write)")
@@ -198,15 +152,15 @@ func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
 	fs.BoolVar(&c.Repair.DeletePods, "repair-delete-pods", false, "delete broken pods so their controller recreates them")
 	fs.BoolVar(&c.Repair.LabelPods, "repair-label-pods", false, "label broken pods through pods/status")
 	fs.StringVar(&c.Repair.NodeName, "repair-node-name", "", "node whose pods the repair controller watches (default --node-name)")
-	fs.StringVar(&c.Repair.InitContainerName, "repair-init-container-name", "istio-validation", "validation init container that detects a missing capture")
-	fs.IntVar(&c.Repair.InitContainerExitCode, "repair-init-container-exit-code", 126, "exit code of a failed validation (0: any)")
+	fs.StringVar(&c.Repair.InitContainerName, "repair-init-container-name", rd.InitContainerName, "validation init container that detects a missing capture")
+	fs.IntVar(&c.Repair.InitContainerExitCode, "repair-init-container-exit-code", rd.InitContainerExitCode, "exit code of a failed validation (0: any)")
 	fs.StringVar(&c.Repair.InitContainerTerminationMessage, "repair-init-container-termination-message", "", "substring the validation's termination message must contain (empty: any)")
-	fs.StringVar(&c.Repair.SidecarAnnotation, "repair-sidecar-annotation", "sidecar.istio.io/status", "annotation every repairable pod carries")
-	fs.StringVar(&c.Repair.BrokenPodLabelKey, "repair-broken-pod-label-key", "cni.istio.io/uninitialized", "label set on broken pods in label mode")
-	fs.StringVar(&c.Repair.BrokenPodLabelValue, "repair-broken-pod-label-value", "true", "value of that label")
+	fs.StringVar(&c.Repair.SidecarAnnotation, "repair-sidecar-annotation", rd.SidecarAnnotation, "annotation every repairable pod carries")
+	fs.StringVar(&c.Repair.BrokenPodLabelKey, "repair-broken-pod-label-key", rd.BrokenPodLabelKey, "label set on broken pods in label mode")
+	fs.StringVar(&c.Repair.BrokenPodLabelValue, "repair-broken-pod-label-value", rd.BrokenPodLabelValue, "value of that label")
 	fs.StringVar(&c.Repair.LabelSelectors, "repair-label-selectors", "", "extra label selector for watched pods")
 	fs.StringVar(&c.Repair.FieldSelectors, "repair-field-selectors", "", "extra field selector for watched pods")
-	fs.StringVar(&c.Repair.HostProc, "host-proc", "/host/proc", "the host's /proc as mounted in the agent, where repair in place finds pod network namespaces (/proc outside a cluster)")
+	fs.StringVar(&c.Repair.HostProc, "host-proc", rd.HostProc, "the host's /proc as mounted in the agent, where repair in place finds pod network namespaces (/proc outside a cluster)")
 
 	boolish := func(v string) (string, error) {
 		b, err := strconv.ParseBool(v)
@@ -543,7 +497,7 @@ func (c *Config) finish(logLevel string, sources map[string]string, getenv func(
 		sources["repair-node-name"] = sources["node-name"]
 	}
 	if r.Enabled {
-		if r.Mode() != RepairNone && r.NodeName == "" {
+		if r.Mode() != repair.None && r.NodeName == "" {
 			return bad("repair-node-name", "", "the repair controller needs this node's name (NODE_NAME or --node-name)")
 		}
 		if r.InitContainerName == "" {
@@ -570,7 +524,7 @@ func (c *Config) finish(logLevel string, sources map[string]string, getenv func(
 		if _, err := fields.ParseSelector(r.FieldSelectors); err != nil {
 			return bad("repair-field-selectors", r.FieldSelectors, err.Error())
 		}
-		if r.Mode() == RepairInPlace {
+		if r.Mode() == repair.InPlace {
 			if err := absPath("host-proc", &r.HostProc, false); err != nil {
 				return err
 			}

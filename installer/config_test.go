@@ -9,6 +9,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
+
+	"github.com/nftmesh/nftmesh/installer/repair"
 )
 
 var inCluster = map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
@@ -36,7 +38,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		ExcludeNamespaces: []string{"kube-system"}, HealthAddr: ":8000", MetricsAddr: ":15014",
 		Backend: "auto", LogLevel: zerolog.InfoLevel, LogFormat: "json", NetworkName: "nftmesh-cni", APITimeout: 30 * time.Second,
 		ReinstallRate: 1, ReinstallBurst: 5, FightThreshold: 5, FightWindow: time.Minute,
-		Repair: RepairConfig{InitContainerName: "istio-validation", InitContainerExitCode: 126,
+		Repair: repair.Config{InitContainerName: "istio-validation", InitContainerExitCode: 126,
 			SidecarAnnotation: "sidecar.istio.io/status", BrokenPodLabelKey: "cni.istio.io/uninitialized", BrokenPodLabelValue: "true",
 			HostProc: "/host/proc"},
 	}
@@ -87,7 +89,7 @@ func TestParseConfigIstioEnvAndPrecedence(t *testing.T) {
 		{"metrics", c.MetricsAddr, "127.0.0.1:1"},
 		{"backend", c.Backend, "iptables-legacy"},
 		{"log level", c.LogLevel, zerolog.DebugLevel},
-		{"repair mode", c.Repair.Mode(), RepairDelete},
+		{"repair mode", c.Repair.Mode(), repair.Delete},
 		{"repair node", c.Repair.NodeName, "node-a"},
 		{"server", c.KubeAPIServer, "https://[fd00::1]:6443"},
 	}
@@ -120,7 +122,7 @@ func TestParseConfigIstioEnvAndPrecedence(t *testing.T) {
 		t.Errorf("outside a cluster without kubeconfig: %v", err)
 	}
 	c, err = ParseConfig([]string{"--repair-enabled", "--repair-pods", "--repair-delete-pods", "--node-name", "n"}, withEnv(nil))
-	if err != nil || c.Repair.Mode() != RepairInPlace {
+	if err != nil || c.Repair.Mode() != repair.InPlace {
 		t.Errorf("precedence: %v %v", err, c.Repair.Mode())
 	}
 }
@@ -238,7 +240,7 @@ func FuzzParseConfig(f *testing.F) {
 		if c.ServiceAccountDir != "" && c.KubeAPIServer == "" {
 			t.Fatal("kubeconfig without a server")
 		}
-		if c.Repair.Mode() != RepairNone && c.Repair.NodeName == "" {
+		if c.Repair.Mode() != repair.None && c.Repair.NodeName == "" {
 			t.Fatal("repair without a node")
 		}
 		_ = c.PluginConf().JSON()

@@ -1,4 +1,4 @@
-// Package installer is the nftmesh node agent's library: it puts the
+// Package installer is the node agent's install job: it puts the
 // nftmesh-cni plugin on a node and keeps it there.
 //
 // It owns the agent's configuration (flags and environment, with Istio's
@@ -7,17 +7,19 @@
 // service account, discovery of the primary CNI config the way the container
 // runtime does it, the insertion of our plugin entry into that config (or a
 // standalone file for Multus), the fsnotify watch that puts the entry back
-// when the primary CNI rewrites its file, the cleanup that leaves the primary
-// config byte-identical to what it would be without us, the health, readiness
-// and Prometheus endpoints, and the repair controller for pods that started
-// before the plugin was in place.
+// when the primary CNI rewrites its file, and the cleanup that leaves the
+// primary config byte-identical to what it would be without us.
 //
-// It also surfaces the plugin's log file in the agent's log
-// (PluginLogFollower).
+// The agent's other jobs live in subpackages, which never import this one:
+// installer/repair (the repair controller and its strategies),
+// installer/inplace (repair in place through the capture pipeline),
+// installer/pluginlog (the plugin's log and decision records) and
+// installer/metrics (Prometheus series, health and readiness endpoints).
+// The plugin's conflist entry is podinfo.PluginConf, which the plugin
+// reads.
 //
-// It does not program any capture rules and imports no backend: in-place
-// repair reaches the backends through the PodRepairer interface, which
-// installer/inplace implements and the command wires in. Functions return errors and never log, except Run and the
-// repair controller, which take the agent's zerolog logger because they are
-// long-running loops whose events matter to an operator.
+// It does not program any capture rules and imports no backend. Functions
+// return errors and never log, except Run, which takes the agent's zerolog
+// logger because it is a long-running loop whose events matter to an
+// operator.
 package installer

@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/time/rate"
 
+	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/podinfo"
 )
 
@@ -81,7 +82,7 @@ func (in *Installer) foreignCapture(p string) error {
 type Installer struct {
 	cfg  *Config
 	log  zerolog.Logger
-	m    *Metrics
+	m    *metrics.Metrics
 	src  *binarySource
 	ours json.RawMessage
 
@@ -110,9 +111,9 @@ type Installer struct {
 
 // New checks what it can without writing anything (the plugin binary must
 // be readable) and returns an Installer. m may be nil.
-func New(cfg *Config, log zerolog.Logger, m *Metrics) (*Installer, error) {
+func New(cfg *Config, log zerolog.Logger, m *metrics.Metrics) (*Installer, error) {
 	if m == nil {
-		m = NewMetrics()
+		m = metrics.New()
 	}
 	src, err := newBinarySource(cfg.PluginBinary)
 	if err != nil {
@@ -138,19 +139,19 @@ func New(cfg *Config, log zerolog.Logger, m *Metrics) (*Installer, error) {
 }
 
 // Metrics returns the installer's metrics.
-func (in *Installer) Metrics() *Metrics { return in.m }
+func (in *Installer) Metrics() *metrics.Metrics { return in.m }
 
 func (in *Installer) statePath() string { return filepath.Join(in.cfg.AgentRunDir, StateFileName) }
 
 func (in *Installer) setReady() {
 	in.ready.Store(true)
-	in.m.setReady(true)
+	in.m.SetReady(true)
 }
 
 func (in *Installer) setNotReady(err error) {
 	in.ready.Store(false)
 	in.lastErr.Store(&err)
-	in.m.setReady(false)
+	in.m.SetReady(false)
 }
 
 // Ready reports nil only while the plugin is installed and valid: the last
@@ -463,7 +464,7 @@ func (in *Installer) reconcile(ctx context.Context, dirty parts) (wrote bool, re
 		for _, d := range in.cfg.CNIBinDirs {
 			w, err := in.src.install(d)
 			if err != nil {
-				return wrote, ResultCopyBinaries, err
+				return wrote, metrics.ResultCopyBinaries, err
 			}
 			if w {
 				wrote = true
@@ -474,11 +475,11 @@ func (in *Installer) reconcile(ctx context.Context, dirty parts) (wrote bool, re
 	if dirty&partKubeconfig != 0 && in.cfg.ServiceAccountDir != "" {
 		b, err := RenderKubeconfig(in.cfg.KubeAPIServer, in.cfg.ServiceAccountDir, in.cfg.KubeCAFile)
 		if err != nil {
-			return wrote, ResultKubeconfig, err
+			return wrote, metrics.ResultKubeconfig, err
 		}
 		w, err := syncKubeconfig(in.cfg.KubeconfigPath(), b)
 		if err != nil {
-			return wrote, ResultKubeconfig, err
+			return wrote, metrics.ResultKubeconfig, err
 		}
 		if w {
 			wrote = true
@@ -494,13 +495,13 @@ func (in *Installer) reconcile(ctx context.Context, dirty parts) (wrote bool, re
 		w, err := in.installConf(ctx)
 		if err != nil {
 			if errors.Is(err, errNoPrimary) {
-				return wrote, ResultWaitingForPrimary, err
+				return wrote, metrics.ResultWaitingForPrimary, err
 			}
-			return wrote, ResultCNIConfig, err
+			return wrote, metrics.ResultCNIConfig, err
 		}
 		wrote = wrote || w
 	}
-	return wrote, ResultSuccess, nil
+	return wrote, metrics.ResultSuccess, nil
 }
 
 // watchSet classifies file events by what they invalidate.
@@ -623,9 +624,9 @@ func (in *Installer) Run(ctx context.Context) error {
 		if werr == nil {
 			wrote, result, err = in.reconcile(ctx, dirty)
 		} else {
-			result, err = ResultCopyBinaries, werr
+			result, err = metrics.ResultCopyBinaries, werr
 			if strings.Contains(werr.Error(), cfg.CNIConfDir) {
-				result = ResultCNIConfig
+				result = metrics.ResultCNIConfig
 			}
 		}
 		if ctx.Err() != nil {
@@ -651,7 +652,7 @@ func (in *Installer) Run(ctx context.Context) error {
 			dirty = partConf
 		case err == nil:
 			if wrote || !in.ready.Load() {
-				in.m.install(ResultSuccess)
+				in.m.Install(metrics.ResultSuccess)
 				in.log.Info().Msg(PluginName + " installed and valid")
 			}
 			in.installed = true
@@ -673,7 +674,7 @@ func (in *Installer) Run(ctx context.Context) error {
 			retry = time.After(time.Second)
 			dirty = partConf
 		default:
-			in.m.install(result)
+			in.m.Install(result)
 			in.setNotReady(err)
 			var ro *ReadOnlyError
 			ev := in.log.Error().Err(err).Str("result", result)

@@ -23,6 +23,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftmesh/nftmesh/podinfo"
+
+	"github.com/nftmesh/nftmesh/installer/metrics"
 )
 
 // host is a fake node file system in a temp dir.
@@ -606,7 +608,7 @@ func TestReadOnlyBinDir(t *testing.T) {
 	}
 	_, result, err := in.reconcile(context.Background(), partAll)
 	var ro *ReadOnlyError
-	if !errors.As(err, &ro) || result != ResultCopyBinaries {
+	if !errors.As(err, &ro) || result != metrics.ResultCopyBinaries {
 		t.Fatalf("want a ReadOnlyError, got %v (%s)", err, result)
 	}
 	if !strings.Contains(err.Error(), "cniBinDir") || !strings.Contains(err.Error(), h.bin2) || !strings.Contains(err.Error(), "platform (gke: /home/kubernetes/bin") {
@@ -621,16 +623,16 @@ func TestHealthReadinessMetricsOverHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs, err := Serve("127.0.0.1:0", HealthHandler(in.Ready))
+	hs, err := metrics.Serve("127.0.0.1:0", metrics.HealthHandler(in.Ready))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms, err := Serve("127.0.0.1:0", in.Metrics().Handler())
+	ms, err := metrics.Serve("127.0.0.1:0", in.Metrics().Handler())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = hs.Shutdown(context.Background()); _ = ms.Shutdown(context.Background()) })
-	get := func(s *Server, path string) (int, string) {
+	get := func(s *metrics.Server, path string) (int, string) {
 		t.Helper()
 		resp, err := http.Get("http://" + s.Addr.String() + path)
 		if err != nil {

@@ -29,6 +29,9 @@ import (
 
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/inplace"
+	"github.com/nftmesh/nftmesh/installer/metrics"
+	"github.com/nftmesh/nftmesh/installer/pluginlog"
+	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/internal/version"
 	"github.com/nftmesh/nftmesh/internal/zklog"
 )
@@ -70,15 +73,15 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	}
 	log := agentLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel)
 
-	m := installer.NewMetrics()
+	m := metrics.New()
 	in, err := installer.New(cfg, log, m)
 	if err != nil {
 		log.Error().Err(err).Msg("invalid configuration; nothing was changed on the host")
 		return exitConfig
 	}
-	var repair *installer.RepairController
-	var repairer installer.PodRepairer
-	if cfg.Repair.Mode() == installer.RepairInPlace {
+	var repairCtl *repair.Controller
+	var repairer repair.PodRepairer
+	if cfg.Repair.Mode() == repair.InPlace {
 		// The installer library imports no backend: in-place repair is
 		// wired in here.
 		r, err := inplace.New(inplace.Options{
@@ -97,10 +100,10 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	}
 	// One API client for the repair controller and the pod socket.
 	client, clientErr := repairClient(cfg)
-	if cfg.Repair.Mode() != installer.RepairNone {
+	if cfg.Repair.Mode() != repair.None {
 		err := clientErr
 		if err == nil {
-			repair, err = installer.NewRepairController(client, cfg.Repair, repairer, log, m)
+			repairCtl, err = repair.New(client, cfg.Repair, repairer, log, m)
 		}
 		if err != nil {
 			log.Error().Err(err).Msg("invalid repair configuration; nothing was changed on the host")
@@ -109,15 +112,15 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	}
 	// Without the socket the plugin reads pods from the API itself, so a
 	// socket that cannot be set up costs speed, not pod starts.
-	sock, err := newPodSocket(cfg, client, repair, log, m)
+	sock, err := newPodSocket(cfg, client, repairCtl, log, m)
 	if err != nil {
 		log.Error().Err(err).Msg("setting up the pod socket; the plugin reads pods from the API itself")
 		sock = nil
 	}
 
-	var servers []*installer.Server
+	var servers []*metrics.Server
 	serve := func(addr string, h http.Handler, what string) bool {
-		s, err := installer.Serve(addr, h)
+		s, err := metrics.Serve(addr, h)
 		if err != nil {
 			log.Error().Err(err).Msg("starting the " + what + " server")
 			return false
@@ -126,7 +129,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		servers = append(servers, s)
 		return true
 	}
-	health := installer.HealthHandler(in.Ready)
+	health := metrics.HealthHandler(in.Ready)
 	switch {
 	case cfg.HealthAddr != "" && cfg.HealthAddr == cfg.MetricsAddr:
 		mux := http.NewServeMux()
@@ -158,13 +161,13 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		Msg("starting")
 
 	// The plugin's log file, surfaced in this process's log (kubectl logs).
-	plog := installer.NewPluginLogFollower(cfg.AgentRunDir, os.Stderr, cfg.LogLevel, m)
+	plog := pluginlog.New(cfg.AgentRunDir, os.Stderr, cfg.LogLevel, m)
 	plogDone := make(chan error, 1)
 	go func() { plogDone <- plog.Run(ctx) }()
 
 	repairDone := make(chan error, 1)
-	if repair != nil {
-		go func() { repairDone <- repair.Run(ctx) }()
+	if repairCtl != nil {
+		go func() { repairDone <- repairCtl.Run(ctx) }()
 	} else {
 		repairDone <- nil
 	}
@@ -197,7 +200,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		log.Error().Err(err).Msg("pod socket failed; the plugin read pods from the API itself")
 	}
 	if err := <-plogDone; err != nil {
-		log.Warn().Err(err).Msg("following the plugin log failed; plugin lines stay in " + installer.PluginLogFileName + " only")
+		log.Warn().Err(err).Msg("following the plugin log failed; plugin lines stay in " + pluginlog.FileName + " only")
 	}
 	return code
 }

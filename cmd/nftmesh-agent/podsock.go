@@ -10,6 +10,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/installer/metrics"
+	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock/cachesource"
 )
@@ -29,7 +31,7 @@ type podSocket struct {
 // the plugin then reads pods from the API itself. It shares the repair
 // controller's informer when that one sees every pod of the node, so the
 // node has one pod watch, not two.
-func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repair *installer.RepairController, log zerolog.Logger, m *installer.Metrics) (*podSocket, error) {
+func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl *repair.Controller, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
 	node := cfg.NodeName
 	if node == "" {
 		node = cfg.Repair.NodeName
@@ -39,7 +41,7 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repair *in
 	}
 	s := &podSocket{log: log.With().Str("subsystem", "pod-socket").Logger()}
 	switch {
-	case repair == nil:
+	case repairCtl == nil:
 		// No repair, no pod watch: the chart then grants the agent's
 		// service account only "get pods", so the agent reads each pod
 		// once for the plugin (one API read per pod start, over the
@@ -47,7 +49,7 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repair *in
 	case cfg.Repair.NodeName != node:
 		s.pods, s.ownRun = cachesource.NodeInformer(client, node), true
 	default:
-		pods, nodeOnly := repair.PodInformer()
+		pods, nodeOnly := repairCtl.PodInformer()
 		if nodeOnly {
 			s.pods = pods
 		} else {
@@ -58,7 +60,7 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repair *in
 	}
 	if s.ownRun {
 		// Cache what the decision reads, as the repair controller does.
-		if err := s.pods.SetTransform(installer.SlimPod); err != nil {
+		if err := s.pods.SetTransform(repair.SlimPod); err != nil {
 			return nil, fmt.Errorf("setting the pod socket informer's transform: %w", err)
 		}
 	}

@@ -14,7 +14,8 @@ import (
 	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/installer/metrics"
+	"github.com/nftmesh/nftmesh/installer/pluginlog"
 )
 
 type syncBuf struct {
@@ -73,8 +74,8 @@ func TestDecisionsCountedAtWarn(t *testing.T) {
 				_ = json.NewEncoder(w).Encode(pod)
 			})
 			var agentLog syncBuf
-			m := installer.NewMetrics()
-			f := installer.NewPluginLogFollower(runDir, &agentLog, zerolog.InfoLevel, m)
+			m := metrics.New()
+			f := pluginlog.New(runDir, &agentLog, zerolog.InfoLevel, m)
 
 			add := func(pod *corev1.Pod, id string) {
 				t.Helper()

@@ -16,7 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/installer/metrics"
+	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
@@ -109,18 +110,15 @@ func TestRepairControllerInPlace(t *testing.T) {
 	_ = sleeper(t, other)
 	_ = createBrokenPod(t, admin, "web-other-node", "node-2", []netip.Addr{o4.Addr(), o6.Addr()})
 
-	cfg, err := installer.ParseConfig([]string{"--service-account-dir=", "--repair-enabled", "--repair-pods",
-		"--node-name", "node-1", "--host-proc", "/proc", "--backend", "nftables"}, func(string) (string, bool) { return "", false })
+	cfg := repair.DefaultConfig()
+	cfg.Enabled, cfg.RepairPods, cfg.NodeName, cfg.HostProc = true, true, "node-1", "/proc"
+	r, err := New(Options{ProcDir: cfg.HostProc, Backend: "nftables", ExcludeNamespaces: []string{"kube-system"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := New(Options{ProcDir: cfg.Repair.HostProc, Backend: cfg.Backend, ExcludeNamespaces: cfg.ExcludeNamespaces})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := installer.NewMetrics()
+	m := metrics.New()
 	var logs syncbuf.Buffer
-	rc, err := installer.NewRepairController(agent, cfg.Repair, r, zerolog.New(&logs), m)
+	rc, err := repair.New(agent, cfg, r, zerolog.New(&logs), m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +149,7 @@ func TestRepairControllerInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	repairs := func(result string) float64 {
-		return testutil.ToFloat64(m.Repairs.WithLabelValues(string(installer.RepairInPlace), result))
+		return testutil.ToFloat64(m.Repairs.WithLabelValues(string(repair.InPlace), result))
 	}
 	eventually(t, "capture rules in the broken pod's namespace", func() bool {
 		return nft.New().Check(ctx, nsPath, want) == nil

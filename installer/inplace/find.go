@@ -6,7 +6,7 @@
 // holding the pod's IPs whose processes are in the pod's cgroup, reached
 // through its oldest process, the pause container) and programming the same plan the plugin would have
 // programmed, through the shared backend selection. It does not decide which
-// pods are broken (installer's repair controller does) and it does not
+// pods are broken (installer/repair's controller does) and it does not
 // write to the API server. Functions return errors and never log.
 package inplace
 

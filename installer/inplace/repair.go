@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/podinfo"
 )
 
@@ -29,13 +29,13 @@ type Options struct {
 	Pipeline *capture.Pipeline
 }
 
-// Repairer implements installer.PodRepairer.
+// Repairer implements repair.PodRepairer.
 type Repairer struct {
 	opts Options
 	skip podinfo.Config
 }
 
-var _ installer.PodRepairer = (*Repairer)(nil)
+var _ repair.PodRepairer = (*Repairer)(nil)
 
 // New checks the options without changing anything: the backend name is
 // known and procDir is a proc file system (its self/ns/net resolves).
@@ -86,13 +86,13 @@ func PodIPs(pod *corev1.Pod) ([]netip.Addr, error) {
 // IPv6 capture decided from the addresses in the pod's network namespace),
 // finding that namespace through ProcDir, and applies the plan with the
 // backend the shared selection picks there.
-func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.RepairReport, error) {
-	var rep installer.RepairReport
+func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (repair.Report, error) {
+	var rep repair.Report
 	if pod.Spec.HostNetwork {
-		return rep, fmt.Errorf("%w: host network pod", installer.ErrRepairNotNeeded)
+		return rep, fmt.Errorf("%w: host network pod", repair.ErrNotNeeded)
 	}
 	if why := r.skip.SkipBeforeLookup(podinfo.K8sArgs{PodNamespace: pod.Namespace, PodName: pod.Name}); why != "" {
-		return rep, fmt.Errorf("%w: %s", installer.ErrRepairNotNeeded, why)
+		return rep, fmt.Errorf("%w: %s", repair.ErrNotNeeded, why)
 	}
 	// The namespace is looked for only for a pod in the mesh: its
 	// addresses decide IPv6 capture, as the plugin's do.
@@ -124,12 +124,12 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.Re
 	case capture.StepDecide:
 		// Bad annotations stay bad until the pod is recreated (the plugin
 		// would have failed it closed): retrying cannot help.
-		return rep, fmt.Errorf("%w: %w", installer.ErrRepairImpossible, err)
+		return rep, fmt.Errorf("%w: %w", repair.ErrImpossible, err)
 	default:
-		return rep, fmt.Errorf("%w: building capture rules for pod %s/%s: %w", installer.ErrRepairImpossible, pod.Namespace, pod.Name, err)
+		return rep, fmt.Errorf("%w: building capture rules for pod %s/%s: %w", repair.ErrImpossible, pod.Namespace, pod.Name, err)
 	}
 	if !d.InMesh {
-		return rep, fmt.Errorf("%w: %s", installer.ErrRepairNotNeeded, d.Reason)
+		return rep, fmt.Errorf("%w: %s", repair.ErrNotNeeded, d.Reason)
 	}
 
 	// The PID could have exited and been reused since the walk: program
@@ -149,7 +149,7 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (installer.Re
 	if errors.Is(err, capture.ErrUserNamespaced) {
 		// The configured backend can never program this pod (hostUsers:
 		// false with iptables-legacy): retrying cannot help.
-		return rep, fmt.Errorf("%w: programming capture rules for pod %s/%s in %s: %w", installer.ErrRepairImpossible, pod.Namespace, pod.Name, ns.Path, err)
+		return rep, fmt.Errorf("%w: programming capture rules for pod %s/%s in %s: %w", repair.ErrImpossible, pod.Namespace, pod.Name, ns.Path, err)
 	}
 	if err != nil {
 		return rep, fmt.Errorf("programming capture rules for pod %s/%s in %s: %w", pod.Namespace, pod.Name, ns.Path, err)

@@ -12,7 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
@@ -71,16 +71,16 @@ func TestRepairPodRefusals(t *testing.T) {
 		want error
 		text string
 	}{
-		{"host network", func() *corev1.Pod { p := loadPod(t, "injected.yaml", ip); p.Spec.HostNetwork = true; return p }, installer.ErrRepairNotNeeded, "host network"},
-		{"excluded namespace", func() *corev1.Pod { p := loadPod(t, "injected.yaml", ip); p.Namespace = "kube-system"; return p }, installer.ErrRepairNotNeeded, podinfo.ReasonExcludedNamespace},
+		{"host network", func() *corev1.Pod { p := loadPod(t, "injected.yaml", ip); p.Spec.HostNetwork = true; return p }, repair.ErrNotNeeded, "host network"},
+		{"excluded namespace", func() *corev1.Pod { p := loadPod(t, "injected.yaml", ip); p.Namespace = "kube-system"; return p }, repair.ErrNotNeeded, podinfo.ReasonExcludedNamespace},
 		{"agent pod", func() *corev1.Pod {
 			p := loadPod(t, "injected.yaml", ip)
 			p.Namespace, p.Name = "nftmesh-system", "nftmesh-agent-x1"
 			return p
-		}, installer.ErrRepairNotNeeded, podinfo.ReasonAgentPod},
-		{"no sidecar", func() *corev1.Pod { return loadPod(t, "no-sidecar.yaml", ip) }, installer.ErrRepairNotNeeded, podinfo.ReasonNoProxy},
-		{"interceptionMode NONE", func() *corev1.Pod { return loadPod(t, "interception-none.yaml", ip) }, installer.ErrRepairNotNeeded, podinfo.ReasonInterceptionNone},
-		{"bad annotation", func() *corev1.Pod { return loadPod(t, "bad-annotation.yaml", ip) }, installer.ErrRepairImpossible, "traffic.sidecar.istio.io"},
+		}, repair.ErrNotNeeded, podinfo.ReasonAgentPod},
+		{"no sidecar", func() *corev1.Pod { return loadPod(t, "no-sidecar.yaml", ip) }, repair.ErrNotNeeded, podinfo.ReasonNoProxy},
+		{"interceptionMode NONE", func() *corev1.Pod { return loadPod(t, "interception-none.yaml", ip) }, repair.ErrNotNeeded, podinfo.ReasonInterceptionNone},
+		{"bad annotation", func() *corev1.Pod { return loadPod(t, "bad-annotation.yaml", ip) }, repair.ErrImpossible, "traffic.sidecar.istio.io"},
 		{"no IP", func() *corev1.Pod { return loadPod(t, "injected.yaml") }, nil, "has no IP yet"},
 		{"bad IP", func() *corev1.Pod {
 			p := loadPod(t, "injected.yaml")
@@ -97,7 +97,7 @@ func TestRepairPodRefusals(t *testing.T) {
 			if c.want != nil && !errors.Is(err, c.want) {
 				t.Errorf("err = %v, want it to wrap %v", err, c.want)
 			}
-			if c.want == nil && (errors.Is(err, installer.ErrRepairNotNeeded) || errors.Is(err, installer.ErrRepairImpossible)) {
+			if c.want == nil && (errors.Is(err, repair.ErrNotNeeded) || errors.Is(err, repair.ErrImpossible)) {
 				t.Errorf("err = %v: a retryable condition must not carry a no-retry sentinel", err)
 			}
 		})
@@ -109,7 +109,7 @@ func TestRepairPodNotFound(t *testing.T) {
 	needRoot(t)
 	r := newRepairer(t, "nftables")
 	_, err := r.RepairPod(context.Background(), loadPod(t, "injected.yaml", netip.MustParseAddr("192.0.2.78")))
-	if !errors.Is(err, ErrNotFound) || errors.Is(err, installer.ErrRepairNotNeeded) {
+	if !errors.Is(err, ErrNotFound) || errors.Is(err, repair.ErrNotNeeded) {
 		t.Fatalf("err = %v, want ErrNotFound", err)
 	}
 }

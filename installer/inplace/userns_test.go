@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
@@ -92,7 +92,7 @@ func TestRepairPodUsernsPod(t *testing.T) {
 			rep, err := newRepairer(t, backend).RepairPod(context.Background(), pod)
 			t.Logf("repair report: %+v, err %v", rep, err)
 			if backend == "iptables-legacy" {
-				if !errors.Is(err, installer.ErrRepairImpossible) || !errors.Is(err, capture.ErrUserNamespaced) || !strings.Contains(err.Error(), "owner match") {
+				if !errors.Is(err, repair.ErrImpossible) || !errors.Is(err, capture.ErrUserNamespaced) || !strings.Contains(err.Error(), "owner match") {
 					t.Fatalf("RepairPod with iptables-legacy: err = %v, want ErrRepairImpossible wrapping ErrUserNamespaced", err)
 				}
 				if p, err := nft.New().List(context.Background(), topo.PodNetnsPath()); err != nil || !p.Empty() {

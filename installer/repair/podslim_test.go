@@ -1,4 +1,4 @@
-package installer
+package repair
 
 import (
 	"context"
@@ -84,7 +84,7 @@ func slimTestPods(t *testing.T) []*corev1.Pod {
 // preconditions) is the same on the slimmed pod as on the full one, and
 // injected pods shrink.
 func TestSlimPodKeepsWhatTheAgentReads(t *testing.T) {
-	cfg := RepairConfig{InitContainerName: "istio-validation", InitContainerExitCode: 126,
+	cfg := Config{InitContainerName: "istio-validation", InitContainerExitCode: 126,
 		InitContainerTerminationMessage: "iptables", SidecarAnnotation: "sidecar.istio.io/status"}
 	for _, pod := range slimTestPods(t) {
 		t.Run(pod.Name, func(t *testing.T) {
@@ -105,8 +105,8 @@ func TestSlimPodKeepsWhatTheAgentReads(t *testing.T) {
 			if in1 != in2 || r1 != r2 || !reflect.DeepEqual(s1, s2) || fmt.Sprint(e1) != fmt.Sprint(e2) {
 				t.Errorf("FromPod differs: (%v %q %v) vs (%v %q %v)", in1, r1, e1, in2, r2, e2)
 			}
-			if BrokenPod(slim, cfg) != BrokenPod(pod, cfg) {
-				t.Errorf("BrokenPod: slim %v, full %v", BrokenPod(slim, cfg), BrokenPod(pod, cfg))
+			if Broken(slim, cfg) != Broken(pod, cfg) {
+				t.Errorf("BrokenPod: slim %v, full %v", Broken(slim, cfg), Broken(pod, cfg))
 			}
 			if slim.UID != pod.UID || slim.ResourceVersion != pod.ResourceVersion || slim.Spec.HostNetwork != pod.Spec.HostNetwork ||
 				!slim.DeletionTimestamp.Equal(pod.DeletionTimestamp) || !reflect.DeepEqual(slim.OwnerReferences, pod.OwnerReferences) ||

@@ -1,4 +1,8 @@
-package installer
+// Package metrics owns the node agent's Prometheus series (nftmesh's names
+// and Istio's istio-cni names for the same facts), the /healthz and
+// /readyz handler and the small HTTP server both are served from. It
+// counts what the other jobs report and decides nothing itself.
+package metrics
 
 import (
 	"context"
@@ -68,16 +72,16 @@ var istioInstallResults = map[string]string{
 	ResultCNIConfig:    "CREATE_CNI_CONFIG_FAILURE",
 }
 
-// install counts one install pass under both names.
-func (m *Metrics) install(result string) {
+// Install counts one install pass under both names.
+func (m *Metrics) Install(result string) {
 	m.Installs.WithLabelValues(result).Inc()
 	if r, ok := istioInstallResults[result]; ok {
 		m.IstioInstalls.WithLabelValues(r).Inc()
 	}
 }
 
-// setReady sets both readiness gauges.
-func (m *Metrics) setReady(ready bool) {
+// SetReady sets both readiness gauges.
+func (m *Metrics) SetReady(ready bool) {
 	v := 0.0
 	if ready {
 		v = 1
@@ -86,16 +90,16 @@ func (m *Metrics) setReady(ready bool) {
 	m.IstioReady.Set(v)
 }
 
-// repaired counts one handled broken pod under both names. Istio's "type"
+// Repaired counts one handled broken pod under both names. Istio's "type"
 // label takes the same values as our repair modes (repair, delete,
 // label), and its results are ours (success, skip, fail).
-func (m *Metrics) repaired(mode RepairMode, result string) {
-	m.Repairs.WithLabelValues(string(mode), result).Inc()
-	m.IstioRepairs.WithLabelValues(string(mode), result).Inc()
+func (m *Metrics) Repaired(mode, result string) {
+	m.Repairs.WithLabelValues(mode, result).Inc()
+	m.IstioRepairs.WithLabelValues(mode, result).Inc()
 }
 
-// NewMetrics registers the agent's series and the Go/process collectors.
-func NewMetrics() *Metrics {
+// New registers the agent's series and the Go/process collectors.
+func New() *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		Installs: prometheus.NewCounterVec(prometheus.CounterOpts{

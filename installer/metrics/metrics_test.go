@@ -1,4 +1,4 @@
-package installer
+package metrics
 
 import (
 	"testing"
@@ -10,9 +10,9 @@ import (
 // Istio's installer writes them), and a result Istio does not have stays
 // out of its series.
 func TestIstioInstallResultNames(t *testing.T) {
-	m := NewMetrics()
+	m := New()
 	for _, r := range []string{ResultSuccess, ResultCopyBinaries, ResultKubeconfig, ResultCNIConfig, ResultWaitingForPrimary} {
-		m.install(r)
+		m.Install(r)
 	}
 	for ours, istio := range map[string]string{
 		ResultSuccess: "SUCCESS", ResultCopyBinaries: "COPY_BINARIES_FAILURE",
@@ -25,11 +25,11 @@ func TestIstioInstallResultNames(t *testing.T) {
 	if n := testutil.CollectAndCount(m.IstioInstalls); n != 4 {
 		t.Errorf("istio_cni_installs_total has %d series, want 4 (no waiting_for_primary)", n)
 	}
-	m.setReady(true)
+	m.SetReady(true)
 	if testutil.ToFloat64(m.IstioReady) != 1 || testutil.ToFloat64(m.Ready) != 1 {
 		t.Error("readiness gauges disagree")
 	}
-	m.repaired(RepairDelete, repairFail)
+	m.Repaired("delete", "fail")
 	if testutil.ToFloat64(m.IstioRepairs.WithLabelValues("delete", "fail")) != 1 {
 		t.Error("istio_cni_repair_pods_repaired_total{type=delete,result=fail} not counted")
 	}

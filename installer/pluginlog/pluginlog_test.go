@@ -1,4 +1,4 @@
-package installer
+package pluginlog
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
+
+	"github.com/nftmesh/nftmesh/installer/metrics"
 )
 
 type lockedBuf struct {
@@ -86,11 +88,11 @@ func messages(ls []map[string]any) []string {
 // lines are dropped at info; a non-JSON line is kept as a message.
 func TestPluginLogDrain(t *testing.T) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, PluginLogFileName)
+	path := filepath.Join(dir, FileName)
 	appendFile(t, path, pluginLine("info", "old", ""))
 	var out lockedBuf
-	m := NewMetrics()
-	f := NewPluginLogFollower(dir, &out, zerolog.InfoLevel, m)
+	m := metrics.New()
+	f := New(dir, &out, zerolog.InfoLevel, m)
 	f.openAt(true)
 	defer f.close()
 
@@ -104,12 +106,12 @@ func TestPluginLogDrain(t *testing.T) {
 		t.Fatalf("messages %q", got)
 	}
 	first := ls[0]
-	for k, want := range map[string]any{"level": "info", "time": "2026-01-02T03:04:05.678Z", "component": PluginComponent, "pod": "web-1", "plugin": "nftmesh-cni", "rules": float64(23)} {
+	for k, want := range map[string]any{"level": "info", "time": "2026-01-02T03:04:05.678Z", "component": Component, "pod": "web-1", "plugin": "nftmesh-cni", "rules": float64(23)} {
 		if first[k] != want {
 			t.Errorf("%s = %v, want %v (line %v)", k, first[k], want, first)
 		}
 	}
-	if ls[1]["level"] != "error" || ls[1]["plugin_component"] != "x" || ls[1]["component"] != PluginComponent {
+	if ls[1]["level"] != "error" || ls[1]["plugin_component"] != "x" || ls[1]["component"] != Component {
 		t.Errorf("error line %v", ls[1])
 	}
 	if n := strings.Count(out.raw(), `"component"`); n != 2 {
@@ -143,9 +145,9 @@ func TestPluginLogDrain(t *testing.T) {
 // place: nothing is lost or repeated.
 func TestPluginLogRotationAndTruncation(t *testing.T) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, PluginLogFileName)
+	path := filepath.Join(dir, FileName)
 	var out lockedBuf
-	f := NewPluginLogFollower(dir, &out, zerolog.DebugLevel, nil)
+	f := New(dir, &out, zerolog.DebugLevel, nil)
 	f.openAt(true) // no file yet
 	defer f.close()
 
@@ -181,9 +183,9 @@ func TestPluginLogRotationAndTruncation(t *testing.T) {
 // any explicit drain, across a rotation.
 func TestPluginLogFollowerRun(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "run") // created by Run
-	path := filepath.Join(dir, PluginLogFileName)
+	path := filepath.Join(dir, FileName)
 	var out lockedBuf
-	f := NewPluginLogFollower(dir, &out, zerolog.InfoLevel, nil)
+	f := New(dir, &out, zerolog.InfoLevel, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
@@ -227,7 +229,7 @@ func TestPluginLogFollowerRun(t *testing.T) {
 	appendFile(t, path, pluginLine("warn", "after rotation", ""))
 	waitFor("the line after rotation", 21)
 	ls := out.lines(t)
-	if len(ls) != 21 || ls[20]["message"] != "after rotation" || ls[20]["component"] != PluginComponent {
+	if len(ls) != 21 || ls[20]["message"] != "after rotation" || ls[20]["component"] != Component {
 		t.Fatalf("got %d lines, last %v", len(ls), ls[len(ls)-1])
 	}
 }
@@ -239,10 +241,10 @@ func FuzzPluginLogLine(f *testing.F) {
 	f.Add([]byte("\x00\xff{"))
 	f.Add([]byte(`{"level":"info","command":"ADD","decision":"skip","duration_ms":-1,"lookup_ms":"x","record_only":true,"message":"m"}`))
 	f.Add([]byte(`{"command":"add","decision":"zzz","duration_ms":1e308,"lookup_ms":1e-9,"record_only":"yes"}`))
-	m := NewMetrics()
+	m := metrics.New()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var out bytes.Buffer
-		p := NewPluginLogFollower("unused", &out, zerolog.TraceLevel, m)
+		p := New("unused", &out, zerolog.TraceLevel, m)
 		p.consume(append(b, '\n'))
 		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
 			if l == "" {
@@ -252,7 +254,7 @@ func FuzzPluginLogLine(f *testing.F) {
 			if err := json.Unmarshal([]byte(l), &m); err != nil {
 				t.Fatalf("output is not JSON: %v\n%q from %q", err, l, b)
 			}
-			if m["component"] != PluginComponent {
+			if m["component"] != Component {
 				t.Fatalf("component %v in %q", m["component"], l)
 			}
 		}
@@ -264,8 +266,8 @@ func FuzzPluginLogLine(f *testing.F) {
 // values outside the plugin's vocabulary are folded into "other".
 func TestPluginRecordLines(t *testing.T) {
 	var out lockedBuf
-	m := NewMetrics()
-	f := NewPluginLogFollower(t.TempDir(), &out, zerolog.InfoLevel, m)
+	m := metrics.New()
+	f := New(t.TempDir(), &out, zerolog.InfoLevel, m)
 	f.consume([]byte(`{"level":"info","command":"ADD","decision":"skip","duration_ms":2.5,"lookup_ms":1.5,"record_only":true,"message":"ADD skip"}` + "\n" +
 		`{"level":"info","command":"ADD","decision":"skip","duration_ms":4,"message":"ADD skip"}` + "\n" +
 		`{"level":"info","command":"bogus","decision":"made-up","message":"x"}` + "\n"))
@@ -301,8 +303,8 @@ func TestPluginRecordLines(t *testing.T) {
 // skip before any lookup) counts nothing.
 func TestPluginLookupPaths(t *testing.T) {
 	var out lockedBuf
-	m := NewMetrics()
-	f := NewPluginLogFollower(t.TempDir(), &out, zerolog.InfoLevel, m)
+	m := metrics.New()
+	f := New(t.TempDir(), &out, zerolog.InfoLevel, m)
 	f.consume([]byte(`{"level":"info","command":"ADD","decision":"capture","lookup":"agent","lookup_ms":0.3,"message":"ADD capture"}` + "\n" +
 		`{"level":"info","command":"ADD","decision":"capture","lookup":"agent","lookup_ms":0.2,"record_only":true,"message":"ADD capture"}` + "\n" +
 		`{"level":"info","command":"ADD","decision":"skip","lookup":"api","lookup_ms":3,"agent_miss":"no agent on the socket","message":"ADD skip"}` + "\n" +

@@ -1,6 +1,7 @@
-package installer
+package repair
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
@@ -87,18 +89,14 @@ func (p *switchProxy) up(t *testing.T) {
 	p.serve(ln)
 }
 
-func labelRepairConfig(t *testing.T) RepairConfig {
+func labelRepairConfig(t *testing.T) Config {
 	t.Helper()
-	cfg, err := ParseConfig([]string{"--service-account-dir=", "--repair-enabled", "--repair-label-pods", "--node-name", "node-1"}, testEnv(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cfg.Repair
+	return testConfig(Label, "node-1")
 }
 
-func runController(t *testing.T, client kubernetes.Interface, m *Metrics, log *lockedBuf) {
+func runController(t *testing.T, client kubernetes.Interface, m *metrics.Metrics, log *lockedBuf) {
 	t.Helper()
-	c, err := NewRepairController(client, labelRepairConfig(t), nil, zerolog.New(log), m)
+	c, err := New(client, labelRepairConfig(t), nil, zerolog.New(log), m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,6 +127,18 @@ func eventually(t *testing.T, what string, within time.Duration, cond func() boo
 	}
 }
 
+// lockedBuf is a log buffer written by the controller's goroutines.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
 func (l *lockedBuf) has(s string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -149,7 +159,7 @@ func TestRepairControllerAPIUnreachableAtStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewMetrics()
+	m := metrics.New()
 	var log lockedBuf
 	runController(t, client, m, &log)
 	t.Cleanup(func() {
@@ -186,7 +196,7 @@ func TestRepairControllerAPIGoesAwayAndReturns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewMetrics()
+	m := metrics.New()
 	var log lockedBuf
 	runController(t, client, m, &log)
 	t.Cleanup(func() {

@@ -1,4 +1,10 @@
-package installer
+// Package pluginlog is the node agent's intake of the plugin's events: it
+// follows the log file nftmesh-cni appends to in the agent run dir,
+// re-emits every line in the agent's own log, and turns the plugin's
+// decision records into metrics (events by command and decision, ADD and
+// pod lookup durations). It does not install or repair anything, and it
+// logs only the plugin's lines, to the writer it is given.
+package pluginlog
 
 import (
 	"bytes"
@@ -17,15 +23,17 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"github.com/rs/zerolog"
+
+	"github.com/nftmesh/nftmesh/installer/metrics"
 )
 
-// PluginLogFileName is the file in the agent run dir the plugin appends its
+// FileName is the file in the agent run dir the plugin appends its
 // JSON log lines to (cmd/nftmesh-cni's LogFileName; the plugin renames it to
-// PluginLogFileName+".1" when it grows past its cap).
-const PluginLogFileName = "nftmesh-cni.log"
+// FileName+".1" when it grows past its cap).
+const FileName = "nftmesh-cni.log"
 
-// PluginComponent is the "component" of re-emitted plugin lines.
-const PluginComponent = "cni-plugin"
+// Component is the "component" of re-emitted plugin lines.
+const Component = "cni-plugin"
 
 // maxPluginLine bounds one buffered line; a longer one is emitted in parts.
 const maxPluginLine = 64 << 10
@@ -34,18 +42,18 @@ const maxPluginLine = 64 << 10
 // event was lost (an overflowing inotify queue drops them).
 const pluginLogSafetyPoll = 5 * time.Second
 
-// PluginLogFollower surfaces the plugin's log file in the agent's log: it
+// Follower surfaces the plugin's log file in the agent's log: it
 // follows <run dir>/nftmesh-cni.log (fsnotify on the dir, reading from the
 // last offset; it follows rotation by rename and truncation) and re-emits
 // every line as the agent's own JSON line with "component":"cni-plugin",
 // keeping the line's time, level, message and other fields. Istio does the
 // same through a unix socket; a file needs nothing running for the plugin
 // to log, and survives agent restarts.
-type PluginLogFollower struct {
+type Follower struct {
 	dir  string
 	path string
 	out  zerolog.Logger
-	m    *Metrics
+	m    *metrics.Metrics
 
 	mu      sync.Mutex // one drain at a time: lines never interleave
 	f       *os.File
@@ -60,13 +68,13 @@ type PluginLogFollower struct {
 
 type fileID struct{ dev, ino uint64 }
 
-// NewPluginLogFollower follows PluginLogFileName in runDir and writes the
+// New follows FileName in runDir and writes the
 // re-emitted lines to w at level (lines below it are dropped, as the
 // agent's own). m may be nil.
-func NewPluginLogFollower(runDir string, w io.Writer, level zerolog.Level, m *Metrics) *PluginLogFollower {
-	return &PluginLogFollower{
+func New(runDir string, w io.Writer, level zerolog.Level, m *metrics.Metrics) *Follower {
+	return &Follower{
 		dir:     runDir,
-		path:    filepath.Join(runDir, PluginLogFileName),
+		path:    filepath.Join(runDir, FileName),
 		out:     zerolog.New(w).Level(level),
 		m:       m,
 		Drained: make(chan struct{}, 1),
@@ -77,7 +85,7 @@ func NewPluginLogFollower(runDir string, w io.Writer, level zerolog.Level, m *Me
 // starts are not re-emitted (they were surfaced by an earlier agent, or
 // predate it); everything appended afterwards is. The run dir is created
 // if missing, as the installer does.
-func (p *PluginLogFollower) Run(ctx context.Context) error {
+func (p *Follower) Run(ctx context.Context) error {
 	if err := os.MkdirAll(p.dir, 0o755); err != nil {
 		return fmt.Errorf("creating run dir %s for the plugin log: %w", p.dir, err)
 	}
@@ -105,7 +113,7 @@ func (p *PluginLogFollower) Run(ctx context.Context) error {
 			if !ok {
 				return nil
 			}
-			if filepath.Base(ev.Name) == PluginLogFileName {
+			if filepath.Base(ev.Name) == FileName {
 				p.Drain()
 			}
 		case err, ok := <-w.Errors:
@@ -122,7 +130,7 @@ func (p *PluginLogFollower) Run(ctx context.Context) error {
 	}
 }
 
-func (p *PluginLogFollower) close() {
+func (p *Follower) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.f != nil {
@@ -133,7 +141,7 @@ func (p *PluginLogFollower) close() {
 
 // openAt opens the current file; atEnd starts after its present content.
 // A missing file is not an error: the plugin creates it on its first run.
-func (p *PluginLogFollower) openAt(atEnd bool) {
+func (p *Follower) openAt(atEnd bool) {
 	f, err := os.Open(p.path)
 	if err != nil {
 		return
@@ -165,7 +173,7 @@ func statFile(f *os.File) (fileID, int64, error) {
 // a rotation it first finishes the old file (still open, now under its .1
 // name), then starts the new one from its beginning; after a truncation it
 // starts over at offset 0.
-func (p *PluginLogFollower) Drain() {
+func (p *Follower) Drain() {
 	p.mu.Lock()
 	defer func() {
 		p.mu.Unlock()
@@ -203,7 +211,7 @@ func (p *PluginLogFollower) Drain() {
 	}
 }
 
-func (p *PluginLogFollower) readOn() {
+func (p *Follower) readOn() {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := p.f.ReadAt(buf, p.offset)
@@ -217,7 +225,7 @@ func (p *PluginLogFollower) readOn() {
 	}
 }
 
-func (p *PluginLogFollower) consume(b []byte) {
+func (p *Follower) consume(b []byte) {
 	for len(b) > 0 {
 		i := bytes.IndexByte(b, '\n')
 		if i < 0 {
@@ -237,7 +245,7 @@ func (p *PluginLogFollower) consume(b []byte) {
 	}
 }
 
-func (p *PluginLogFollower) flushPartial() {
+func (p *Follower) flushPartial() {
 	if len(p.partial) > 0 {
 		p.emit(p.partial)
 		p.partial = nil
@@ -248,14 +256,14 @@ func (p *PluginLogFollower) flushPartial() {
 // line, "time" kept as written, "component":"cni-plugin", the other fields
 // in their order, and the message last. A line that is not a JSON object
 // is kept whole as the message.
-func (p *PluginLogFollower) emit(line []byte) {
+func (p *Follower) emit(line []byte) {
 	line = bytes.TrimRight(line, "\r")
 	if len(bytes.TrimSpace(line)) == 0 {
 		return
 	}
 	fields, ok := parseLogLine(line)
 	if !ok {
-		p.out.Info().Str("component", PluginComponent).Bool("unparsed", true).Msg(string(line))
+		p.out.Info().Str("component", Component).Bool("unparsed", true).Msg(string(line))
 		return
 	}
 	level := zerolog.NoLevel
@@ -282,7 +290,7 @@ func (p *PluginLogFollower) emit(line []byte) {
 			rec.lookup = msField(f.raw)
 		case "lookup":
 			_ = json.Unmarshal(f.raw, &rec.lookupPath)
-		case PluginRecordOnlyField:
+		case RecordOnlyField:
 			_ = json.Unmarshal(f.raw, &rec.recordOnly)
 		}
 	}
@@ -296,7 +304,7 @@ func (p *PluginLogFollower) emit(line []byte) {
 			e = e.RawJSON(f.key, f.raw)
 		}
 	}
-	e = e.Str("component", PluginComponent)
+	e = e.Str("component", Component)
 	for _, f := range fields {
 		switch f.key {
 		case zerolog.LevelFieldName, zerolog.MessageFieldName, zerolog.TimestampFieldName:
@@ -309,10 +317,10 @@ func (p *PluginLogFollower) emit(line []byte) {
 	e.Msg(msg)
 }
 
-// PluginRecordOnlyField marks a plugin decision line written below the
+// RecordOnlyField marks a plugin decision line written below the
 // plugin's log level (cmd/nftmesh-cni's RecordOnlyField): counted and timed,
 // never printed.
-const PluginRecordOnlyField = "record_only"
+const RecordOnlyField = "record_only"
 
 // pluginCommands and pluginDecisions are the label values the plugin's
 // decision lines carry.
@@ -340,7 +348,7 @@ func msField(raw json.RawMessage) float64 {
 	return ms / 1000
 }
 
-func (p *PluginLogFollower) count(r record) {
+func (p *Follower) count(r record) {
 	if p.m == nil || r.decision == "" {
 		return
 	}

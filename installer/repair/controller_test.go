@@ -1,4 +1,4 @@
-package installer
+package repair
 
 import (
 	"context"
@@ -15,14 +15,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/nftmesh/nftmesh/installer/metrics"
 )
 
 func TestBrokenPodDetection(t *testing.T) {
-	cfg, err := ParseConfig([]string{"--service-account-dir=", "--repair-enabled", "--repair-label-pods", "--node-name", "n"}, testEnv(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := cfg.Repair
+	rc := testConfig(Label, "n")
 	term := func(code int32, reason, msg string) *corev1.ContainerStateTerminated {
 		return &corev1.ContainerStateTerminated{ExitCode: code, Reason: reason, Message: msg}
 	}
@@ -40,7 +38,7 @@ func TestBrokenPodDetection(t *testing.T) {
 	cases := []struct {
 		name string
 		pod  *corev1.Pod
-		cfg  func(RepairConfig) RepairConfig
+		cfg  func(Config) Config
 		want bool
 	}{
 		{"last exit 126", pod(true, "istio-validation", nil, term(126, "Error", "")), nil, true},
@@ -49,12 +47,12 @@ func TestBrokenPodDetection(t *testing.T) {
 		{"other exit code", pod(true, "istio-validation", nil, term(1, "Error", "")), nil, false},
 		{"passed since", pod(true, "istio-validation", term(0, "Completed", ""), term(126, "Error", "")), nil, false},
 		{"never terminated", pod(true, "istio-validation", nil, nil), nil, false},
-		{"any exit code", pod(true, "istio-validation", nil, term(3, "Error", "")), func(c RepairConfig) RepairConfig { c.InitContainerExitCode = 0; return c }, true},
-		{"message filter matches", pod(true, "istio-validation", nil, term(126, "Error", "iptables validation failed")), func(c RepairConfig) RepairConfig {
+		{"any exit code", pod(true, "istio-validation", nil, term(3, "Error", "")), func(c Config) Config { c.InitContainerExitCode = 0; return c }, true},
+		{"message filter matches", pod(true, "istio-validation", nil, term(126, "Error", "iptables validation failed")), func(c Config) Config {
 			c.InitContainerTerminationMessage = "validation failed"
 			return c
 		}, true},
-		{"message filter misses", pod(true, "istio-validation", nil, term(126, "Error", "other")), func(c RepairConfig) RepairConfig {
+		{"message filter misses", pod(true, "istio-validation", nil, term(126, "Error", "other")), func(c Config) Config {
 			c.InitContainerTerminationMessage = "validation failed"
 			return c
 		}, false},
@@ -65,24 +63,36 @@ func TestBrokenPodDetection(t *testing.T) {
 			if c.cfg != nil {
 				cfg = c.cfg(cfg)
 			}
-			if got := BrokenPod(c.pod, cfg); got != c.want {
-				t.Errorf("BrokenPod = %v, want %v", got, c.want)
+			if got := Broken(c.pod, cfg); got != c.want {
+				t.Errorf("Broken = %v, want %v", got, c.want)
 			}
 		})
 	}
 }
 
 func TestNewRepairControllerRefusesInPlaceWithoutRepairer(t *testing.T) {
-	cfg, err := ParseConfig([]string{"--service-account-dir=", "--repair-enabled", "--repair-pods", "--node-name", "n"}, testEnv(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := NewRepairController(nil, cfg.Repair, nil, testLogger(), nil); err != ErrNoInPlaceRepair {
+	if _, err := New(nil, testConfig(InPlace, "n"), nil, testLogger(), nil); err != ErrNoInPlaceRepair {
 		t.Errorf("err = %v, want ErrNoInPlaceRepair", err)
 	}
 }
 
 func testLogger() zerolog.Logger { return zerolog.New(io.Discard) }
+
+// testConfig is the agent's default repair configuration (Istio's) with
+// mode enabled on node.
+func testConfig(mode Mode, node string) Config {
+	c := DefaultConfig()
+	c.Enabled, c.NodeName = true, node
+	switch mode {
+	case InPlace:
+		c.RepairPods = true
+	case Delete:
+		c.DeletePods = true
+	case Label:
+		c.LabelPods = true
+	}
+	return c
+}
 
 // fakeRepairer records calls and answers per pod name.
 type fakeRepairer struct {
@@ -91,11 +101,11 @@ type fakeRepairer struct {
 	errs  map[string]error
 }
 
-func (f *fakeRepairer) RepairPod(_ context.Context, pod *corev1.Pod) (RepairReport, error) {
+func (f *fakeRepairer) RepairPod(_ context.Context, pod *corev1.Pod) (Report, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls[pod.Name]++
-	return RepairReport{Netns: "/proc/1/ns/net", PID: 1, Backend: "test"}, f.errs[pod.Name]
+	return Report{Netns: "/proc/1/ns/net", PID: 1, Backend: "test"}, f.errs[pod.Name]
 }
 
 func (f *fakeRepairer) count(name string) int {
@@ -111,10 +121,7 @@ func (f *fakeRepairer) count(name string) int {
 // neither retried; a retryable error is retried; a deleted pod is
 // forgotten.
 func TestRepairControllerInPlaceBookkeeping(t *testing.T) {
-	cfg, err := ParseConfig([]string{"--service-account-dir=", "--repair-enabled", "--repair-pods", "--node-name", "n1"}, testEnv(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := testConfig(InPlace, "n1")
 	broken := func(name string) *corev1.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "shop", UID: types.UID("uid-" + name),
 			Annotations: map[string]string{"sidecar.istio.io/status": "{}"}}, Spec: corev1.PodSpec{NodeName: "n1"}}
@@ -125,12 +132,12 @@ func TestRepairControllerInPlaceBookkeeping(t *testing.T) {
 	}
 	client := fake.NewSimpleClientset()
 	fr := &fakeRepairer{calls: map[string]int{}, errs: map[string]error{
-		"not-needed": fmt.Errorf("%w: no istio-proxy container", ErrRepairNotNeeded),
-		"impossible": fmt.Errorf("%w: bad annotation", ErrRepairImpossible),
+		"not-needed": fmt.Errorf("%w: no istio-proxy container", ErrNotNeeded),
+		"impossible": fmt.Errorf("%w: bad annotation", ErrImpossible),
 		"flaky":      errors.New("no network namespace holds the pod's IPs yet"),
 	}}
-	m := NewMetrics()
-	c, err := NewRepairController(client, cfg.Repair, fr, testLogger(), m)
+	m := metrics.New()
+	c, err := New(client, cfg, fr, testLogger(), m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +161,7 @@ func TestRepairControllerInPlaceBookkeeping(t *testing.T) {
 		}
 	}
 	counter := func(result string) float64 {
-		return testutil.ToFloat64(m.Repairs.WithLabelValues(string(RepairInPlace), result))
+		return testutil.ToFloat64(m.Repairs.WithLabelValues(string(InPlace), result))
 	}
 	pods := client.CoreV1().Pods("shop")
 	for _, n := range []string{"ok", "not-needed", "impossible", "flaky"} {
@@ -182,8 +189,6 @@ func TestRepairControllerInPlaceBookkeeping(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait("deleted pod forgotten", func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return !c.repaired["uid-ok"]
+		return !c.strategy.(*inPlace).done("uid-ok")
 	})
 }

@@ -1,0 +1,74 @@
+// Package repair is the node agent's repair controller: it watches this
+// node's pods and, for each one that started without capture (its
+// validation init container last exited with the configured code), runs
+// the configured mode's Strategy: repair in place, delete the pod, or
+// label it. It counts every outcome under nftmesh's and Istio's metric
+// names and tracks whether it reaches the API server.
+//
+// It programs no capture rules and imports no backend: repair in place
+// reaches the kernel through a PodRepairer, which installer/inplace
+// implements and the command wires in. The controller and its strategies
+// take the agent's zerolog logger because they are a long-running loop
+// whose events matter to an operator; nothing else here logs.
+package repair
+
+// Mode is the single repair action the controller takes.
+type Mode string
+
+// Repair modes, in Istio's order of precedence. The values are also the
+// mode (ours) and type (Istio's) label of the repair metrics.
+const (
+	None    Mode = ""
+	InPlace Mode = "repair"
+	Delete  Mode = "delete"
+	Label   Mode = "label"
+)
+
+// Config configures the repair controller with Istio's repair settings.
+type Config struct {
+	Enabled                         bool
+	RepairPods                      bool
+	DeletePods                      bool
+	LabelPods                       bool
+	NodeName                        string
+	InitContainerName               string
+	InitContainerExitCode           int
+	InitContainerTerminationMessage string
+	SidecarAnnotation               string
+	BrokenPodLabelKey               string
+	BrokenPodLabelValue             string
+	LabelSelectors                  string
+	FieldSelectors                  string
+	// HostProc is the host's /proc as the agent sees it (the chart mounts
+	// it at /host/proc); repair in place finds pod namespaces there.
+	HostProc string
+}
+
+// DefaultConfig is Istio's defaults (its validation container, exit code,
+// annotation and label), disabled: the agent's flag defaults.
+func DefaultConfig() Config {
+	return Config{
+		InitContainerName:     "istio-validation",
+		InitContainerExitCode: 126,
+		SidecarAnnotation:     "sidecar.istio.io/status",
+		BrokenPodLabelKey:     "cni.istio.io/uninitialized",
+		BrokenPodLabelValue:   "true",
+		HostProc:              "/host/proc",
+	}
+}
+
+// Mode is the action the controller takes; Istio's precedence applies
+// when several are set (repair in place, then delete, then label).
+func (r Config) Mode() Mode {
+	switch {
+	case !r.Enabled:
+		return None
+	case r.RepairPods:
+		return InPlace
+	case r.DeletePods:
+		return Delete
+	case r.LabelPods:
+		return Label
+	}
+	return None
+}
