@@ -27,6 +27,10 @@ type Options struct {
 	// Pipeline programs the namespace; nil is capture.Linux() (tests hand
 	// in capturetest's in-memory kernel).
 	Pipeline *capture.Pipeline
+	// Find locates the namespace of the pod with this UID and IPs; nil is
+	// FindNetns over ProcDir (tests hand in one naming the in-memory
+	// kernel's namespaces, so repair in place runs without root).
+	Find func(uid string, ips []netip.Addr) (Netns, error)
 }
 
 // Repairer implements repair.PodRepairer.
@@ -55,6 +59,10 @@ func New(opts Options) (*Repairer, error) {
 	_ = capture.AddHostNetns(filepath.Join(opts.ProcDir, "1", "ns", "net"))
 	if opts.Pipeline == nil {
 		opts.Pipeline = capture.Linux()
+	}
+	if opts.Find == nil {
+		procDir := opts.ProcDir
+		opts.Find = func(uid string, ips []netip.Addr) (Netns, error) { return FindNetns(procDir, uid, ips) }
 	}
 	return &Repairer{
 		opts: opts,
@@ -105,7 +113,7 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (repair.Repor
 		if len(ips) == 0 {
 			return nil, fmt.Errorf("pod %s/%s has no IP yet", pod.Namespace, pod.Name)
 		}
-		if ns, err = FindNetns(r.opts.ProcDir, string(pod.UID), ips); err != nil {
+		if ns, err = r.opts.Find(string(pod.UID), ips); err != nil {
 			return nil, fmt.Errorf("finding the network namespace of pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
 		rep.Netns, rep.PID, rep.Candidates, rep.Match = ns.Path, ns.PID, ns.Candidates, ns.Match

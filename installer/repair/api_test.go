@@ -139,6 +139,12 @@ func (l *lockedBuf) Write(p []byte) (int, error) {
 	return l.b.Write(p)
 }
 
+func (l *lockedBuf) raw() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 func (l *lockedBuf) has(s string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
