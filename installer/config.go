@@ -11,12 +11,13 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
 
+	"github.com/nftmesh/nftmesh/installer/cniconf"
 	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // PluginName is the plugin's binary name and its conf "type".
-const PluginName = "nftmesh-cni"
+const PluginName = cniconf.PluginName
 
 // DefaultStandaloneConfName is the file written in standalone (Multus) mode
 // when no name is configured; the YYY prefix sorts it after primaries.

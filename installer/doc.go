@@ -4,14 +4,15 @@
 // It owns the agent's configuration (flags and environment, with Istio's
 // install-cni names accepted), the atomic copy of the plugin binary into the
 // host's CNI bin dirs, the plugin's kubeconfig built from the agent's
-// service account, discovery of the primary CNI config the way the container
-// runtime does it, the insertion of our plugin entry into that config (or a
-// standalone file for Multus), the fsnotify watch that puts the entry back
-// when the primary CNI rewrites its file, and the cleanup that leaves the
-// primary config byte-identical to what it would be without us.
+// service account, the insertion of our plugin entry into the primary CNI
+// config (or a standalone file for Multus) with compare-and-swap writes, the
+// fsnotify watch that puts the entry back when the primary CNI rewrites its
+// file, and the cleanup that leaves the primary config byte-identical to
+// what it would be without us.
 //
 // The agent's other jobs live in subpackages, which never import this one:
-// installer/repair (the repair controller and its strategies),
+// installer/cniconf (reading and editing CNI config documents as runtimes
+// load them: discovery, insertion, removal, checks), installer/repair (the repair controller and its strategies),
 // installer/inplace (repair in place through the capture pipeline),
 // installer/pluginlog (the plugin's log and decision records) and
 // installer/metrics (Prometheus series, health and readiness endpoints).

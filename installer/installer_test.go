@@ -25,6 +25,8 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo"
 
 	"github.com/nftmesh/nftmesh/installer/metrics"
+
+	"github.com/nftmesh/nftmesh/installer/cniconf"
 )
 
 // host is a fake node file system in a temp dir.
@@ -330,7 +332,7 @@ func TestReinsertAfterPrimaryRewrites(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		a.waitFor(t, fmt.Sprintf("re-insert %d", i+1), func() bool { return VerifyInstalled(p, ours) == nil })
+		a.waitFor(t, fmt.Sprintf("re-insert %d", i+1), func() bool { return cniconf.VerifyInstalled(p, ours) == nil })
 	}
 	a.waitReady(t)
 	m := a.in.Metrics()
@@ -438,7 +440,7 @@ func TestInvalidFilesSkippedAndUntouched(t *testing.T) {
 	// The primary appears: we are woken by the watch and install.
 	p, _ := h.put(t, "10-flannel.conflist", 0o644)
 	a.waitReady(t)
-	if err := VerifyInstalled(p, cfg.PluginConf().JSON()); err != nil {
+	if err := cniconf.VerifyInstalled(p, cfg.PluginConf().JSON()); err != nil {
 		t.Fatal(err)
 	}
 	for n, b := range want {
@@ -456,7 +458,7 @@ func TestNamedConfAndPreemption(t *testing.T) {
 	a := startAgent(t, cfg)
 	a.waitReady(t)
 	ours := cfg.PluginConf().JSON()
-	if err := VerifyInstalled(flannel, ours); err != nil {
+	if err := cniconf.VerifyInstalled(flannel, ours); err != nil {
 		t.Fatalf("named file: %v", err)
 	}
 	if got, _ := os.ReadFile(calico); !bytes.Equal(got, corig) {
@@ -479,7 +481,7 @@ func TestNamedConfAndPreemption(t *testing.T) {
 	a2.waitReady(t)
 	cilium, ciorig := h2.put(t, "05-cilium.conflist", 0o644)
 	ours2 := cfg2.PluginConf().JSON()
-	a2.waitFor(t, "insert into the new primary", func() bool { return VerifyInstalled(cilium, ours2) == nil })
+	a2.waitFor(t, "insert into the new primary", func() bool { return cniconf.VerifyInstalled(cilium, ours2) == nil })
 	a2.stop()
 	if err := a2.in.Cleanup(); err != nil {
 		t.Fatal(err)
@@ -559,7 +561,7 @@ func TestCleanupKeepsForeignChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(p)
-	if HasPlugin(p, got) {
+	if cniconf.HasPlugin(p, got) {
 		t.Error("our entry survived cleanup")
 	}
 	if !strings.Contains(string(got), `"operator": "edit"`) {
@@ -580,7 +582,7 @@ func TestRestartKeepsOriginalBytes(t *testing.T) {
 	cfg2 := h.config(t, "--log-level", "debug") // a changed entry forces a rewrite
 	b := startAgent(t, cfg2)
 	b.waitReady(t)
-	if err := VerifyInstalled(p, cfg2.PluginConf().JSON()); err != nil {
+	if err := cniconf.VerifyInstalled(p, cfg2.PluginConf().JSON()); err != nil {
 		t.Fatal(err)
 	}
 	b.stop()
@@ -675,4 +677,23 @@ func TestHealthReadinessMetricsOverHTTP(t *testing.T) {
 	if c, _ := get(hs, "/readyz"); c != 503 {
 		t.Errorf("/readyz with our entry gone: %d", c)
 	}
+}
+
+var testConfDir = filepath.Join("..", "testdata", "conflists")
+
+// realWorld lists the primary configs in testdata (one per CNI).
+func realWorld(t testing.TB) []string {
+	t.Helper()
+	var out []string
+	for _, pat := range []string{"*.conflist", "*.conf"} {
+		m, err := filepath.Glob(filepath.Join(testConfDir, pat))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, m...)
+	}
+	if len(out) < 8 {
+		t.Fatalf("want the 8 real-world configs in %s, found %v", testConfDir, out)
+	}
+	return out
 }

@@ -1,4 +1,13 @@
-package installer
+// Package cniconf reads and edits CNI configuration documents the way
+// container runtimes load them: discovery of the primary config in a conf
+// dir, insertion of the nftmesh-cni entry as the last plugin of a list (a
+// single-plugin .conf becomes a .conflist), its removal, and checks that a
+// result loads and holds exactly our entry. Edits keep the primary's key
+// order and its plugins' bytes.
+//
+// It works on bytes and paths only: it writes no file (the installer
+// writes, with compare-and-swap) and does not log.
+package cniconf
 
 import (
 	"bytes"
@@ -14,6 +23,9 @@ import (
 	"github.com/containernetworking/cni/libcni"
 )
 
+// PluginName is the plugin's binary name and its entry's "type".
+const PluginName = "nftmesh-cni"
+
 // ConfExtensions are the config file extensions container runtimes load.
 var ConfExtensions = []string{".conf", ".conflist", ".json"}
 
@@ -26,14 +38,14 @@ type SkippedConf struct {
 	Err  error
 }
 
-// isListFile reports whether the runtime reads path as a network list.
-func isListFile(path string) bool { return filepath.Ext(path) == ".conflist" }
+// IsList reports whether the runtime reads path as a network list.
+func IsList(path string) bool { return filepath.Ext(path) == ".conflist" }
 
 // LoadConfFile parses a config file the way the container runtime does: a
 // .conflist as a list with at least one plugin, a .conf/.json as one plugin
 // that has a type. It returns the list (a single conf wrapped into one).
 func LoadConfFile(path string) (*libcni.NetworkConfigList, error) {
-	if isListFile(path) {
+	if IsList(path) {
 		l, err := libcni.ConfListFromFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("loading network list %s: %w", path, err)
@@ -120,15 +132,15 @@ func ResolveNamed(dir, name string) string {
 // ListPath is where a chained config for primary is written: a list stays
 // in place, a single-plugin .conf/.json becomes <base>.conflist.
 func ListPath(primary string) string {
-	if isListFile(primary) {
+	if IsList(primary) {
 		return primary
 	}
 	return strings.TrimSuffix(primary, filepath.Ext(primary)) + ".conflist"
 }
 
-// pluginType reads an element's type the way libcni does (encoding/json
+// TypeOf reads a plugin entry's type the way libcni does (encoding/json
 // into a struct, so the key match is case-insensitive).
-func pluginType(raw json.RawMessage) (string, error) {
+func TypeOf(raw json.RawMessage) (string, error) {
 	var t struct {
 		Type string `json:"type"`
 	}
@@ -144,7 +156,7 @@ func pluginType(raw json.RawMessage) (string, error) {
 // is checked with libcni before it is returned: it never returns bytes a
 // runtime cannot load.
 func InsertPlugin(path string, primary []byte, ours json.RawMessage) ([]byte, error) {
-	if t, err := pluginType(ours); err != nil || t != PluginName {
+	if t, err := TypeOf(ours); err != nil || t != PluginName {
 		return nil, fmt.Errorf("inserting into %s: our entry has type %q, want %s", path, t, PluginName)
 	}
 	obj, err := parseObject(primary)
@@ -152,7 +164,7 @@ func InsertPlugin(path string, primary []byte, ours json.RawMessage) ([]byte, er
 		return nil, fmt.Errorf("parsing %s: %w", path, err)
 	}
 	var out *object
-	if isListFile(path) {
+	if IsList(path) {
 		if _, err := libcni.ConfListFromBytes(primary); err != nil {
 			return nil, fmt.Errorf("parsing %s: %w", path, err)
 		}
@@ -166,7 +178,7 @@ func InsertPlugin(path string, primary []byte, ours json.RawMessage) ([]byte, er
 		}
 		kept := make([]json.RawMessage, 0, len(plugins)+1)
 		for i, p := range plugins {
-			t, err := pluginType(p)
+			t, err := TypeOf(p)
 			if err != nil {
 				return nil, fmt.Errorf("parsing plugin %d of %s: %w", i, path, err)
 			}
@@ -187,7 +199,7 @@ func InsertPlugin(path string, primary []byte, ours json.RawMessage) ([]byte, er
 		if _, ok := obj.get("plugins"); ok {
 			return nil, fmt.Errorf("parsing %s: a network list saved as %s, which runtimes read as a single plugin", path, filepath.Ext(path))
 		}
-		t, err := pluginType(primary)
+		t, err := TypeOf(primary)
 		if err != nil {
 			return nil, fmt.Errorf("parsing %s: %w", path, err)
 		}
@@ -240,7 +252,7 @@ func verifyOurList(b []byte, ours json.RawMessage) error {
 			continue
 		}
 		n++
-		if !sameEntry(p.Bytes, ours) {
+		if !SameEntry(p.Bytes, ours) {
 			return fmt.Errorf("the %s entry differs from the configured one", PluginName)
 		}
 	}
@@ -253,8 +265,8 @@ func verifyOurList(b []byte, ours json.RawMessage) error {
 	return nil
 }
 
-// sameEntry compares two plugin entries as JSON values.
-func sameEntry(a, b []byte) bool {
+// SameEntry compares two plugin entries as JSON values.
+func SameEntry(a, b []byte) bool {
 	var x, y any
 	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
 		return false
@@ -293,7 +305,7 @@ func ForeignCapture(path string, b []byte) string {
 func pluginTypes(path string, b []byte) []string {
 	var l *libcni.NetworkConfigList
 	var err error
-	if isListFile(path) {
+	if IsList(path) {
 		l, err = libcni.ConfListFromBytes(b)
 	} else {
 		var c *libcni.NetworkConfig
@@ -316,7 +328,7 @@ func pluginTypes(path string, b []byte) []string {
 // VerifyInstalled checks that the chained config at path loads as the
 // runtime loads it and holds exactly our configured entry.
 func VerifyInstalled(path string, ours json.RawMessage) error {
-	if !isListFile(path) {
+	if !IsList(path) {
 		return fmt.Errorf("%s is not a network list", path)
 	}
 	if _, err := LoadConfFile(path); err != nil {
@@ -335,21 +347,16 @@ func VerifyInstalled(path string, ours json.RawMessage) error {
 // RemovePlugin returns a list's content without our entries; changed is
 // false when there were none. A list that would be left empty is an error.
 func RemovePlugin(path string, b []byte) (out []byte, changed bool, err error) {
-	obj, err := parseObject(b)
+	plugins, err := Plugins(b)
 	if err != nil {
 		return nil, false, fmt.Errorf("parsing %s: %w", path, err)
 	}
-	raw, ok := obj.get("plugins")
-	if !ok {
+	if plugins == nil {
 		return b, false, nil
-	}
-	var plugins []json.RawMessage
-	if err := json.Unmarshal(raw, &plugins); err != nil {
-		return nil, false, fmt.Errorf("parsing plugins of %s: %w", path, err)
 	}
 	kept := plugins[:0:0]
 	for _, p := range plugins {
-		if t, err := pluginType(p); err == nil && t == PluginName {
+		if t, err := TypeOf(p); err == nil && t == PluginName {
 			continue
 		}
 		kept = append(kept, p)
@@ -360,8 +367,7 @@ func RemovePlugin(path string, b []byte) (out []byte, changed bool, err error) {
 	if len(kept) == 0 {
 		return nil, false, fmt.Errorf("removing %s from %s: no other plugin would be left", PluginName, path)
 	}
-	obj.set("plugins", marshalArray(kept))
-	out, err = obj.marshal()
+	out, err = WithPlugins(b, kept)
 	if err != nil {
 		return nil, false, fmt.Errorf("encoding %s: %w", path, err)
 	}
@@ -369,4 +375,36 @@ func RemovePlugin(path string, b []byte) (out []byte, changed bool, err error) {
 		return nil, false, fmt.Errorf("checking %s without %s: %w", path, PluginName, err)
 	}
 	return out, true, nil
+}
+
+// Plugins returns the entries of a list's "plugins" member, each as its
+// bytes; nil when the document has none.
+func Plugins(b []byte) ([]json.RawMessage, error) {
+	obj, err := parseObject(b)
+	if err != nil {
+		return nil, err
+	}
+	raw, ok := obj.get("plugins")
+	if !ok {
+		return nil, nil
+	}
+	var plugins []json.RawMessage
+	if err := json.Unmarshal(raw, &plugins); err != nil {
+		return nil, fmt.Errorf("parsing plugins: %w", err)
+	}
+	if plugins == nil {
+		plugins = []json.RawMessage{}
+	}
+	return plugins, nil
+}
+
+// WithPlugins returns the document b with its "plugins" member replaced by
+// plugins, every other member and the order of all kept.
+func WithPlugins(b []byte, plugins []json.RawMessage) ([]byte, error) {
+	obj, err := parseObject(b)
+	if err != nil {
+		return nil, err
+	}
+	obj.set("plugins", marshalArray(plugins))
+	return obj.marshal()
 }

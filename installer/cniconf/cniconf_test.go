@@ -1,4 +1,4 @@
-package installer
+package cniconf
 
 import (
 	"encoding/json"
@@ -9,9 +9,11 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
+
+	"github.com/nftmesh/nftmesh/podinfo"
 )
 
-var testConfDir = filepath.Join("..", "testdata", "conflists")
+var testConfDir = filepath.Join("..", "..", "testdata", "conflists")
 
 // realWorld lists the primary configs in testdata (one per CNI).
 func realWorld(t testing.TB) []string {
@@ -30,9 +32,13 @@ func realWorld(t testing.TB) []string {
 	return out
 }
 
+// testEntry is an entry as the agent writes it.
 func testEntry() json.RawMessage {
-	c := &Config{AgentRunDir: "/var/run/nftmesh", ExcludeNamespaces: []string{"kube-system"}, Backend: "auto", Chained: true}
-	return c.PluginConf().JSON()
+	str := func(s string) *string { return &s }
+	return podinfo.PluginConf{Name: PluginName, Type: PluginName, PluginSettings: podinfo.PluginSettings{
+		LogLevel: str("info"), ExcludeNamespaces: []string{"kube-system"}, AgentRunDir: str("/var/run/nftmesh"),
+		Kubeconfig: str("/var/run/nftmesh/kubeconfig"), Backend: str("auto"), APITimeout: str("30s"),
+	}}.JSON()
 }
 
 // asList loads any config file the way the runtime does.
@@ -99,7 +105,7 @@ func TestInsertPluginRealWorld(t *testing.T) {
 			if got, want := pluginValues(t, &libcni.NetworkConfigList{Plugins: after.Plugins[:n-1]}), pluginValues(t, before); !reflect.DeepEqual(got, want) {
 				t.Errorf("primary plugins changed:\n got %v\nwant %v", got, want)
 			}
-			if !sameEntry(after.Plugins[n-1].Bytes, ours) {
+			if !SameEntry(after.Plugins[n-1].Bytes, ours) {
 				t.Errorf("our entry %s, want %s", after.Plugins[n-1].Bytes, ours)
 			}
 			// Inserting again changes nothing (no stale duplicate).
