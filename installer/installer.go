@@ -554,7 +554,58 @@ func (in *Installer) linkedConfDirs() []string {
 
 // Run installs the plugin and keeps it installed until ctx ends. It does
 // not clean up: call Cleanup after it returns.
+//
+// Each turn reconciles what changed (everything at first), reports the
+// outcome (metrics, readiness, one log line per change of state) and waits
+// for the next relevant file event or retry.
 func (in *Installer) Run(ctx context.Context) error {
+	if err := in.prepare(); err != nil {
+		return err
+	}
+	cw, err := in.newConfWatch()
+	if err != nil {
+		return err
+	}
+	defer cw.w.Close()
+
+	turn := loopState{dirty: partAll, backoff: time.Second}
+	for {
+		// Watch before checking, so a change made between the check and
+		// the wait still wakes us.
+		werr := cw.addAll()
+		var result string
+		var wrote bool
+		if werr == nil {
+			wrote, result, err = in.reconcile(ctx, turn.dirty)
+		} else {
+			result, err = metrics.ResultCopyBinaries, werr
+			if strings.Contains(werr.Error(), in.cfg.CNIConfDir) {
+				result = metrics.ResultCNIConfig
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		retry := in.report(err, result, wrote, &turn)
+		select {
+		case in.Reconciled <- struct{}{}:
+		default:
+		}
+
+		got, done, err := in.wait(ctx, cw, retry)
+		if done || err != nil {
+			return err
+		}
+		turn.dirty |= got
+		if err := in.checkConf(false); err != nil && in.ready.Load() {
+			in.setNotReady(err)
+		}
+	}
+}
+
+// prepare creates the run and conf dirs, loads the state an earlier agent
+// left, and removes temp files an interrupted write left.
+func (in *Installer) prepare() error {
 	cfg := in.cfg
 	if err := os.MkdirAll(cfg.AgentRunDir, 0o755); err != nil {
 		return fmt.Errorf("creating run dir: %w", err)
@@ -574,178 +625,187 @@ func (in *Installer) Run(ctx context.Context) error {
 			in.log.Warn().Err(err).Msg("removing leftovers")
 		}
 	}
+	return nil
+}
 
+// confWatch is the fsnotify watch of every directory whose changes can
+// undo the install: conf dir (and the dirs of linked configs), run dir,
+// bin dirs and the service account dir.
+type confWatch struct {
+	in *Installer
+	w  *fsnotify.Watcher
+	ws *watchSet
+}
+
+func (in *Installer) newConfWatch() (*confWatch, error) {
+	cfg := in.cfg
 	watcher, err := fsnotify.NewBufferedWatcher(256)
 	if err != nil {
-		return fmt.Errorf("creating file watcher: %w", err)
+		return nil, fmt.Errorf("creating file watcher: %w", err)
 	}
-	defer watcher.Close()
 	ws := &watchSet{runDir: cfg.AgentRunDir, saDir: cfg.ServiceAccountDir, binDirs: map[string]bool{},
 		confDirs: map[string]bool{cfg.CNIConfDir: true}}
 	for _, d := range cfg.CNIBinDirs {
 		ws.binDirs[d] = true
 	}
-	// A config that is a symlink changes in its target's directory, which
-	// the conf dir's watch does not see; added reports a new watch.
-	watchLinked := func() (added bool) {
-		for _, d := range in.linkedConfDirs() {
-			if ws.confDirs[d] {
-				continue
-			}
-			if err := watcher.Add(d); err != nil {
-				in.log.Warn().Err(err).Str("dir", d).Msg("watching the directory of a linked CNI config; its changes are seen on the next conf dir event only")
-				continue
-			}
-			ws.confDirs[d] = true
-			added = true
-		}
-		return added
-	}
-	addWatches := func() error {
-		dirs := append([]string{cfg.CNIConfDir, cfg.AgentRunDir}, cfg.CNIBinDirs...)
-		if cfg.ServiceAccountDir != "" {
-			dirs = append(dirs, cfg.ServiceAccountDir)
-		}
-		for _, d := range dirs {
-			if err := watcher.Add(d); err != nil {
-				return fmt.Errorf("watching %s: %w", d, err)
-			}
-		}
-		watchLinked()
-		return nil
-	}
+	return &confWatch{in: in, w: watcher, ws: ws}, nil
+}
 
-	dirty := partAll
-	backoff := time.Second
-	for {
-		// Watch before checking, so a change made between the check and
-		// the wait still wakes us.
-		werr := addWatches()
-		var result string
-		var wrote bool
-		if werr == nil {
-			wrote, result, err = in.reconcile(ctx, dirty)
-		} else {
-			result, err = metrics.ResultCopyBinaries, werr
-			if strings.Contains(werr.Error(), cfg.CNIConfDir) {
-				result = metrics.ResultCNIConfig
-			}
+// addAll watches every directory (again: a directory that was removed
+// and recreated needs a new watch).
+func (cw *confWatch) addAll() error {
+	cfg := cw.in.cfg
+	dirs := append([]string{cfg.CNIConfDir, cfg.AgentRunDir}, cfg.CNIBinDirs...)
+	if cfg.ServiceAccountDir != "" {
+		dirs = append(dirs, cfg.ServiceAccountDir)
+	}
+	for _, d := range dirs {
+		if err := cw.w.Add(d); err != nil {
+			return fmt.Errorf("watching %s: %w", d, err)
 		}
-		if ctx.Err() != nil {
-			return nil
+	}
+	cw.watchLinked()
+	return nil
+}
+
+// watchLinked watches the directories of symlinked configs: a config that
+// is a symlink changes in its target's directory, which the conf dir's
+// watch does not see. added reports a new watch.
+func (cw *confWatch) watchLinked() (added bool) {
+	for _, d := range cw.in.linkedConfDirs() {
+		if cw.ws.confDirs[d] {
+			continue
 		}
-		var retry <-chan time.Time
-		var fe *ForeignCaptureError
-		if !errors.As(err, &fe) {
-			in.m.ForeignCapture.Reset()
-			in.refused = ""
+		if err := cw.w.Add(d); err != nil {
+			cw.in.log.Warn().Err(err).Str("dir", d).Msg("watching the directory of a linked CNI config; its changes are seen on the next conf dir event only")
+			continue
 		}
-		switch {
-		case errors.As(err, &fe):
-			// Not a failure to retry on a timer: the next change of the
-			// config (the other plugin's removal) is what helps.
-			in.m.ForeignCapture.WithLabelValues(fe.Plugin).Set(1)
-			if msg := err.Error(); msg != in.refused || fe.Removed {
-				in.refused = msg
-				in.log.Error().Err(err).Str("file", fe.File).Str("plugin", fe.Plugin).Bool("removed_ours", fe.Removed).
-					Msg("refusing to chain " + PluginName + " next to another capture plugin")
-			}
-			in.setNotReady(err)
-			dirty = partConf
-		case err == nil:
-			if wrote || !in.ready.Load() {
-				in.m.Install(metrics.ResultSuccess)
-				in.log.Info().Msg(PluginName + " installed and valid")
-			}
-			in.installed = true
-			in.setReady()
-			dirty = 0
-			backoff = time.Second
-		case errors.Is(err, errNoPrimary):
-			if in.ready.Load() || in.lastErr.Load() == nil || !errors.Is(*in.lastErr.Load(), errNoPrimary) {
-				in.log.Info().Err(err).Msg("waiting for the primary CNI to write its config")
-			}
-			in.setNotReady(err)
-			dirty = partConf
-		case errors.Is(err, errChanged):
-			// The primary is still writing its config (a burst on its
-			// start): not a failure, the next write's event (or the
-			// timer, if that event came too early) tries again.
-			in.log.Warn().Err(err).Msg("the CNI config keeps changing; inserting " + PluginName + " after its next change")
-			in.setNotReady(err)
-			retry = time.After(time.Second)
-			dirty = partConf
-		default:
-			in.m.Install(result)
-			in.setNotReady(err)
-			var ro *ReadOnlyError
-			ev := in.log.Error().Err(err).Str("result", result)
-			if errors.As(err, &ro) {
-				ev = ev.Str("hint", "set cniBinDir or use a platform profile")
-			}
-			ev.Dur("retry_in", backoff).Msg("installing " + PluginName)
-			retry = time.After(backoff)
-			backoff = min(backoff*2, 30*time.Second)
-			dirty = partAll
+		cw.ws.confDirs[d] = true
+		added = true
+	}
+	return added
+}
+
+// loopState is what one turn of Run hands the next: the parts to check
+// again and the backoff of a failing install.
+type loopState struct {
+	dirty   parts
+	backoff time.Duration
+}
+
+// report records the outcome of a reconcile (metrics, readiness, a log line
+// when the state changes) and sets what the next turn checks; the channel
+// it returns fires when the next turn is due without an event.
+func (in *Installer) report(err error, result string, wrote bool, turn *loopState) (retry <-chan time.Time) {
+	var fe *ForeignCaptureError
+	if !errors.As(err, &fe) {
+		in.m.ForeignCapture.Reset()
+		in.refused = ""
+	}
+	switch {
+	case errors.As(err, &fe):
+		// Not a failure to retry on a timer: the next change of the
+		// config (the other plugin's removal) is what helps.
+		in.m.ForeignCapture.WithLabelValues(fe.Plugin).Set(1)
+		if msg := err.Error(); msg != in.refused || fe.Removed {
+			in.refused = msg
+			in.log.Error().Err(err).Str("file", fe.File).Str("plugin", fe.Plugin).Bool("removed_ours", fe.Removed).
+				Msg("refusing to chain " + PluginName + " next to another capture plugin")
 		}
+		in.setNotReady(err)
+		turn.dirty = partConf
+	case err == nil:
+		if wrote || !in.ready.Load() {
+			in.m.Install(metrics.ResultSuccess)
+			in.log.Info().Msg(PluginName + " installed and valid")
+		}
+		in.installed = true
+		in.setReady()
+		turn.dirty = 0
+		turn.backoff = time.Second
+	case errors.Is(err, errNoPrimary):
+		if in.ready.Load() || in.lastErr.Load() == nil || !errors.Is(*in.lastErr.Load(), errNoPrimary) {
+			in.log.Info().Err(err).Msg("waiting for the primary CNI to write its config")
+		}
+		in.setNotReady(err)
+		turn.dirty = partConf
+	case errors.Is(err, errChanged):
+		// The primary is still writing its config (a burst on its
+		// start): not a failure, the next write's event (or the
+		// timer, if that event came too early) tries again.
+		in.log.Warn().Err(err).Msg("the CNI config keeps changing; inserting " + PluginName + " after its next change")
+		in.setNotReady(err)
+		retry = time.After(time.Second)
+		turn.dirty = partConf
+	default:
+		in.m.Install(result)
+		in.setNotReady(err)
+		var ro *ReadOnlyError
+		ev := in.log.Error().Err(err).Str("result", result)
+		if errors.As(err, &ro) {
+			ev = ev.Str("hint", "set cniBinDir or use a platform profile")
+		}
+		ev.Dur("retry_in", turn.backoff).Msg("installing " + PluginName)
+		retry = time.After(turn.backoff)
+		turn.backoff = min(turn.backoff*2, 30*time.Second)
+		turn.dirty = partAll
+	}
+	return retry
+}
+
+// wait blocks until something relevant changed (a file event, gathered
+// with the rest of its burst), retry fired, or ctx ended (done). It
+// returns the parts to check again.
+func (in *Installer) wait(ctx context.Context, cw *confWatch, retry <-chan time.Time) (dirty parts, done bool, err error) {
+	got := parts(0)
+	if cw.watchLinked() {
+		// The reconcile just found a linked config: check it again
+		// now that its directory is watched.
+		got = partConf
+		dirty |= got
+	}
+	for got == 0 {
 		select {
-		case in.Reconciled <- struct{}{}:
-		default:
+		case <-ctx.Done():
+			return dirty, true, nil
+		case <-retry:
+			got = partAll
+		case ev, ok := <-cw.w.Events:
+			if !ok {
+				return dirty, true, errors.New("file watcher closed")
+			}
+			got = cw.ws.classify(ev)
+		case werr, ok := <-cw.w.Errors:
+			if !ok {
+				return dirty, true, errors.New("file watcher closed")
+			}
+			// An overflow means lost events: recheck everything.
+			in.log.Warn().Err(werr).Msg("file watch error; rechecking everything")
+			got = partAll
 		}
-
-		// Wait for the next relevant event.
-		got := parts(0)
-		if watchLinked() {
-			// The reconcile just found a linked config: check it again
-			// now that its directory is watched.
-			got = partConf
+		if got != 0 {
 			dirty |= got
-		}
-		for got == 0 {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-retry:
-				got = partAll
-			case ev, ok := <-watcher.Events:
-				if !ok {
-					return errors.New("file watcher closed")
-				}
-				got = ws.classify(ev)
-			case werr, ok := <-watcher.Errors:
-				if !ok {
-					return errors.New("file watcher closed")
-				}
-				// An overflow means lost events: recheck everything.
-				in.log.Warn().Err(werr).Msg("file watch error; rechecking everything")
-				got = partAll
-			}
-			if got != 0 {
-				dirty |= got
-				// Gather the rest of the burst.
-				t := time.NewTimer(debounce)
-			burst:
-				for {
-					select {
-					case ev, ok := <-watcher.Events:
-						if !ok {
-							break burst
-						}
-						dirty |= ws.classify(ev)
-					case <-t.C:
+			// Gather the rest of the burst.
+			t := time.NewTimer(debounce)
+		burst:
+			for {
+				select {
+				case ev, ok := <-cw.w.Events:
+					if !ok {
 						break burst
-					case <-ctx.Done():
-						t.Stop()
-						return nil
 					}
+					dirty |= cw.ws.classify(ev)
+				case <-t.C:
+					break burst
+				case <-ctx.Done():
+					t.Stop()
+					return dirty, true, nil
 				}
-				t.Stop()
 			}
-		}
-		if err := in.checkConf(false); err != nil && in.ready.Load() {
-			in.setNotReady(err)
+			t.Stop()
 		}
 	}
+	return dirty, false, nil
 }
 
 // Cleanup undoes the install: our entry leaves the CNI config (restoring the
