@@ -11,14 +11,14 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
 
-	"github.com/nftmesh/nftmesh/installer/cniconf"
+	"github.com/nftmesh/nftmesh/installer/conflist"
 	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // PluginName is the plugin's binary name and its conf "type".
-const PluginName = cniconf.PluginName
+const PluginName = conflist.PluginName
 
 // DefaultStandaloneConfName is the file written in standalone (Multus) mode
 // when no name is configured; the YYY prefix sorts it after primaries.

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nftmesh/nftmesh/installer/cniconf"
+	"github.com/nftmesh/nftmesh/installer/conflist"
 )
 
 // primaryVersion is the primary CNI's config as its n-th write makes it:
@@ -71,7 +71,7 @@ func waitSettled(t *testing.T, a *agent, p string, want []byte) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the file did not settle on the primary's last write (%s) plus our entry; it holds %s (our entry: %v):\n%s",
-				describe(want), describe(got), cniconf.HasPlugin(p, got), got)
+				describe(want), describe(got), conflist.HasPlugin(p, got), got)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -115,13 +115,13 @@ func TestPrimaryBurstKeepsLastWrite(t *testing.T) {
 					time.Sleep(d)
 				}
 			}
-			want, err := cniconf.InsertPlugin(p, last, ours)
+			want, err := conflist.InsertPlugin(p, last, ours)
 			if err != nil {
 				t.Fatal(err)
 			}
 			waitSettled(t, a, p, want)
 			t.Logf("writes started over because the file changed under them: %d", a.in.casConflicts.Load())
-			if err := cniconf.VerifyInstalled(p, ours); err != nil {
+			if err := conflist.VerifyInstalled(p, ours); err != nil {
 				t.Fatal(err)
 			}
 
@@ -206,7 +206,7 @@ func TestEntryMovedBackToLast(t *testing.T) {
 			ours := cfg.PluginConf().JSON()
 			installed, _ := os.ReadFile(p)
 
-			plugins, err := cniconf.Plugins(installed)
+			plugins, err := conflist.Plugins(installed)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -217,7 +217,7 @@ func TestEntryMovedBackToLast(t *testing.T) {
 			} else {
 				moved = append(append(append(moved, rest[0]), entry), rest[1:]...)
 			}
-			b, err := cniconf.WithPlugins(installed, moved)
+			b, err := conflist.WithPlugins(installed, moved)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -228,7 +228,7 @@ func TestEntryMovedBackToLast(t *testing.T) {
 				got, _ := os.ReadFile(p)
 				return bytes.Equal(got, installed) && a.in.Ready() == nil
 			})
-			if err := cniconf.VerifyInstalled(p, ours); err != nil {
+			if err := conflist.VerifyInstalled(p, ours); err != nil {
 				t.Fatal(err)
 			}
 			a.stop()
@@ -280,7 +280,7 @@ func TestSymlinkedConflist(t *testing.T) {
 			a.waitReady(t)
 			ours := cfg.PluginConf().JSON()
 			assertLink("after install")
-			if err := cniconf.VerifyInstalled(target, ours); err != nil {
+			if err := conflist.VerifyInstalled(target, ours); err != nil {
 				t.Fatalf("the target does not hold our entry: %v", err)
 			}
 			if m := modeOf(t, target); m != 0o640 {
@@ -292,7 +292,7 @@ func TestSymlinkedConflist(t *testing.T) {
 			for i := 1; i <= 4; i++ {
 				last = primaryVersion(t, i)
 				primaryWrite(t, target, last, i%2 == 0)
-				want, err := cniconf.InsertPlugin(target, last, ours)
+				want, err := conflist.InsertPlugin(target, last, ours)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -345,7 +345,7 @@ func TestSymlinkedConfConverted(t *testing.T) {
 	a := startAgent(t, cfg)
 	a.waitReady(t)
 	assertGone(t, link)
-	if err := cniconf.VerifyInstalled(filepath.Join(h.conf, "10-bridge.conflist"), cfg.PluginConf().JSON()); err != nil {
+	if err := conflist.VerifyInstalled(filepath.Join(h.conf, "10-bridge.conflist"), cfg.PluginConf().JSON()); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := os.ReadFile(target); !bytes.Equal(got, orig) {

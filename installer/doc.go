@@ -11,7 +11,7 @@
 // what it would be without us.
 //
 // The agent's other jobs live in subpackages, which never import this one:
-// installer/cniconf (reading and editing CNI config documents as runtimes
+// installer/conflist (reading and editing CNI config documents as runtimes
 // load them: discovery, insertion, removal, checks), installer/repair (the repair controller and its strategies),
 // installer/inplace (repair in place through the capture pipeline),
 // installer/pluginlog (the plugin's log and decision records) and

@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 
-	"github.com/nftmesh/nftmesh/installer/cniconf"
+	"github.com/nftmesh/nftmesh/installer/conflist"
 )
 
 // withIstioCNI appends the entry Istio's installer chains (type istio-cni)
@@ -98,7 +98,7 @@ func TestRefusesNextToIstioCNI(t *testing.T) {
 	if gauge() != 0 {
 		t.Errorf("gauge %v after istio-cni left", gauge())
 	}
-	if err := cniconf.VerifyInstalled(p, cfg.PluginConf().JSON()); err != nil {
+	if err := conflist.VerifyInstalled(p, cfg.PluginConf().JSON()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -108,8 +108,8 @@ func TestRefusesNextToIstioCNI(t *testing.T) {
 	if err := os.WriteFile(p, withIstioCNI(t, cur), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a.waitFor(t, "the second refusal", func() bool { return errors.As(in.Ready(), &fe) && !cniconf.HasPlugin(p, mustRead(t, p)) })
-	if cniconf.ForeignCapture(p, mustRead(t, p)) != "istio-cni" || gauge() != 1 {
+	a.waitFor(t, "the second refusal", func() bool { return errors.As(in.Ready(), &fe) && !conflist.HasPlugin(p, mustRead(t, p)) })
+	if conflist.ForeignCapture(p, mustRead(t, p)) != "istio-cni" || gauge() != 1 {
 		t.Errorf("after the rollback: %s (gauge %v)", mustRead(t, p), gauge())
 	}
 	if !log.has(`"removed_ours":true`) {

@@ -23,7 +23,7 @@ import (
 	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/podinfo"
 
-	"github.com/nftmesh/nftmesh/installer/cniconf"
+	"github.com/nftmesh/nftmesh/installer/conflist"
 )
 
 // debounce gathers a burst of file events (a rename makes several) into one
@@ -66,12 +66,12 @@ func (in *Installer) foreignCapture(p string) error {
 	if err != nil || !s.exists {
 		return nil // the insert reads it again and reports
 	}
-	other := cniconf.ForeignCapture(p, s.data)
+	other := conflist.ForeignCapture(p, s.data)
 	if other == "" {
 		return nil
 	}
 	fe := &ForeignCaptureError{File: p, Plugin: other}
-	if cniconf.HasPlugin(p, s.data) {
+	if conflist.HasPlugin(p, s.data) {
 		if err := stripFile(p); err != nil {
 			return fmt.Errorf("%w; and removing our entry failed: %w", fe, err)
 		}
@@ -182,12 +182,12 @@ func (in *Installer) Ready() error {
 // primary returns the config file to chain into, or errNoPrimary.
 func (in *Installer) primary(logSkipped bool) (string, error) {
 	if n := in.cfg.CNIConfFileName; n != "" {
-		if p := cniconf.ResolveNamed(in.cfg.CNIConfDir, n); p != "" {
+		if p := conflist.ResolveNamed(in.cfg.CNIConfDir, n); p != "" {
 			return p, nil
 		}
 		return "", fmt.Errorf("%w: %s not found in %s", errNoPrimary, n, in.cfg.CNIConfDir)
 	}
-	p, skipped, err := cniconf.FindPrimary(in.cfg.CNIConfDir)
+	p, skipped, err := conflist.FindPrimary(in.cfg.CNIConfDir)
 	if logSkipped {
 		seen := map[string]string{}
 		for _, s := range skipped {
@@ -226,10 +226,10 @@ func (in *Installer) checkConf(logSkipped bool) error {
 		if err != nil {
 			return fmt.Errorf("standalone config: %w", err)
 		}
-		if !cniconf.SameEntry(b, in.ours) {
+		if !conflist.SameEntry(b, in.ours) {
 			return fmt.Errorf("standalone config %s differs from ours", p)
 		}
-		if _, err := cniconf.LoadConfFile(p); err != nil {
+		if _, err := conflist.LoadConfFile(p); err != nil {
 			return err
 		}
 		return nil
@@ -238,16 +238,16 @@ func (in *Installer) checkConf(logSkipped bool) error {
 	if err != nil {
 		return err
 	}
-	lp := cniconf.ListPath(p)
+	lp := conflist.ListPath(p)
 	if lp != p {
 		return fmt.Errorf("primary config %s is a single plugin without %s", p, PluginName)
 	}
 	if b, err := os.ReadFile(p); err == nil {
-		if other := cniconf.ForeignCapture(p, b); other != "" {
+		if other := conflist.ForeignCapture(p, b); other != "" {
 			return &ForeignCaptureError{File: p, Plugin: other}
 		}
 	}
-	return cniconf.VerifyInstalled(p, in.ours)
+	return conflist.VerifyInstalled(p, in.ours)
 }
 
 // installConf makes the CNI config hold our entry; wrote says whether it
@@ -329,17 +329,17 @@ func (in *Installer) insertOnce() (bool, error) {
 		return false, err
 	}
 	b := base.data
-	out, err := cniconf.InsertPlugin(p, b, in.ours)
+	out, err := conflist.InsertPlugin(p, b, in.ours)
 	if err != nil {
 		return false, err
 	}
-	target, cur := cniconf.ListPath(p), base
+	target, cur := conflist.ListPath(p), base
 	if target != p {
 		if cur, err = readSnapshot(target); err != nil {
 			return false, fmt.Errorf("reading %s before converting %s: %w", target, p, err)
 		}
 	}
-	hadOurs := cniconf.HasPlugin(p, b)
+	hadOurs := conflist.HasPlugin(p, b)
 
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -358,10 +358,10 @@ func (in *Installer) insertOnce() (bool, error) {
 		prev = &c
 	}
 	if hadOurs {
-		stripped, changed, err := cniconf.RemovePlugin(p, b)
+		stripped, changed, err := conflist.RemovePlugin(p, b)
 		switch {
 		case prev != nil && target == p && (prev.WrittenSum == sum(b) ||
-			err == nil && changed && prev.Original == p && cniconf.SameEntry(stripped, prev.OriginalBytes)):
+			err == nil && changed && prev.Original == p && conflist.SameEntry(stripped, prev.OriginalBytes)):
 			// Our own earlier write, or one where only our entry
 			// changed (edited, or moved from last): the primary's bytes
 			// are still the recorded ones.
@@ -540,7 +540,7 @@ func (in *Installer) linkedConfDirs() []string {
 		return nil
 	}
 	var out []string
-	for _, p := range []string{in.lastPrimary, cniconf.ListPath(in.lastPrimary)} {
+	for _, p := range []string{in.lastPrimary, conflist.ListPath(in.lastPrimary)} {
 		fi, err := os.Lstat(p)
 		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
 			continue
@@ -838,7 +838,7 @@ func (in *Installer) Cleanup() error {
 			}
 		}
 		// A primary we never recorded (state lost) may still hold our entry.
-		if p, _, err := cniconf.FindPrimary(cfg.CNIConfDir); err == nil && p != "" {
+		if p, _, err := conflist.FindPrimary(cfg.CNIConfDir); err == nil && p != "" {
 			written = append(written, p)
 			if err := stripFile(p); err != nil {
 				errs = append(errs, err)
@@ -853,7 +853,7 @@ func (in *Installer) Cleanup() error {
 	} else {
 		p := in.standalonePath()
 		if b, err := os.ReadFile(p); err == nil {
-			if t, err := cniconf.TypeOf(b); err == nil && t == PluginName {
+			if t, err := conflist.TypeOf(b); err == nil && t == PluginName {
 				if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 					errs = append(errs, fmt.Errorf("removing standalone config %s: %w", p, err))
 				}
@@ -888,7 +888,7 @@ func (in *Installer) Cleanup() error {
 // and the extra ones) that still name our plugin. A regular file we cannot
 // read counts: it may.
 func referencing(dir string, extra []string) []string {
-	files, err := libcni.ConfFiles(dir, cniconf.ConfExtensions)
+	files, err := libcni.ConfFiles(dir, conflist.ConfExtensions)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return []string{dir + " (unreadable: " + err.Error() + ")"}
 	}
@@ -906,7 +906,7 @@ func referencing(dir string, extra []string) []string {
 		switch {
 		case err != nil:
 			out = append(out, f+" (unreadable: "+err.Error()+")")
-		case s.exists && cniconf.HasPlugin(f, s.data):
+		case s.exists && conflist.HasPlugin(f, s.data):
 			out = append(out, f)
 		}
 	}
@@ -992,7 +992,7 @@ func restoreOriginal(r confRecord) error {
 
 // stripFile removes our entry from a list file, keeping its mode and owner.
 func stripFile(path string) error {
-	if !cniconf.IsList(path) {
+	if !conflist.IsList(path) {
 		return nil
 	}
 	err := retryChanged(func() error {
@@ -1014,10 +1014,10 @@ func stripFile(path string) error {
 // stripSnapshot writes cur's content without our entry back, unless the
 // file changed since cur was read (errChanged).
 func stripSnapshot(cur snapshot) error {
-	if !cur.exists || !cniconf.IsList(cur.name) {
+	if !cur.exists || !conflist.IsList(cur.name) {
 		return nil
 	}
-	out, changed, err := cniconf.RemovePlugin(cur.name, cur.data)
+	out, changed, err := conflist.RemovePlugin(cur.name, cur.data)
 	if err != nil || !changed {
 		return err
 	}

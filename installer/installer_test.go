@@ -26,7 +26,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/installer/metrics"
 
-	"github.com/nftmesh/nftmesh/installer/cniconf"
+	"github.com/nftmesh/nftmesh/installer/conflist"
 )
 
 // host is a fake node file system in a temp dir.
@@ -332,7 +332,7 @@ func TestReinsertAfterPrimaryRewrites(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		a.waitFor(t, fmt.Sprintf("re-insert %d", i+1), func() bool { return cniconf.VerifyInstalled(p, ours) == nil })
+		a.waitFor(t, fmt.Sprintf("re-insert %d", i+1), func() bool { return conflist.VerifyInstalled(p, ours) == nil })
 	}
 	a.waitReady(t)
 	m := a.in.Metrics()
@@ -440,7 +440,7 @@ func TestInvalidFilesSkippedAndUntouched(t *testing.T) {
 	// The primary appears: we are woken by the watch and install.
 	p, _ := h.put(t, "10-flannel.conflist", 0o644)
 	a.waitReady(t)
-	if err := cniconf.VerifyInstalled(p, cfg.PluginConf().JSON()); err != nil {
+	if err := conflist.VerifyInstalled(p, cfg.PluginConf().JSON()); err != nil {
 		t.Fatal(err)
 	}
 	for n, b := range want {
@@ -458,7 +458,7 @@ func TestNamedConfAndPreemption(t *testing.T) {
 	a := startAgent(t, cfg)
 	a.waitReady(t)
 	ours := cfg.PluginConf().JSON()
-	if err := cniconf.VerifyInstalled(flannel, ours); err != nil {
+	if err := conflist.VerifyInstalled(flannel, ours); err != nil {
 		t.Fatalf("named file: %v", err)
 	}
 	if got, _ := os.ReadFile(calico); !bytes.Equal(got, corig) {
@@ -481,7 +481,7 @@ func TestNamedConfAndPreemption(t *testing.T) {
 	a2.waitReady(t)
 	cilium, ciorig := h2.put(t, "05-cilium.conflist", 0o644)
 	ours2 := cfg2.PluginConf().JSON()
-	a2.waitFor(t, "insert into the new primary", func() bool { return cniconf.VerifyInstalled(cilium, ours2) == nil })
+	a2.waitFor(t, "insert into the new primary", func() bool { return conflist.VerifyInstalled(cilium, ours2) == nil })
 	a2.stop()
 	if err := a2.in.Cleanup(); err != nil {
 		t.Fatal(err)
@@ -561,7 +561,7 @@ func TestCleanupKeepsForeignChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(p)
-	if cniconf.HasPlugin(p, got) {
+	if conflist.HasPlugin(p, got) {
 		t.Error("our entry survived cleanup")
 	}
 	if !strings.Contains(string(got), `"operator": "edit"`) {
@@ -582,7 +582,7 @@ func TestRestartKeepsOriginalBytes(t *testing.T) {
 	cfg2 := h.config(t, "--log-level", "debug") // a changed entry forces a rewrite
 	b := startAgent(t, cfg2)
 	b.waitReady(t)
-	if err := cniconf.VerifyInstalled(p, cfg2.PluginConf().JSON()); err != nil {
+	if err := conflist.VerifyInstalled(p, cfg2.PluginConf().JSON()); err != nil {
 		t.Fatal(err)
 	}
 	b.stop()

@@ -1,4 +1,4 @@
-// Package cniconf reads and edits CNI configuration documents the way
+// Package conflist reads and edits CNI configuration documents the way
 // container runtimes load them: discovery of the primary config in a conf
 // dir, insertion of the nftmesh-cni entry as the last plugin of a list (a
 // single-plugin .conf becomes a .conflist), its removal, and checks that a
@@ -7,7 +7,7 @@
 //
 // It works on bytes and paths only: it writes no file (the installer
 // writes, with compare-and-swap) and does not log.
-package cniconf
+package conflist
 
 import (
 	"bytes"

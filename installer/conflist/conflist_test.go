@@ -1,4 +1,4 @@
-package cniconf
+package conflist
 
 import (
 	"encoding/json"
