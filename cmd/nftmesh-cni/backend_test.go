@@ -13,6 +13,8 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"
+
+	"github.com/nftmesh/nftmesh/testkit/cnitest"
 )
 
 // TestChainBackends: the chain with backend auto (a fresh netns: nftables)
@@ -34,7 +36,7 @@ func TestChainBackends(t *testing.T) {
 			pod := createPod(t, env.api, loadPod(t, "injected.yaml"))
 			_, nsPath := nstest.New(t, "cni-pod-")
 			cl := h.conflist(t, "1.0.0", map[string]any{"backend": tt.backend})
-			rt := runtimeConf(pod, nsPath)
+			rt := cnitest.RuntimeConf(pod, nsPath, "ctr-")
 			if _, err := h.add(cl, rt); err != nil {
 				if tt.backend == podinfo.BackendIptablesLegacy && strings.Contains(err.Error(), "legacy") {
 					t.Skipf("kernel without legacy x_tables: %v", err)

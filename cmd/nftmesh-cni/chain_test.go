@@ -26,6 +26,8 @@ import (
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"
+
+	"github.com/nftmesh/nftmesh/testkit/cnitest"
 )
 
 // TestChainMeshPod runs [bridge, nftmesh-cni] through libcni, as a
@@ -40,7 +42,7 @@ func TestChainMeshPod(t *testing.T) {
 			pod := createPod(t, env.api, loadPod(t, "injected.yaml"))
 			nsName, nsPath := nstest.New(t, "cni-pod-")
 			cl := h.conflist(t, v, nil)
-			rt := runtimeConf(pod, nsPath)
+			rt := cnitest.RuntimeConf(pod, nsPath, "ctr-")
 
 			res, err := h.add(cl, rt)
 			if err != nil {
@@ -108,7 +110,7 @@ func TestChainPassthrough(t *testing.T) {
 			pod := tt.pod(t)
 			_, nsPath := nstest.New(t, "cni-pod-")
 			cl := h.conflist(t, "1.0.0", nil)
-			rt := runtimeConf(pod, nsPath)
+			rt := cnitest.RuntimeConf(pod, nsPath, "ctr-")
 			res, err := h.add(cl, rt)
 			if err != nil {
 				t.Fatalf("ADD: %v", err)
@@ -177,7 +179,7 @@ func TestChainBadAnnotation(t *testing.T) {
 	pod := createPod(t, env.api, loadPod(t, "bad-annotation.yaml"))
 	_, nsPath := nstest.New(t, "cni-pod-")
 	cl := h.conflist(t, "1.0.0", nil)
-	rt := runtimeConf(pod, nsPath)
+	rt := cnitest.RuntimeConf(pod, nsPath, "ctr-")
 	_, err := h.add(cl, rt)
 	if err == nil {
 		t.Fatal("ADD succeeded for a pod with an invalid annotation")
@@ -204,7 +206,7 @@ func TestChainAPIStopped(t *testing.T) {
 	_, nsPath := nstest.New(t, "cni-pod-")
 	const timeout = 2 * time.Second
 	cl := h.conflist(t, "1.0.0", map[string]any{"api_timeout": timeout.String()})
-	rt := runtimeConf(pod, nsPath)
+	rt := cnitest.RuntimeConf(pod, nsPath, "ctr-")
 	start := time.Now()
 	_, err := h.add(cl, rt)
 	took := time.Since(start)
@@ -231,7 +233,7 @@ func TestChainRBACDenied(t *testing.T) {
 	pod := createPod(t, env.api, loadPod(t, "injected.yaml"))
 	_, nsPath := nstest.New(t, "cni-pod-")
 	cl := h.conflist(t, "1.0.0", nil)
-	rt := runtimeConf(pod, nsPath)
+	rt := cnitest.RuntimeConf(pod, nsPath, "ctr-")
 	start := time.Now()
 	_, err := h.add(cl, rt)
 	if err == nil {
@@ -255,7 +257,7 @@ func TestChainAddTwiceAndDelAfterNetnsGone(t *testing.T) {
 	pod := createPod(t, env.api, loadPod(t, "native-sidecar.yaml"))
 	nsName, nsPath := nstest.New(t, "cni-pod-")
 	cl := h.conflist(t, "1.0.0", nil)
-	rt := runtimeConf(pod, nsPath)
+	rt := cnitest.RuntimeConf(pod, nsPath, "ctr-")
 	res, err := h.add(cl, rt)
 	if err != nil {
 		t.Fatalf("ADD: %v", err)
@@ -313,7 +315,7 @@ func TestChainConcurrent(t *testing.T) {
 		}
 		p = createPod(t, env.api, p)
 		_, path := nstest.New(t, fmt.Sprintf("cni-c%02d-", i))
-		pods[i] = podNS{pod: p, path: path, rt: runtimeConf(p, path)}
+		pods[i] = podNS{pod: p, path: path, rt: cnitest.RuntimeConf(p, path, "ctr-")}
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, n)
@@ -381,7 +383,7 @@ func TestChainDualStack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rt := runtimeConf(pod, nsPath)
+			rt := cnitest.RuntimeConf(pod, nsPath, "ctr-")
 			res, err := h.add(cl, rt)
 			if err != nil {
 				t.Fatalf("ADD: %v", err)

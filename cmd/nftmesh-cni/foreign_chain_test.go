@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"
+
+	"github.com/nftmesh/nftmesh/testkit/cnitest"
 )
 
 // TestChainCheckReportsIstioCapture: CHECK of a mesh pod whose own rules
@@ -27,7 +29,7 @@ func TestChainCheckReportsIstioCapture(t *testing.T) {
 			pod := createPod(t, env.api, loadPod(t, "injected.yaml"))
 			nsName, nsPath := nstest.New(t, "cni-pod-")
 			cl := h.conflist(t, "1.0.0", nil)
-			rt := runtimeConf(pod, nsPath)
+			rt := cnitest.RuntimeConf(pod, nsPath, "ctr-")
 			if _, err := h.add(cl, rt); err != nil {
 				t.Fatalf("ADD: %v", err)
 			}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -166,7 +165,7 @@ func standinMain() int {
 			return fail(err)
 		}
 		defer ln.Close()
-		go forwardUnix(ln, job.APISock)
+		go kubetest.ForwardTo(ln, "unix", job.APISock)
 	}
 	dir, err := os.MkdirTemp("", "standin-")
 	if err != nil {
@@ -265,25 +264,6 @@ func withFd(path string, fn func(netns.NsHandle) error) error {
 	}
 	defer unix.Close(fd)
 	return fn(netns.NsHandle(fd))
-}
-
-func forwardUnix(ln net.Listener, sock string) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			u, err := net.Dial("unix", sock)
-			if err != nil {
-				return
-			}
-			defer u.Close()
-			go func() { _, _ = io.Copy(u, c) }()
-			_, _ = io.Copy(c, u)
-		}()
-	}
 }
 
 // runStandin runs job in a fresh stand-in host and returns its report.

@@ -19,6 +19,8 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"
+
+	"github.com/nftmesh/nftmesh/testkit/cnitest"
 )
 
 // The tests in this file play the API server with a local HTTP server, so
@@ -228,7 +230,7 @@ func TestChainHugeAnnotation(t *testing.T) {
 	pod = createPod(t, env.api, pod)
 	_, nsPath := nstest.New(t, "cni-pod-")
 	cl := h.conflist(t, "1.0.0", nil)
-	rt := runtimeConf(pod, nsPath)
+	rt := cnitest.RuntimeConf(pod, nsPath, "ctr-")
 	_, err := h.add(cl, rt)
 	if err == nil {
 		t.Fatal("ADD succeeded for a pod with an invalid annotation")

@@ -222,22 +222,6 @@ func (h *host) conflist(t testing.TB, v string, extra map[string]any) *libcni.Ne
 	return cl
 }
 
-func runtimeConf(pod *corev1.Pod, netnsPath string) *libcni.RuntimeConf {
-	id := "ctr-" + nstest.RandHex(8)
-	return &libcni.RuntimeConf{
-		ContainerID: id,
-		NetNS:       netnsPath,
-		IfName:      "eth0",
-		Args: [][2]string{
-			{"IgnoreUnknown", "1"},
-			{"K8S_POD_NAMESPACE", pod.Namespace},
-			{"K8S_POD_NAME", pod.Name},
-			{"K8S_POD_INFRA_CONTAINER_ID", id},
-			{"K8S_POD_UID", string(pod.UID)},
-		},
-	}
-}
-
 func (h *host) add(cl *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (types.Result, error) {
 	var res types.Result
 	err := inNetns(h.netnsPath, func() (err error) {

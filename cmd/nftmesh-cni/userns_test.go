@@ -12,6 +12,8 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/testkit/usernstest"
+
+	"github.com/nftmesh/nftmesh/testkit/cnitest"
 )
 
 // TestChainUsernsPod: a pod whose netns is owned by its own user namespace
@@ -35,7 +37,7 @@ func TestChainUsernsPod(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = ns.Close() })
 			cl := h.conflist(t, "1.0.0", map[string]any{"backend": backend})
-			rt := runtimeConf(pod, ns.Path)
+			rt := cnitest.RuntimeConf(pod, ns.Path, "ctr-")
 			_, err = h.add(cl, rt)
 			if backend == podinfo.BackendIptablesLegacy {
 				var cerr *types.Error

@@ -33,6 +33,8 @@ import (
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"
+
+	"github.com/nftmesh/nftmesh/testkit/cnitest"
 )
 
 const (
@@ -283,7 +285,7 @@ func TestNodeEndToEnd(t *testing.T) {
 	api.EnsureNamespace(t, "shop")
 	early := createPod(t, api, "early-")
 	earlyNetnsName, earlyNetns := nstest.New(t, "e2e-early-")
-	earlyRT := runtimeConf(early, earlyNetns)
+	earlyRT := cnitest.RuntimeConf(early, earlyNetns, "e2e-")
 	bridgeOnly, err := libcni.ConfListFromBytes(primary)
 	if err != nil {
 		t.Fatal(err)
@@ -415,7 +417,7 @@ func TestNodeEndToEnd(t *testing.T) {
 	// A new pod, as the API server has it when the runtime sets it up.
 	pod := createPod(t, api, "web-")
 	podNetnsName, podNetns := nstest.New(t, "e2e-pod-")
-	rt := runtimeConf(pod, podNetns)
+	rt := cnitest.RuntimeConf(pod, podNetns, "e2e-")
 	outbound := captureListener(t, podNetns, 15001)
 	inbound := captureListener(t, podNetns, 15006)
 
@@ -562,21 +564,4 @@ func createPod(t *testing.T, api *kubetest.Server, prefix string) *corev1.Pod {
 		t.Fatal(err)
 	}
 	return pod
-}
-
-// runtimeConf is what kubelet's runtime passes for the pod's sandbox.
-func runtimeConf(pod *corev1.Pod, netnsPath string) *libcni.RuntimeConf {
-	id := "e2e-" + nstest.RandHex(8)
-	return &libcni.RuntimeConf{
-		ContainerID: id,
-		NetNS:       netnsPath,
-		IfName:      "eth0",
-		Args: [][2]string{
-			{"IgnoreUnknown", "1"},
-			{"K8S_POD_NAMESPACE", pod.Namespace},
-			{"K8S_POD_NAME", pod.Name},
-			{"K8S_POD_INFRA_CONTAINER_ID", id},
-			{"K8S_POD_UID", string(pod.UID)},
-		},
-	}
 }

@@ -512,7 +512,11 @@ func (s *Server) WriteKubeconfigHost(path, host, token string) error {
 // Forward copies every connection accepted on ln to target, dialled from
 // this process's own netns. Tests listen inside a throw-away "host" netns so
 // the API server's address is reachable from there as well as from here.
-func Forward(ln net.Listener, target string) {
+func Forward(ln net.Listener, target string) { ForwardTo(ln, "tcp", target) }
+
+// ForwardTo is Forward to target on another network ("unix" for a socket
+// file).
+func ForwardTo(ln net.Listener, network, target string) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -520,7 +524,7 @@ func Forward(ln net.Listener, target string) {
 		}
 		go func() {
 			defer c.Close()
-			u, err := net.Dial("tcp", target)
+			u, err := net.Dial(network, target)
 			if err != nil {
 				return
 			}
