@@ -175,6 +175,7 @@ const (
 	ResolveTimeout = 2 * time.Second
 	ioTimeout      = time.Second
 	maxInFlight    = 256
+	acceptRetry    = 50 * time.Millisecond
 )
 
 // Server answers plugin requests on a Listener.
@@ -202,11 +203,18 @@ func (s *Server) Serve(ctx context.Context, l *Listener) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("accepting on %s: %w", l.path, err)
 			}
-			return fmt.Errorf("accepting on %s: %w", l.path, err)
+			// Out of file descriptors or memory, a connection reset
+			// before it was accepted: the socket itself is fine, so keep
+			// serving (the plugin falls back meanwhile) after a pause.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(acceptRetry):
+			}
+			continue
 		}
 		select {
 		case sem <- struct{}{}:
