@@ -236,6 +236,11 @@ func TestPodThroughPlugin(t *testing.T) {
 		if line["decision"] != "skip" {
 			t.Errorf("plain pod chained-%d: decision %v, want skip: %v", i, line["decision"], line)
 		}
+		// kubelet passes the pod's UID, so the agent's socket answers from
+		// its pod watch and the plugin reads nothing from the API.
+		if line["lookup"] != "agent" {
+			t.Errorf("plain pod chained-%d: lookup %v (%v), want agent: %v", i, line["lookup"], line["agent_miss"], line)
+		}
 		if i == 0 {
 			t.Logf("decision line: %v", line)
 		}
