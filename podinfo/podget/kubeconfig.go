@@ -91,8 +91,18 @@ func LoadKubeconfig(path string) (*Kubeconfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading kubeconfig %s: %w", path, err)
 	}
+	return parseKubeconfig(path, data)
+}
+
+// parseKubeconfig reads data, the content of the kubeconfig at path (whose
+// directory relative file names are read from).
+func parseKubeconfig(path string, data []byte) (*Kubeconfig, error) {
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("loading kubeconfig %s: %s", path, fmt.Sprintf(format, args...))
+	}
 	var f kubeconfigFile
-	if err := yaml.Unmarshal(data, &f); err != nil {
+	var err error
+	if err = yaml.Unmarshal(data, &f); err != nil {
 		// The decoder's message may quote the file's content: bounded.
 		return nil, fail("%s", quote.Text(err.Error()))
 	}
