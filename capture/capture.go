@@ -91,6 +91,11 @@ type Options struct {
 	// by the plugin, the agent and the CLI). Empty: DefaultRunDir, or a
 	// temp dir when that cannot be created.
 	RunDir string
+	// Locked, when set, is called once the namespace's lock is held,
+	// before anything there is read or written. A short-lived front end
+	// uses it to stop an interrupt from landing between the nftables batch
+	// and the routes that go with it (see cmd/redirect's holdInterrupt).
+	Locked func()
 }
 
 func (o Options) backend() string {
@@ -109,7 +114,11 @@ func lock(ctx context.Context, n *Netns, o Options) (*netnsLock, error) {
 	if err := n.Refuse(); err != nil {
 		return nil, err
 	}
-	return lockNetns(ctx, o.RunDir, n.ID, n.Path)
+	lk, err := lockNetns(ctx, o.RunDir, n.ID, n.Path)
+	if err == nil && o.Locked != nil {
+		o.Locked()
+	}
+	return lk, err
 }
 
 // pin returns a path that names exactly n: the magic link of its

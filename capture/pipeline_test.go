@@ -443,3 +443,59 @@ func TestFakeLock(t *testing.T) {
 		t.Errorf("Check after the Apply: %v", err)
 	}
 }
+
+// Options.Locked runs once per verb, after the lock is held (a second run
+// on the namespace would wait) and before the verb reads or writes the
+// namespace; a verb that never gets the lock does not call it.
+func TestFakeLockedHook(t *testing.T) {
+	ctx := context.Background()
+	f, pl, o := fake(t)
+	p := plan(t, "defaults")
+	for _, verb := range []string{"apply", "check", "remove"} {
+		t.Run(verb, func(t *testing.T) {
+			calls, before := 0, -1
+			o := o
+			o.Locked = func() {
+				calls++
+				before = len(f.Calls())
+				short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+				defer cancel()
+				if _, err := pl.Check(short, open(t, pl, podNS), p, capture.Options{RunDir: o.RunDir}); err == nil || !strings.Contains(err.Error(), "waiting for the lock") {
+					t.Errorf("Check inside the hook = %v, want it to wait for the lock", err)
+				}
+			}
+			n := open(t, pl, podNS)
+			var err error
+			switch verb {
+			case "apply":
+				_, err = pl.Apply(ctx, n, p, o)
+			case "check":
+				_, err = pl.Check(ctx, n, p, o)
+			case "remove":
+				_, err = pl.Remove(ctx, n, o)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if calls != 1 {
+				t.Fatalf("Locked called %d times, want 1", calls)
+			}
+			if len(f.Calls()) <= before {
+				t.Errorf("the verb touched the kernel before Locked: calls %v, %d before the hook", f.Calls(), before)
+			}
+		})
+	}
+	// Refused before the lock (the host's namespace): no hook.
+	if err := f.AddHostNetns("/run/netns/host"); err != nil {
+		t.Skip(err)
+	}
+	host, err := pl.OpenForReading("/run/netns/host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	o.Locked = func() { t.Error("Locked called for a verb refused before the lock") }
+	if _, err := pl.Apply(ctx, host, p, o); !errors.Is(err, capture.ErrHostNetns) {
+		t.Fatalf("Apply(host) = %v, want ErrHostNetns", err)
+	}
+}
