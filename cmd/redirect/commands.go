@@ -121,6 +121,7 @@ before. On failure nothing is left behind. PATH is a netns file such as
 			if err != nil {
 				return err
 			}
+			parallelProcs(p)
 			capture.AllowOwnNetns(allowOwn)
 			ns, err := pipeline.Open(netns)
 			if err != nil {

@@ -1,12 +1,17 @@
 package main
 
 import (
+	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
+
+	"github.com/nftmesh/nftmesh/redirect"
 )
 
 // TestHoldInterrupt: after holdInterrupt a SIGINT no longer ends the
@@ -15,6 +20,15 @@ import (
 // child runs this test binary again.
 func TestHoldInterrupt(t *testing.T) {
 	if mode := os.Getenv("REDIRECT_TEST_SIGINT"); mode != "" {
+		// Start from the default action even when this test binary was
+		// started with SIGINT ignored (an ignored signal stays ignored
+		// across exec, and in-process runs of apply in this package's
+		// other tests ignore it): the kernel's sigaction, all zero, is
+		// SIG_DFL on every architecture.
+		var dfl [4]uint64
+		if _, _, errno := syscall.RawSyscall6(syscall.SYS_RT_SIGACTION, uintptr(syscall.SIGINT), uintptr(unsafe.Pointer(&dfl)), 0, 8, 0, 0); errno != 0 {
+			os.Exit(4)
+		}
 		if mode == "hold" {
 			holdInterrupt()
 		}
@@ -36,5 +50,25 @@ func TestHoldInterrupt(t *testing.T) {
 		case mode == "default" && survived:
 			t.Errorf("without holdInterrupt, SIGINT did not end the process: the test cannot tell")
 		}
+	}
+}
+
+// TestParallelProcs: apply keeps one P for an ordinary plan and gives the
+// runtime its CPUs back for sets the backend marshals in parallel.
+func TestParallelProcs(t *testing.T) {
+	was := runtime.GOMAXPROCS(0)
+	defer runtime.GOMAXPROCS(was)
+	defer func(p int) { procs = p }(procs)
+	procs = 4
+	small := redirect.Plan{Sets: []redirect.Set{{Name: "s", Kind: redirect.SetIPv4, Prefixes: make([]netip.Prefix, 1024)}}}
+	large := redirect.Plan{Sets: []redirect.Set{{Name: "s", Kind: redirect.SetIPv4, Prefixes: make([]netip.Prefix, 1025)}}}
+	runtime.GOMAXPROCS(1)
+	parallelProcs(small)
+	if got := runtime.GOMAXPROCS(0); got != 1 {
+		t.Errorf("GOMAXPROCS after a plan of 1024 elements = %d, want 1", got)
+	}
+	parallelProcs(large)
+	if got := runtime.GOMAXPROCS(0); got != 4 {
+		t.Errorf("GOMAXPROCS after a plan of 1025 elements = %d, want 4", got)
 	}
 }

