@@ -6,9 +6,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -28,6 +31,7 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock/cachesource"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
@@ -369,5 +373,63 @@ func BenchmarkPluginAddAgent(b *testing.B) {
 		if p := targets[i].pod.Name; got[p] != lookupAgent {
 			b.Fatalf("pod %s on the agent path: lookup=%q (%s)", p, got[p], got[p+"/miss"])
 		}
+	}
+}
+
+// TestAgentWrongAnswerNeverUsed: an "agent" on the socket that answers
+// about another UID (a stale cache, a bug, a forgery) or with garbage is
+// never believed: the plugin reads the pod from the API and captures by the
+// API's answer, saying why in agent_miss.
+func TestAgentWrongAnswerNeverUsed(t *testing.T) {
+	needEnv(t)
+	for name, answer := range map[string]func(req agentsock.Request) []byte{
+		"another UID": func(req agentsock.Request) []byte {
+			// Claims the pod is not injected, under an older UID.
+			b, _ := json.Marshal(agentsock.Found("0ld-uid", &meshpod.Pod{Namespace: req.Namespace, Name: req.Name}))
+			return b
+		},
+		"garbage": func(agentsock.Request) []byte { return []byte(`{"v":1,"status":"found","pod":7}`) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			runDir, reads := countingRunDir(t)
+			dir := filepath.Join(runDir, agentsock.DirName)
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			ln, err := net.Listen("unix", agentsock.Path(runDir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					var hdr [4]byte
+					_, _ = io.ReadFull(c, hdr[:])
+					body := make([]byte, binary.BigEndian.Uint32(hdr[:])&0xfff)
+					_, _ = io.ReadFull(c, body)
+					var req agentsock.Request
+					_ = json.Unmarshal(body, &req)
+					out := answer(req)
+					_, _ = c.Write(append(binary.BigEndian.AppendUint32(nil, uint32(len(out))), out...))
+					c.Close()
+				}
+			}()
+			p := nodePod(t, "injected.yaml")
+			ns, err := addExec(t, runDir, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := nft.New().Check(context.Background(), ns, wantPlan(t, p, false)); err != nil {
+				t.Fatalf("rules: %v", err)
+			}
+			got := lookups(t, runDir)
+			if got[p.Name] != lookupAPI || !strings.Contains(got[p.Name+"/miss"], "answer") || reads.Load() == 0 {
+				t.Fatalf("lookup=%q agent_miss=%q after %d API reads; want the API's answer used", got[p.Name], got[p.Name+"/miss"], reads.Load())
+			}
+		})
 	}
 }
