@@ -49,8 +49,8 @@ type generator struct {
 	owners []MatchOwner
 }
 
-func newGenerator(s Spec) *generator {
-	return &generator{
+func newGenerator(s Spec) generator {
+	return generator{
 		builder: newBuilder(s.IPv6),
 		s:       s,
 		tproxy:  s.InterceptionMode == ModeTProxy,
@@ -59,11 +59,14 @@ func newGenerator(s Spec) *generator {
 	}
 }
 
+// Matches every step uses, held as Match values so that passing one costs
+// no allocation (a struct variable is copied into a new interface value each
+// time). Matches are values: rules sharing one cannot change each other.
 var (
-	tcp = MatchProto{ProtoTCP}
-	udp = MatchProto{ProtoUDP}
+	tcp Match = MatchProto{ProtoTCP}
+	udp Match = MatchProto{ProtoUDP}
 	// toLo matches packets leaving on the loopback interface.
-	toLo = MatchIface{Out: true, Name: "lo"}
+	toLo Match = MatchIface{Out: true, Name: "lo"}
 )
 
 func dport(p ...uint16) MatchPort { return MatchPort{Ports: p} }
