@@ -49,15 +49,7 @@ var ErrHostNetns = hostns.ErrOwnNetns
 // caller's own, PID 1's, or one registered with AddHostNetns), however the
 // path reaches it (symlinks and bind mounts are seen through).
 func (pl *Pipeline) Open(path string) (*Netns, error) {
-	n, err := pl.k.OpenNetns(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := n.Refuse(); err != nil {
-		n.Close()
-		return nil, err
-	}
-	return n, nil
+	return hostns.Guard(pl.k.OpenNetns(path))
 }
 
 // OpenForReading is Open without the host check, for looking at any

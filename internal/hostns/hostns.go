@@ -226,8 +226,12 @@ func refuseID(path string, id ID) error {
 
 // OpenGuarded opens path (see Open) and refuses the host's namespace (see
 // Refuse): what every path that writes into a namespace starts with.
-func OpenGuarded(path string) (*Netns, error) {
-	n, err := Open(path)
+func OpenGuarded(path string) (*Netns, error) { return Guard(Open(path)) }
+
+// Guard passes on what an open returned, closing the namespace and
+// returning Refuse's error instead when it is the host's: OpenGuarded for
+// namespaces opened another way.
+func Guard(n *Netns, err error) (*Netns, error) {
 	if err != nil {
 		return nil, err
 	}
