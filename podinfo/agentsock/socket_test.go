@@ -310,6 +310,7 @@ func TestAskBounded(t *testing.T) {
 	}{
 		"mute": {func(c net.Conn) { time.Sleep(2 * time.Second) }, "i/o timeout"},
 		"oversized": {func(c net.Conn) {
+			readReq(c)
 			_, _ = c.Write([]byte{0x7f, 0xff, 0xff, 0xff})
 			_, _ = io.Copy(c, strings.NewReader(strings.Repeat("x", 1<<16)))
 		}, "field length"},
