@@ -240,13 +240,8 @@ func cmdAdd(args *skel.CmdArgs) error {
 		inv.decided("skip", reason)
 		return printPrevResult(inv.conf)
 	}
-	ns, err := inv.openNetns(true)
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
 	ctx := context.Background()
-	_, plan, reason, err := inv.lookup(ctx)
+	ns, plan, reason, err := inv.netnsAndPlan(ctx, false)
 	if err != nil {
 		return err
 	}
@@ -254,13 +249,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		inv.decided("skip", reason)
 		return printPrevResult(inv.conf)
 	}
-
-	if ns == nil {
-		if ns, err = inv.openNetns(false); err != nil {
-			return err
-		}
-		defer ns.Close()
-	}
+	defer ns.Close()
 	actx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
 	res, err := pipeline.Apply(actx, ns, *plan, inv.captureOptions())
@@ -292,22 +281,12 @@ func cmdCheck(args *skel.CmdArgs) error {
 		inv.decided("skip", reason)
 		return nil
 	}
-	ns, err := inv.openNetns(true)
+	ctx := context.Background()
+	ns, plan, reason, err := inv.netnsAndPlan(ctx, true)
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
-	ctx := context.Background()
-	_, plan, reason, err := inv.lookup(ctx)
-	if err != nil {
-		return err
-	}
-	if ns == nil {
-		if ns, err = inv.openNetns(false); err != nil {
-			return err
-		}
-		defer ns.Close()
-	}
 	actx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
 	want := redirect.Plan{}
@@ -425,6 +404,32 @@ func (inv *invocation) openNetns(missingOK bool) (*capture.Netns, error) {
 		return nil, inv.fail(netnsError(inv.args.Netns, err))
 	}
 	return ns, nil
+}
+
+// netnsAndPlan is the start of ADD and CHECK: CNI_NETNS opened and
+// checked before anything else reads or writes (see openNetns), the pod's
+// plan looked up (nil: not in the mesh, and reason says why), and then the
+// namespace opened for good if it was missing before the lookup. For a pod
+// not in the mesh the namespace is returned only when withoutPlan asks for
+// it (CHECK compares it with the empty plan); ADD needs none.
+func (inv *invocation) netnsAndPlan(ctx context.Context, withoutPlan bool) (*capture.Netns, *redirect.Plan, string, error) {
+	ns, err := inv.openNetns(true)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	_, plan, reason, err := inv.lookup(ctx)
+	if err != nil || (plan == nil && !withoutPlan) {
+		if ns != nil {
+			ns.Close()
+		}
+		return nil, nil, reason, err
+	}
+	if ns == nil {
+		if ns, err = inv.openNetns(false); err != nil {
+			return nil, nil, "", err
+		}
+	}
+	return ns, plan, reason, nil
 }
 
 func (inv *invocation) captureOptions() capture.Options {
