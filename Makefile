@@ -142,6 +142,12 @@ lint: staticcheck
 	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep -E 'nftmesh/(nft|iptables)( |$$)' | cut -d: -f1 | \
 	  grep -v -x 'github.com/nftmesh/nftmesh/capture' || true); \
 	  if [ -n "$$bad" ]; then echo "imports a kernel backend directly (use package capture):"; echo "$$bad"; exit 1; fi
+	@# The agent's library points one way: installer/ (install, conflist
+	@# watch and restore) may use its job packages (conflist, repair,
+	@# inplace, pluginlog, metrics); none of them imports installer back.
+	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./installer/... | grep -E 'nftmesh/installer( |$$)' | cut -d: -f1 | \
+	  grep -v -x 'github.com/nftmesh/nftmesh/installer' || true); \
+	  if [ -n "$$bad" ]; then echo "a package below installer/ imports installer:"; echo "$$bad"; exit 1; fi
 
 update-golden:
 	UPDATE_GOLDEN=1 $(GO) test -count=1 -run 'Golden' ./...
