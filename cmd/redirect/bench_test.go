@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -81,6 +82,11 @@ func BenchmarkWholeProcess(b *testing.B) {
 		{"nft-f", [][]string{{"nft", "-f", nftFile}}, false},
 	}
 	times := map[string][]time.Duration{}
+	// Context switches per run (voluntary + involuntary, from the child's
+	// rusage; nsenter execs the tool, so it is one process): on a loaded
+	// machine each one is a wait for a CPU, which is where a Go process
+	// loses to nft's single thread.
+	switches := map[string][]int64{}
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		for j := range tools {
@@ -92,6 +98,7 @@ func BenchmarkWholeProcess(b *testing.B) {
 			}
 			b.StartTimer()
 			start := time.Now()
+			var cs int64
 			for _, c := range tl.cmds {
 				cmd := exec.Command("nsenter", append([]string{"--net=/run/netns/" + ns}, c...)...)
 				if tl.direct {
@@ -106,8 +113,12 @@ func BenchmarkWholeProcess(b *testing.B) {
 				if out, err := cmd.CombinedOutput(); err != nil {
 					b.Fatalf("%s: %v\n%s", tl.name, err, out)
 				}
+				if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+					cs += ru.Nvcsw + ru.Nivcsw
+				}
 			}
 			times[tl.name] = append(times[tl.name], time.Since(start))
+			switches[tl.name] = append(switches[tl.name], cs)
 			b.StopTimer()
 			exec.Command("ip", "netns", "del", ns).Run()
 			b.StartTimer()
@@ -119,6 +130,10 @@ func BenchmarkWholeProcess(b *testing.B) {
 		slices.Sort(ds)
 		med[name] = float64(ds[len(ds)/2].Microseconds()) / 1000
 		b.ReportMetric(med[name], name+"-ms")
+	}
+	for name, cs := range switches {
+		slices.Sort(cs)
+		b.ReportMetric(float64(cs[len(cs)/2]), name+"-cs")
 	}
 	b.ReportMetric(med["redirect-nft"]/med["nft-f"], "nft/nft-f")
 	b.ReportMetric(med["redirect-nft-direct"]/med["nft-f"], "direct/nft-f")
