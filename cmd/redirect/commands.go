@@ -123,13 +123,11 @@ before. On failure nothing is left behind. PATH is a netns file such as
 			}
 			parallelProcs(p)
 			capture.AllowOwnNetns(allowOwn)
-			ns, err := pipeline.Open(netns)
+			ns, ctx, done, err := openVerb(cmd, netns, true)
 			if err != nil {
-				return failure(err)
+				return err
 			}
-			defer ns.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), verbTimeout)
-			defer cancel()
+			defer done()
 			start := time.Now()
 			res, err := pipeline.Apply(ctx, ns, p, capture.Options{Backend: backend, RunDir: runDir, Locked: holdInterrupt})
 			if err != nil {
@@ -167,13 +165,11 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 			if !outputFormats[output] {
 				return badOutput(output)
 			}
-			ns, err := pipeline.OpenForReading(netns)
+			ns, ctx, done, err := openVerb(cmd, netns, false)
 			if err != nil {
-				return failure(err)
+				return err
 			}
-			defer ns.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), verbTimeout)
-			defer cancel()
+			defer done()
 			opts := capture.Options{Backend: backend, RunDir: runDir}
 			w := cmd.OutOrStdout()
 			if sf.pod == "" && len(sf.annotations) == 0 {
@@ -280,13 +276,11 @@ does exactly the same.`,
 			if err := checkTarget(&netns, backend); err != nil {
 				return err
 			}
-			ns, err := pipeline.Open(netns)
+			ns, ctx, done, err := openVerb(cmd, netns, true)
 			if err != nil {
-				return failure(err)
+				return err
 			}
-			defer ns.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), verbTimeout)
-			defer cancel()
+			defer done()
 			removal, err := pipeline.Remove(ctx, ns, capture.Options{Backend: backend, RunDir: runDir, Locked: holdInterrupt})
 			if err != nil {
 				if len(removal) > 0 {
@@ -420,4 +414,21 @@ func netnsPath(v, dir string) (string, error) {
 		return "", failure(fmt.Errorf("looking up namespace %s: %w", quote.Value(v), err))
 	}
 	return p, nil
+}
+
+// openVerb opens the network namespace at path for a verb: for writing
+// (apply, clean) guarded against the host's own namespace, for reading
+// (inspect) any namespace; and the verb's context, bounded by verbTimeout.
+// done closes both.
+func openVerb(cmd *cobra.Command, path string, write bool) (*capture.Netns, context.Context, func(), error) {
+	open := pipeline.OpenForReading
+	if write {
+		open = pipeline.Open
+	}
+	ns, err := open(path)
+	if err != nil {
+		return nil, nil, nil, failure(err)
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), verbTimeout)
+	return ns, ctx, func() { cancel(); ns.Close() }, nil
 }
