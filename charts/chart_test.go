@@ -437,7 +437,9 @@ type repairCase struct {
 	hostProc bool
 }
 
-var podGet = rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}}
+// podRead is the agent's own role in every set-up: the plugin's GET and
+// the agent's watch of its node's pods, which answers the plugin.
+var podRead = rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}
 
 var repairCases = []repairCase{
 	{name: "off", set: []string{"repair.enabled=false"}, mode: repair.None, caps: []corev1.Capability{"NET_ADMIN"}},
@@ -480,8 +482,8 @@ func TestRBACMatchesRepairMode(t *testing.T) {
 				byName[cr.Name] = cr
 			}
 			base := byName["nftmesh-agent"]
-			if base == nil || len(base.Rules) != 1 || !equalRule(base.Rules[0], podGet) {
-				t.Errorf("the plugin's role must be exactly get pods: %+v", base)
+			if base == nil || len(base.Rules) != 1 || !equalRule(base.Rules[0], podRead) {
+				t.Errorf("the agent's role must be exactly get, list and watch pods: %+v", base)
 			}
 			rep := byName["nftmesh-agent-repair"]
 			switch {

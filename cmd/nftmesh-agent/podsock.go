@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -24,13 +25,36 @@ type podSocket struct {
 	pods   cache.SharedIndexInformer
 	ownRun bool // the informer is ours to run (not the repair controller's)
 	log    zerolog.Logger
+
+	mu      sync.Mutex
+	apiDown bool // the last list or watch call of our own informer failed
+}
+
+// apiCalled logs when our own watch starts failing (once per outage) and
+// when it works again; meanwhile pods it does not have are read once each.
+// A call cut short by the agent's shutdown says nothing about the API.
+func (s *podSocket) apiCalled(ctx context.Context, err error) {
+	if err != nil && ctx.Err() != nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case err == nil && s.apiDown:
+		s.apiDown = false
+		s.log.Info().Msg("the pod socket's watch of the node's pods works again")
+	case err != nil && !s.apiDown:
+		s.apiDown = true
+		s.log.Warn().Err(err).Msg("the pod socket cannot list or watch the node's pods; it reads each pod it is asked about from the API until it can")
+	}
 }
 
 // newPodSocket sets up the socket when the agent can watch its node's pods
 // (an API client and a node name); it returns nil, nil when it cannot, and
-// the plugin then reads pods from the API itself. It shares the repair
-// controller's informer when that one sees every pod of the node, so the
-// node has one pod watch, not two.
+// the plugin then reads pods from the API itself. The node has one pod
+// watch for both: the repair controller's when it sees every pod of the
+// node, else the socket's own (the chart grants the agent list and watch
+// of pods whatever the repair set-up).
 func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl *repair.Controller, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
 	node := cfg.NodeName
 	if node == "" {
@@ -40,38 +64,26 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 		return nil, nil
 	}
 	s := &podSocket{log: log.With().Str("subsystem", "pod-socket").Logger()}
-	switch {
-	case repairCtl == nil:
-		// No repair, no pod watch: the chart then grants the agent's
-		// service account only "get pods", so the agent reads each pod
-		// once for the plugin (one API read per pod start, over the
-		// agent's kept connection, instead of the plugin's own).
-	case cfg.Repair.NodeName != node:
-		s.pods, s.ownRun = cachesource.NodeInformer(client, node), true
-	default:
-		pods, nodeOnly := repairCtl.PodInformer()
-		if nodeOnly {
+	if repairCtl != nil && cfg.Repair.NodeName == node {
+		if pods, nodeOnly := repairCtl.PodInformer(); nodeOnly {
 			s.pods = pods
-		} else {
-			// The repair controller's watch is narrowed by its extra
-			// selectors; its role allows a watch of the whole node.
-			s.pods, s.ownRun = cachesource.NodeInformer(client, node), true
 		}
 	}
-	if s.ownRun {
-		// Cache what the decision reads, as the repair controller does.
-		if err := s.pods.SetTransform(repair.SlimPod); err != nil {
-			return nil, fmt.Errorf("setting the pod socket informer's transform: %w", err)
-		}
-	}
-	var src *cachesource.Source
 	if s.pods == nil {
-		src = cachesource.New(nil, nil, cachesource.APIGetter(client))
-	} else {
-		src = cachesource.New(s.pods.GetIndexer(), s.pods.HasSynced, cachesource.APIGetter(client))
-		if _, err := s.pods.AddEventHandler(src.Handler()); err != nil {
-			return nil, fmt.Errorf("registering the pod socket's handler: %w", err)
+		// No repair controller, or one whose watch is narrowed by extra
+		// selectors: a watch of the node's pods of the socket's own, paged
+		// and slimmed as the repair controller's is.
+		pods, err := repair.NodePods{Node: node, Called: s.apiCalled}.Informer(client)
+		if err != nil {
+			return nil, fmt.Errorf("setting up the pod socket's watch: %w", err)
 		}
+		s.pods, s.ownRun = pods, true
+	}
+	// Until the watch has listed the node's pods, and for a pod it has not
+	// brought within the bounded wait, the agent reads the pod once.
+	src := cachesource.New(s.pods.GetIndexer(), s.pods.HasSynced, cachesource.APIGetter(client))
+	if _, err := s.pods.AddEventHandler(src.Handler()); err != nil {
+		return nil, fmt.Errorf("registering the pod socket's handler: %w", err)
 	}
 	ln, err := agentsock.Listen(cfg.AgentRunDir)
 	if err != nil {
@@ -106,10 +118,7 @@ func (s *podSocket) run(ctx context.Context) error {
 		go s.pods.RunWithContext(ctx)
 	}
 	from := "the repair controller's pod watch"
-	switch {
-	case s.pods == nil:
-		from = "one API read per pod (no pod watch without repair)"
-	case s.ownRun:
+	if s.ownRun {
 		from = "its own watch of the node's pods"
 	}
 	s.log.Info().Str("socket", s.ln.Path()).Str("answers_from", from).Msg("answering the plugin's pod lookups")

@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,12 +21,15 @@ import (
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
-// TestAgentBinaryPodSocket: the built agent, against a real API server,
-// answers the plugin's question on its socket from the repair controller's
-// pod watch (one watch for both), in each repair set-up: a pod of its node
-// is found by its UID, a wrong UID and another node's pod are unknown, and
-// the answers are counted in /metrics. Without repair the agent has no
-// watch (the chart grants it "get pods" only) and answers with one read.
+// TestAgentBinaryPodSocket: the built agent, against a real API server
+// (through a proxy that counts its requests), answers the plugin's question
+// on its socket from a watch of its node's pods in each repair set-up: a
+// pod of its node is found by its UID, a wrong UID and another node's pod
+// are unknown, and the answers are counted in /metrics. Once the watch has
+// listed the node's pods, answers cost no pod GET at the API server, also
+// without repair (the agent's own watch; before, it read every pod once),
+// and the node has one pod watch when repair's sees every pod (two only
+// when repair narrows its own with selectors).
 func TestAgentBinaryPodSocket(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: needs root (the socket answers root only)")
@@ -32,7 +38,7 @@ func TestAgentBinaryPodSocket(t *testing.T) {
 	bin := buildAgent(t)
 	ctx := context.Background()
 	api.EnsureNamespace(t, "shop")
-	mk := func(name, node string) *corev1.Pod {
+	mk := func(t *testing.T, name, node string) *corev1.Pod {
 		p, err := api.Client().CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{"sidecar.istio.io/status": "{}"}},
 			Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "istio-proxy", Image: "x"}}},
@@ -42,28 +48,26 @@ func TestAgentBinaryPodSocket(t *testing.T) {
 		}
 		return p
 	}
-	mine, other := mk("web-1", "node-a"), mk("web-2", "node-b")
+	mine, other := mk(t, "web-1", "node-a"), mk(t, "web-2", "node-b")
 
-	for _, tc := range []struct {
-		name string
-		args []string
-		from string
+	for i, tc := range []struct {
+		name    string
+		args    []string
+		from    string
+		watches int32 // pod watches the agent keeps open at once
 	}{
-		{"label repair shares its watch", []string{"--repair-enabled", "--repair-label-pods"}, "the repair controller's pod watch"},
-		{"narrowed repair watch", []string{"--repair-enabled", "--repair-label-pods", "--repair-label-selectors", "app=x"}, "its own watch of the node's pods"},
-		{"no repair", []string{"--repair-enabled=false"}, "one API read per pod"},
+		{"label repair shares its watch", []string{"--repair-enabled", "--repair-label-pods"}, "the repair controller's pod watch", 1},
+		{"narrowed repair watch", []string{"--repair-enabled", "--repair-label-pods", "--repair-label-selectors", "app=x"}, "its own watch of the node's pods", 2},
+		{"no repair", []string{"--repair-enabled=false"}, "its own watch of the node's pods", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newFakeHost(t)
-			ca, err := os.ReadFile(api.CAFile)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_ = os.WriteFile(filepath.Join(h.sa, "token"), []byte(api.AdminToken()), 0o600)
-			_ = os.WriteFile(filepath.Join(h.sa, "ca.crt"), ca, 0o644)
+			api := countAPI(t, api)
+			_ = os.WriteFile(filepath.Join(h.sa, "token"), []byte(api.token), 0o600)
+			_ = os.WriteFile(filepath.Join(h.sa, "ca.crt"), api.ca, 0o644)
 			health, metrics := freeAddr(t), freeAddr(t)
 			var logs bytes.Buffer
-			cmd := exec.Command(bin, append(h.args(health, metrics), append([]string{"--kube-api-server", api.Host, "--node-name", "node-a"}, tc.args...)...)...)
+			cmd := exec.Command(bin, append(h.args(health, metrics), append([]string{"--kube-api-server", api.url, "--node-name", "node-a"}, tc.args...)...)...)
 			cmd.Stdout, cmd.Stderr = &logs, &logs
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
@@ -80,7 +84,10 @@ func TestAgentBinaryPodSocket(t *testing.T) {
 				defer cancel()
 				return agentsock.Ask(actx, agentsock.Path(h.run), agentsock.Request{V: agentsock.Version, Namespace: p.Namespace, Name: p.Name, UID: uid})
 			}
-			var a agentsock.Answer
+			var (
+				a   agentsock.Answer
+				err error
+			)
 			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 				if a, err = ask(mine, string(mine.UID)); err == nil || time.Now().After(deadline) {
 					break
@@ -121,6 +128,84 @@ func TestAgentBinaryPodSocket(t *testing.T) {
 			if code, _ := httpGet("http://" + health + "/healthz"); code != http.StatusOK {
 				t.Errorf("/healthz %d", code)
 			}
+
+			// Once the watch has listed the node's pods, an answer costs no
+			// pod GET (before the list, the agent reads the pod once).
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				before := api.podGets.Load()
+				if a, err := ask(mine, string(mine.UID)); err != nil || a.Status != agentsock.StatusFound {
+					t.Fatalf("own node's pod: %+v, %v", a, err)
+				}
+				if api.podGets.Load() == before {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("every answer still costs a pod GET at the API server (%d so far)", api.podGets.Load())
+				}
+			}
+			// A pod created now comes through the watch within the wait.
+			before := api.podGets.Load()
+			fresh := mk(t, fmt.Sprintf("fresh-%d", i), "node-a")
+			for range 5 {
+				for _, p := range []*corev1.Pod{fresh, mine} {
+					if a, err := ask(p, string(p.UID)); err != nil || a.Status != agentsock.StatusFound || a.UID != string(p.UID) {
+						t.Fatalf("pod %s: %+v, %v", p.Name, a, err)
+					}
+				}
+			}
+			if n := api.podGets.Load() - before; n != 0 {
+				t.Errorf("10 answers from the watch cost %d pod GETs at the API server, want 0", n)
+			}
+			if n := api.maxWatches.Load(); n != tc.watches {
+				t.Errorf("the agent kept %d pod watches open at once, want %d", n, tc.watches)
+			}
+			if bad := api.unscoped(); bad != "" {
+				t.Errorf("a pod list or watch not scoped to the node: %s", bad)
+			}
 		})
 	}
+}
+
+// countedAPI is the API server behind a proxy that counts what the agent
+// asks about pods.
+type countedAPI struct {
+	url, token string
+	ca         []byte
+	// podGets counts reads of one pod; maxWatches is the most pod
+	// watches open at once.
+	podGets, watches, maxWatches atomic.Int32
+
+	mu     sync.Mutex
+	others []string // pod lists and watches without the node's field selector
+}
+
+func countAPI(t *testing.T, api *kubetest.Server) *countedAPI {
+	c := &countedAPI{token: api.AdminToken()}
+	c.url, c.ca = api.Proxy(t, func(r *http.Request) func() {
+		ns, rest, inNS := strings.Cut(strings.TrimPrefix(r.URL.Path, "/api/v1/namespaces/"), "/pods/")
+		switch {
+		case r.Method == http.MethodGet && inNS && ns != "" && rest != "" && !strings.Contains(rest, "/"):
+			c.podGets.Add(1)
+		case r.URL.Path == "/api/v1/pods":
+			if r.URL.Query().Get("fieldSelector") != "spec.nodeName=node-a" {
+				c.mu.Lock()
+				c.others = append(c.others, r.URL.RawQuery)
+				c.mu.Unlock()
+			}
+			if r.URL.Query().Get("watch") == "true" {
+				n := c.watches.Add(1)
+				for m := c.maxWatches.Load(); n > m && !c.maxWatches.CompareAndSwap(m, n); m = c.maxWatches.Load() {
+				}
+				return func() { c.watches.Add(-1) }
+			}
+		}
+		return nil
+	})
+	return c
+}
+
+func (c *countedAPI) unscoped() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.others, "; ")
 }

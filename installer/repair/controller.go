@@ -11,10 +11,6 @@ import (
 	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -105,53 +101,16 @@ func NewController(client kubernetes.Interface, cfg Config, s Strategy, log zero
 	if m == nil {
 		m = metrics.New()
 	}
-	sel := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName)
-	if cfg.FieldSelectors != "" {
-		extra, err := fields.ParseSelector(cfg.FieldSelectors)
-		if err != nil {
-			return nil, fmt.Errorf("parsing repair field selectors %q: %w", cfg.FieldSelectors, err)
-		}
-		sel = fields.AndSelectors(sel, extra)
-	}
 	c := &Controller{
 		cfg: cfg, strategy: s, log: log.With().Str("subsystem", "repair").Str("mode", string(s.Mode())).Logger(), m: m,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nftmesh-repair"}),
 	}
-	tweak := func(o *metav1.ListOptions) {
-		o.FieldSelector = sel.String()
-		o.LabelSelector = cfg.LabelSelectors
+	pods, err := NodePods{Node: cfg.NodeName, FieldSelectors: cfg.FieldSelectors, LabelSelectors: cfg.LabelSelectors, Called: c.apiCalled}.Informer(client)
+	if err != nil {
+		return nil, fmt.Errorf("repair controller: %w", err)
 	}
-	// Every list and watch call reports its outcome, which says whether
-	// the API is reachable. (The informer's watch error handler would miss
-	// most failures: its streaming list retries them inside the reflector.)
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			tweak(&o)
-			l, err := ListSlimPods(ctx, func(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
-				l, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
-				c.apiCalled(ctx, err)
-				return l, err
-			}, o)
-			if err != nil {
-				return nil, err
-			}
-			return l, nil
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			tweak(&o)
-			w, err := client.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, o)
-			c.apiCalled(ctx, err)
-			return w, err
-		},
-	}
-	// As the generated informers do: a client without streaming lists
-	// (client-go's fake clientset) gets a plain list first.
-	c.pods = cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	// Only what the agent reads is cached (see SlimPod).
-	if err := c.pods.SetTransform(SlimPod); err != nil {
-		return nil, fmt.Errorf("setting the pod informer's transform: %w", err)
-	}
+	c.pods = pods
 	m.RepairAPIReachable.Set(0)
 	enqueue := func(obj any) {
 		pod, ok := obj.(*corev1.Pod)

@@ -24,6 +24,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -535,4 +538,31 @@ func ForwardTo(ln net.Listener, network, target string) {
 			<-done
 		}()
 	}
+}
+
+// Proxy starts a TLS reverse proxy to the API server that hands every
+// request to observe before forwarding it (so a test can count what a
+// client asks, e.g. pod GETs per pod start); the func observe returns, if
+// not nil, is called when the request has been answered (a watch: when
+// its stream ends). It returns the proxy's URL and its serving
+// certificate (PEM) to trust; it stops when the test ends.
+func (s *Server) Proxy(t testing.TB, observe func(*http.Request) func()) (url string, caPEM []byte) {
+	t.Helper()
+	target, err := neturl.Parse(s.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(s.ca)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if done := observe(r); done != nil {
+			defer done()
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv.URL, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
 }

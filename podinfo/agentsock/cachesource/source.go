@@ -20,12 +20,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 )
@@ -194,22 +192,16 @@ func answer(pod *corev1.Pod) agentsock.Answer {
 	return agentsock.Found(string(pod.UID), podinfo.Mesh(pod))
 }
 
-// NodeInformer is an informer of the pods on node, for an agent whose
-// repair controller does not run one of its own (repair off) or narrows
-// its own with extra selectors.
+// NodeInformer is an informer of the pods on node (not empty), paged and
+// slimmed as the agent's own watch is (repair.NodePods).
 func NodeInformer(client kubernetes.Interface, node string) cache.SharedIndexInformer {
-	sel := fields.OneTermEqualSelector("spec.nodeName", node).String()
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = sel
-			return client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = sel
-			return client.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, o)
-		},
+	inf, err := repair.NodePods{Node: node}.Informer(client)
+	if err != nil {
+		// Without selectors to parse, only an empty node name fails: a
+		// caller's bug, not input.
+		panic(err)
 	}
-	return cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, 0, cache.Indexers{})
+	return inf
 }
 
 // APIGetter is a GetFunc reading with client (a consistent read: the

@@ -1,0 +1,85 @@
+package repair
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// NodePods describes a watch of one node's pods as the agent caches them:
+// listed a page at a time and slimmed (ListSlimPods, SlimPod), so a full
+// node costs the agent the slimmed pods and one page, not the API server's
+// whole answer. The repair controller runs one; the agent runs one of its
+// own for the plugin's lookups when there is no repair controller whose
+// watch it can share.
+type NodePods struct {
+	// Node is the node whose pods are watched (spec.nodeName); required.
+	Node string
+	// FieldSelectors and LabelSelectors narrow the watch further.
+	FieldSelectors, LabelSelectors string
+	// Called, when set, is told the outcome of every list and watch call
+	// (whether the API server is reachable).
+	Called func(ctx context.Context, err error)
+}
+
+// Informer builds the informer (not started) of w's pods through client.
+func (w NodePods) Informer(client kubernetes.Interface) (cache.SharedIndexInformer, error) {
+	if w.Node == "" {
+		return nil, fmt.Errorf("watching a node's pods: no node name")
+	}
+	sel := fields.OneTermEqualSelector("spec.nodeName", w.Node)
+	if w.FieldSelectors != "" {
+		extra, err := fields.ParseSelector(w.FieldSelectors)
+		if err != nil {
+			return nil, fmt.Errorf("parsing pod field selectors %q: %w", w.FieldSelectors, err)
+		}
+		sel = fields.AndSelectors(sel, extra)
+	}
+	tweak := func(o *metav1.ListOptions) {
+		o.FieldSelector = sel.String()
+		o.LabelSelector = w.LabelSelectors
+	}
+	called := w.Called
+	if called == nil {
+		called = func(context.Context, error) {}
+	}
+	// Every list and watch call reports its outcome, which says whether
+	// the API is reachable. (The informer's watch error handler would miss
+	// most failures: its streaming list retries them inside the reflector.)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			tweak(&o)
+			l, err := ListSlimPods(ctx, func(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
+				l, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
+				called(ctx, err)
+				return l, err
+			}, o)
+			if err != nil {
+				return nil, err
+			}
+			return l, nil
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			tweak(&o)
+			wi, err := client.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, o)
+			called(ctx, err)
+			return wi, err
+		},
+	}
+	// As the generated informers do: a client without streaming lists
+	// (client-go's fake clientset) gets a plain list first.
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	// Only what the agent reads is cached (see SlimPod); a watch event
+	// carries the whole pod.
+	if err := inf.SetTransform(SlimPod); err != nil {
+		return nil, fmt.Errorf("setting the pod informer's transform: %w", err)
+	}
+	return inf, nil
+}
