@@ -38,7 +38,7 @@ func BenchmarkAgentUp(b *testing.B) {
 		b.Skipf("the agent serves no pod socket at %s (an agent without it): %v", sock, err)
 	}
 
-	// What the chart grants the plugin: get pods.
+	// What the plugin needs of the chart's RBAC: get pods.
 	tok := api.ServiceAccount(b, agentNS, "nftmesh-cni")
 	api.Grant(b, agentNS, "nftmesh-cni", true, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}})
 	conns := countingProxy(b, strings.TrimPrefix(api.Host, "https://"))

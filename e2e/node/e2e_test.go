@@ -247,11 +247,12 @@ func TestNodeEndToEnd(t *testing.T) {
 	}
 
 	// The agent's service account, with the chart's RBAC in its default
-	// repairPods mode: get pods for the plugin; list/watch pods and create
-	// events for the repair controller.
+	// repairPods mode: get, list and watch pods for the plugin and the
+	// agent's watch of its node's pods; list/watch pods and create events
+	// for the repair controller.
 	api.ServiceAccount(t, agentNS, "nftmesh-agent")
 	api.Grant(t, agentNS, "nftmesh-agent", true,
-		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
 		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}})
 	if err := os.WriteFile(filepath.Join(host.sa, "token"), []byte(api.TokenFor(t, agentNS, "nftmesh-agent")), 0o600); err != nil {
