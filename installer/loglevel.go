@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/rs/zerolog"
+
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // istioLevels maps every level name an Istio log flag accepts to ours.
@@ -19,8 +21,9 @@ var istioLevels = map[string]zerolog.Level{
 	"none":    zerolog.ErrorLevel,
 }
 
-// maxLevelItem bounds the part of a bad value quoted in an error.
-const maxLevelItem = 40
+// maxLevelItem bounds the bytes of a bad value quoted in an error: quoting
+// may spell each byte as four characters (\xNN), and an error names two.
+const maxLevelItem = 24
 
 // ParseLogLevel reads the level of the agent and the plugin: debug, info,
 // warn (or warning), error, or Istio's scope form as its charts write it,
@@ -40,11 +43,11 @@ func ParseLogLevel(s string) (zerolog.Level, error) {
 			name, scope = scope, "default"
 		}
 		if !validScope(scope) {
-			return zerolog.NoLevel, fmt.Errorf("item %q: scope %q is not a scope name (letters, digits, '-', '_', '.')", bound(item), bound(scope))
+			return zerolog.NoLevel, fmt.Errorf("item %s: scope %s is not a scope name (letters, digits, '-', '_', '.')", bound(item), bound(scope))
 		}
 		lvl, ok := istioLevels[strings.ToLower(strings.TrimSpace(name))]
 		if !ok {
-			return zerolog.NoLevel, fmt.Errorf("item %q: %q is not a level (want debug, info, warn, error, or Istio's fatal or none)", bound(item), bound(name))
+			return zerolog.NoLevel, fmt.Errorf("item %s: %s is not a level (want debug, info, warn, error, or Istio's fatal or none)", bound(item), bound(name))
 		}
 		if lvl < best {
 			best = lvl
@@ -67,9 +70,5 @@ func validScope(s string) bool {
 	return true
 }
 
-func bound(s string) string {
-	if len(s) > maxLevelItem {
-		return s[:maxLevelItem] + "..."
-	}
-	return s
-}
+// bound quotes a piece of a bad value for an error, bounded.
+func bound(s string) string { return quote.ValueN(s, maxLevelItem) }
