@@ -7,7 +7,6 @@ import (
 	"errors"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/nftmesh/nftmesh/installer/conflist"
+	"github.com/nftmesh/nftmesh/testkit/syncbuf"
 )
 
 // withIstioCNI appends the entry Istio's installer chains (type istio-cni)
@@ -73,7 +73,7 @@ func TestRefusesNextToIstioCNI(t *testing.T) {
 		t.Errorf("gauge %v, ready %v", gauge(), testutil.ToFloat64(m.Ready))
 	}
 	if !log.has("refusing to chain nftmesh-cni next to another capture plugin") || !log.has(`"plugin":"istio-cni"`) {
-		t.Errorf("no refusal line:\n%s", log.raw())
+		t.Errorf("no refusal line:\n%s", log.String())
 	}
 	// Something else in the conf dir changes: no second line for the same refusal.
 	select {
@@ -86,7 +86,7 @@ func TestRefusesNextToIstioCNI(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no reconcile after a conf dir change")
 	}
-	if n := strings.Count(log.raw(), "refusing to chain"); n != 1 {
+	if n := strings.Count(log.String(), "refusing to chain"); n != 1 {
 		t.Errorf("%d refusal lines for one refusal", n)
 	}
 
@@ -126,22 +126,6 @@ func mustRead(t *testing.T, p string) []byte {
 	return b
 }
 
-// lockedBuf is a log buffer written by the installer's goroutines.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+type lockedBuf struct{ syncbuf.Buffer }
 
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) raw() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *lockedBuf) has(s string) bool { return strings.Contains(l.raw(), s) }
+func (l *lockedBuf) has(s string) bool { return strings.Contains(l.String(), s) }

@@ -20,7 +20,6 @@ import (
 	"github.com/nftmesh/nftmesh/e2e/cluster/standin"
 	"github.com/nftmesh/nftmesh/internal/imagebuild"
 	"github.com/nftmesh/nftmesh/podinfo"
-	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/istiotest"
 )
 
@@ -378,7 +377,7 @@ func (c *Cluster) checkInjected(ctx context.Context, t *testing.T, w *meshWorklo
 		}
 	}
 	outbound := reply{pod: pod.Name, listener: standin.ListenerOutbound, orig: peer.String()}
-	if !inMesh || excluded(cs, peer.Addr()) {
+	if !inMesh || istiotest.Excludes(cs, peer.Addr()) {
 		outbound = reply{pod: "mesh-peer", listener: standin.AppListener(peerPort), orig: peer.String()}
 	}
 	c.expectDial(ctx, t, "app's outbound connection", pod.Name, appName, peer.String(), outbound)
@@ -388,7 +387,7 @@ func (c *Cluster) checkInjected(ctx context.Context, t *testing.T, w *meshWorklo
 	for _, port := range appPorts(pod) {
 		dst := netip.AddrPortFrom(netip.MustParseAddr(pod.Status.PodIP), uint16(port))
 		want := reply{pod: pod.Name, listener: standin.ListenerInbound, orig: dst.String()}
-		if !inMesh || !capturedInbound(cs, uint16(port)) {
+		if !inMesh || !istiotest.CapturesInbound(cs, uint16(port)) {
 			want = reply{pod: pod.Name, listener: standin.AppListener(uint16(port)), orig: dst.String()}
 		}
 		c.expectDial(ctx, t, "other pod's inbound connection", prober, "app", dst.String(), want)
@@ -424,34 +423,6 @@ func (c *Cluster) nftTables(t *testing.T, netns string) string {
 func accepted(ev []standin.Event, listener, orig string) bool {
 	for _, e := range ev {
 		if e.Event == standin.EventAccepted && e.Listener == listener && e.Orig == orig {
-			return true
-		}
-	}
-	return false
-}
-
-// excluded says whether the spec sends a destination out past the proxy.
-func excluded(s redirect.Spec, a netip.Addr) bool {
-	for _, p := range s.OutboundIPRangesExclude {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
-
-// capturedInbound says whether inbound traffic to port goes to the proxy.
-func capturedInbound(s redirect.Spec, port uint16) bool {
-	if s.InboundPorts.All {
-		for _, x := range s.InboundPortsExclude {
-			if x == port {
-				return false
-			}
-		}
-		return true
-	}
-	for _, x := range s.InboundPorts.Ports {
-		if x == port {
 			return true
 		}
 	}

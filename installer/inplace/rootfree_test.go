@@ -1,13 +1,11 @@
 package inplace
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +24,7 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/nonroot"
+	"github.com/nftmesh/nftmesh/testkit/syncbuf"
 )
 
 // The tests named TestRootFree* drive the repair controller's in-place
@@ -95,22 +94,7 @@ func brokenPod(t *testing.T, file, name string, healthy bool, ips ...netip.Addr)
 	return p
 }
 
-type lockedLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedLog struct{ syncbuf.Buffer }
 
 // runInPlace runs the repair controller in place over client and node
 // until the test ends.

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,27 +14,17 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/nftmesh/nftmesh/installer/metrics"
+	"github.com/nftmesh/nftmesh/testkit/syncbuf"
 )
 
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+type lockedBuf struct{ syncbuf.Buffer }
 
 // lines decodes every output line; a line that is not a JSON object fails
 // the test (the agent's log must stay machine-readable).
 func (l *lockedBuf) lines(t *testing.T) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []map[string]any
-	for _, s := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+	for _, s := range strings.Split(strings.TrimSpace(l.String()), "\n") {
 		if s == "" {
 			continue
 		}
@@ -46,12 +35,6 @@ func (l *lockedBuf) lines(t *testing.T) []map[string]any {
 		out = append(out, m)
 	}
 	return out
-}
-
-func (l *lockedBuf) raw() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func appendFile(t *testing.T, path, s string) {
@@ -114,11 +97,11 @@ func TestPluginLogDrain(t *testing.T) {
 	if ls[1]["level"] != "error" || ls[1]["plugin_component"] != "x" || ls[1]["component"] != Component {
 		t.Errorf("error line %v", ls[1])
 	}
-	if n := strings.Count(out.raw(), `"component"`); n != 2 {
-		t.Errorf("%d component keys in 2 lines:\n%s", n, out.raw())
+	if n := strings.Count(out.String(), `"component"`); n != 2 {
+		t.Errorf("%d component keys in 2 lines:\n%s", n, out.String())
 	}
 	// Field order is kept: level, time, component, then the plugin's.
-	if raw := strings.SplitN(out.raw(), "\n", 2)[0]; !strings.HasPrefix(raw, `{"level":"info","time":"2026-01-02T03:04:05.678Z","component":"cni-plugin","plugin":"nftmesh-cni","command":"ADD","pod":"web-1"`) {
+	if raw := strings.SplitN(out.String(), "\n", 2)[0]; !strings.HasPrefix(raw, `{"level":"info","time":"2026-01-02T03:04:05.678Z","component":"cni-plugin","plugin":"nftmesh-cni","command":"ADD","pod":"web-1"`) {
 		t.Errorf("first line layout: %s", raw)
 	}
 
@@ -200,7 +183,7 @@ func TestPluginLogFollowerRun(t *testing.T) {
 		deadline := time.Now().Add(5 * time.Second)
 		for len(out.lines(t)) < n {
 			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s; output:\n%s", what, out.raw())
+				t.Fatalf("timed out waiting for %s; output:\n%s", what, out.String())
 			}
 			select {
 			case <-f.Drained:

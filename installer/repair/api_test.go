@@ -1,7 +1,6 @@
 package repair
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
+	"github.com/nftmesh/nftmesh/testkit/syncbuf"
 )
 
 // switchProxy forwards a fixed loopback port to the API server and can be
@@ -127,28 +127,10 @@ func eventually(t *testing.T, what string, within time.Duration, cond func() boo
 	}
 }
 
-// lockedBuf is a log buffer written by the controller's goroutines.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) raw() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedBuf struct{ syncbuf.Buffer }
 
 func (l *lockedBuf) has(s string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Contains(l.b.String(), s)
+	return strings.Contains(l.String(), s)
 }
 
 // A repair controller whose API server is a closed port says so from the
@@ -170,7 +152,7 @@ func TestRepairControllerAPIUnreachableAtStart(t *testing.T) {
 	runController(t, client, m, &log)
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("controller log:\n%s", func() string { log.mu.Lock(); defer log.mu.Unlock(); return log.b.String() }())
+			t.Logf("controller log:\n%s", log.String())
 		}
 	})
 	eventually(t, "an error line with the cause", 10*time.Second, func() bool {
@@ -184,7 +166,7 @@ func TestRepairControllerAPIUnreachableAtStart(t *testing.T) {
 	}
 	// One line per outage start, not one per retry.
 	time.Sleep(3 * time.Second)
-	if n := strings.Count(func() string { log.mu.Lock(); defer log.mu.Unlock(); return log.b.String() }(), "cannot list or watch pods"); n != 1 {
+	if n := strings.Count(log.String(), "cannot list or watch pods"); n != 1 {
 		t.Errorf("%d outage lines in 3s of retries, want 1", n)
 	}
 }
@@ -207,7 +189,7 @@ func TestRepairControllerAPIGoesAwayAndReturns(t *testing.T) {
 	runController(t, client, m, &log)
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("controller log:\n%s", func() string { log.mu.Lock(); defer log.mu.Unlock(); return log.b.String() }())
+			t.Logf("controller log:\n%s", log.String())
 		}
 	})
 	reachable := func() float64 { return testutil.ToFloat64(m.RepairAPIReachable) }

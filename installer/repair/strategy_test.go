@@ -119,14 +119,14 @@ func TestRootFreeDeleteAndLabelStrategies(t *testing.T) {
 					t.Errorf("web not deleted: %v", err)
 				}
 				if !log.has("deleted a pod that started without capture") {
-					t.Errorf("no deletion line:\n%s", log.raw())
+					t.Errorf("no deletion line:\n%s", log.String())
 				}
 			case Label:
 				if err != nil || web.Labels["cni.istio.io/uninitialized"] != "true" {
 					t.Errorf("web not labelled: %v %v", err, web)
 				}
 				if !log.has("labelled a pod that started without capture") {
-					t.Errorf("no label line:\n%s", log.raw())
+					t.Errorf("no label line:\n%s", log.String())
 				}
 			}
 			want := map[Mode]string{Delete: "delete web", Label: "patch web/status"}[mode]
@@ -189,7 +189,7 @@ func TestRootFreeStrategyFailuresCounted(t *testing.T) {
 			if tc.retryNoted {
 				eventually(t, "giving up logged", 10*time.Second, func() bool { return log.has("repairing pod; giving up") })
 				if !log.has("repairing pod; will retry") {
-					t.Errorf("no retry line:\n%s", log.raw())
+					t.Errorf("no retry line:\n%s", log.String())
 				}
 			}
 			time.Sleep(100 * time.Millisecond) // any further attempt would come within the rate limiter's first steps
@@ -201,7 +201,7 @@ func TestRootFreeStrategyFailuresCounted(t *testing.T) {
 			}
 			evs, err := client.CoreV1().Events("shop").List(context.Background(), metav1.ListOptions{})
 			if err != nil || len(evs.Items) != 0 || testutil.ToFloat64(m.Repairs.WithLabelValues(string(tc.mode), "success")) != 0 {
-				t.Errorf("counted or recorded a success: %v %+v\n%s", err, evs, log.raw())
+				t.Errorf("counted or recorded a success: %v %+v\n%s", err, evs, log.String())
 			}
 		})
 	}

@@ -181,7 +181,7 @@ func runInjectedPod(t *testing.T, p injectedPod, agent string, agentErr error, b
 	app := appContainer(t, spec)
 	var checks []check
 	outboundWant := reply{pod: p.Name, listener: standin.ListenerOutbound, orig: outside.String()}
-	if !inMesh || excludes(cs, outside.Addr()) {
+	if !inMesh || Excludes(cs, outside.Addr()) {
 		outboundWant = reply{pod: "peer", listener: standin.AppListener(peerPort), orig: outside.String()}
 	}
 	checks = append(checks, check{what: "app's outbound connection", log: app, target: outside.String(), want: outboundWant})
@@ -191,7 +191,7 @@ func runInjectedPod(t *testing.T, p injectedPod, agent string, agentErr error, b
 	for _, port := range appPorts {
 		dst := netip.AddrPortFrom(netlab.PodV4, uint16(port))
 		want := reply{pod: p.Name, listener: standin.ListenerInbound, orig: dst.String()}
-		if !inMesh || !capturesInbound(cs, uint16(port)) {
+		if !inMesh || !CapturesInbound(cs, uint16(port)) {
 			want = reply{pod: p.Name, listener: standin.AppListener(uint16(port)), orig: dst.String()}
 		}
 		checks = append(checks, check{what: "other pod's inbound connection", log: "peer", target: dst.String(), want: want})
@@ -328,32 +328,6 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n") + "\n"
-}
-
-func excludes(s redirect.Spec, a netip.Addr) bool {
-	for _, p := range s.OutboundIPRangesExclude {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
-
-func capturesInbound(s redirect.Spec, port uint16) bool {
-	if s.InboundPorts.All {
-		for _, x := range s.InboundPortsExclude {
-			if x == port {
-				return false
-			}
-		}
-		return true
-	}
-	for _, x := range s.InboundPorts.Ports {
-		if x == port {
-			return true
-		}
-	}
-	return false
 }
 
 func appContainer(t *testing.T, spec *corev1.PodSpec) string {
