@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // BenchmarkApply is the pipeline's cost around a backend's Apply: opening
@@ -14,7 +15,7 @@ import (
 // BenchmarkApplyBackendOnly is the same Apply without the pipeline.
 func BenchmarkApply(b *testing.B) {
 	ctx := context.Background()
-	p := scenarioPlan(b, "defaults")
+	p := scenarios.MustPlan(b, "defaults")
 	o := Options{Backend: NFTables, RunDir: b.TempDir()}
 	for b.Loop() {
 		b.StopTimer()
@@ -33,7 +34,7 @@ func BenchmarkApply(b *testing.B) {
 
 func BenchmarkApplyBackendOnly(b *testing.B) {
 	ctx := context.Background()
-	p := scenarioPlan(b, "defaults")
+	p := scenarios.MustPlan(b, "defaults")
 	for b.Loop() {
 		b.StopTimer()
 		path := freshNetns(b)

@@ -17,19 +17,6 @@ import (
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
-func scenarioPlan(t testing.TB, name string) redirect.Plan {
-	t.Helper()
-	sc, ok := scenarios.ByName(name)
-	if !ok {
-		t.Fatalf("no scenario %s", name)
-	}
-	p, err := sc.Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 func open(t *testing.T, path string) *Netns {
 	t.Helper()
 	n, err := Open(path)
@@ -48,7 +35,7 @@ func TestApplyConcurrent(t *testing.T) {
 	ctx := context.Background()
 	runDir := t.TempDir()
 	for _, sc := range []string{"defaults", "tproxy"} {
-		p := scenarioPlan(t, sc)
+		p := scenarios.MustPlan(t, sc)
 		for i := range 40 {
 			path := freshNetns(t)
 			o := Options{Backend: []string{NFTables, Auto}[i%2], RunDir: runDir}
@@ -157,7 +144,7 @@ func TestRemoveEveryBackend(t *testing.T) {
 	}
 	ctx := context.Background()
 	path := freshNetns(t)
-	p := scenarioPlan(t, "tproxy")
+	p := scenarios.MustPlan(t, "tproxy")
 	if err := nft.New().Apply(ctx, path, p); err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +195,7 @@ func TestRemoveNamedBackend(t *testing.T) {
 	}
 	ctx := context.Background()
 	path := freshNetns(t)
-	p := scenarioPlan(t, "ipv4-only")
+	p := scenarios.MustPlan(t, "ipv4-only")
 	if err := nft.New().Apply(ctx, path, p); err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +219,7 @@ func TestFailedApplyKeepsEarlierRules(t *testing.T) {
 	path := freshNetns(t)
 	n := open(t, path)
 	o := Options{Backend: NFTables, RunDir: t.TempDir()}
-	good := scenarioPlan(t, "ipv4-only")
+	good := scenarios.MustPlan(t, "ipv4-only")
 	// A chain without a hook in a table the backend does not know fails
 	// while encoding, before anything is sent.
 	bad := good

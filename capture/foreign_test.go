@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/nftmesh/nftmesh/iptables"
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // TestForeign plants the capture state Istio leaves in a pod netns (its
@@ -26,7 +27,7 @@ func TestForeign(t *testing.T) {
 	}
 
 	path := freshNetns(t)
-	if err := iptables.New().Apply(ctx, path, scenarioPlan(t, "defaults")); err != nil {
+	if err := iptables.New().Apply(ctx, path, scenarios.MustPlan(t, "defaults")); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := Foreign(ctx, open(t, path)); err != nil || len(got) != 0 {

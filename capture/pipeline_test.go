@@ -29,19 +29,6 @@ var (
 	podV6 = netip.MustParseAddr("2001:db8::7")
 )
 
-func plan(t testing.TB, name string) redirect.Plan {
-	t.Helper()
-	sc, ok := scenarios.ByName(name)
-	if !ok {
-		t.Fatalf("no scenario %s", name)
-	}
-	p, err := sc.Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // fake is a fake kernel with one pod namespace, its pipeline and options
 // with a private run dir.
 func fake(t *testing.T) (*capturetest.Fake, *capture.Pipeline, capture.Options) {
@@ -79,11 +66,11 @@ func TestFakeSelection(t *testing.T) {
 		{name: "iptables-nft", backend: capture.Auto, want: capture.NFTables, why: "iptables-nft",
 			setup: func(f *capturetest.Fake) { f.SetForeign(podNS, capturetest.Foreign{IptablesNFT: true}) }},
 		{name: "ours in legacy", backend: capture.Auto, want: capture.Legacy, why: "iptables-legacy chains already present",
-			setup: func(f *capturetest.Fake) { f.Install(podNS, capture.Legacy, plan(t, "defaults")) }},
+			setup: func(f *capturetest.Fake) { f.Install(podNS, capture.Legacy, scenarios.MustPlan(t, "defaults")) }},
 		{name: "ours in nftables beats legacy rules", backend: capture.Auto, want: capture.NFTables, why: "nftables table already present",
 			setup: func(f *capturetest.Fake) {
 				f.SetForeign(podNS, capturetest.Foreign{LegacyNatRules: true})
-				f.Install(podNS, capture.NFTables, plan(t, "defaults"))
+				f.Install(podNS, capture.NFTables, scenarios.MustPlan(t, "defaults"))
 			}},
 		{name: "user namespaced", backend: capture.Auto, want: capture.NFTables, why: capture.UsernsReason,
 			setup: func(f *capturetest.Fake) {
@@ -98,9 +85,9 @@ func TestFakeSelection(t *testing.T) {
 			setup: func(f *capturetest.Fake) { f.SetForeign(podNS, capturetest.Foreign{LegacyNatRules: true}) }},
 		{name: "legacy requested", backend: capture.Legacy, want: capture.Legacy, why: "requested"},
 		{name: "nftables requested beside ours in legacy", backend: capture.NFTables, wantErr: "already has nftmesh rules from the iptables-legacy backend",
-			setup: func(f *capturetest.Fake) { f.Install(podNS, capture.Legacy, plan(t, "defaults")) }},
+			setup: func(f *capturetest.Fake) { f.Install(podNS, capture.Legacy, scenarios.MustPlan(t, "defaults")) }},
 		{name: "legacy requested beside ours in nftables", backend: capture.Legacy, wantErr: "already has nftmesh rules from the nftables backend",
-			setup: func(f *capturetest.Fake) { f.Install(podNS, capture.NFTables, plan(t, "defaults")) }},
+			setup: func(f *capturetest.Fake) { f.Install(podNS, capture.NFTables, scenarios.MustPlan(t, "defaults")) }},
 		{name: "legacy requested, user namespaced", backend: capture.Legacy, wantErr: capture.ErrUserNamespaced.Error(),
 			setup: func(f *capturetest.Fake) { f.SetForeign(podNS, capturetest.Foreign{UserNamespaced: true}) }},
 		{name: "legacy requested, no legacy x_tables", backend: capture.Legacy, wantErr: "no legacy x_tables",
@@ -113,7 +100,7 @@ func TestFakeSelection(t *testing.T) {
 				tc.setup(f)
 			}
 			o.Backend = tc.backend
-			p := plan(t, "defaults")
+			p := scenarios.MustPlan(t, "defaults")
 			res, err := pl.Apply(ctx, open(t, pl, podNS), p, o)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -165,7 +152,7 @@ func TestFakeHostGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := plan(t, "defaults")
+	p := scenarios.MustPlan(t, "defaults")
 	if _, err := pl.Apply(ctx, n, p, o); !errors.Is(err, capture.ErrHostNetns) {
 		t.Errorf("Apply(host) = %v, want ErrHostNetns", err)
 	}
@@ -195,7 +182,7 @@ func TestFakeApplyFailure(t *testing.T) {
 			f, pl, o := fake(t)
 			o.Backend = backend
 			f.FailApply("", boom, true)
-			res, err := pl.Apply(ctx, open(t, pl, podNS), plan(t, "tproxy"), o)
+			res, err := pl.Apply(ctx, open(t, pl, podNS), scenarios.MustPlan(t, "tproxy"), o)
 			if !errors.Is(err, boom) || res.Backend != backend {
 				t.Fatalf("Apply = %+v, %v; want %s and %v", res, err, backend, boom)
 			}
@@ -212,7 +199,7 @@ func TestFakeApplyFailure(t *testing.T) {
 			stuck := errors.New("device busy")
 			f.FailApply("", boom, true)
 			f.FailRemove("", stuck)
-			_, err := pl.Apply(ctx, open(t, pl, podNS), plan(t, "defaults"), o)
+			_, err := pl.Apply(ctx, open(t, pl, podNS), scenarios.MustPlan(t, "defaults"), o)
 			if !errors.Is(err, boom) || !errors.Is(err, stuck) || !strings.Contains(err.Error(), "cleaning up after the failure") {
 				t.Fatalf("Apply = %v, want both errors", err)
 			}
@@ -220,10 +207,10 @@ func TestFakeApplyFailure(t *testing.T) {
 		t.Run(backend+"/earlier run's rules", func(t *testing.T) {
 			f, pl, o := fake(t)
 			o.Backend = backend
-			before := plan(t, "defaults")
+			before := scenarios.MustPlan(t, "defaults")
 			f.Install(podNS, backend, before)
 			f.FailApply("", boom, false)
-			if _, err := pl.Apply(ctx, open(t, pl, podNS), plan(t, "dns-capture"), o); !errors.Is(err, boom) {
+			if _, err := pl.Apply(ctx, open(t, pl, podNS), scenarios.MustPlan(t, "dns-capture"), o); !errors.Is(err, boom) {
 				t.Fatalf("Apply = %v, want %v", err, boom)
 			}
 			if err := f.Backend(backend).Check(ctx, podNS, before); err != nil {
@@ -241,7 +228,7 @@ func TestFakeApplyFailure(t *testing.T) {
 func TestFakeCheck(t *testing.T) {
 	ctx := context.Background()
 	f, pl, o := fake(t)
-	p := plan(t, "defaults")
+	p := scenarios.MustPlan(t, "defaults")
 	n := open(t, pl, podNS)
 	if _, err := pl.Apply(ctx, n, p, o); err != nil {
 		t.Fatal(err)
@@ -297,7 +284,7 @@ func TestFakeRemove(t *testing.T) {
 			f, pl, o := fake(t)
 			o.Backend = tc.backend
 			for _, b := range tc.in {
-				f.Install(podNS, b, plan(t, "tproxy"))
+				f.Install(podNS, b, scenarios.MustPlan(t, "tproxy"))
 			}
 			if tc.noLeg {
 				f.SetLegacyAvailable(errors.New("no legacy x_tables"))
@@ -329,7 +316,7 @@ func TestFakeRemove(t *testing.T) {
 	}
 	t.Run("routes alone", func(t *testing.T) {
 		f, pl, o := fake(t)
-		p := plan(t, "tproxy")
+		p := scenarios.MustPlan(t, "tproxy")
 		f.Install(podNS, capture.NFTables, redirect.Plan{Routes: p.Routes, LoopbackAddrs: p.LoopbackAddrs})
 		f.Tamper(podNS, capture.NFTables, func(*redirect.Plan) {})
 		removal, err := pl.Remove(ctx, open(t, pl, podNS), o)
@@ -342,7 +329,7 @@ func TestFakeRemove(t *testing.T) {
 	})
 	t.Run("failure", func(t *testing.T) {
 		f, pl, o := fake(t)
-		f.Install(podNS, capture.Legacy, plan(t, "defaults"))
+		f.Install(podNS, capture.Legacy, scenarios.MustPlan(t, "defaults"))
 		f.FailRemove(capture.Legacy, errors.New("EBUSY"))
 		_, err := pl.Remove(ctx, open(t, pl, podNS), o)
 		if err == nil || !strings.Contains(err.Error(), "removing iptables-legacy rules") {
@@ -379,7 +366,7 @@ func TestFakeForeign(t *testing.T) {
 func TestFakeDump(t *testing.T) {
 	ctx := context.Background()
 	f, pl, o := fake(t)
-	p := plan(t, "defaults")
+	p := scenarios.MustPlan(t, "defaults")
 	if _, err := pl.Apply(ctx, open(t, pl, podNS), p, o); err != nil {
 		t.Fatal(err)
 	}
@@ -413,7 +400,7 @@ func TestFakeLock(t *testing.T) {
 	f.AddNetns("/run/netns/other", podV4)
 	entered, release := f.Block(capturetest.OpApply, "")
 	defer release()
-	p := plan(t, "defaults")
+	p := scenarios.MustPlan(t, "defaults")
 	done := make(chan error, 1)
 	go func() {
 		n, err := pl.Open(podNS)
@@ -450,7 +437,7 @@ func TestFakeLock(t *testing.T) {
 func TestFakeLockedHook(t *testing.T) {
 	ctx := context.Background()
 	f, pl, o := fake(t)
-	p := plan(t, "defaults")
+	p := scenarios.MustPlan(t, "defaults")
 	for _, verb := range []string{"apply", "check", "remove"} {
 		t.Run(verb, func(t *testing.T) {
 			calls, before := 0, -1

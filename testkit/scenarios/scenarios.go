@@ -10,6 +10,7 @@ package scenarios
 
 import (
 	"fmt"
+	"testing"
 
 	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
@@ -136,4 +137,19 @@ func ByName(name string) (Scenario, bool) {
 		}
 	}
 	return Scenario{}, false
+}
+
+// MustPlan is the named scenario's plan, failing the test when there is no
+// such scenario or it does not build.
+func MustPlan(t testing.TB, name string) redirect.Plan {
+	t.Helper()
+	sc, ok := ByName(name)
+	if !ok {
+		t.Fatalf("no scenario %s", name)
+	}
+	p, err := sc.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
