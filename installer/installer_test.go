@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/testkit/cnitest"
 
 	"github.com/nftmesh/nftmesh/installer/metrics"
 
@@ -211,7 +212,7 @@ func (h *host) assertInstalled(t *testing.T, cfg *Config) {
 }
 
 func TestRunChainedRealWorldAndCleanup(t *testing.T) {
-	for _, src := range realWorld(t) {
+	for _, src := range cnitest.RealWorld(t) {
 		if filepath.Ext(src) != ".conflist" {
 			continue
 		}
@@ -679,21 +680,4 @@ func TestHealthReadinessMetricsOverHTTP(t *testing.T) {
 	}
 }
 
-var testConfDir = filepath.Join("..", "testdata", "conflists")
-
-// realWorld lists the primary configs in testdata (one per CNI).
-func realWorld(t testing.TB) []string {
-	t.Helper()
-	var out []string
-	for _, pat := range []string{"*.conflist", "*.conf"} {
-		m, err := filepath.Glob(filepath.Join(testConfDir, pat))
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, m...)
-	}
-	if len(out) < 8 {
-		t.Fatalf("want the 8 real-world configs in %s, found %v", testConfDir, out)
-	}
-	return out
-}
+var testConfDir = cnitest.ConfDir()

@@ -11,26 +11,10 @@ import (
 	"github.com/containernetworking/cni/libcni"
 
 	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/testkit/cnitest"
 )
 
-var testConfDir = filepath.Join("..", "..", "testdata", "conflists")
-
-// realWorld lists the primary configs in testdata (one per CNI).
-func realWorld(t testing.TB) []string {
-	t.Helper()
-	var out []string
-	for _, pat := range []string{"*.conflist", "*.conf"} {
-		m, err := filepath.Glob(filepath.Join(testConfDir, pat))
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, m...)
-	}
-	if len(out) < 8 {
-		t.Fatalf("want the 8 real-world configs in %s, found %v", testConfDir, out)
-	}
-	return out
-}
+var testConfDir = cnitest.ConfDir()
 
 // testEntry is an entry as the agent writes it.
 func testEntry() json.RawMessage {
@@ -67,7 +51,7 @@ func pluginValues(t *testing.T, l *libcni.NetworkConfigList) []map[string]any {
 
 func TestInsertPluginRealWorld(t *testing.T) {
 	ours := testEntry()
-	for _, src := range realWorld(t) {
+	for _, src := range cnitest.RealWorld(t) {
 		t.Run(filepath.Base(src), func(t *testing.T) {
 			dir := t.TempDir()
 			p := filepath.Join(dir, filepath.Base(src))
@@ -285,7 +269,7 @@ func TestResolveNamed(t *testing.T) {
 // panic, and any output loads with libcni, holds our entry exactly once
 // and strips back to a loadable list.
 func FuzzInsertPlugin(f *testing.F) {
-	for _, p := range realWorld(f) {
+	for _, p := range cnitest.RealWorld(f) {
 		b, _ := os.ReadFile(p)
 		f.Add(b, strings.HasSuffix(p, ".conflist"))
 	}
