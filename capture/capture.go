@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
+	"github.com/nftmesh/nftmesh/internal/phase"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -166,11 +167,13 @@ func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 		return Applied{}, err
 	}
 	defer lk.unlock(false)
+	phase.Mark("locked")
 	path := pin(n)
 	sel, err := pl.choose(ctx, o.backend(), path)
 	if err != nil {
 		return Applied{}, unpin(err, path, n)
 	}
+	phase.Mark("chosen")
 	res := Applied{Backend: sel.backend.Name(), Why: sel.why, Rules: RuleCount(p)}
 	if err := sel.backend.Apply(ctx, path, p); err != nil {
 		if !sel.oursWas {

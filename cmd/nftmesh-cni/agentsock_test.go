@@ -368,6 +368,7 @@ func BenchmarkPluginAddAgent(b *testing.B) {
 		b.ReportMetric(a/g, "agent/api")
 	}
 	b.ReportMetric(float64(reads.Load()), "api-reads-agent-path")
+	reportLookup(b, filepath.Join(withAgent, LogFileName))
 	got := lookups(b, withAgent)
 	for i := 0; i < b.N; i += 2 {
 		if p := targets[i].pod.Name; got[p] != lookupAgent {

@@ -32,6 +32,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	cniversion "github.com/containernetworking/cni/pkg/version"
 
+	"github.com/nftmesh/nftmesh/internal/phase"
 	"github.com/nftmesh/nftmesh/internal/version"
 )
 
@@ -40,6 +41,7 @@ import (
 var supportedVersions = cniversion.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
 func main() {
+	phase.Mark("main")
 	// A plugin run lives for milliseconds and allocates a few MB: collecting
 	// garbage only costs latency. The memory limit still bounds the heap
 	// should a huge prevResult or pod object arrive.

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/nftmesh/nftmesh/capture"
+	"github.com/nftmesh/nftmesh/internal/phase"
 	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/podinfo/podget"
@@ -101,6 +102,7 @@ type invocation struct {
 // begin parses what every verb needs. On error the returned close is
 // still safe to call.
 func begin(verb string, args *skel.CmdArgs) (*invocation, func(), error) {
+	phase.Mark("verb")
 	inv := &invocation{verb: verb, start: time.Now(), args: args, record: zerolog.Nop()}
 	conf, err := cniconf.ParseConfig(args.StdinData)
 	if err != nil {
@@ -120,6 +122,7 @@ func begin(verb string, args *skel.CmdArgs) (*invocation, func(), error) {
 	if inv.k8s, err = cniconf.ParseK8sArgs(args.Args); err != nil {
 		return inv, closeLog, inv.fail(types.NewError(types.ErrInvalidEnvironmentVariables, "nftmesh-cni: invalid CNI_ARGS", err.Error()))
 	}
+	phase.Mark("config")
 	return inv, closeLog, nil
 }
 
@@ -141,6 +144,10 @@ func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
 		Str("netns", inv.args.Netns).
 		Str("backend", backend).
 		Float64("duration_ms", durationMS(inv.start))
+	if inv.conf != nil && inv.conf.LogLevel == "debug" {
+		// Where this run's time went, from the process's start (µs).
+		e = e.Str("phases_us", phase.String())
+	}
 	if inv.lookedUp {
 		e = e.Str("lookup", inv.lookupPath).Float64("lookup_ms", inv.lookupMS)
 		if inv.agentMiss != "" {
@@ -194,6 +201,7 @@ func (inv *invocation) lookup(ctx context.Context) (pod *meshpod.Pod, plan *redi
 		return inv.fail(e)
 	}
 	pod = inv.askAgent(ctx)
+	phase.Mark("asked")
 	if pod == nil {
 		var terr *types.Error
 		if pod, terr = inv.getPod(ctx, inv.conf.APITimeout-time.Since(start)); terr != nil {
@@ -213,6 +221,7 @@ func (inv *invocation) lookup(ctx context.Context) (pod *meshpod.Pod, plan *redi
 		return nil, nil, "", fail(types.NewError(CodeInvalidCapture,
 			fmt.Sprintf("nftmesh-cni: cannot build capture rules for pod %s", inv.podRef()), perr.Error()))
 	}
+	phase.Mark("planned")
 	if !d.InMesh {
 		return pod, nil, d.Reason, nil
 	}
@@ -257,6 +266,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return inv.failWith(res.Backend, types.NewError(applyErrorCode(err, CodeApply),
 			fmt.Sprintf("nftmesh-cni: programming capture rules for pod %s in %s", inv.podRef(), args.Netns), err.Error()))
 	}
+	phase.Mark("applied")
 	inv.event(inv.decision(zerolog.InfoLevel), res.Backend).Str("decision", "capture").Str("reason", reason).Str("why", res.Why).
 		Int("rules", res.Rules).Bool("ipv6", len(plan.LoopbackAddrs) > 0). // ::6 comes with IPv6 capture
 		Msg("ADD capture")

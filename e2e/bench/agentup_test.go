@@ -2,9 +2,13 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -65,6 +69,7 @@ func BenchmarkAgentUp(b *testing.B) {
 	time.Sleep(time.Second) // the informer has them: no round waits on the watch
 
 	walls := map[string][]time.Duration{}
+	cpus := map[string][]time.Duration{}
 	reqs := map[string]int64{}
 	i := 0
 	for b.Loop() {
@@ -82,6 +87,7 @@ func BenchmarkAgentUp(b *testing.B) {
 			}
 			reqs[p.name] += conns.count.Load() - before
 			walls[p.name] = append(walls[p.name], r.wall)
+			cpus[p.name] = append(cpus[p.name], r.cpu)
 			checkCaptured(b, p, name)
 			b.StartTimer()
 		}
@@ -89,6 +95,8 @@ func BenchmarkAgentUp(b *testing.B) {
 	}
 	b.StopTimer()
 	reportAdds(b, walls, nil)
+	b.ReportMetric(pct(cpus["nftmesh"], .5), "nftmesh-cpu-p50-ms")
+	b.ReportMetric(pct(cpus["istio"], .5), "istio-cpu-p50-ms")
 	// Connections opened to the API server per ADD: with the agent
 	// answering ours opens none (so sends no request); Istio's opens one for
 	// its GET.
@@ -96,6 +104,7 @@ func BenchmarkAgentUp(b *testing.B) {
 	b.ReportMetric(float64(reqs["istio"])/float64(len(walls["istio"])), "istio-api-conns/add")
 	if data, err := os.ReadFile(filepath.Join(ours.runDir, "nftmesh-cni.log")); err == nil {
 		b.ReportMetric(float64(strings.Count(string(data), `"lookup":"agent"`))/float64(len(walls["nftmesh"])), "nftmesh-agent-answers/add")
+		reportInProcess(b, data)
 	}
 }
 
@@ -113,7 +122,7 @@ func oursAgentPlugin(b *testing.B, api *kubetest.Server, runDir, proxy, token st
 			"cniVersion":         "1.0.0",
 			"name":               "k8s-pod-network",
 			"type":               "nftmesh-cni",
-			"log_level":          "info",
+			"log_level":          pluginLogLevel(),
 			"exclude_namespaces": []string{"kube-system"},
 			"pod_namespace":      agentNS,
 			"agent_run_dir":      runDir,
@@ -165,4 +174,65 @@ func (l *countingListener) Accept() (net.Conn, error) {
 		l.n.Add(1)
 	}
 	return c, err
+}
+
+// reportInProcess adds the medians of our plugin's own figures from its
+// decision lines: the whole verb in process (duration_ms) and the pod
+// lookup in it (lookup_ms). What the wall time has beyond duration_ms is
+// process start, runtime init and exit.
+func reportInProcess(b *testing.B, log []byte) {
+	var verb, lookup []float64
+	steps := map[string][]float64{}
+	var order []string
+	for _, line := range strings.Split(string(log), "\n") {
+		var e struct {
+			Decision string  `json:"decision"`
+			Duration float64 `json:"duration_ms"`
+			Lookup   float64 `json:"lookup_ms"`
+			Phases   string  `json:"phases_us"`
+		}
+		if json.Unmarshal([]byte(line), &e) != nil || e.Decision != "capture" {
+			continue
+		}
+		verb, lookup = append(verb, e.Duration), append(lookup, e.Lookup)
+		prev := 0.0
+		for _, f := range strings.Fields(e.Phases) {
+			name, v, _ := strings.Cut(f, "=")
+			at, _ := strconv.ParseFloat(v, 64)
+			if _, seen := steps[name]; !seen {
+				order = append(order, name)
+			}
+			steps[name] = append(steps[name], at-prev)
+			prev = at
+		}
+	}
+	// With BENCH_PLUGIN_LOG_LEVEL=debug the plugin's decision lines carry
+	// its phases: the median time each step took (µs since the previous).
+	if len(order) > 0 {
+		var sb strings.Builder
+		for _, name := range order {
+			v := steps[name]
+			slices.Sort(v)
+			fmt.Fprintf(&sb, "\n  %-16s p50 %6.0f µs", name, v[len(v)/2])
+		}
+		// b.Logf would cut this off after ten lines.
+		fmt.Printf("%s: our plugin's phases (time since the previous one):%s\n", b.Name(), sb.String())
+	}
+	if len(verb) == 0 {
+		return
+	}
+	med := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
+	b.ReportMetric(med(verb), "nftmesh-inproc-p50-ms")
+	b.ReportMetric(med(lookup), "nftmesh-lookup-p50-ms")
+}
+
+// pluginLogLevel is our plugin's log_level in the benchmarks: info, as the
+// chart installs it, unless BENCH_PLUGIN_LOG_LEVEL says otherwise (debug
+// adds the phases of every ADD to its decision line; reportInProcess shows
+// them).
+func pluginLogLevel() string {
+	if l := os.Getenv("BENCH_PLUGIN_LOG_LEVEL"); l != "" {
+		return l
+	}
+	return "info"
 }

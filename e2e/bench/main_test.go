@@ -374,7 +374,8 @@ func prevResult(netnsPath string) map[string]any {
 // run is one whole process as a runtime starts it.
 type runResult struct {
 	wall   time.Duration
-	maxRSS int64 // KiB, wait4's ru_maxrss: includes the benchmark's own size (see spawnSource)
+	maxRSS int64         // KiB, wait4's ru_maxrss: includes the benchmark's own size (see spawnSource)
+	cpu    time.Duration // user + system CPU time of the plugin process
 	stdout []byte
 	stderr []byte
 	err    error
@@ -403,6 +404,7 @@ func execCNI(bin, command, netnsPath, containerID, cniArgs string, stdin []byte)
 	if c.ProcessState != nil {
 		if ru, ok := c.ProcessState.SysUsage().(*syscall.Rusage); ok {
 			r.maxRSS = ru.Maxrss
+			r.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 		}
 	}
 	return r

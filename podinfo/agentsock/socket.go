@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/internal/phase"
 )
 
 // Where the socket lives under the agent's run dir: a directory of its
@@ -299,6 +301,7 @@ func Ask(ctx context.Context, path string, req Request) (Answer, error) {
 		}
 		return Answer{}, fmt.Errorf("asking the agent at %s: %w", path, err)
 	}
+	phase.Mark("agent-dialed")
 	c := nc.(*net.UnixConn)
 	defer c.Close()
 	// Only root can have bound a socket in the root-only directory; the
@@ -317,10 +320,12 @@ func Ask(ctx context.Context, path string, req Request) (Answer, error) {
 	if err := writeFrame(c, req, MaxRequest); err != nil {
 		return Answer{}, fmt.Errorf("asking the agent at %s: sending the request: %w", path, err)
 	}
+	phase.Mark("agent-sent")
 	var a Answer
 	if err := readFrame(c, &a, MaxAnswer, "answer"); err != nil {
 		return Answer{}, fmt.Errorf("asking the agent at %s: %w", path, err)
 	}
+	phase.Mark("agent-answered")
 	if err := CheckAnswer(req, a); err != nil {
 		return Answer{}, fmt.Errorf("asking the agent at %s: %w", path, err)
 	}

@@ -1,0 +1,67 @@
+// Package phase records when a short-lived process (the CNI plugin, the
+// CLI) reaches each step of its work, so where a run's time goes can be read
+// from its own log line instead of guessed: the plugin writes the marks
+// into its decision line at log level debug.
+//
+// Marks cost a clock read and a store into a fixed array (no allocation, no
+// lock): they are always taken, and only written when asked for. Offsets
+// are from this package's initialisation, which runs before the packages
+// that import it, so they include most of the importers' init work but not
+// the runtime's own start-up before it.
+package phase
+
+import (
+	"strconv"
+	"sync"
+	"time"
+)
+
+// maxMarks bounds what one process records; marks beyond it are dropped.
+const maxMarks = 48
+
+var (
+	start = time.Now()
+	mu    sync.Mutex
+	names [maxMarks]string
+	at    [maxMarks]time.Duration
+	n     int
+)
+
+// Mark records that the process reached the step name now. It is safe for
+// concurrent use; name should be a short constant.
+func Mark(name string) {
+	d := time.Since(start)
+	mu.Lock()
+	if n < maxMarks {
+		names[n], at[n] = name, d
+		n++
+	}
+	mu.Unlock()
+}
+
+// String is the marks so far in order, as "name=µs name=µs ...", each the
+// time since the process's start in microseconds.
+func String() string {
+	mu.Lock()
+	defer mu.Unlock()
+	b := make([]byte, 0, 16*n)
+	for i := range n {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = append(b, names[i]...)
+		b = append(b, '=')
+		b = strconv.AppendInt(b, at[i].Microseconds(), 10)
+	}
+	return string(b)
+}
+
+// Since is the time since the process's start (as the marks count it).
+func Since() time.Duration { return time.Since(start) }
+
+// reset forgets every mark (tests).
+func reset() {
+	mu.Lock()
+	n = 0
+	mu.Unlock()
+}
