@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod/manifest"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -56,7 +56,7 @@ func TestHugeValuesBounded(t *testing.T) {
 			return err
 		}, []string{"manifest kind", cut}},
 		{"manifest kind, decision mirror", func() error {
-			_, err := meshpod.ParseManifest([]byte("kind: " + huge + "\n"))
+			_, err := manifest.ParseManifest([]byte("kind: " + huge + "\n"))
 			return err
 		}, []string{"manifest kind", cut}},
 	} {

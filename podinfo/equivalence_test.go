@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod/manifest"
 )
 
 // The CLI reads manifests with meshpod (no Kubernetes imports); the plugin
@@ -17,7 +18,7 @@ import (
 func sameDecision(t *testing.T, name string, data []byte) {
 	t.Helper()
 	pod, perr := ParsePod(data)
-	mp, merr := meshpod.ParseManifest(data)
+	mp, merr := manifest.ParseManifest(data)
 	if (perr == nil) != (merr == nil) {
 		t.Fatalf("%s: corev1 decode err=%v, manifest decode err=%v", name, perr, merr)
 	}

@@ -7,17 +7,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod/manifest"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // ReadPodFile reads the one Pod of a manifest file, YAML or JSON (as
 // `kubectl get pod -o yaml|json` prints it), capped at
-// meshpod.MaxManifestSize. Any other kind, or a document without a kind, is
+// manifest.MaxManifestSize. Any other kind, or a document without a kind, is
 // an error naming what was found; a stream of several objects is read as
-// meshpod.SelectPod reads it.
+// manifest.SelectPod reads it.
 func ReadPodFile(path string) (*corev1.Pod, error) {
-	data, err := meshpod.ReadManifestData(path)
+	data, err := manifest.ReadManifestData(path)
 	if err != nil {
 		return nil, err
 	}
@@ -29,9 +29,9 @@ func ReadPodFile(path string) (*corev1.Pod, error) {
 }
 
 // ParsePod decodes the one Pod of a manifest, YAML or JSON, chosen as
-// meshpod.ParseManifest chooses it.
+// manifest.ParseManifest chooses it.
 func ParsePod(data []byte) (*corev1.Pod, error) {
-	data, err := meshpod.SelectPod(data, "")
+	data, err := manifest.SelectPod(data, "")
 	if err != nil {
 		return nil, err
 	}

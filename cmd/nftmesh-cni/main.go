@@ -21,12 +21,14 @@
 //
 // Logs are JSON (zerolog) on stderr and in a size-capped file in
 // agent_run_dir, never on stdout, which carries the CNI result.
+//
+//go:debug containermaxprocs=0
+//go:debug updatemaxprocs=0
 package main
 
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"runtime/debug"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -47,13 +49,11 @@ func main() {
 	// should a huge prevResult or pod object arrive.
 	debug.SetGCPercent(-1)
 	debug.SetMemoryLimit(128 << 20)
-	// One goroutine works at a time (the pod lookup waits for its answer,
-	// each netns entry for its locked thread): with a second P the runtime
-	// wakes an idle thread at every goroutine it starts or readies, which
-	// finds nothing to do, and on a loaded node each such wake-up waits for
-	// a CPU (measured on a whole ADD, agent answering: 160 -> 113 context
-	// switches, p50 11.3 -> 9.9 ms at load 13).
-	runtime.GOMAXPROCS(1)
+	// The //go:debug lines above keep the runtime from reading this
+	// process's cgroup files at start-up to size GOMAXPROCS, and from
+	// re-reading them later: a run lasts milliseconds. Nor does main set
+	// GOMAXPROCS(1) any more: the stop-the-world that takes costs ~0.25 ms,
+	// more than the idle-thread wake-ups it saved.
 	// A runtime never passes arguments and always sets CNI_COMMAND, so
 	// --version cannot be mistaken for a CNI call.
 	if len(os.Args) == 2 && os.Args[1] == "--version" && os.Getenv("CNI_COMMAND") == "" {

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/nftmesh/nftmesh/nft"
-	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod/manifest"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -48,7 +48,7 @@ func TestCLIManifestInput(t *testing.T) {
 	multi := write("multi.yaml", meshPodDoc("shop", "web-a")+"---\n"+meshPodDoc("shop", "web-bb"))
 	list := write("list.yaml", "apiVersion: v1\nkind: List\nitems:\n- "+strings.ReplaceAll(meshPodDoc("shop", "web-a"), "\n", "\n  ")+"\n- "+strings.ReplaceAll(meshPodDoc("bank", "web-bb"), "\n", "\n  "))
 	pad := "# " + strings.Repeat("x", 1000) + "\n"
-	huge := write("huge.yaml", meshPodDoc("shop", "web-a")+strings.Repeat(pad, meshpod.MaxManifestSize/len(pad)+1))
+	huge := write("huge.yaml", meshPodDoc("shop", "web-a")+strings.Repeat(pad, manifest.MaxManifestSize/len(pad)+1))
 
 	for _, tc := range []struct {
 		name    string
@@ -65,7 +65,7 @@ func TestCLIManifestInput(t *testing.T) {
 		{"a List, --name", []string{"validate", "--pod", list, "--name", "bank/web-bb"}, "", exitOK, []string{"pod bank/web-bb"}},
 		{"standard input", []string{"render", "--pod", "-"}, meshPodDoc("shop", "web-a"), exitOK, []string{"192.0.2.5"}},
 		{"standard input, two documents", []string{"render", "--pod", "-"}, meshPodDoc("shop", "web-a") + "---\n" + meshPodDoc("shop", "web-bb"), exitUsage, []string{"standard input", "2 Pods"}},
-		{"standard input past the cap", []string{"render", "--pod", "-"}, meshPodDoc("shop", "web-a") + strings.Repeat(pad, meshpod.MaxManifestSize/len(pad)+1), exitUsage, []string{"standard input", "4 MiB cap"}},
+		{"standard input past the cap", []string{"render", "--pod", "-"}, meshPodDoc("shop", "web-a") + strings.Repeat(pad, manifest.MaxManifestSize/len(pad)+1), exitUsage, []string{"standard input", "4 MiB cap"}},
 		{"file past the cap", []string{"render", "--pod", huge}, "", exitUsage, []string{huge, "4 MiB cap"}},
 		{"--name without --pod", []string{"render", "--name", "web-a"}, "", exitUsage, []string{"--name", "--pod"}},
 	} {

@@ -10,6 +10,7 @@ import (
 	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod/manifest"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 )
@@ -78,7 +79,7 @@ func expectedPlan(t *testing.T, spec, extra []string, ipv6 bool) redirect.Plan {
 	t.Helper()
 	var s redirect.Spec
 	if spec[0] == "--pod" {
-		pod, err := meshpod.ReadManifest(spec[1])
+		pod, err := manifest.ReadManifest(spec[1])
 		if err != nil {
 			t.Fatal(err)
 		}

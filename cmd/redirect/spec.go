@@ -14,6 +14,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod/manifest"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
@@ -62,18 +63,18 @@ var stdin io.Reader = os.Stdin
 // picks the Pod --name names.
 func (f *specFlags) readPod() (*meshpod.Pod, error) {
 	if f.pod != "-" {
-		pod, err := meshpod.ReadManifestNamed(f.pod, f.name)
+		pod, err := manifest.ReadManifestNamed(f.pod, f.name)
 		if errors.Is(err, fs.ErrNotExist) && outputFormats[f.pod] {
 			// -f was the format flag before it became kubectl's file flag.
 			err = fmt.Errorf("%w (-f is the Pod manifest, as in kubectl; the output format is -o %s)", err, f.pod)
 		}
 		return pod, err
 	}
-	data, err := meshpod.ReadCapped(stdin, "from standard input")
+	data, err := manifest.ReadCapped(stdin, "from standard input")
 	if err != nil {
 		return nil, err
 	}
-	pod, err := meshpod.ParseManifestNamed(data, f.name)
+	pod, err := manifest.ParseManifestNamed(data, f.name)
 	if err != nil {
 		return nil, fmt.Errorf("reading pod manifest from standard input: %w", err)
 	}

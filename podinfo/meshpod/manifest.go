@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"sigs.k8s.io/yaml"
-
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
@@ -48,36 +46,14 @@ type manifestContainer struct {
 	} `json:"securityContext"`
 }
 
-// ReadManifest reads the one Pod of a manifest file, YAML or JSON (see
-// SelectPod for streams of several objects).
-func ReadManifest(path string) (*Pod, error) { return ReadManifestNamed(path, "") }
-
-// ReadManifestNamed reads the Pod called name ("NAME" or "NAMESPACE/NAME";
-// "" for the only one) from a manifest file.
-func ReadManifestNamed(path, name string) (*Pod, error) {
-	data, err := ReadManifestData(path)
-	if err != nil {
-		return nil, err
-	}
-	pod, err := ParseManifestNamed(data, name)
-	if err != nil {
-		return nil, fmt.Errorf("reading pod manifest %s: %w", path, err)
-	}
-	return pod, nil
-}
-
-// ParseManifest decodes the one Pod of a manifest, YAML or JSON. Any other
-// kind, or a document without a kind, is an error naming what was found.
-func ParseManifest(data []byte) (*Pod, error) { return ParseManifestNamed(data, "") }
-
-// ParseManifestNamed decodes the Pod called name from a manifest stream.
-func ParseManifestNamed(data []byte, name string) (*Pod, error) {
-	data, err := SelectPod(data, name)
-	if err != nil {
-		return nil, err
-	}
+// DecodeManifest decodes one Pod document with unmarshal (a JSON
+// decoder, or a YAML one that fills the same json tags) and checks it is a
+// v1 Pod. Any other kind, or a document without a kind, is an error naming
+// what was found. Reading files and choosing among several documents is
+// podinfo/meshpod/manifest's job, which brings the YAML decoder.
+func DecodeManifest(data []byte, unmarshal func([]byte, any) error) (*Pod, error) {
 	var m manifest
-	if err := yaml.Unmarshal(data, &m); err != nil {
+	if err := unmarshal(data, &m); err != nil {
 		return nil, fmt.Errorf("decoding Pod: %w", err)
 	}
 	switch {

@@ -1,4 +1,4 @@
-package meshpod
+package manifest
 
 import (
 	"fmt"
