@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -368,6 +369,38 @@ func TestFakePrevResultVersions(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestFakePrevResultAsGiven: a prevResult already in the config's version
+// is printed as the runtime gave it, fields this plugin does not know
+// included (nothing of the primary plugin's is lost); one of another
+// version is converted to the config's, as the CNI library does.
+func TestFakePrevResultAsGiven(t *testing.T) {
+	pod := loadPod(t, "injected.yaml")
+	n := newFakeNode(t, pod)
+	prev := prevResultV4("1.0.0", "198.51.100.20/24")
+	prev["dns"] = map[string]any{"nameservers": []any{"10.96.0.10"}}
+	prev["x-primary-extension"] = map[string]any{"kept": true}
+	stdout, err := n.runConf("ADD", directConf(t, "1.0.0", n.runDir, prev, n.conf))
+	noErr(t, "ADD", err)
+	var got, want map[string]any
+	if jerr := json.Unmarshal([]byte(stdout), &got); jerr != nil {
+		t.Fatalf("ADD printed %q: %v", stdout, jerr)
+	}
+	b, _ := json.Marshal(prev)
+	_ = json.Unmarshal(b, &want)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ADD printed\n%s\nwant the prevResult as given\n%s", stdout, b)
+	}
+
+	n.kernel.DeleteNetns(fakeNetns)
+	n.kernel.AddNetns(fakeNetns, netip.MustParseAddr("198.51.100.20"))
+	stdout, err = n.runConf("ADD", directConf(t, "1.1.0", n.runDir, prevResultV4("1.0.0", "198.51.100.20/24"), n.conf))
+	noErr(t, "ADD with a 1.0.0 prevResult in a 1.1.0 config", err)
+	got = nil
+	if jerr := json.Unmarshal([]byte(stdout), &got); jerr != nil || got["cniVersion"] != "1.1.0" || !strings.Contains(stdout, "198.51.100.20/24") {
+		t.Errorf("ADD printed %s (%v), want the result as 1.1.0", stdout, jerr)
 	}
 }
 

@@ -37,6 +37,9 @@ const RecordOnlyField = "record_only"
 // intake). Without a log file it discards.
 func newLoggers(conf *cniconf.Config, command string) (log, record zerolog.Logger, close func()) {
 	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
+	// UTC: formatting local time would load and parse /etc/localtime in
+	// every run, for a log the agent reads by machine.
+	zerolog.TimestampFunc = func() time.Time { return time.Now().UTC() }
 	writers := []io.Writer{os.Stderr}
 	close = func() {}
 	level := zerolog.InfoLevel

@@ -13,7 +13,6 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/cni/pkg/version"
 	"github.com/rs/zerolog"
 
 	"github.com/nftmesh/nftmesh/capture"
@@ -116,7 +115,7 @@ func begin(verb string, args *skel.CmdArgs) (*invocation, func(), error) {
 	if verb == "STATUS" || verb == "GC" {
 		return inv, closeLog, nil
 	}
-	if err := version.ParsePrevResult(&conf.NetConf); err != nil {
+	if err := conf.ParsePrevResult(); err != nil {
 		return inv, closeLog, inv.fail(types.NewError(types.ErrDecodingFailure, "nftmesh-cni: invalid prevResult", err.Error()))
 	}
 	if inv.k8s, err = cniconf.ParseK8sArgs(args.Args); err != nil {
@@ -184,6 +183,12 @@ func (inv *invocation) podRef() string { return inv.k8s.PodNamespace + "/" + inv
 func printPrevResult(conf *cniconf.Config) error {
 	if conf.PrevResult == nil {
 		return types.PrintResult(&current.Result{CNIVersion: current.ImplementedSpecVersion}, conf.CNIVersion)
+	}
+	if raw := conf.PrevResultUnchanged(); raw != nil {
+		// Already of the config's version: the bytes the runtime gave,
+		// without encoding a result again.
+		_, err := os.Stdout.Write(raw)
+		return err
 	}
 	return types.PrintResult(conf.PrevResult, conf.CNIVersion)
 }

@@ -49,6 +49,19 @@ func BenchmarkAgentUp(b *testing.B) {
 	ours := oursAgentPlugin(b, api, a.runDir, conns.url, tok)
 	istio := istioAPIPlugin(b, api, conns.url, tok)
 	ps := []plugin{ours, istio}
+	if bin := os.Getenv("BENCH_BASELINE_BIN"); bin != "" {
+		// Another build of our plugin (e.g. main's, before a change) in the
+		// same rounds: the ratio of two builds without the machine's drift
+		// between two runs. Its own run dir (log, kubeconfig) reaches the
+		// same agent through a link to the socket's directory.
+		dir := b.TempDir()
+		if err := os.Symlink(filepath.Join(a.runDir, "agent-sock"), filepath.Join(dir, "agent-sock")); err != nil {
+			b.Fatal(err)
+		}
+		base := oursAgentPlugin(b, api, dir, conns.url, tok)
+		base.name, base.bin = "baseline", bin
+		ps = append(ps, base)
+	}
 
 	// Every pod the rounds will ask about, created up front on the node.
 	n := b.N
@@ -97,6 +110,11 @@ func BenchmarkAgentUp(b *testing.B) {
 	reportAdds(b, walls, nil)
 	b.ReportMetric(pct(cpus["nftmesh"], .5), "nftmesh-cpu-p50-ms")
 	b.ReportMetric(pct(cpus["istio"], .5), "istio-cpu-p50-ms")
+	if len(walls["baseline"]) > 0 {
+		b.ReportMetric(pct(walls["baseline"], .5), "baseline-p50-ms")
+		b.ReportMetric(pct(walls["nftmesh"], .5)/pct(walls["baseline"], .5), "nftmesh/baseline")
+		b.ReportMetric(pct(cpus["baseline"], .5), "baseline-cpu-p50-ms")
+	}
 	// Connections opened to the API server per ADD: with the agent
 	// answering ours opens none (so sends no request); Istio's opens one for
 	// its GET.

@@ -1,6 +1,7 @@
 package cniconf
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/types/create"
+	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -51,6 +54,14 @@ type Config struct {
 	Kubeconfig        string        // default <AgentRunDir>/kubeconfig
 	Backend           string        // auto|nftables|iptables-legacy; default auto
 	APITimeout        time.Duration // bound on the pod lookup, retries included
+
+	// PrevResultJSON is the primary plugin's result exactly as the runtime
+	// passed it (NetConf.RawPrevResult stays nil): ParsePrevResult decodes
+	// it once, and a chained plugin that changes nothing can print it back
+	// byte for byte.
+	PrevResultJSON json.RawMessage
+	// prevResultAsIs: PrevResult was decoded from PrevResultJSON unchanged.
+	prevResultAsIs bool
 }
 
 // rawConfig is what the plugin reads: the shared wire fields, and Istio's
@@ -59,6 +70,9 @@ type Config struct {
 // is changed.
 type rawConfig struct {
 	types.NetConf
+	// Shallower than NetConf's prevResult, so it takes the field: kept as
+	// bytes instead of a generic map that would be encoded again to parse.
+	PrevResultJSON json.RawMessage `json:"prevResult,omitempty"`
 	PluginSettings
 	IstioLogLevel    *string `json:"plugin_log_level"`
 	IstioAgentRunDir *string `json:"cni_agent_run_dir"`
@@ -92,6 +106,7 @@ func ParseConfig(stdin []byte) (*Config, error) {
 	}
 	c := &Config{
 		NetConf:           raw.NetConf,
+		PrevResultJSON:    raw.PrevResultJSON,
 		LogLevel:          "info",
 		ExcludeNamespaces: raw.ExcludeNamespaces,
 		PodNamespace:      raw.PodNamespace,
@@ -209,4 +224,35 @@ func (c *Config) SkipBeforeLookup(a K8sArgs) string {
 		return meshpod.ReasonAgentPod
 	}
 	return ""
+}
+
+// ParsePrevResult decodes the config's prevResult, when there is one, as a
+// result of the config's cniVersion into c.PrevResult, as the CNI
+// library's version.ParsePrevResult does. The usual result, which names
+// its own version, is decoded once from the bytes the runtime gave; any
+// other goes through the library (which supplies a missing version).
+func (c *Config) ParsePrevResult() error {
+	raw := bytes.TrimSpace(c.PrevResultJSON)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil
+	}
+	if res, err := create.Create(c.CNIVersion, raw); err == nil && res.Version() != "" {
+		c.PrevResult, c.prevResultAsIs = res, true
+		return nil
+	}
+	if err := json.Unmarshal(raw, &c.RawPrevResult); err != nil {
+		return fmt.Errorf("could not parse prevResult: %w", err)
+	}
+	return version.ParsePrevResult(&c.NetConf)
+}
+
+// PrevResultUnchanged is the prevResult as passed, when it can be printed
+// as the plugin's own result without conversion: it was parsed as it is and
+// says the config's cniVersion itself. Otherwise nil, and the caller prints
+// c.PrevResult converted to c.CNIVersion.
+func (c *Config) PrevResultUnchanged() []byte {
+	if !c.prevResultAsIs || c.PrevResult.Version() != c.CNIVersion {
+		return nil
+	}
+	return bytes.TrimSpace(c.PrevResultJSON)
 }

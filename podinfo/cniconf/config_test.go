@@ -44,7 +44,9 @@ func TestParseConfigValues(t *testing.T) {
 			}},
 		{"iptables-legacy", `{"backend":"iptables-legacy"}`, func(c *Config) bool { return c.Backend == BackendIptablesLegacy }},
 		{"null fields", `{"log_level":null,"exclude_namespaces":null}`, func(c *Config) bool { return c.LogLevel == "info" }},
-		{"prevResult kept raw", `{"prevResult":{"cniVersion":"1.0.0","ips":[]}}`, func(c *Config) bool { return c.RawPrevResult != nil }},
+		{"prevResult kept raw", `{"prevResult":{"cniVersion":"1.0.0","ips":[]}}`, func(c *Config) bool {
+			return string(c.PrevResultJSON) == `{"cniVersion":"1.0.0","ips":[]}` && c.RawPrevResult == nil
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -180,4 +182,44 @@ func FuzzParseK8sArgs(f *testing.F) {
 			t.Fatal("partial args returned with an error")
 		}
 	})
+}
+
+// TestPrevResult: the prevResult is decoded once from the bytes the runtime
+// gave, as a result of the config's version, and printed back unchanged
+// only when it already says that version.
+func TestPrevResult(t *testing.T) {
+	for _, tc := range []struct {
+		name, conf string
+		wantErr    bool
+		parsed     bool
+		unchanged  string
+	}{
+		{"none", `{"cniVersion":"1.0.0"}`, false, false, ""},
+		{"null", `{"cniVersion":"1.0.0","prevResult":null}`, false, false, ""},
+		{"same version", `{"cniVersion":"1.0.0","prevResult":{"cniVersion":"1.0.0","ips":[{"address":"10.1.0.5/24"}]}}`, false, true,
+			`{"cniVersion":"1.0.0","ips":[{"address":"10.1.0.5/24"}]}`},
+		{"0.4.0 config", `{"cniVersion":"0.4.0","prevResult":{"cniVersion":"0.4.0","ips":[{"version":"4","address":"10.1.0.5/24"}]}}`, false, true,
+			`{"cniVersion":"0.4.0","ips":[{"version":"4","address":"10.1.0.5/24"}]}`},
+		{"no version in the result", `{"cniVersion":"1.0.0","prevResult":{"ips":[{"address":"10.1.0.5/24"}]}}`, false, true, ""},
+		{"another version", `{"cniVersion":"1.1.0","prevResult":{"cniVersion":"1.0.0","ips":[]}}`, false, true, ""},
+		{"not an address", `{"cniVersion":"1.0.0","prevResult":{"cniVersion":"1.0.0","ips":[{"address":"nope"}]}}`, true, false, ""},
+		{"not an object", `{"cniVersion":"1.0.0","prevResult":[1,2]}`, true, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseConfig([]byte(tc.conf))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = c.ParsePrevResult()
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("ParsePrevResult = %v, want error %t", err, tc.wantErr)
+			}
+			if (c.PrevResult != nil) != tc.parsed {
+				t.Fatalf("PrevResult = %v, want parsed %t", c.PrevResult, tc.parsed)
+			}
+			if got := string(c.PrevResultUnchanged()); got != tc.unchanged {
+				t.Fatalf("PrevResultUnchanged = %q, want %q", got, tc.unchanged)
+			}
+		})
+	}
 }
