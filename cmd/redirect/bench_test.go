@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -71,16 +72,23 @@ func BenchmarkWholeProcess(b *testing.B) {
 		name   string
 		cmds   [][]string // run one after the other inside the netns
 		direct bool       // run as is, with the netns in place of NETNS: no nsenter
+		phases bool       // with REDIRECT_PHASES: where its time goes (not in the ratios)
 	}
 	tools := []tool{
-		{"redirect-nft", [][]string{{self, "apply", "--netns", "/proc/self/ns/net", "--backend", "nftables", "--defaults", "--ipv6", "--allow-own-netns"}}, false},
+		{"redirect-nft", [][]string{{self, "apply", "--netns", "/proc/self/ns/net", "--backend", "nftables", "--defaults", "--ipv6", "--allow-own-netns"}}, false, false},
 		// How it is used: redirect enters the namespace itself, where nft and
 		// the restore pair need a helper (nsenter, ip netns exec) to get there.
-		{"redirect-nft-direct", [][]string{{self, "apply", "--netns", "NETNS", "--backend", "nftables", "--defaults", "--ipv6"}}, true},
-		{"redirect-legacy", [][]string{{self, "apply", "--netns", "/proc/self/ns/net", "--backend", "iptables-legacy", "--defaults", "--ipv6", "--allow-own-netns"}}, false},
-		{"iptables-restore", [][]string{{"iptables-legacy-restore", "--noflush", v4File}, {"ip6tables-legacy-restore", "--noflush", v6File}}, false},
-		{"nft-f", [][]string{{"nft", "-f", nftFile}}, false},
+		{"redirect-nft-direct", [][]string{{self, "apply", "--netns", "NETNS", "--backend", "nftables", "--defaults", "--ipv6"}}, true, false},
+		{"redirect-legacy", [][]string{{self, "apply", "--netns", "/proc/self/ns/net", "--backend", "iptables-legacy", "--defaults", "--ipv6", "--allow-own-netns"}}, false, false},
+		{"iptables-restore", [][]string{{"iptables-legacy-restore", "--noflush", v4File}, {"ip6tables-legacy-restore", "--noflush", v6File}}, false, false},
+		{"nft-f", [][]string{{"nft", "-f", nftFile}}, false, false},
+		// redirect-nft-direct again, printing its phase marks: a run of its
+		// own so that the figures above measure exactly what users run.
+		{"redirect-nft-phases", [][]string{{self, "apply", "--netns", "NETNS", "--backend", "nftables", "--defaults", "--ipv6"}}, true, true},
 	}
+	// steps[name] are the times between consecutive phase marks, µs.
+	steps := map[string][]float64{}
+	var stepOrder []string
 	times := map[string][]time.Duration{}
 	// Context switches per run (voluntary + involuntary, from the child's
 	// rusage; nsenter execs the tool, so it is one process): on a loaded
@@ -110,8 +118,15 @@ func BenchmarkWholeProcess(b *testing.B) {
 					}
 					cmd = exec.Command(c[0], args...)
 				}
-				if out, err := cmd.CombinedOutput(); err != nil {
+				if tl.phases {
+					cmd.Env = append(os.Environ(), "REDIRECT_PHASES=1")
+				}
+				out, err := cmd.CombinedOutput()
+				if err != nil {
 					b.Fatalf("%s: %v\n%s", tl.name, err, out)
+				}
+				if tl.phases {
+					stepOrder = addSteps(b, steps, stepOrder, string(out))
 				}
 				if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 					cs += ru.Nvcsw + ru.Nivcsw
@@ -135,10 +150,49 @@ func BenchmarkWholeProcess(b *testing.B) {
 		slices.Sort(cs)
 		b.ReportMetric(float64(cs[len(cs)/2]), name+"-cs")
 	}
+	if len(stepOrder) > 0 {
+		var line strings.Builder
+		for _, name := range stepOrder {
+			fmt.Fprintf(&line, " %s %.0f", name, median(steps[name]))
+		}
+		b.Logf("redirect apply's steps (median µs since the previous mark; main: since the package inits began; \"exit\" is the verb's end, the rest of %.2f ms is the runtime's start-up before the inits, the exit and the process's creation):%s",
+			med["redirect-nft-phases"], line.String())
+	}
 	b.ReportMetric(med["redirect-nft"]/med["nft-f"], "nft/nft-f")
 	b.ReportMetric(med["redirect-nft-direct"]/med["nft-f"], "direct/nft-f")
 	b.ReportMetric(med["redirect-nft-direct"]/med["iptables-restore"], "direct/ipt-restore")
 	b.ReportMetric(med["redirect-nft"]/med["iptables-restore"], "nft/ipt-restore")
 	b.ReportMetric(med["redirect-legacy"]/med["iptables-restore"], "legacy/ipt-restore")
 	b.ReportMetric(0, "ns/op") // per-op time mixes five tools; the medians above are the figures
+}
+
+// addSteps adds the times between consecutive phase marks of one run's
+// "redirect: phases_us: a=1 b=2 ..." line to steps, and returns the marks'
+// order as first seen.
+func addSteps(b *testing.B, steps map[string][]float64, order []string, out string) []string {
+	_, line, ok := strings.Cut(out, "redirect: phases_us: ")
+	if !ok {
+		b.Fatalf("no phase marks in the output of redirect apply with REDIRECT_PHASES=1:\n%s", out)
+	}
+	line, _, _ = strings.Cut(line, "\n")
+	prev := 0.0
+	for _, f := range strings.Fields(line) {
+		name, v, ok := strings.Cut(f, "=")
+		us, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil {
+			b.Fatalf("bad phase mark %q in %q", f, line)
+		}
+		if _, seen := steps[name]; !seen {
+			order = append(order, name)
+		}
+		steps[name] = append(steps[name], us-prev)
+		prev = us
+	}
+	return order
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }

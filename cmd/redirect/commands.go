@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nftmesh/nftmesh/capture"
+	"github.com/nftmesh/nftmesh/internal/phase"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
@@ -114,6 +115,7 @@ before. On failure nothing is left behind. PATH is a netns file such as
 /run/netns/NAME or /proc/PID/ns/net, or the NAME alone (ip netns).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			phase.Mark("parsed")
 			if err := checkTarget(&netns, backend); err != nil {
 				return err
 			}
@@ -121,6 +123,7 @@ before. On failure nothing is left behind. PATH is a netns file such as
 			if err != nil {
 				return err
 			}
+			phase.Mark("planned")
 			parallelProcs(p)
 			capture.AllowOwnNetns(allowOwn)
 			ns, ctx, done, err := openVerb(cmd, netns, true)
@@ -128,8 +131,10 @@ before. On failure nothing is left behind. PATH is a netns file such as
 				return err
 			}
 			defer done()
+			phase.Mark("opened")
 			start := time.Now()
 			res, err := pipeline.Apply(ctx, ns, p, capture.Options{Backend: backend, RunDir: runDir, Locked: holdInterrupt})
+			phase.Mark("applied")
 			if err != nil {
 				return failure(fmt.Errorf("applying capture rules for %s in %s: %w", r.subject, netns, err))
 			}

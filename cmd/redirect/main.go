@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nftmesh/nftmesh/capture"
+	"github.com/nftmesh/nftmesh/internal/phase"
 	"github.com/nftmesh/nftmesh/internal/version"
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -71,6 +72,7 @@ func failure(err error) error {
 var procs = 1
 
 func main() {
+	phase.Mark("main")
 	// A verb runs for milliseconds, one goroutine at a time (the netns
 	// entries hand over to one another): with a second P the runtime wakes
 	// an idle thread at every goroutine it starts or readies, which finds
@@ -79,8 +81,21 @@ func main() {
 	// 60 voluntary context switches, wall 6.9 instead of 7.8 ms p50).
 	// Applying large sets raises it again (see parallelProcs).
 	procs = runtime.GOMAXPROCS(1)
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	phase.Mark("procs")
+	code := run(os.Args[1:], os.Stdout, os.Stderr)
+	if os.Getenv(phasesEnv) != "" {
+		phase.Mark("exit")
+		fmt.Fprintf(os.Stderr, "redirect: phases_us: %s\n", phase.String())
+	}
+	os.Exit(code)
 }
+
+// phasesEnv, when set to anything, makes redirect print on stderr, last,
+// when it reached each step of its run (internal/phase marks, microseconds
+// since the package inits began): where a whole process's time goes, for
+// the benchmarks. An environment variable rather than a flag, so that the
+// command line, its help and its completions stay as they are.
+const phasesEnv = "REDIRECT_PHASES"
 
 // parallelProcs gives the runtime its CPUs back for a plan whose sets the
 // nftables backend marshals in parallel (more than one message's worth of
