@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bytes"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/nftmesh/nftmesh/capture/capturetest"
+	"github.com/nftmesh/nftmesh/redirect"
+)
+
+// TestCLICommandNames: each entry of commands builds the command of its
+// name, and the whole tree holds each once (cobra adds its help and
+// completion commands when it runs).
+func TestCLICommandNames(t *testing.T) {
+	for _, c := range commands {
+		if got := c.build().Name(); got != c.name {
+			t.Errorf("commands entry %q builds the command %q", c.name, got)
+		}
+	}
+	var names []string
+	for _, c := range newRoot().Commands() {
+		names = append(names, c.Name())
+	}
+	if len(names) != len(commands) {
+		t.Errorf("the whole tree holds %v, want the %d commands", names, len(commands))
+	}
+}
+
+// TestCLIOneCommandTreeSameOutput: a run that starts with a command's name
+// gets a tree holding that command alone (newRootFor); whatever it is
+// asked (help, bad flags, bad values, extra arguments, real work against
+// the in-memory kernel), it prints the same and exits the same as with the
+// whole tree.
+func TestCLIOneCommandTreeSameOutput(t *testing.T) {
+	pods := filepath.Join("..", "..", "testdata", "pods")
+	injected := filepath.Join(pods, "injected.yaml")
+	var cases [][]string
+	for _, c := range commands {
+		for _, tail := range [][]string{{"--help"}, {"-h"}, {}, {"--bogus"}, {"extra"}, {"--version"}, {"--format", "json"}, {"--netns"}} {
+			if c.name == "demo" && len(tail) == 0 {
+				continue // builds real namespaces with random names
+			}
+			cases = append(cases, append([]string{c.name}, tail...))
+		}
+	}
+	cases = append(cases,
+		[]string{"render"},
+		[]string{"render", "--ipv6", "-o", "json"},
+		[]string{"render", "-o", "iptables", "--pod", injected},
+		[]string{"render", "-a", redirect.AnnotationExcludeOutboundIPRanges + "=10.0.0.1"},
+		[]string{"render", "-f", "json"},
+		[]string{"validate", "--pod", injected, "-o", "json"},
+		[]string{"validate", "-a", "traffic.sidecar.istio.io/excludeOutboundIPRange=10.0.0.0/8"},
+		[]string{"trace", "--defaults", "out", "93.184.216.34:443"},
+		[]string{"trace", "--defaults", "-o", "json", "in", "10.0.0.1:8080"},
+		[]string{"apply", "--defaults"},
+		[]string{"apply", "--netns", "no-such-netns-here", "--defaults"},
+		[]string{"apply", "--netns", fakeNetns, "--defaults", "--backend", "bogus"},
+		[]string{"apply", "--netns", fakeNetns, "--defaults", "--pod", injected},
+		[]string{"apply", "--netns", fakeNetns, "--run-dir", "RUNDIR", "--defaults"},
+		[]string{"apply", "--netns", fakeNetns, "--run-dir", "RUNDIR", "--pod", injected, "--backend", "iptables-legacy"},
+		[]string{"inspect", "--netns", fakeNetns, "--run-dir", "RUNDIR"},
+		[]string{"inspect", "--netns", fakeNetns, "--run-dir", "RUNDIR", "--pod", injected, "-o", "json"},
+		[]string{"clean", "--netns", fakeNetns, "--run-dir", "RUNDIR"},
+		[]string{"clean", "--netns", fakeNetns, "--run-dir", "RUNDIR", "--backend", "iptables-legacy"},
+	)
+	// The only text that may differ between two runs: how long they took.
+	took := regexp.MustCompile(`[0-9.]+(ns|µs|ms|s)\b`)
+	runWith := func(t *testing.T, whole bool, args []string) (int, string, string) {
+		f := capturetest.New()
+		f.AddNetns(fakeNetns, netip.MustParseAddr("198.51.100.7"))
+		old := pipeline
+		pipeline = f.Pipeline()
+		defer func() { pipeline = old }()
+		dir := t.TempDir()
+		args = append([]string(nil), args...)
+		for i := range args {
+			if args[i] == "RUNDIR" {
+				args[i] = dir
+			}
+		}
+		var out, errb bytes.Buffer
+		var code int
+		if whole {
+			code = runTree(newRoot(), args, &out, &errb)
+		} else {
+			code = run(args, &out, &errb)
+		}
+		e := strings.ReplaceAll(errb.String(), dir, "RUNDIR")
+		return code, out.String(), took.ReplaceAllString(e, "TOOK")
+	}
+	for _, args := range cases {
+		if got := newRootFor(args).Commands(); len(got) != 1 || got[0].Name() != args[0] {
+			t.Fatalf("the tree for %v holds %d commands, want %s alone", args, len(got), args[0])
+		}
+		wantCode, wantOut, wantErr := runWith(t, true, args)
+		code, out, errOut := runWith(t, false, args)
+		if code != wantCode || out != wantOut || errOut != wantErr {
+			t.Errorf("redirect %s with its command alone: exit %d, stdout:\n%s\nstderr:\n%s\nwith the whole tree: exit %d, stdout:\n%s\nstderr:\n%s",
+				strings.Join(args, " "), code, out, errOut, wantCode, wantOut, wantErr)
+		}
+	}
+	// Anything else gets the whole tree (help, completion, the shell's
+	// __complete, a flag before the command, an unknown command).
+	for _, args := range [][]string{nil, {"--help"}, {"help", "apply"}, {"completion", "bash"}, {"__complete", "apply", "--backend", ""}, {"--version"}, {"-h", "apply"}, {"aply"}} {
+		if got := len(newRootFor(args).Commands()); got != len(commands) {
+			t.Errorf("the tree for %q holds %d commands, want all %d", args, got, len(commands))
+		}
+	}
+}
