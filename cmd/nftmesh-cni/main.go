@@ -31,7 +31,6 @@ import (
 	"os"
 	"runtime/debug"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	cniversion "github.com/containernetworking/cni/pkg/version"
 
 	"github.com/nftmesh/nftmesh/internal/phase"
@@ -60,7 +59,13 @@ func main() {
 		fmt.Println(version.Line("nftmesh-cni"))
 		return
 	}
-	skel.PluginMainFuncs(cniFuncs(), supportedVersions, about())
+	if err := dispatch(cniEnv{getenv: os.Getenv, stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}, cniFuncs(), supportedVersions, about()); err != nil {
+		// The CNI protocol: the error as JSON on stdout, exit status 1.
+		if perr := err.Print(); perr != nil {
+			fmt.Fprintln(os.Stderr, "nftmesh-cni: writing the error to stdout:", perr)
+		}
+		os.Exit(1)
+	}
 }
 
 // about is what the plugin prints on stderr when run without CNI_COMMAND.
@@ -68,8 +73,8 @@ func about() string {
 	return "nftmesh-cni " + version.Get() + ": chained CNI plugin installing Istio sidecar capture rules"
 }
 
-func cniFuncs() skel.CNIFuncs {
-	return skel.CNIFuncs{
+func cniFuncs() verbs {
+	return verbs{
 		Add:    guard("ADD", cmdAdd),
 		Del:    guard("DEL", cmdDel),
 		Check:  guard("CHECK", cmdCheck),

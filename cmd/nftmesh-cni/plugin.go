@@ -10,7 +10,6 @@ import (
 	"runtime/debug"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/rs/zerolog"
@@ -64,8 +63,8 @@ const applyTimeout = 30 * time.Second
 
 // guard turns a panic into a CNI error, so the runtime gets an answer on
 // stdout instead of a Go trace, and the pod fails closed.
-func guard(verb string, f func(*skel.CmdArgs) error) func(*skel.CmdArgs) error {
-	return func(args *skel.CmdArgs) (err error) {
+func guard(verb string, f func(*cmdArgs) error) func(*cmdArgs) error {
+	return func(args *cmdArgs) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
 				fmt.Fprintf(os.Stderr, "nftmesh-cni %s panic: %v\n%s", verb, r, debug.Stack())
@@ -90,7 +89,7 @@ type invocation struct {
 	// tlsResumed: the API lookup resumed a kept TLS session (no full
 	// handshake).
 	tlsResumed bool
-	args       *skel.CmdArgs
+	args       *cmdArgs
 	conf       *cniconf.Config
 	k8s        cniconf.K8sArgs
 	log        zerolog.Logger
@@ -100,7 +99,7 @@ type invocation struct {
 
 // begin parses what every verb needs. On error the returned close is
 // still safe to call.
-func begin(verb string, args *skel.CmdArgs) (*invocation, func(), error) {
+func begin(verb string, args *cmdArgs) (*invocation, func(), error) {
 	phase.Mark("verb")
 	inv := &invocation{verb: verb, start: time.Now(), args: args, record: zerolog.Nop()}
 	conf, err := cniconf.ParseConfig(args.StdinData)
@@ -244,7 +243,7 @@ func detail(err error) string {
 	return quote.Text(err.Error())
 }
 
-func cmdAdd(args *skel.CmdArgs) error {
+func cmdAdd(args *cmdArgs) error {
 	inv, closeLog, err := begin("ADD", args)
 	defer closeLog()
 	if err != nil {
@@ -286,7 +285,7 @@ func (inv *invocation) failWith(backend string, err *types.Error) error {
 	return err
 }
 
-func cmdCheck(args *skel.CmdArgs) error {
+func cmdCheck(args *cmdArgs) error {
 	inv, closeLog, err := begin("CHECK", args)
 	defer closeLog()
 	if err != nil {
@@ -338,7 +337,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	return nil
 }
 
-func cmdDel(args *skel.CmdArgs) error {
+func cmdDel(args *cmdArgs) error {
 	inv, closeLog, err := begin("DEL", args)
 	defer closeLog()
 	if err != nil {
@@ -453,7 +452,7 @@ func (inv *invocation) captureOptions() capture.Options {
 
 // cmdStatus reports whether the plugin can serve ADD: the agent must have
 // written a loadable kubeconfig.
-func cmdStatus(args *skel.CmdArgs) error {
+func cmdStatus(args *cmdArgs) error {
 	inv, closeLog, err := begin("STATUS", args)
 	defer closeLog()
 	if err != nil {
@@ -469,7 +468,7 @@ func cmdStatus(args *skel.CmdArgs) error {
 
 // cmdGC has nothing to collect: nftmesh keeps no state outside pod network
 // namespaces, and those are deleted with their pods.
-func cmdGC(args *skel.CmdArgs) error {
+func cmdGC(args *cmdArgs) error {
 	inv, closeLog, err := begin("GC", args)
 	defer closeLog()
 	if err != nil {

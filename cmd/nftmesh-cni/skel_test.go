@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
@@ -19,7 +18,7 @@ import (
 	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
-// runSkel drives the plugin in-process through skel's real dispatcher (the
+// runSkel drives the plugin in-process through its real dispatcher (the
 // version checks for CHECK/STATUS/GC included), with CNI_* env and stdin,
 // and returns what it printed on stdout.
 func runSkel(t *testing.T, vars map[string]string, stdin []byte) (string, *types.Error) {
@@ -40,7 +39,7 @@ func runSkel(t *testing.T, vars map[string]string, stdin []byte) (string, *types
 	go func() { b, _ := io.ReadAll(outR); outc <- b }()
 	oldIn, oldOut := os.Stdin, os.Stdout
 	os.Stdin, os.Stdout = inR, outW
-	cerr := skel.PluginMainFuncsWithError(cniFuncs(), supportedVersions, "nftmesh-cni test")
+	cerr := dispatch(cniEnv{getenv: os.Getenv, stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}, cniFuncs(), supportedVersions, "nftmesh-cni test")
 	if cerr != nil {
 		// The real main prints the error JSON; do the same to check it.
 		_ = cerr.Print()
@@ -225,7 +224,7 @@ func TestSkelBadInput(t *testing.T) {
 
 // TestGuardPanics: a panic becomes a CNI error rather than a crash.
 func TestGuardPanics(t *testing.T) {
-	err := guard("ADD", func(*skel.CmdArgs) error { panic("boom") })(&skel.CmdArgs{})
+	err := guard("ADD", func(*cmdArgs) error { panic("boom") })(&cmdArgs{})
 	var te *types.Error
 	if !errors.As(err, &te) || te.Code != types.ErrInternal || !strings.Contains(te.Error(), "boom") {
 		t.Fatalf("guard = %v", err)
