@@ -112,6 +112,31 @@ func TestLock(t *testing.T) {
 	}
 }
 
+// TestLockDir: the run dir's lock directory is created when missing
+// (parents too, mode 0700), taken as it is when present, and a file in its
+// place is an error naming it.
+func TestLockDir(t *testing.T) {
+	run := filepath.Join(t.TempDir(), "a", "b")
+	dir, err := lockDir(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(dir)
+	if err != nil || !st.IsDir() || st.Mode().Perm() != 0o700 || dir != filepath.Join(run, lockSubdir) {
+		t.Fatalf("lockDir(%s) = %s (%v, %v), want a 0700 directory %s", run, dir, st, err, filepath.Join(run, lockSubdir))
+	}
+	if again, err := lockDir(run); err != nil || again != dir {
+		t.Fatalf("lockDir on an existing directory = %s, %v", again, err)
+	}
+	file := t.TempDir()
+	if err := os.WriteFile(filepath.Join(file, lockSubdir), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockDir(file); err == nil || !strings.Contains(err.Error(), lockSubdir) {
+		t.Fatalf("lockDir with a file in the way = %v, want an error naming it", err)
+	}
+}
+
 func ipnetns(t *testing.T, path, stdin string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("nsenter", append([]string{"--net=" + path}, args...)...)

@@ -35,20 +35,32 @@ type netnsLock struct {
 func lockDir(runDir string) (string, error) {
 	if runDir != "" {
 		dir := filepath.Join(runDir, lockSubdir)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
+		if err := ensureDir(dir); err != nil {
 			return "", fmt.Errorf("creating the netns lock directory: %w", err)
 		}
 		return dir, nil
 	}
 	dir := filepath.Join(DefaultRunDir, lockSubdir)
-	if err := os.MkdirAll(dir, 0o700); err == nil {
+	if err := ensureDir(dir); err == nil {
 		return dir, nil
 	}
 	dir = filepath.Join(os.TempDir(), fmt.Sprintf("nftmesh-%d", os.Geteuid()), lockSubdir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := ensureDir(dir); err != nil {
 		return "", fmt.Errorf("creating the netns lock directory: %w", err)
 	}
 	return dir, nil
+}
+
+// ensureDir makes dir exist as a directory. It exists on every verb but a
+// node's first, so one stat answers; only a missing one pays MkdirAll's
+// walk up the path. Anything else there (a file, a dangling symlink) is
+// left to MkdirAll to report.
+func ensureDir(dir string) error {
+	var st unix.Stat_t
+	if unix.Stat(dir, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return nil
+	}
+	return os.MkdirAll(dir, 0o700)
 }
 
 // lockNetns takes the lock of the namespace id, waiting until ctx is done.
