@@ -40,19 +40,23 @@ type selection struct {
 	oursWas bool
 }
 
-// choose returns the backend to use for netns and why. An explicit choice is
-// refused when the other backend already holds nftmesh's rules there (they
-// would be split across both worlds); "auto" picks iptables-legacy only when
-// legacy nat/mangle tables there already hold rules (a primary CNI or tool
-// that lives in legacy tables), the kernel supports legacy x_tables and the
-// netns is owned by this process's user namespace. iptables-legacy is
-// refused outright for a netns owned by another user namespace (see
-// ErrUserNamespaced): the kernel would refuse its owner match there.
+// choose returns the backend to use for the visited namespace and why. An
+// explicit choice is refused when the other backend already holds
+// nftmesh's rules there (they would be split across both worlds); "auto"
+// picks iptables-legacy only when legacy nat/mangle tables there already
+// hold rules (a primary CNI or tool that lives in legacy tables), the
+// kernel supports legacy x_tables and the netns is owned by this process's
+// user namespace. iptables-legacy is refused outright for a netns owned by
+// another user namespace (see ErrUserNamespaced): the kernel would refuse
+// its owner match there.
 //
 // It runs on every CNI ADD, so it reads the namespace as cheaply as it can:
-// one nftables table dump, one ioctl for the owning user namespace and one
-// pass over the legacy tables that exist.
-func (pl *Pipeline) choose(ctx context.Context, name, netnsPath string) (selection, error) {
+// one nftables table dump (which the nftables backend's Apply reuses), one
+// ioctl for the owning user namespace and one pass over the legacy tables
+// that exist. The host kernel is probed for legacy x_tables only where
+// legacy tables hold something: a namespace without legacy rules gets
+// nftables whatever the kernel supports.
+func (pl *Pipeline) choose(ctx context.Context, name string, v Visit, netnsPath string) (selection, error) {
 	if err := ValidateBackend(name); err != nil {
 		return selection{}, err
 	}
@@ -61,20 +65,23 @@ func (pl *Pipeline) choose(ctx context.Context, name, netnsPath string) (selecti
 	}
 	switch name {
 	case NFTables:
-		pr, err := pl.k.LegacyPresence(netnsPath)
+		pr, err := v.LegacyPresence()
 		if err != nil {
 			return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
 		}
-		if pr.Ours {
+		// Rules of ours that a kernel without legacy x_tables holds (one
+		// family's module loaded, not the other's) are not refused: the
+		// legacy backend cannot be used there either.
+		if pr.Ours && pl.k.LegacyAvailable() == nil {
 			return selection{}, fmt.Errorf("netns %s already has nftmesh rules from the iptables-legacy backend: refusing to add nftables rules beside them (remove them with `redirect clean --backend iptables-legacy`, or use --backend iptables-legacy)", netnsPath)
 		}
-		ours, _, err := pl.k.NFTPresence(netnsPath)
+		ours, _, err := v.NFTPresence()
 		if err != nil {
 			return selection{}, err
 		}
-		return selection{pl.k.Backend(NFTables), "requested", ours}, nil
+		return selection{v.Backend(NFTables), "requested", ours}, nil
 	case Legacy:
-		foreign, err := pl.k.ForeignUserns(netnsPath)
+		foreign, err := v.ForeignUserns()
 		if err != nil {
 			return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
 		}
@@ -84,51 +91,52 @@ func (pl *Pipeline) choose(ctx context.Context, name, netnsPath string) (selecti
 		if err := pl.k.LegacyAvailable(); err != nil {
 			return selection{}, fmt.Errorf("backend iptables-legacy: %w", err)
 		}
-		ours, _, err := pl.k.NFTPresence(netnsPath)
+		ours, _, err := v.NFTPresence()
 		if err != nil {
 			return selection{}, err
 		}
 		if ours {
 			return selection{}, fmt.Errorf("netns %s already has nftmesh rules from the nftables backend: refusing to add iptables-legacy rules beside them (remove them with `redirect clean --backend nftables`, or use --backend nftables)", netnsPath)
 		}
-		pr, err := pl.k.LegacyPresence(netnsPath)
+		pr, err := v.LegacyPresence()
 		if err != nil {
 			return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
 		}
-		return selection{pl.k.Backend(Legacy), "requested", pr.Ours}, nil
+		return selection{v.Backend(Legacy), "requested", pr.Ours}, nil
 	}
 
 	// auto
-	ours, xt, err := pl.k.NFTPresence(netnsPath)
+	ours, xt, err := v.NFTPresence()
 	if err != nil {
 		return selection{}, err
 	}
 	if ours {
-		return selection{pl.k.Backend(NFTables), "auto: nftmesh's nftables table already present", true}, nil
+		return selection{v.Backend(NFTables), "auto: nftmesh's nftables table already present", true}, nil
 	}
-	foreign, err := pl.k.ForeignUserns(netnsPath)
+	foreign, err := v.ForeignUserns()
 	if err != nil {
 		return selection{}, fmt.Errorf("auto-selecting a backend for %s: %w", netnsPath, err)
 	}
 	if foreign {
-		return selection{pl.k.Backend(NFTables), UsernsReason, false}, nil
+		return selection{v.Backend(NFTables), UsernsReason, false}, nil
 	}
-	if lerr := pl.k.LegacyAvailable(); lerr != nil {
-		return selection{pl.k.Backend(NFTables), "auto: kernel has no legacy x_tables (" + lerr.Error() + ")", false}, nil
-	}
-	pr, err := pl.k.LegacyPresence(netnsPath)
+	pr, err := v.LegacyPresence()
 	if err != nil {
 		return selection{}, fmt.Errorf("auto-selecting a backend for %s: %w", netnsPath, err)
 	}
-	switch {
-	case pr.Ours:
-		return selection{pl.k.Backend(Legacy), "auto: nftmesh's iptables-legacy chains already present", true}, nil
-	case pr.NatOrMangleRules:
-		return selection{pl.k.Backend(Legacy), "auto: legacy nat/mangle tables already hold rules", false}, nil
-	case xt:
-		return selection{pl.k.Backend(NFTables), "auto: an iptables-nft ruleset is present (nf_tables world)", false}, nil
+	if pr.Ours || pr.NatOrMangleRules {
+		if lerr := pl.k.LegacyAvailable(); lerr != nil {
+			return selection{v.Backend(NFTables), "auto: kernel has no legacy x_tables (" + lerr.Error() + ")", false}, nil
+		}
+		if pr.Ours {
+			return selection{v.Backend(Legacy), "auto: nftmesh's iptables-legacy chains already present", true}, nil
+		}
+		return selection{v.Backend(Legacy), "auto: legacy nat/mangle tables already hold rules", false}, nil
 	}
-	return selection{pl.k.Backend(NFTables), "auto: default", false}, nil
+	if xt {
+		return selection{v.Backend(NFTables), "auto: an iptables-nft ruleset is present (nf_tables world)", false}, nil
+	}
+	return selection{v.Backend(NFTables), "auto: default", false}, nil
 }
 
 // UsernsReason is why auto picks nftables for a network namespace owned by

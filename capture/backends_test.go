@@ -139,6 +139,16 @@ func TestSelect(t *testing.T) {
 }
 
 func sel(ctx context.Context, name, netnsPath string) (redirect.Backend, string, error) {
-	s, err := linux.choose(ctx, name, netnsPath)
+	n, err := OpenForReading(netnsPath)
+	if err != nil {
+		return nil, "", err
+	}
+	defer n.Close()
+	v, err := linux.k.Enter(n, netnsPath)
+	if err != nil {
+		return nil, "", err
+	}
+	defer v.Close()
+	s, err := linux.choose(ctx, name, v, netnsPath)
 	return s.backend, s.why, err
 }

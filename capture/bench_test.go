@@ -9,8 +9,9 @@ import (
 )
 
 // BenchmarkApply is the pipeline's cost around a backend's Apply: opening
-// and checking the netns, the host guard, the per-netns lock, selection
-// (explicit nftables: one legacy probe and one table dump) and the
+// and checking the netns, the host guard, the per-netns lock, entering the
+// namespace once for every socket, selection (explicit nftables: the
+// legacy tables' names and one table dump, which Apply reuses) and the
 // backend's own Apply, into a fresh netns (created outside the timer).
 // BenchmarkApplyBackendOnly is the same Apply without the pipeline.
 func BenchmarkApply(b *testing.B) {

@@ -169,7 +169,13 @@ func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 	defer lk.unlock(false)
 	phase.Mark("locked")
 	path := pin(n)
-	sel, err := pl.choose(ctx, o.backend(), path)
+	v, err := pl.k.Enter(n, path)
+	if err != nil {
+		return Applied{}, unpin(err, path, n)
+	}
+	defer v.Close()
+	phase.Mark("entered")
+	sel, err := pl.choose(ctx, o.backend(), v, path)
 	if err != nil {
 		return Applied{}, unpin(err, path, n)
 	}
@@ -198,7 +204,12 @@ func (pl *Pipeline) Check(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 	}
 	defer lk.unlock(false)
 	path := pin(n)
-	sel, err := pl.choose(ctx, o.backend(), path)
+	v, err := pl.k.Enter(n, path)
+	if err != nil {
+		return "", unpin(err, path, n)
+	}
+	defer v.Close()
+	sel, err := pl.choose(ctx, o.backend(), v, path)
 	if err != nil {
 		return "", unpin(err, path, n)
 	}
@@ -209,7 +220,12 @@ func (pl *Pipeline) Check(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 // the host's included: it only reads) and the backend's name.
 func (pl *Pipeline) List(ctx context.Context, n *Netns, o Options) (redirect.Plan, string, error) {
 	path := pin(n)
-	sel, err := pl.choose(ctx, o.backend(), path)
+	v, err := pl.k.Enter(n, path)
+	if err != nil {
+		return redirect.Plan{}, "", unpin(err, path, n)
+	}
+	defer v.Close()
+	sel, err := pl.choose(ctx, o.backend(), v, path)
 	if err != nil {
 		return redirect.Plan{}, "", unpin(err, path, n)
 	}
@@ -251,18 +267,29 @@ func (pl *Pipeline) Remove(ctx context.Context, n *Netns, o Options) (Removal, e
 	}
 	removed := false
 	defer func() { lk.unlock(removed) }()
+	path := pin(n)
+	v, err := pl.k.Enter(n, path)
+	if err != nil {
+		return nil, unpin(err, path, n)
+	}
+	defer v.Close()
 	var bs []redirect.Backend
 	switch o.backend() {
 	case NFTables, Legacy:
-		bs = []redirect.Backend{pl.k.Backend(o.backend())}
+		bs = []redirect.Backend{v.Backend(o.backend())}
 	default:
-		bs = []redirect.Backend{pl.k.Backend(NFTables)}
-		// Reading legacy tables needs a kernel that has them.
-		if pl.k.LegacyAvailable() == nil {
-			bs = append(bs, pl.k.Backend(Legacy))
+		bs = []redirect.Backend{v.Backend(NFTables)}
+		// The legacy backend has something to remove only where its
+		// tables hold rules of ours, and can only be used on a kernel
+		// that has legacy x_tables.
+		pr, err := v.LegacyPresence()
+		if err != nil {
+			return nil, unpin(fmt.Errorf("looking for legacy rules to remove: %w", err), path, n)
+		}
+		if pr.Ours && pl.k.LegacyAvailable() == nil {
+			bs = append(bs, v.Backend(Legacy))
 		}
 	}
-	path := pin(n)
 	out, err := remove(ctx, bs, path)
 	if err != nil {
 		return out, unpin(err, path, n)

@@ -17,9 +17,14 @@ func (pl *Pipeline) Foreign(ctx context.Context, n *Netns) ([]string, error) {
 		return nil, err
 	}
 	path := pin(n)
+	v, err := pl.k.Enter(n, path)
+	if err != nil {
+		return nil, unpin(err, path, n)
+	}
+	defer v.Close()
 	var out []string
 	if pl.k.LegacyAvailable() == nil {
-		pr, err := pl.k.LegacyPresence(path)
+		pr, err := v.LegacyPresence()
 		if err != nil {
 			return nil, unpin(fmt.Errorf("looking for foreign capture: %w", err), path, n)
 		}
@@ -27,7 +32,7 @@ func (pl *Pipeline) Foreign(ctx context.Context, n *Netns) ([]string, error) {
 			out = append(out, "iptables-legacy "+f)
 		}
 	}
-	nf, err := pl.k.NFTForeign(path)
+	nf, err := v.NFTForeign()
 	if err != nil {
 		return nil, unpin(err, path, n)
 	}

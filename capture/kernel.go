@@ -6,9 +6,12 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/internal/netnsaddr"
+	"github.com/nftmesh/nftmesh/internal/policyroute"
 	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -29,24 +32,40 @@ type Kernel interface {
 	// and checks that it is one (see hostns.Open); it does not refuse the
 	// host's: the pipeline does.
 	OpenNetns(path string) (*Netns, error)
-	// Backend returns the backend named NFTables or Legacy.
-	Backend(name string) redirect.Backend
+	// Enter opens what one verb reads and writes in the namespace n, whose
+	// pinned path is path, entering it once (see Visit). The pipeline
+	// enters after the host guard and the lock, so what the visit reads is
+	// what the verb's writes start from.
+	Enter(n *Netns, path string) (Visit, error)
 	// LegacyAvailable is nil when the kernel has legacy x_tables.
 	LegacyAvailable() error
-	// LegacyPresence reads the legacy tables of the namespace at path.
-	LegacyPresence(path string) (LegacyPresence, error)
-	// NFTPresence reports whether nftmesh's table and iptables-nft
-	// nat/mangle tables exist in the namespace at path.
-	NFTPresence(path string) (ours, iptablesNFT bool, err error)
-	// NFTForeign names another installer's capture in the nftables world
-	// of the namespace at path (see Foreign).
-	NFTForeign(path string) ([]string, error)
-	// ForeignUserns reports whether the namespace at path is owned by a
-	// user namespace other than this process's (see ErrUserNamespaced).
-	ForeignUserns(path string) (bool, error)
 	// Addrs lists the namespace's addresses in the kernel's order (see
 	// netnsaddr.List).
 	Addrs(path string) ([]netip.Addr, error)
+}
+
+// Visit is one verb's way into one namespace: on Linux, sockets opened from
+// inside it by one thread that entered it once (a socket keeps the
+// namespace it was created in), through which selection reads and the
+// nftables backend writes. Close releases them; the Netns stays open.
+type Visit interface {
+	// Backend returns the backend named NFTables or Legacy, working in
+	// the visited namespace.
+	Backend(name string) redirect.Backend
+	// LegacyPresence reads the namespace's legacy tables: nothing where
+	// none exists, as on a kernel without legacy x_tables (whether the
+	// kernel could write them is LegacyAvailable's question).
+	LegacyPresence() (LegacyPresence, error)
+	// NFTPresence reports whether nftmesh's table and iptables-nft
+	// nat/mangle tables exist in the namespace.
+	NFTPresence() (ours, iptablesNFT bool, err error)
+	// NFTForeign names another installer's capture in the nftables world
+	// of the namespace (see Foreign).
+	NFTForeign() ([]string, error)
+	// ForeignUserns reports whether the namespace is owned by a user
+	// namespace other than this process's (see ErrUserNamespaced).
+	ForeignUserns() (bool, error)
+	Close() error
 }
 
 // LegacyPresence is what the legacy tables of a namespace hold.
@@ -70,43 +89,87 @@ type linuxKernel struct{}
 
 func (linuxKernel) OpenNetns(path string) (*Netns, error) { return hostns.Open(path) }
 
-func (linuxKernel) Backend(name string) redirect.Backend {
-	if name == Legacy {
-		return iptables.New()
-	}
-	return nft.New()
-}
-
 func (linuxKernel) LegacyAvailable() error { return iptables.LegacyAvailable() }
-
-func (linuxKernel) LegacyPresence(path string) (LegacyPresence, error) { return iptables.Probe(path) }
-
-func (linuxKernel) ForeignUserns(path string) (bool, error) { return foreignUserns(path) }
 
 func (linuxKernel) Addrs(path string) ([]netip.Addr, error) { return netnsaddr.List(path) }
 
+// Enter opens, from one thread inside n, the sockets a verb uses there: a
+// netfilter netlink socket for the table dump and the batch, an rtnetlink
+// handle for the policy routes and ::6, and the legacy tables' names (with
+// a raw socket per family that has any). Entering costs a thread switch and
+// back, each socket one system call.
+func (linuxKernel) Enter(n *Netns, path string) (Visit, error) {
+	v := &linuxVisit{n: n, path: path}
+	err := n.Do(func() (err error) {
+		if v.nf, err = nft.DialHere(); err != nil {
+			return err
+		}
+		if v.route, err = policyroute.OpenHere(); err != nil {
+			return err
+		}
+		v.xt, err = iptables.OpenHere()
+		return err
+	})
+	if err != nil {
+		v.Close()
+		return nil, fmt.Errorf("opening sockets in netns %s: %w", path, err)
+	}
+	return v, nil
+}
+
+// linuxVisit is a Visit of the running kernel.
+type linuxVisit struct {
+	n     *Netns
+	path  string
+	nf    *nft.Conn
+	route *netlink.Handle
+	xt    *iptables.Sockets
+}
+
+func (v *linuxVisit) Close() error {
+	var err error
+	if v.nf != nil {
+		err = v.nf.Close()
+	}
+	if v.route != nil {
+		v.route.Close()
+	}
+	if v.xt != nil {
+		v.xt.Close()
+	}
+	return err
+}
+
+func (v *linuxVisit) Backend(name string) redirect.Backend {
+	if name == Legacy {
+		return iptables.New()
+	}
+	return nft.New().Via(v.n.Fd(), v.nf, v.route)
+}
+
+func (v *linuxVisit) LegacyPresence() (LegacyPresence, error) {
+	pr, err := v.xt.Probe()
+	if err != nil {
+		return pr, fmt.Errorf("probing legacy tables in netns %s: %w", v.path, err)
+	}
+	return pr, nil
+}
+
+func (v *linuxVisit) ForeignUserns() (bool, error) { return ownerIsForeign(v.n.Fd(), v.path) }
+
 // NFTPresence reads, from one table dump, whether our table exists and
-// whether iptables-nft tables (ip/ip6 "nat" or "mangle") do.
-func (linuxKernel) NFTPresence(netnsPath string) (ours, iptablesNFT bool, err error) {
-	n, err := hostns.Open(netnsPath)
+// whether iptables-nft tables (ip/ip6 "nat" or "mangle") do. The nftables
+// backend of this visit takes our table's existence from the same dump.
+func (v *linuxVisit) NFTPresence() (ours, iptablesNFT bool, err error) {
+	tables, err := v.nf.Tables()
 	if err != nil {
-		return false, false, err
-	}
-	defer n.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(n.Fd()))
-	if err != nil {
-		return false, false, err
-	}
-	defer c.CloseLasting()
-	tables, err := c.ListTables()
-	if err != nil {
-		return false, false, fmt.Errorf("listing nftables tables in %s: %w", netnsPath, err)
+		return false, false, fmt.Errorf("listing nftables tables in %s: %w", v.path, err)
 	}
 	for _, t := range tables {
 		switch {
-		case t.Family == nftables.TableFamilyINet && t.Name == nft.TableName:
+		case t.Family == unix.NFPROTO_INET && t.Name == nft.TableName:
 			ours = true
-		case (t.Family == nftables.TableFamilyIPv4 || t.Family == nftables.TableFamilyIPv6) && (t.Name == "nat" || t.Name == "mangle"):
+		case (t.Family == unix.NFPROTO_IPV4 || t.Family == unix.NFPROTO_IPV6) && (t.Name == "nat" || t.Name == "mangle"):
 			iptablesNFT = true
 		}
 	}
@@ -116,13 +179,9 @@ func (linuxKernel) NFTPresence(netnsPath string) (ours, iptablesNFT bool, err er
 // NFTForeign lists the tables of Istio's native nftables mode (inet
 // istio-proxy-*) and, where iptables-nft tables exist, their ISTIO_*
 // chains.
-func (linuxKernel) NFTForeign(netnsPath string) ([]string, error) {
-	n, err := hostns.Open(netnsPath)
-	if err != nil {
-		return nil, err
-	}
-	defer n.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(n.Fd()))
+func (v *linuxVisit) NFTForeign() ([]string, error) {
+	netnsPath := v.path
+	c, err := nftables.New(nftables.WithNetNSFd(v.n.Fd()))
 	if err != nil {
 		return nil, fmt.Errorf("looking for foreign capture in %s: %w", netnsPath, err)
 	}

@@ -137,6 +137,48 @@ func TestFakeSelection(t *testing.T) {
 	}
 }
 
+// TestFakeSelectionLegacyProbe: auto asks the kernel whether it has legacy
+// x_tables only where the namespace's legacy tables hold something, and
+// decides as it would have with the answer: a namespace without legacy
+// rules gets nftables whatever the kernel supports.
+func TestFakeSelectionLegacyProbe(t *testing.T) {
+	ctx := context.Background()
+	noLegacy := errors.New("no legacy x_tables")
+	for _, tc := range []struct {
+		name     string
+		foreign  capturetest.Foreign
+		noLegacy bool
+		want     string
+		why      string
+		probes   int
+	}{
+		{name: "fresh", want: capture.NFTables, why: "auto: default"},
+		{name: "fresh, kernel without legacy", noLegacy: true, want: capture.NFTables, why: "auto: default"},
+		{name: "iptables-nft", foreign: capturetest.Foreign{IptablesNFT: true}, want: capture.NFTables, why: "iptables-nft"},
+		{name: "iptables-nft, kernel without legacy", foreign: capturetest.Foreign{IptablesNFT: true}, noLegacy: true, want: capture.NFTables, why: "iptables-nft"},
+		{name: "legacy nat rules", foreign: capturetest.Foreign{LegacyNatRules: true}, want: capture.Legacy, why: "legacy nat/mangle", probes: 1},
+		{name: "legacy nat rules, kernel without legacy", foreign: capturetest.Foreign{LegacyNatRules: true, IptablesNFT: true}, noLegacy: true, want: capture.NFTables, why: "no legacy x_tables", probes: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, pl, o := fake(t)
+			f.SetForeign(podNS, tc.foreign)
+			if tc.noLegacy {
+				f.SetLegacyAvailable(noLegacy)
+			}
+			res, err := pl.Apply(ctx, open(t, pl, podNS), scenarios.MustPlan(t, "defaults"), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Backend != tc.want || !strings.Contains(res.Why, tc.why) {
+				t.Errorf("Apply chose %s (%s), want %s (%s)", res.Backend, res.Why, tc.want, tc.why)
+			}
+			if got := f.LegacyProbes(); got != tc.probes {
+				t.Errorf("the kernel was asked for legacy x_tables %d times, want %d", got, tc.probes)
+			}
+		})
+	}
+}
+
 // TestFakeHostGuard: the host's namespace is refused by Open and by every
 // verb, even when reached through a descriptor opened for reading.
 func TestFakeHostGuard(t *testing.T) {

@@ -34,18 +34,9 @@ func usernsID(path string) (hostns.ID, error) {
 	return hostns.ID{Dev: st.Dev, Ino: st.Ino}, nil
 }
 
-// foreignUserns reports whether the network namespace at netnsPath is owned
+// ownerIsForeign reports whether the network namespace netnsFd is owned
 // by a user namespace other than this process's. The owner is asked of the
 // namespace itself (NS_GET_USERNS), never derived from paths or PIDs.
-func foreignUserns(netnsPath string) (bool, error) {
-	n, err := hostns.Open(netnsPath)
-	if err != nil {
-		return false, err
-	}
-	defer n.Close()
-	return ownerIsForeign(n.Fd(), netnsPath)
-}
-
 func ownerIsForeign(netnsFd int, netnsPath string) (bool, error) {
 	if selfUsernsErr != nil {
 		return false, selfUsernsErr

@@ -99,24 +99,32 @@ type Presence struct {
 }
 
 // Probe reads the legacy tables of netns once, cheaply: tables that were
-// never instantiated there are not created. A kernel without legacy
-// x_tables has nothing.
+// never instantiated there are not created, and where none exists nothing
+// is read but their names. A kernel without legacy x_tables has none (it
+// lists no table names), so Probe does not ask the kernel whether it has
+// them: whoever means to write legacy tables asks LegacyAvailable.
 func Probe(netns string) (Presence, error) {
-	var pr Presence
-	if errors.Is(LegacyAvailable(), ErrLegacyUnavailable) {
-		return pr, nil
-	}
 	s, err := openSockets(netns, allFamilies, false)
+	if err != nil {
+		return Presence{}, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
+	}
+	defer s.Close()
+	pr, err := probe(s)
 	if err != nil {
 		return pr, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
 	}
-	defer s.Close()
+	return pr, nil
+}
+
+func probe(s *nsSockets) (Presence, error) {
+	var pr Presence
 	for _, fam := range allFamilies {
 		for _, name := range []string{"mangle", "nat", "raw"} {
 			if !s.tables[fam][name] {
 				continue
 			}
 			var t *table
+			var err error
 			for attempt := 1; ; attempt++ {
 				t, err = readTable(s.fd[fam], layoutFor(fam), name)
 				if !errors.Is(err, unix.EAGAIN) || attempt == maxAttempts {
@@ -124,7 +132,7 @@ func Probe(netns string) (Presence, error) {
 				}
 			}
 			if err != nil {
-				return pr, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
+				return pr, fmt.Errorf("reading %s table %s: %w", fam, name, err)
 			}
 			mine := t.ourChains()
 			for _, c := range t.chains {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 	"time"
 	"unsafe"
@@ -40,86 +39,87 @@ func (s *nsSockets) Close() {
 	}
 }
 
-// openSockets creates one raw socket per family inside the network
-// namespace at path. This is the only place that enters a namespace: a
-// socket keeps the namespace it was created in, so everything after this
-// runs on ordinary goroutines. With write, the host's own namespace is
-// refused (the socket is for replacing tables).
+// openSockets opens the namespace at path and the sockets of openHere
+// inside it. With write, the host's own namespace is refused (the sockets
+// are for replacing tables) and every family gets a socket, tables or not.
 func openSockets(path string, fams []redirect.Family, write bool) (*nsSockets, error) {
-	s := &nsSockets{fd: map[redirect.Family]int{}, tables: map[redirect.Family]map[string]bool{}}
-	err := doInNetns(path, write, func() error {
-		for _, f := range fams {
-			af, names := unix.AF_INET, "ip_tables_names"
-			if f == redirect.FamilyIPv6 {
-				af, names = unix.AF_INET6, "ip6_tables_names"
-			}
-			fd, err := unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
-			if err != nil {
-				return fmt.Errorf("creating %s raw socket: %w", f, err)
-			}
-			s.fd[f] = fd
-			s.tables[f] = map[string]bool{}
-			// /proc/thread-self/net follows this thread's namespace.
-			b, err := os.ReadFile("/proc/thread-self/net/" + names)
-			if err != nil && !errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("listing %s tables: %w", f, err)
-			}
-			for _, n := range strings.Fields(string(b)) {
-				s.tables[f][n] = true
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		s.Close()
-		return nil, err
-	}
-	return s, nil
-}
-
-// doInNetns runs fn on a dedicated OS thread switched into the network
-// namespace at path (the semantics of containernetworking's ns.Do). If the
-// thread cannot be switched back it stays locked, so the Go runtime
-// discards it instead of reusing a thread in the wrong namespace. The path
-// must name a network namespace (see hostns.Open); with write, not the
-// host's.
-func doInNetns(path string, write bool, fn func() error) error {
 	open := hostns.Open
 	if write {
 		open = hostns.OpenGuarded
 	}
 	n, err := open(path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer n.Close()
-	target := n.Fd()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("opening current netns: %w", err)
-			return
-		}
-		defer unix.Close(orig)
-		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering netns %s: %w", path, err)
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-			// Leave the thread locked: it dies with this goroutine.
-			errc <- errors.Join(ferr, fmt.Errorf("leaving netns %s: %w", path, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	var s *nsSockets
+	err = n.Do(func() (err error) {
+		s, err = openHere(fams, write)
+		return err
+	})
+	return s, err
 }
+
+// openHere reads which legacy tables exist in the calling thread's network
+// namespace and creates a raw socket per family there, or with always
+// unset only per family that has a table (reading needs no socket where
+// there is nothing to read). A socket keeps the namespace it was created
+// in, so everything after this runs on ordinary goroutines. It must run on a
+// thread inside the namespace (hostns.Netns.Do).
+func openHere(fams []redirect.Family, always bool) (*nsSockets, error) {
+	s := &nsSockets{fd: map[redirect.Family]int{}, tables: map[redirect.Family]map[string]bool{}}
+	for _, f := range fams {
+		af, names := unix.AF_INET, "ip_tables_names"
+		if f == redirect.FamilyIPv6 {
+			af, names = unix.AF_INET6, "ip6_tables_names"
+		}
+		s.tables[f] = map[string]bool{}
+		// /proc/thread-self/net follows this thread's namespace. A kernel
+		// without legacy x_tables (or without the family's module loaded)
+		// has no such file: no tables.
+		b, err := os.ReadFile("/proc/thread-self/net/" + names)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.Close()
+			return nil, fmt.Errorf("listing %s tables: %w", f, err)
+		}
+		for _, n := range strings.Fields(string(b)) {
+			s.tables[f][n] = true
+		}
+		if !always && len(s.tables[f]) == 0 {
+			continue
+		}
+		fd, err := unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("creating %s raw socket: %w", f, err)
+		}
+		s.fd[f] = fd
+	}
+	return s, nil
+}
+
+// Sockets are the legacy x_tables of one network namespace as a verb
+// reads them, opened from inside it by OpenHere, so the caller enters the
+// namespace once for everything it opens there.
+type Sockets struct{ s *nsSockets }
+
+// OpenHere reads which legacy tables exist in the calling thread's network
+// namespace and opens what reading them takes. It must run on a thread
+// inside the namespace (hostns.Netns.Do); nothing is instantiated.
+func OpenHere() (*Sockets, error) {
+	s, err := openHere(allFamilies, false)
+	if err != nil {
+		return nil, err
+	}
+	return &Sockets{s: s}, nil
+}
+
+// Probe is the package-level Probe on sockets opened by OpenHere: it reads
+// the tables as they are now.
+func (s *Sockets) Probe() (Presence, error) { return probe(s.s) }
+
+// Close closes the sockets.
+func (s *Sockets) Close() { s.s.Close() }
 
 func getsockopt(fd, level, opt int, buf []byte) (int, error) {
 	n := uint32(len(buf))

@@ -20,6 +20,8 @@ import (
 // Backend programs Plans with nftables over netlink.
 type Backend struct {
 	table string
+	// via, when set, are the sockets the backend works through (see Via).
+	via *via
 	// afterBatch, when set, runs after the nft batch committed and before
 	// routes are programmed; tests use it to inject a failure there.
 	afterBatch func() error
@@ -78,6 +80,53 @@ func connect(netnsPath string) (netns.NsHandle, *netlink.Conn, error) {
 	return ns, conn, nil
 }
 
+// connect is the write path's way into the namespace: the sockets of Via,
+// or else the namespace opened by path with a socket of its own (connect).
+// Either way the host's own namespace is refused. done releases what
+// connect opened.
+func (b *Backend) connect(netnsPath string) (netns.NsHandle, *netlink.Conn, func(), error) {
+	if v := b.via; v != nil && !v.conn.spoiled {
+		if err := hostns.RefuseFd(v.ns, netnsPath); err != nil {
+			return netns.None(), nil, nil, err
+		}
+		return netns.NsHandle(v.ns), v.conn.nf, func() {}, nil
+	}
+	ns, conn, err := connect(netnsPath)
+	if err != nil {
+		return ns, nil, nil, err
+	}
+	return ns, conn, func() { conn.Close(); ns.Close() }, nil
+}
+
+// spoil marks the sockets of Via unfit for another exchange after err.
+func (b *Backend) spoil(err error) {
+	if err != nil && b.via != nil {
+		b.via.conn.spoiled = true
+	}
+}
+
+// changed marks that a batch is going out: a table list read before it no
+// longer holds.
+func (b *Backend) changed() {
+	if b.via != nil {
+		b.via.conn.changed()
+	}
+}
+
+func (b *Backend) applyRoutes(ns netns.NsHandle, p redirect.Plan, reapply bool) error {
+	if b.via != nil {
+		return policyroute.ApplyVia(b.via.route, b.via.ns, p, reapply)
+	}
+	return policyroute.Apply(ns, p, reapply)
+}
+
+func (b *Backend) removeRoutes(ns netns.NsHandle) error {
+	if b.via != nil {
+		return policyroute.RemoveVia(b.via.route, b.via.ns)
+	}
+	return policyroute.Remove(ns)
+}
+
 func isNotExist(err error) bool {
 	return errors.Is(err, unix.ENOENT)
 }
@@ -109,20 +158,26 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 	if err != nil {
 		return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, err)
 	}
-	ns, conn, err := connect(netnsPath)
+	ns, conn, done, err := b.connect(netnsPath)
 	if err != nil {
 		return err
 	}
-	defer ns.Close()
-	defer conn.Close()
-	// One cheap query decides the batch: into a namespace without our
-	// table (the CNI ADD case) it only adds; otherwise it deletes and
-	// re-adds the table atomically. Creating optimistically and retrying
-	// on EEXIST was measured: it saves ~25µs on a fresh namespace but the
-	// refused batch costs a re-apply a second RCU grace period (~14ms).
-	existed, err := tableExistsRaw(conn, b.table)
-	if err != nil {
-		return fmt.Errorf("applying capture table in netns %s: %w", netnsPath, err)
+	defer done()
+	// Whether our table exists decides the batch: into a namespace without
+	// it (the CNI ADD case) the batch only adds; otherwise it deletes and
+	// re-adds the table atomically. A caller that listed the namespace's
+	// tables through the same socket already knows; otherwise one cheap
+	// query asks. Creating optimistically and retrying on EEXIST was
+	// measured: it saves ~25µs on a fresh namespace but the refused batch
+	// costs a re-apply a second RCU grace period (~14ms).
+	existed, known := false, false
+	if b.via != nil {
+		existed, known = b.via.conn.known(b.table)
+	}
+	if !known {
+		if existed, err = tableExistsRaw(conn, b.table); err != nil {
+			return fmt.Errorf("applying capture table in netns %s: %w", netnsPath, err)
+		}
 	}
 	// What a failure must restore. A table this backend cannot read back
 	// (edited by hand) cannot be restored: a failure then removes it.
@@ -135,7 +190,9 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 			}
 		}
 	}
+	b.changed()
 	err = b.sendProgram(conn, prog, existed)
+	b.spoil(err)
 	if err != nil {
 		return fmt.Errorf("applying capture table inet %s in netns %s: %w", b.table, netnsPath, err)
 	}
@@ -143,10 +200,11 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		err = b.afterBatch()
 	}
 	if err == nil {
-		err = policyroute.Apply(ns, p, existed)
+		err = b.applyRoutes(ns, p, existed)
 	}
 	if err != nil {
 		if rerr := b.rollback(conn, old); rerr != nil {
+			b.spoil(rerr)
 			err = errors.Join(err, rerr)
 		}
 		return fmt.Errorf("applying routes in netns %s: %w", netnsPath, err)
@@ -265,18 +323,19 @@ func (b *Backend) Remove(ctx context.Context, netnsPath string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ns, conn, err := connect(netnsPath)
+	ns, conn, done, err := b.connect(netnsPath)
 	if err != nil {
 		return err
 	}
-	defer ns.Close()
-	defer conn.Close()
+	defer done()
 	// No existence query: deleting a missing table fails with ENOENT,
 	// which is the success case here.
+	b.changed()
 	if err := b.deleteTable(conn); err != nil {
+		b.spoil(err)
 		return fmt.Errorf("removing table inet %s in netns %s: %w", b.table, netnsPath, err)
 	}
-	if err := policyroute.Remove(ns); err != nil {
+	if err := b.removeRoutes(ns); err != nil {
 		return fmt.Errorf("removing routes in netns %s: %w", netnsPath, err)
 	}
 	return nil

@@ -21,8 +21,8 @@ import (
 // when google/nftables is upgraded:
 //  1. the batch is marshalled through a test-dial Conn and sent by us
 //     (marshalBatch, sendBatch): Conn.Flush asks for an echo of every rule;
-//  2. a GETTABLE request sent by hand on that same raw socket
-//     (tableExistsRaw);
+//  2. GETTABLE requests sent by hand on that same raw socket: one table
+//     by name (tableExistsRaw), every table in one dump (Conn.Tables);
 //  3. the rule dump decoded by us (dumpRules): Conn.GetRules drops
 //     expressions it does not know and misreads tproxy and ct set.
 
@@ -139,9 +139,11 @@ func batchSize(msgs []netlink.Message) int {
 	return n
 }
 
-// 2. A request sent by hand on the raw socket the batch goes over, so the
+// 2. Requests sent by hand on the raw socket the batch goes over, so the
 // write path needs no second (google/nftables) connection: tableExistsRaw
-// asks for our table by name, one request, one reply.
+// asks for our table by name, one request, one reply; Conn.Tables dumps
+// every table's family and name for backend selection, and the batch's
+// choice between create and replace is read from the same answer.
 func tableExistsRaw(conn *netlink.Conn, table string) (bool, error) {
 	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_TABLE_NAME, Data: []byte(table + "\x00")}})
 	if err != nil {
@@ -158,6 +160,55 @@ func tableExistsRaw(conn *netlink.Conn, table string) (bool, error) {
 		return false, nil
 	}
 	return false, fmt.Errorf("querying table inet %s: %w", table, err)
+}
+
+// Tables lists every nftables table of the namespace, of every family, in
+// one dump. A Backend working through c (Via) takes whether its table exists
+// from this answer instead of asking again; the caller's lock on the
+// namespace keeps the answer true until the backend's batch.
+func (c *Conn) Tables() ([]TableRef, error) {
+	msgs, err := c.nf.Execute(netlink.Message{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETTABLE),
+			Flags: netlink.Request | netlink.Dump,
+		},
+		Data: []byte{unix.NFPROTO_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dumping tables: %w", err)
+	}
+	out := make([]TableRef, 0, len(msgs))
+	for _, m := range msgs {
+		t, err := parseTable(m.Data)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	c.dumped, c.dumpedOK = out, true
+	return out, nil
+}
+
+// parseTable reads one NFT_MSG_NEWTABLE message of a dump: the family from
+// its nfgenmsg, the name from NFTA_TABLE_NAME.
+func parseTable(b []byte) (TableRef, error) {
+	if len(b) < 4 {
+		return TableRef{}, fmt.Errorf("short table message (%d bytes)", len(b))
+	}
+	t := TableRef{Family: b[0]}
+	err := walkAttrs(b[4:], func(ad *netlink.AttributeDecoder) error {
+		if ad.Type() == unix.NFTA_TABLE_NAME {
+			t.Name = ad.String()
+		}
+		return nil
+	})
+	if err != nil {
+		return TableRef{}, fmt.Errorf("parsing table message: %w", err)
+	}
+	if t.Name == "" {
+		return TableRef{}, fmt.Errorf("table message of family %d without a name", t.Family)
+	}
+	return t, nil
 }
 
 // forceSendBuffer makes the raw socket's send buffer hold a whole batch,

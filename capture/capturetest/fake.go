@@ -34,11 +34,12 @@ type Fake struct {
 	mu     sync.Mutex
 	netns  map[string]*Netns
 	nextID uint64
-	// legacyErr is LegacyAvailable's answer.
-	legacyErr error
-	faults    []fault
-	blocks    []*block
-	calls     []string
+	// legacyErr is LegacyAvailable's answer; legacyProbes counts the calls.
+	legacyErr    error
+	legacyProbes int
+	faults       []fault
+	blocks       []*block
+	calls        []string
 }
 
 // block holds one call of op on backend until released.
@@ -398,66 +399,20 @@ func (f *Fake) OpenNetns(path string) (*capture.Netns, error) {
 	return hostns.Stub(path, n.id), nil
 }
 
-// Backend implements capture.Kernel.
-func (f *Fake) Backend(name string) redirect.Backend { return &Backend{f: f, name: name} }
-
 // LegacyAvailable implements capture.Kernel.
 func (f *Fake) LegacyAvailable() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.legacyProbes++
 	return f.legacyErr
 }
 
-// LegacyPresence implements capture.Kernel.
-func (f *Fake) LegacyPresence(path string) (capture.LegacyPresence, error) {
+// LegacyProbes counts the LegacyAvailable calls so far: the pipeline asks
+// the kernel only where legacy tables hold something.
+func (f *Fake) LegacyProbes() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var pr capture.LegacyPresence
-	if f.legacyErr != nil {
-		return pr, nil
-	}
-	n, err := f.lookup(path)
-	if err != nil {
-		return pr, err
-	}
-	_, pr.Ours = n.tables[capture.Legacy]
-	pr.NatOrMangleRules = pr.Ours || n.legacyNatRules
-	pr.Foreign = slices.Clone(n.legacyForeign)
-	return pr, nil
-}
-
-// NFTPresence implements capture.Kernel.
-func (f *Fake) NFTPresence(path string) (ours, iptablesNFT bool, err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	n, err := f.lookup(path)
-	if err != nil {
-		return false, false, err
-	}
-	_, ours = n.tables[capture.NFTables]
-	return ours, n.iptablesNFT, nil
-}
-
-// NFTForeign implements capture.Kernel.
-func (f *Fake) NFTForeign(path string) ([]string, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	n, err := f.lookup(path)
-	if err != nil {
-		return nil, err
-	}
-	return slices.Clone(n.nftablesForeign), nil
-}
-
-// ForeignUserns implements capture.Kernel.
-func (f *Fake) ForeignUserns(path string) (bool, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	n, err := f.lookup(path)
-	if err != nil {
-		return false, err
-	}
-	return n.foreignUserns, nil
+	return f.legacyProbes
 }
 
 // Addrs implements capture.Kernel.
@@ -470,6 +425,79 @@ func (f *Fake) Addrs(path string) ([]netip.Addr, error) {
 	}
 	return slices.Clone(n.addrs), nil
 }
+
+// Enter implements capture.Kernel: a visit reads the namespace at path as
+// it is at each call, as the kernel's sockets do.
+func (f *Fake) Enter(_ *capture.Netns, path string) (capture.Visit, error) {
+	return &visit{f: f, path: path}, nil
+}
+
+// visit is a capture.Visit of the fake kernel.
+type visit struct {
+	f    *Fake
+	path string
+}
+
+func (v *visit) Close() error { return nil }
+
+// Backend implements capture.Visit.
+func (v *visit) Backend(name string) redirect.Backend { return v.f.Backend(name) }
+
+// LegacyPresence implements capture.Visit: what SetForeign and Install
+// put in the namespace's legacy tables. Like the kernel's, it does not
+// depend on SetLegacyAvailable (a kernel with one family's legacy module
+// loaded and not the other's has rules and no usable backend).
+func (v *visit) LegacyPresence() (capture.LegacyPresence, error) {
+	v.f.mu.Lock()
+	defer v.f.mu.Unlock()
+	var pr capture.LegacyPresence
+	n, err := v.f.lookup(v.path)
+	if err != nil {
+		return pr, err
+	}
+	_, pr.Ours = n.tables[capture.Legacy]
+	pr.NatOrMangleRules = pr.Ours || n.legacyNatRules
+	pr.Foreign = slices.Clone(n.legacyForeign)
+	return pr, nil
+}
+
+// NFTPresence implements capture.Visit.
+func (v *visit) NFTPresence() (ours, iptablesNFT bool, err error) {
+	v.f.mu.Lock()
+	defer v.f.mu.Unlock()
+	n, err := v.f.lookup(v.path)
+	if err != nil {
+		return false, false, err
+	}
+	_, ours = n.tables[capture.NFTables]
+	return ours, n.iptablesNFT, nil
+}
+
+// NFTForeign implements capture.Visit.
+func (v *visit) NFTForeign() ([]string, error) {
+	v.f.mu.Lock()
+	defer v.f.mu.Unlock()
+	n, err := v.f.lookup(v.path)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(n.nftablesForeign), nil
+}
+
+// ForeignUserns implements capture.Visit.
+func (v *visit) ForeignUserns() (bool, error) {
+	v.f.mu.Lock()
+	defer v.f.mu.Unlock()
+	n, err := v.f.lookup(v.path)
+	if err != nil {
+		return false, err
+	}
+	return n.foreignUserns, nil
+}
+
+// Backend returns the fake's backend named name (capture.NFTables or
+// capture.Legacy).
+func (f *Fake) Backend(name string) redirect.Backend { return &Backend{f: f, name: name} }
 
 var _ capture.Kernel = (*Fake)(nil)
 

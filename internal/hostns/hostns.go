@@ -15,12 +15,15 @@
 // so is every namespace registered with AddHost (the agent registers the
 // host's PID 1 as seen through the host /proc it mounts).
 //
-// The package only opens and compares; it never writes to a namespace.
+// Besides opening and comparing, it enters a namespace for its caller (Do),
+// the one way nftmesh switches a thread's namespace; it never writes to a
+// namespace itself.
 package hostns
 
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 
@@ -192,6 +195,46 @@ func kind(mode uint32, fsType int64) string {
 		return "regular file"
 	}
 	return fmt.Sprintf("file of mode %#o", mode&unix.S_IFMT)
+}
+
+// Do runs fn on an OS thread switched into n's network namespace, so that
+// the sockets and procfs files fn opens belong to it (a socket keeps the
+// namespace it was created in, so they serve any goroutine afterwards). The
+// namespace entered is n's descriptor: the one that was opened and checked,
+// whatever n.Path names by now.
+//
+// The semantics are containernetworking's ns.Do: fn runs on a fresh
+// goroutine locked to its thread; afterwards the thread switches back to the
+// namespace it came from and returns to the pool. If it cannot, it stays
+// locked, and the runtime ends it with the goroutine instead of running
+// other goroutines in the wrong namespace. fn must not start goroutines
+// that expect to run in n.
+func (n *Netns) Do(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("opening this thread's network namespace: %w", err)
+			return
+		}
+		defer unix.Close(orig)
+		if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("entering netns %s: %w", n.Path, err)
+			return
+		}
+		ferr := fn()
+		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+			// Left locked: the thread dies with this goroutine.
+			errc <- errors.Join(ferr, fmt.Errorf("leaving netns %s: %w", n.Path, err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
 }
 
 // Refuse returns an error wrapping ErrOwnNetns when n is this process's

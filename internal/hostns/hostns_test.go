@@ -129,3 +129,68 @@ func TestOpenNotNetns(t *testing.T) {
 		t.Errorf("RefuseFd(own) = %v", err)
 	}
 }
+
+// TestDo: fn runs inside the namespace, sockets it creates stay there after
+// the thread went back, and no thread of the process is left in the
+// namespace, however many times it is entered.
+func TestDo(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a netns")
+	}
+	name := fmt.Sprintf("hns-do-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	defer exec.Command("ip", "netns", "del", name).Run()
+	n, err := OpenGuarded("/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	var inside ID
+	var sock int
+	for range 50 {
+		err := n.Do(func() error {
+			var err error
+			inside, err = statID("/proc/thread-self/ns/net")
+			if err != nil || sock != 0 {
+				return err
+			}
+			sock, err = syscall.Socket(syscall.AF_NETLINK, syscall.SOCK_RAW|syscall.SOCK_CLOEXEC, syscall.NETLINK_ROUTE)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inside != n.ID {
+			t.Fatalf("fn ran in netns %v, want %v", inside, n.ID)
+		}
+	}
+	defer syscall.Close(sock)
+	// SIOCGSKNS opens the namespace a socket belongs to.
+	const siocgskns = 0x894C
+	fd, _, errno := syscall.Syscall(syscall.SYS_IOCTL, uintptr(sock), siocgskns, 0)
+	if errno != 0 {
+		t.Fatalf("SIOCGSKNS: %v", errno)
+	}
+	defer syscall.Close(int(fd))
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(fd), &st); err != nil {
+		t.Fatal(err)
+	}
+	if got := (ID{Dev: st.Dev, Ino: st.Ino}); got != n.ID {
+		t.Errorf("the socket made inside is in netns %v, want %v", got, n.ID)
+	}
+	tasks, err := filepath.Glob("/proc/self/task/*/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		if id, err := statID(task); err == nil && id == n.ID {
+			t.Errorf("thread %s is still in the namespace after Do", task)
+		}
+	}
+	if err := n.Do(func() error { return fs.ErrPermission }); !errors.Is(err, fs.ErrPermission) {
+		t.Errorf("Do returned %v, want fn's error", err)
+	}
+}

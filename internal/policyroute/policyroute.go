@@ -66,10 +66,21 @@ func newHandle(ns netns.NsHandle) (*netlink.Handle, error) {
 	return h, nil
 }
 
+// OpenHere opens an rtnetlink handle in the calling thread's network
+// namespace, for ApplyVia and RemoveVia: a caller that enters the namespace
+// once (hostns.Netns.Do) opens it there with its other sockets.
+func OpenHere() (*netlink.Handle, error) {
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("opening rtnetlink: %w", err)
+	}
+	return h, nil
+}
+
 // Apply programs p's policy routes and loopback addresses. What it
 // adds is undone if a later step fails. With reapply, routes and addresses
 // of an earlier plan that p no longer has are removed.
-func Apply(ns netns.NsHandle, p redirect.Plan, reapply bool) (err error) {
+func Apply(ns netns.NsHandle, p redirect.Plan, reapply bool) error {
 	if len(p.Routes) == 0 && len(p.LoopbackAddrs) == 0 && !reapply {
 		return nil
 	}
@@ -81,6 +92,22 @@ func Apply(ns netns.NsHandle, p redirect.Plan, reapply bool) (err error) {
 		return err
 	}
 	defer h.Close()
+	return apply(h, p, reapply)
+}
+
+// ApplyVia is Apply through h, an rtnetlink handle opened inside the
+// namespace ns (OpenHere); ns is checked not to be the host's.
+func ApplyVia(h *netlink.Handle, ns int, p redirect.Plan, reapply bool) error {
+	if len(p.Routes) == 0 && len(p.LoopbackAddrs) == 0 && !reapply {
+		return nil
+	}
+	if err := hostns.RefuseFd(ns, "of the policy routes"); err != nil {
+		return err
+	}
+	return apply(h, p, reapply)
+}
+
+func apply(h *netlink.Handle, p redirect.Plan, reapply bool) (err error) {
 	var undo []func() error
 	defer func() {
 		if err != nil {
@@ -193,6 +220,19 @@ func Remove(ns netns.NsHandle) error {
 		return err
 	}
 	defer h.Close()
+	return remove(h)
+}
+
+// RemoveVia is Remove through h, an rtnetlink handle opened inside the
+// namespace ns (OpenHere); ns is checked not to be the host's.
+func RemoveVia(h *netlink.Handle, ns int) error {
+	if err := hostns.RefuseFd(ns, "of the policy routes"); err != nil {
+		return err
+	}
+	return remove(h)
+}
+
+func remove(h *netlink.Handle) error {
 	live, err := listRoutes(h)
 	if err != nil {
 		return err
