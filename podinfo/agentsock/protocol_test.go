@@ -3,6 +3,7 @@ package agentsock
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -163,6 +164,9 @@ func FuzzRequest(f *testing.F) {
 		if err := writeFrame(&out, r, MaxRequest); err != nil {
 			t.Fatalf("valid request %+v does not encode: %v", r, err)
 		}
+		if enc := encodeRequest(r); string(enc) != out.String() {
+			t.Fatalf("the client's request %q is not encoding/json's %q", enc, out.Bytes())
+		}
 		var back Request
 		if err := readFrame(&out, &back, MaxRequest, "request"); err != nil || back != r {
 			t.Fatalf("round trip of %+v: %+v, %v", r, back, err)
@@ -171,19 +175,18 @@ func FuzzRequest(f *testing.F) {
 }
 
 // FuzzAnswer: any answer bytes give a checked answer for the request or an
-// error; an accepted found answer is always about the pod asked about.
+// error (as the client reads them); an accepted found answer is always
+// about the pod asked about.
 func FuzzAnswer(f *testing.F) {
 	req := goodRequest()
-	var buf bytes.Buffer
-	_ = writeFrame(&buf, Found(req.UID, &meshpod.Pod{Namespace: req.Namespace, Name: req.Name, Annotations: map[string]string{"a": "b"}}), MaxAnswer)
-	f.Add(buf.Bytes())
-	buf.Reset()
-	_ = writeFrame(&buf, Unknown("x"), MaxAnswer)
-	f.Add(buf.Bytes())
-	f.Add(frame(`{"v":1,"status":"found","uid":"x","pod":{"Namespace":"shop","Name":"web-1"}}`))
+	for _, a := range []Answer{Found(req.UID, &meshpod.Pod{Namespace: req.Namespace, Name: req.Name, Annotations: map[string]string{"a": "b"}}), Unknown("x")} {
+		b, _ := json.Marshal(a)
+		f.Add(b)
+	}
+	f.Add([]byte(`{"v":1,"status":"found","uid":"x","pod":{"Namespace":"shop","Name":"web-1"}}`))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		var a Answer
-		if err := readFrame(bytes.NewReader(in), &a, MaxAnswer, "answer"); err != nil {
+		a, err := decodeAnswer(in)
+		if err != nil {
 			return
 		}
 		if err := CheckAnswer(req, a); err != nil {

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/nftmesh/nftmesh/internal/phase"
 )
 
 // Where the socket lives under the agent's run dir: a directory of its
@@ -276,58 +274,4 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	if err := writeFrame(c, a, MaxAnswer); err != nil {
 		o.Status, o.Reason = OutcomeWriteError, err.Error()
 	}
-}
-
-// ClientTimeout is how long the plugin waits for the agent's answer by
-// default: the server's resolve budget plus its I/O.
-const ClientTimeout = ResolveTimeout + 500*time.Millisecond
-
-// ErrNoAgent is wrapped by Ask's error when no agent listens on the socket
-// (it does not exist, or nobody accepts on it).
-var ErrNoAgent = errors.New("no agent on the socket")
-
-// Ask sends req to the agent at path and returns its checked answer. ctx
-// bounds the whole exchange. Every error means "ask the API server".
-func Ask(ctx context.Context, path string, req Request) (Answer, error) {
-	if err := req.Validate(); err != nil {
-		return Answer{}, err
-	}
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "unix", path)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
-			// The usual case when no agent runs: short, for the log line.
-			return Answer{}, fmt.Errorf("%w (%s)", ErrNoAgent, path)
-		}
-		return Answer{}, fmt.Errorf("asking the agent at %s: %w", path, err)
-	}
-	phase.Mark("agent-dialed")
-	c := nc.(*net.UnixConn)
-	defer c.Close()
-	// Only root can have bound a socket in the root-only directory; the
-	// check costs one getsockopt and holds should that ever change.
-	if uid, err := peerUID(c); err != nil || uid != PeerUID {
-		if err == nil {
-			err = fmt.Errorf("%w: uid %d", ErrPeerRefused, uid)
-		}
-		return Answer{}, fmt.Errorf("asking the agent at %s: %w", path, err)
-	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetDeadline(dl)
-	}
-	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	if err := writeFrame(c, req, MaxRequest); err != nil {
-		return Answer{}, fmt.Errorf("asking the agent at %s: sending the request: %w", path, err)
-	}
-	phase.Mark("agent-sent")
-	var a Answer
-	if err := readFrame(c, &a, MaxAnswer, "answer"); err != nil {
-		return Answer{}, fmt.Errorf("asking the agent at %s: %w", path, err)
-	}
-	phase.Mark("agent-answered")
-	if err := CheckAnswer(req, a); err != nil {
-		return Answer{}, fmt.Errorf("asking the agent at %s: %w", path, err)
-	}
-	return a, nil
 }

@@ -23,6 +23,12 @@ import (
 const clientEnv = "AGENTSOCK_TEST_CLIENT"
 
 func TestMain(m *testing.M) {
+	if path := os.Getenv(benchClientEnv); path != "" {
+		benchClient(path)
+	}
+	if path := os.Getenv(serverEnv); path != "" {
+		oneShotServer(path)
+	}
 	if path := os.Getenv(clientEnv); path != "" {
 		a, err := Ask(context.Background(), path, goodRequest())
 		if err != nil {
@@ -140,6 +146,13 @@ func TestSocketPermissions(t *testing.T) {
 // runAsUser runs the test binary as a client of path as uid/gid 1000.
 func runAsUser(t *testing.T, path string) (string, error) {
 	t.Helper()
+	out, err := userCmd(t, clientEnv+"="+path).CombinedOutput()
+	return string(out), err
+}
+
+// userCmd is the test binary to run as uid/gid 1000 with env.
+func userCmd(t *testing.T, env ...string) *exec.Cmd {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -163,10 +176,9 @@ func runAsUser(t *testing.T, path string) (string, error) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin)
-	cmd.Env = []string{clientEnv + "=" + path}
+	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000}}
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	return cmd
 }
 
 // TestNonRootRefused: a process of another user cannot reach the socket

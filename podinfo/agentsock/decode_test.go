@@ -1,0 +1,162 @@
+package agentsock
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+)
+
+func int64p(v int64) *int64 { return &v }
+
+// answers are answers as the agent writes them, with every field and the
+// strings JSON escapes.
+func answers(tb testing.TB) []Answer {
+	pod, err := podinfo.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", "injected.yaml"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	odd := "quote\" backslash\\ slash/ tab\t nl\n cr\r ctl\x01\x1f del\x7f <html>&amp; é ☃ 🐧 \u2028\u2029 \ufffd"
+	return []Answer{
+		Found("0b7c1a2e-5f1d-4a8e-9a55-2c6f5e8d9a01", podinfo.Mesh(pod)),
+		Unknown("not in the pod cache"),
+		Unknown(odd),
+		Found("u", &meshpod.Pod{}),
+		Found("u", &meshpod.Pod{
+			Namespace: odd, Name: "n",
+			Labels: map[string]string{}, Annotations: map[string]string{odd: odd, "": ""},
+			InitContainers: []meshpod.Container{}, PodIPs: []string{},
+			Containers: []meshpod.Container{
+				{},
+				{Name: odd, Args: []string{odd, ""}, Env: []meshpod.EnvVar{{}, {Name: odd, Value: odd}},
+					RunAsUser: int64p(-9223372036854775808), RunAsGroup: int64p(9223372036854775807)},
+				{Args: []string{}, Env: []meshpod.EnvVar{}, RunAsUser: int64p(0)},
+			},
+		}),
+		{V: -3, Status: odd, Reason: odd, UID: odd},
+	}
+}
+
+// jsonAnswer is the answer encoding/json's strict decoding gives.
+func jsonAnswer(b []byte) (Answer, error) {
+	var a Answer
+	err := decodeStrict(b, &a, "answer")
+	return a, err
+}
+
+// TestDecodeAnswer: what the agent writes decodes as encoding/json
+// decodes it, indented or not.
+func TestDecodeAnswer(t *testing.T) {
+	for i, a := range answers(t) {
+		for _, indent := range []bool{false, true} {
+			b, err := json.Marshal(a)
+			if indent {
+				b, err = json.MarshalIndent(a, " \r\n", "\t")
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := jsonAnswer(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := decodeAnswer(b)
+			if err != nil || !reflect.DeepEqual(got, want) {
+				t.Fatalf("answer %d (indented %v) %s:\ngot  %+v, %v\nwant %+v", i, indent, b, got, err, want)
+			}
+		}
+	}
+}
+
+// TestDecodeAnswerBad: malformed answers, and the ones encoding/json
+// would take but the agent never writes, are errors naming the place.
+func TestDecodeAnswerBad(t *testing.T) {
+	long := strings.Repeat("x", 1<<20)
+	for _, tc := range []struct{ in, want string }{
+		{``, "at byte 0: unexpected end"},
+		{`   `, "at byte 3: unexpected end"},
+		{`null`, `at byte 0: found 'n' where '{' belongs`},
+		{`[]`, `found '[' where '{' belongs`},
+		{`{"v":1`, "at byte 6: unexpected end"},
+		{`{"v":1,}`, `at byte 7: found '}' where '"' belongs`},
+		{`{"v":1}}`, "at byte 7: trailing data"},
+		{`{"v":1} {}`, "trailing data"},
+		{`{"v":1 "status":"found"}`, `found '"' where '}' belongs`},
+		{`{"v" 1}`, `found '1' where ':' belongs`},
+		{`{"admin":true}`, `at byte 1: unknown field "admin"`},
+		{`{"V":1}`, `unknown field "V"`},
+		{`{"pod":{"namespace":"a"}}`, `unknown field "namespace"`},
+		{`{"v":1,"v":1}`, `at byte 7: field "v" given twice`},
+		{`{"pod":{"Labels":{"a":"b","a":"c"}}}`, `key "a" given twice`},
+		{`{"v":"1"}`, `found '"' where an integer belongs`},
+		{`{"v":1.0}`, "not an integer"},
+		{`{"v":1e3}`, "not an integer"},
+		{`{"v":01}`, "leading zero"},
+		{`{"v":-}`, "where an integer belongs"},
+		{`{"v":99999999999999999999}`, "out of range"},
+		{`{"v":null}`, "where an integer belongs"},
+		{`{"status":null}`, `found 'n' where '"' belongs`},
+		{`{"pod":{"Containers":[{"RunAsUser":1.5}]}}`, "not an integer"},
+		{`{"pod":{"Containers":[{"Env":[{"Name":"a","Other":"b"}]}]}}`, `unknown field "Other"`},
+		{`{"pod":{"PodIPs":["a",]}}`, `found ']' where '"' belongs`},
+		{`{"pod":{"PodIPs":["a" "b"]}}`, `found '"' where ']' belongs`},
+		{`{"pod":{"Labels":{"a":1}}}`, `found '1' where '"' belongs`},
+		{`{"status":"a` + "\x00" + `"}`, "control character"},
+		{`{"status":"a` + "\xff" + `"}`, "invalid UTF-8"},
+		{`{"status":"\x"}`, `invalid escape "\\x"`},
+		{`{"status":"\u12g4"}`, `invalid \u escape`},
+		{`{"status":"\ud800"}`, "lone UTF-16 surrogate"},
+		{`{"status":"\udc00\ud800"}`, "lone UTF-16 surrogate"},
+		{`{"status":"\ud800\u0041"}`, "lone UTF-16 surrogate"},
+		{`{"status":"\u12`, "unexpected end"},
+		{`{"status":"abc`, "unexpected end"},
+		{`{"reason":"` + long, "unexpected end"},
+	} {
+		_, err := decodeAnswer([]byte(tc.in))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || len(err.Error()) > 2048 {
+			t.Errorf("decodeAnswer(%.40q) = %v, want an error containing %q, bounded", tc.in, err, tc.want)
+		}
+	}
+}
+
+// FuzzDecodeAnswer: the hand-written decoder never accepts what a strict
+// encoding/json decode refuses, and agrees with it on what it accepts;
+// whatever encoding/json accepts, re-encoded as the agent would write it,
+// the hand-written decoder accepts with the same result.
+func FuzzDecodeAnswer(f *testing.F) {
+	for _, a := range answers(f) {
+		b, _ := json.Marshal(a)
+		f.Add(b)
+	}
+	f.Add([]byte(`{"v":1,"status":"found","uid":"u","pod":{"Namespace":"a","Name":"b","Labels":null}}`))
+	f.Add([]byte(`{"status":"\ud83d\udc27 \u00e9","pod":null}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		got, err := decodeAnswer(in)
+		want, jerr := jsonAnswer(in)
+		if err == nil {
+			if jerr != nil {
+				t.Fatalf("accepted %q, which encoding/json refuses: %v", in, jerr)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("%q:\ngot  %+v\nwant %+v", in, got, want)
+			}
+		} else if len(err.Error()) > 2048 {
+			t.Fatalf("error of %d bytes", len(err.Error()))
+		}
+		if jerr != nil {
+			return
+		}
+		canon, merr := json.Marshal(want)
+		if merr != nil {
+			t.Fatal(merr)
+		}
+		want, _ = jsonAnswer(canon)
+		if got, err := decodeAnswer(canon); err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q as the agent writes it, %s:\ngot  %+v, %v\nwant %+v", in, canon, got, err, want)
+		}
+	})
+}
