@@ -208,10 +208,17 @@ func sysErr(err error) error {
 	return err
 }
 
+// writeAll sends b. The send timeout set for connect still holds: a
+// request of a few hundred bytes into a fresh socket's buffer does not
+// wait, and the time connect took is the most the bound can be late by
+// (ctx's own shutdown is at the deadline). After a short send or a signal
+// the timeout is set again to the time left.
 func (c *conn) writeAll(b []byte) error {
-	for len(b) > 0 {
-		if err := c.setTimeout(unix.SO_SNDTIMEO); err != nil {
-			return err
+	for first := true; len(b) > 0; first = false {
+		if !first {
+			if err := c.setTimeout(unix.SO_SNDTIMEO); err != nil {
+				return err
+			}
 		}
 		// MSG_NOSIGNAL: an agent gone away is EPIPE, not a SIGPIPE.
 		n, err := unix.SendmsgN(c.fd, b, nil, nil, unix.MSG_NOSIGNAL)
@@ -227,42 +234,53 @@ func (c *conn) writeAll(b []byte) error {
 	return nil
 }
 
-// readFull reads len(b) bytes; the first read's timeout is set to the
-// time left, and again after a signal.
-func (c *conn) readFull(b []byte) error {
-	for len(b) > 0 {
+var errUnexpectedEOF = errors.New("unexpected EOF")
+
+// firstRead is the buffer of the first read, which holds a usual answer
+// whole: one system call for it.
+const firstRead = 16 << 10
+
+// readFrame reads one frame of at most max bytes and returns its payload.
+// Each read waits for the time left at most; the whole frame comes in the
+// first one unless it is large.
+func (c *conn) readFrame(max int, what string) ([]byte, error) {
+	buf := make([]byte, 0, firstRead)
+	need := 4 // the header; then the whole frame
+	for len(buf) < need {
 		if err := c.setTimeout(unix.SO_RCVTIMEO); err != nil {
-			return err
+			return nil, c.readErr(need, what, err)
 		}
-		n, err := unix.Read(c.fd, b)
+		n, err := unix.Read(c.fd, buf[len(buf):cap(buf)])
 		switch {
 		case err == unix.EINTR:
 			continue
 		case err != nil:
-			return sysErr(err)
+			return nil, c.readErr(need, what, sysErr(err))
 		case n == 0:
-			return errUnexpectedEOF
+			return nil, c.readErr(need, what, errUnexpectedEOF)
 		}
-		b = b[n:]
+		buf = buf[:len(buf)+n]
+		if need == 4 && len(buf) >= 4 {
+			n := binary.BigEndian.Uint32(buf)
+			if n == 0 || n > uint32(max) {
+				return nil, &FieldError{what, "length", fmt.Sprint(n), fmt.Sprintf("is not within 1..%d bytes", max)}
+			}
+			need = 4 + int(n)
+			if need > cap(buf) {
+				buf = append(make([]byte, 0, need), buf...)
+			}
+		}
 	}
-	return nil
+	if len(buf) > need {
+		// One frame per connection: more is a sender to distrust.
+		return nil, fmt.Errorf("reading %s: %d bytes after its %d-byte frame", what, len(buf)-need, need)
+	}
+	return buf[4:], nil
 }
 
-var errUnexpectedEOF = errors.New("unexpected EOF")
-
-// readFrame reads one frame of at most max bytes and returns its payload.
-func (c *conn) readFrame(max int, what string) ([]byte, error) {
-	var hdr [4]byte
-	if err := c.readFull(hdr[:]); err != nil {
-		return nil, fmt.Errorf("reading %s length: %w", what, err)
+func (c *conn) readErr(need int, what string, err error) error {
+	if need == 4 {
+		return fmt.Errorf("reading %s length: %w", what, err)
 	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n == 0 || n > uint32(max) {
-		return nil, &FieldError{what, "length", fmt.Sprint(n), fmt.Sprintf("is not within 1..%d bytes", max)}
-	}
-	b := make([]byte, n)
-	if err := c.readFull(b); err != nil {
-		return nil, fmt.Errorf("reading %s of %d bytes: %w", what, n, err)
-	}
-	return b, nil
+	return fmt.Errorf("reading %s of %d bytes: %w", what, need-4, err)
 }

@@ -214,3 +214,22 @@ func TestEncodeRequest(t *testing.T) {
 		t.Fatalf("encodeRequest = %q, want %q after its length", got, want)
 	}
 }
+
+// TestAskLargeAnswer: an answer larger than the first read's buffer (a pod
+// with big annotations) comes through whole, and one at the limit too.
+func TestAskLargeAnswer(t *testing.T) {
+	needRoot(t)
+	req := goodRequest()
+	for _, size := range []int{firstRead - 200, firstRead, 3 * firstRead, MaxAnswer - 300} {
+		big := ResolverFunc(func(_ context.Context, req Request) Answer {
+			p := podFor(req)
+			p.Annotations["big"] = strings.Repeat("x", size)
+			return Found(req.UID, p)
+		})
+		runDir, _ := serve(t, big)
+		a, err := Ask(context.Background(), Path(runDir), req)
+		if err != nil || len(a.Pod.Annotations["big"]) != size {
+			t.Fatalf("answer with a %d-byte annotation: %v", size, err)
+		}
+	}
+}

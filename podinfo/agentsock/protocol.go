@@ -193,21 +193,45 @@ func writeFrame(w io.Writer, v any, max int) error {
 }
 
 // readFrame reads one frame of at most max bytes into v, strictly: unknown
-// fields and trailing data are errors, so one message has one meaning.
+// fields and trailing data are errors, so one message has one meaning. It
+// reads as much as the frame may hold at once, so a frame already waiting
+// takes one read; bytes after the frame (one frame per connection) are an
+// error.
 func readFrame(r io.Reader, v any, max int, what string) error {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return fmt.Errorf("reading %s length: %w", what, err)
+	buf := make([]byte, 0, 4+min(max, firstRead))
+	need := 4 // the header; then the whole frame
+	for len(buf) < need {
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if need == 4 && len(buf) >= 4 {
+			l := binary.BigEndian.Uint32(buf)
+			if l == 0 || l > uint32(max) {
+				return &FieldError{what, "length", fmt.Sprint(l), fmt.Sprintf("is not within 1..%d bytes", max)}
+			}
+			need = 4 + int(l)
+			if need > cap(buf) {
+				buf = append(make([]byte, 0, need), buf...)
+			}
+		}
+		if len(buf) >= need {
+			break
+		}
+		if err == nil && n == 0 {
+			err = io.ErrNoProgress
+		}
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil && need == 4 {
+			return fmt.Errorf("reading %s length: %w", what, err)
+		} else if err != nil {
+			return fmt.Errorf("reading %s of %d bytes: %w", what, need-4, err)
+		}
 	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n == 0 || n > uint32(max) {
-		return &FieldError{what, "length", fmt.Sprint(n), fmt.Sprintf("is not within 1..%d bytes", max)}
+	if len(buf) > need {
+		return fmt.Errorf("reading %s: %d bytes after its %d-byte frame", what, len(buf)-need, need)
 	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(r, b); err != nil {
-		return fmt.Errorf("reading %s of %d bytes: %w", what, n, err)
-	}
-	return decodeStrict(b, v, what)
+	return decodeStrict(buf[4:], v, what)
 }
 
 func decodeStrict(b []byte, v any, what string) error {

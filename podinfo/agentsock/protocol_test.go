@@ -114,6 +114,7 @@ func TestReadFrame(t *testing.T) {
 		{"not JSON", frame("hello"), "decoding request"},
 		{"unknown field", frame(`{"v":1,"namespace":"a","name":"b","uid":"c","admin":true}`), `unknown field "admin"`},
 		{"trailing data", frame(`{"v":1}{"v":2}`), "trailing data"},
+		{"two frames", append(frame(`{"v":1}`), frame(`{"v":2}`)...), "11 bytes after its 11-byte frame"},
 		{"wrong type", frame(`{"v":"1"}`), "decoding request"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -327,7 +327,12 @@ func TestAskBounded(t *testing.T) {
 			_, _ = io.Copy(c, strings.NewReader(strings.Repeat("x", 1<<16)))
 		}, "field length"},
 		"garbage": {func(c net.Conn) { readReq(c); _, _ = c.Write(frame("<html>")) }, "decoding answer"},
-		"closes":  {func(c net.Conn) { readReq(c) }, "reading answer length"},
+		"two frames": {func(c net.Conn) {
+			readReq(c)
+			b, _ := json.Marshal(Unknown("x"))
+			_, _ = c.Write(append(frame(string(b)), frame(string(b))...))
+		}, "bytes after its"},
+		"closes": {func(c net.Conn) { readReq(c) }, "reading answer length"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			path := rawServer(t, tc.fn)

@@ -140,10 +140,16 @@ func (s *Source) lookup(key, uid string) (*corev1.Pod, string) {
 func (s *Source) Resolve(ctx context.Context, req agentsock.Request) agentsock.Answer {
 	key := req.Namespace + "/" + req.Name
 	if s.store != nil && (s.synced == nil || s.synced()) {
-		// Subscribe before looking, so an event between the look and the
-		// wait is not missed.
-		ch := s.subscribe(key)
+		// The usual case, a pod the watch has brought: answered without
+		// taking the waiters' lock.
 		pod, why := s.lookup(key, req.UID)
+		if pod != nil {
+			return answer(pod)
+		}
+		// Subscribe before looking again, so an event between the look
+		// and the wait is not missed.
+		ch := s.subscribe(key)
+		pod, why = s.lookup(key, req.UID)
 		if pod == nil {
 			wctx, cancel := context.WithTimeout(ctx, s.Wait)
 			for pod == nil && wctx.Err() == nil {
