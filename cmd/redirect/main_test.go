@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/nftmesh/nftmesh/redirect"
 )
+
+// The CLI runs with GOMAXPROCS 1 (internal/oneproc, which main imports);
+// its tests run with the CPUs the runtime chose, as any package's.
+func init() { runtime.GOMAXPROCS(procs) }
 
 func runCLI(t testing.TB, args ...string) (int, string, string) {
 	var out, errb bytes.Buffer
