@@ -462,18 +462,9 @@ func likelyCause(path string) string {
 
 // reconcile brings the dirty parts to the wanted state.
 func (in *Installer) reconcile(ctx context.Context, dirty parts) (wrote bool, result string, err error) {
-	if dirty&partBinaries != 0 {
-		for _, d := range in.cfg.CNIBinDirs {
-			w, err := in.src.install(d)
-			if err != nil {
-				return wrote, metrics.ResultCopyBinaries, err
-			}
-			if w {
-				wrote = true
-				in.log.Info().Str("dir", d).Msg("installed " + PluginName + " binary")
-			}
-		}
-	}
+	// The kubeconfig before the binary: a plugin binary of this version
+	// reads only the JSON kubeconfig this version writes, and an older one
+	// reads JSON too.
 	if dirty&partKubeconfig != 0 && in.cfg.ServiceAccountDir != "" {
 		b, err := RenderKubeconfig(in.cfg.KubeAPIServer, in.cfg.ServiceAccountDir, in.cfg.KubeCAFile)
 		if err != nil {
@@ -491,6 +482,18 @@ func (in *Installer) reconcile(ctx context.Context, dirty parts) (wrote bool, re
 				in.log.Warn().Err(err).Msg("removing the plugin's old TLS sessions")
 			}
 			in.log.Info().Str("file", in.cfg.KubeconfigPath()).Str("server", in.cfg.KubeAPIServer).Msg("wrote the plugin's kubeconfig")
+		}
+	}
+	if dirty&partBinaries != 0 {
+		for _, d := range in.cfg.CNIBinDirs {
+			w, err := in.src.install(d)
+			if err != nil {
+				return wrote, metrics.ResultCopyBinaries, err
+			}
+			if w {
+				wrote = true
+				in.log.Info().Str("dir", d).Msg("installed " + PluginName + " binary")
+			}
 		}
 	}
 	if dirty&partConf != 0 {

@@ -609,6 +609,10 @@ func TestReadOnlyBinDir(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Run prepares the directories before its first reconcile.
+	if err := in.prepare(); err != nil {
+		t.Fatal(err)
+	}
 	_, result, err := in.reconcile(context.Background(), partAll)
 	var ro *ReadOnlyError
 	if !errors.As(err, &ro) || result != metrics.ResultCopyBinaries {

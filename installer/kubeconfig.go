@@ -9,8 +9,9 @@ import (
 	"path/filepath"
 	"strings"
 
-	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/nftmesh/nftmesh/internal/kubeconf"
 )
 
 // KubeconfigMode keeps the plugin's credentials readable by root only.
@@ -46,11 +47,7 @@ func RenderKubeconfig(server, saDir, caFile string) ([]byte, error) {
 	cfg.AuthInfos[PluginName] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts[PluginName] = &clientcmdapi.Context{Cluster: "local", AuthInfo: PluginName}
 	cfg.CurrentContext = PluginName
-	b, err := clientcmd.Write(*cfg)
-	if err != nil {
-		return nil, fmt.Errorf("encoding kubeconfig: %w", err)
-	}
-	return b, nil
+	return kubeconf.JSON(*cfg)
 }
 
 // syncKubeconfig writes want to path (0600, atomically) unless it already

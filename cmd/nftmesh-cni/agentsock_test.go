@@ -71,8 +71,8 @@ func countingRunDir(t testing.TB) (string, *atomic.Int32) {
 	t.Cleanup(srv.Close)
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
 	dir := t.TempDir()
-	kc := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: %q, certificate-authority-data: %s}}]\n"+
-		"users: [{name: u, user: {token: %q}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n",
+	kc := fmt.Sprintf(`{"apiVersion":"v1","kind":"Config","clusters":[{"name":"c","cluster":{"server":%q,"certificate-authority-data":%q}}],`+
+		`"users":[{"name":"u","user":{"token":%q}}],"contexts":[{"name":"x","context":{"cluster":"c","user":"u"}}],"current-context":"x"}`,
 		srv.URL, base64.StdEncoding.EncodeToString(caPEM), env.token)
 	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), []byte(kc), 0o600); err != nil {
 		t.Fatal(err)

@@ -38,8 +38,8 @@ func fakeAPIRunDir(t *testing.T, answer http.HandlerFunc) (string, *atomic.Int32
 	}))
 	t.Cleanup(srv.Close)
 	dir := t.TempDir()
-	kc := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: %q}}]\n"+
-		"users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n", srv.URL)
+	kc := fmt.Sprintf(`{"apiVersion":"v1","kind":"Config","clusters":[{"name":"c","cluster":{"server":%q}}],`+
+		`"users":[{"name":"u","user":{"token":"t"}}],"contexts":[{"name":"x","context":{"cluster":"c","user":"u"}}],"current-context":"x"}`, srv.URL)
 	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), []byte(kc), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -266,22 +266,12 @@ func (a *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 // writeKubeconfig writes a kubeconfig reaching server with a bearer token.
 func writeKubeconfig(t testing.TB, path, server string) {
 	t.Helper()
-	text := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: bench
-  cluster:
-    server: %s
-contexts:
-- name: bench
-  context:
-    cluster: bench
-    user: bench
-current-context: bench
-users:
-- name: bench
-  user:
-    token: bench-token
+	// JSON, as the agent writes the plugin's (both plugins read it).
+	text := fmt.Sprintf(`{"apiVersion": "v1", "kind": "Config",
+  "clusters": [{"name": "bench", "cluster": {"server": %q}}],
+  "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
+  "current-context": "bench",
+  "users": [{"name": "bench", "user": {"token": "bench-token"}}]}
 `, server)
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		t.Fatal(err)

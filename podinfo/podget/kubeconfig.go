@@ -1,6 +1,7 @@
 package podget
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,8 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-
-	"sigs.k8s.io/yaml"
 
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
@@ -71,8 +70,8 @@ type kubeconfigFile struct {
 // bundle and client certificates is a few KiB.
 const maxKubeconfig = 4 << 20
 
-// LoadKubeconfig reads the current context of a kubeconfig file (YAML or
-// JSON), with files it names read relative to the kubeconfig's directory
+// LoadKubeconfig reads the current context of a kubeconfig file in JSON
+// (as the agent writes it), with files it names read relative to the kubeconfig's directory
 // as kubectl does. Credentials this client does not implement (exec and
 // auth-provider plugins, basic auth, impersonation) are an error naming the
 // field: the caller fails closed rather than reading pods as somebody else.
@@ -102,7 +101,12 @@ func parseKubeconfig(path string, data []byte) (*Kubeconfig, error) {
 	}
 	var f kubeconfigFile
 	var err error
-	if err = yaml.Unmarshal(data, &f); err != nil {
+	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] != '{' {
+		// The agent writes JSON (kubectl reads it too); the plugin links
+		// no YAML parser, whose start-up every run would pay.
+		return nil, fail("not a JSON kubeconfig (the nftmesh agent writes it as JSON: a YAML one here was written by something else; restarting the agent rewrites it)")
+	}
+	if err = json.Unmarshal(data, &f); err != nil {
 		// The decoder's message may quote the file's content: bounded.
 		return nil, fail("%s", quote.Text(err.Error()))
 	}

@@ -8,22 +8,20 @@ import (
 	"testing"
 )
 
-const goodKubeconfig = `apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: https://198.51.100.1:6443/
-    certificate-authority-data: ` + "Q0E=" + `
-    tls-server-name: api.example
-users:
-- name: nftmesh-cni
-  user:
-    token: tok
-contexts:
-- name: nftmesh-cni
-  context: {cluster: local, user: nftmesh-cni}
-current-context: nftmesh-cni
+const goodKubeconfig = `{
+  "apiVersion": "v1",
+  "kind": "Config",
+  "clusters": [
+    {"name": "local", "cluster": {"server": "https://198.51.100.1:6443/", "certificate-authority-data": "Q0E=", "tls-server-name": "api.example"}}
+  ],
+  "users": [
+    {"name": "nftmesh-cni", "user": {"token": "tok"}}
+  ],
+  "contexts": [
+    {"name": "nftmesh-cni", "context": {"cluster": "local", "user": "nftmesh-cni"}}
+  ],
+  "current-context": "nftmesh-cni"
+}
 `
 
 func writeKC(t *testing.T, dir, content string) string {
@@ -66,30 +64,36 @@ func TestLoadKubeconfig(t *testing.T) {
 // field (bounded), never a client that reads pods some other way.
 func TestLoadKubeconfigBad(t *testing.T) {
 	huge := strings.Repeat("x", 1<<20)
-	swap := func(old, new string) string { return strings.Replace(goodKubeconfig, old, new, 1) }
+	swap := func(old, new string) string {
+		if !strings.Contains(goodKubeconfig, old) {
+			t.Fatalf("test case swaps %q, which the good kubeconfig does not hold", old)
+		}
+		return strings.Replace(goodKubeconfig, old, new, 1)
+	}
 	for _, tc := range []struct {
 		name, content, want string
 	}{
-		{"not YAML", "clusters: [", "kubeconfig"},
-		{"wrong type", "clusters: 3", "kubeconfig"},
-		{"no current context", swap("current-context: nftmesh-cni", ""), "current-context is not set"},
-		{"unknown context", swap("current-context: nftmesh-cni", "current-context: other"), `current-context "other"`},
-		{"huge context name", swap("current-context: nftmesh-cni", "current-context: "+huge), "bytes cut"},
-		{"unknown cluster", swap("{cluster: local,", "{cluster: remote,"), `cluster "remote"`},
-		{"unknown user", swap("user: nftmesh-cni}", "user: bob}"), `user "bob"`},
-		{"no server", swap("server: https://198.51.100.1:6443/", "server: ''"), "server"},
-		{"not a URL", swap("server: https://198.51.100.1:6443/", "server: 198.51.100.1:6443"), `server "198.51.100.1:6443"`},
-		{"a path on the server", swap("server: https://198.51.100.1:6443/", "server: https://h/api"), `server "https://h/api"`},
-		{"ftp", swap("server: https://198.51.100.1:6443/", "server: ftp://h"), "not an http(s) URL"},
-		{"bad proxy", swap("tls-server-name: api.example", "proxy-url: '::'"), "proxy-url"},
-		{"exec plugin", swap("token: tok", "exec: {command: /bin/true, apiVersion: client.authentication.k8s.io/v1}"), "exec credential plugins are not supported"},
-		{"auth provider", swap("token: tok", "auth-provider: {name: gcp}"), "auth-provider is not supported"},
-		{"basic auth", swap("token: tok", "username: admin"), "basic auth is not supported"},
-		{"impersonation", swap("token: tok", "{token: tok, as: admin}"), "impersonation"},
-		{"missing CA file", swap("certificate-authority-data: Q0E=", "certificate-authority: nope.crt"), "certificate-authority"},
-		{"missing token file", swap("token: tok", "tokenFile: /nonexistent/token"), "tokenFile"},
-		{"certificate without key", swap("token: tok", "client-certificate-data: "+base64.StdEncoding.EncodeToString([]byte("C"))), "needs its key"},
-		{"token with a line break", swap("token: tok", `token: "a\nb"`), "line break"},
+		{"not JSON", `{"clusters": [`, "kubeconfig"},
+		{"YAML", "apiVersion: v1\nclusters: []\n", "not a JSON kubeconfig"},
+		{"wrong type", `{"clusters": 3}`, "kubeconfig"},
+		{"no current context", swap(`"current-context": "nftmesh-cni"`, `"current-context": ""`), "current-context is not set"},
+		{"unknown context", swap(`"current-context": "nftmesh-cni"`, `"current-context": "other"`), `current-context "other"`},
+		{"huge context name", swap(`"current-context": "nftmesh-cni"`, `"current-context": "`+huge+`"`), "bytes cut"},
+		{"unknown cluster", swap(`{"cluster": "local",`, `{"cluster": "remote",`), `cluster "remote"`},
+		{"unknown user", swap(`"user": "nftmesh-cni"}`, `"user": "bob"}`), `user "bob"`},
+		{"no server", swap(`"server": "https://198.51.100.1:6443/"`, `"server": ""`), "server"},
+		{"not a URL", swap(`"server": "https://198.51.100.1:6443/"`, `"server": "198.51.100.1:6443"`), `server "198.51.100.1:6443"`},
+		{"a path on the server", swap(`"server": "https://198.51.100.1:6443/"`, `"server": "https://h/api"`), `server "https://h/api"`},
+		{"ftp", swap(`"server": "https://198.51.100.1:6443/"`, `"server": "ftp://h"`), "not an http(s) URL"},
+		{"bad proxy", swap(`"tls-server-name": "api.example"`, `"proxy-url": "::"`), "proxy-url"},
+		{"exec plugin", swap(`"token": "tok"`, `"exec": {"command": "/bin/true", "apiVersion": "client.authentication.k8s.io/v1"}`), "exec credential plugins are not supported"},
+		{"auth provider", swap(`"token": "tok"`, `"auth-provider": {"name": "gcp"}`), "auth-provider is not supported"},
+		{"basic auth", swap(`"token": "tok"`, `"username": "admin"`), "basic auth is not supported"},
+		{"impersonation", swap(`"token": "tok"`, `"token": "tok", "as": "admin"`), "impersonation"},
+		{"missing CA file", swap(`"certificate-authority-data": "Q0E="`, `"certificate-authority": "nope.crt"`), "certificate-authority"},
+		{"missing token file", swap(`"token": "tok"`, `"tokenFile": "/nonexistent/token"`), "tokenFile"},
+		{"certificate without key", swap(`"token": "tok"`, `"client-certificate-data": "`+base64.StdEncoding.EncodeToString([]byte("C"))+`"`), "needs its key"},
+		{"token with a line break", swap(`"token": "tok"`, `"token": "a\nb"`), "line break"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := writeKC(t, t.TempDir(), tc.content)
@@ -109,6 +113,7 @@ func TestLoadKubeconfigBad(t *testing.T) {
 func FuzzLoadKubeconfig(f *testing.F) {
 	f.Add([]byte(goodKubeconfig))
 	f.Add([]byte(`{"current-context":"x","contexts":[{"name":"x","context":{"cluster":"c"}}],"clusters":[{"name":"c","cluster":{"server":"http://h"}}]}`))
+	f.Add([]byte(`{"clusters": 3}`))
 	f.Add([]byte("clusters: 3"))
 	path := filepath.Join(f.TempDir(), "kubeconfig")
 	f.Fuzz(func(t *testing.T, data []byte) {

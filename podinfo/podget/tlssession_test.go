@@ -16,8 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/nftmesh/nftmesh/internal/kubeconf"
 )
 
 func TestSessionFileRoundTrip(t *testing.T) {
@@ -173,7 +174,11 @@ func TestTLSSessionResumption(t *testing.T) {
 	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts["x"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
 	cfg.CurrentContext = "x"
-	if err := clientcmd.WriteToFile(*cfg, wrongCA); err != nil {
+	b, err := kubeconf.JSON(*cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(wrongCA, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	wrong, err := run(wrongCA, 200*time.Millisecond)

@@ -45,8 +45,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/nftmesh/nftmesh/internal/kubeconf"
 )
 
 // Version is the Kubernetes release the tools module pins.
@@ -506,8 +507,13 @@ func (s *Server) WriteKubeconfigHost(path, host, token string) error {
 	cfg.AuthInfos["kubetest"] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts["kubetest"] = &clientcmdapi.Context{Cluster: "kubetest", AuthInfo: "kubetest"}
 	cfg.CurrentContext = "kubetest"
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+	// JSON, as the agent writes the plugin's.
+	b, err := kubeconf.JSON(*cfg)
+	if err != nil {
 		return fmt.Errorf("writing kubeconfig %s: %w", path, err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return err
 	}
 	return os.Chmod(path, 0o600)
 }
