@@ -83,6 +83,7 @@ func BenchmarkAgentUp(b *testing.B) {
 
 	walls := map[string][]time.Duration{}
 	cpus := map[string][]time.Duration{}
+	runs := map[string]runResult{} // ours, by container ID
 	reqs := map[string]int64{}
 	i := 0
 	for b.Loop() {
@@ -101,6 +102,9 @@ func BenchmarkAgentUp(b *testing.B) {
 			reqs[p.name] += conns.count.Load() - before
 			walls[p.name] = append(walls[p.name], r.wall)
 			cpus[p.name] = append(cpus[p.name], r.cpu)
+			if p.name == "nftmesh" {
+				runs[r.id] = r
+			}
 			checkCaptured(b, p, name)
 			b.StartTimer()
 		}
@@ -122,7 +126,7 @@ func BenchmarkAgentUp(b *testing.B) {
 	b.ReportMetric(float64(reqs["istio"])/float64(len(walls["istio"])), "istio-api-conns/add")
 	if data, err := os.ReadFile(filepath.Join(ours.runDir, "nftmesh-cni.log")); err == nil {
 		b.ReportMetric(float64(strings.Count(string(data), `"lookup":"agent"`))/float64(len(walls["nftmesh"])), "nftmesh-agent-answers/add")
-		reportInProcess(b, data)
+		reportInProcess(b, data, runs)
 	}
 }
 
@@ -198,7 +202,7 @@ func (l *countingListener) Accept() (net.Conn, error) {
 // decision lines: the whole verb in process (duration_ms) and the pod
 // lookup in it (lookup_ms). What the wall time has beyond duration_ms is
 // process start, runtime init and exit.
-func reportInProcess(b *testing.B, log []byte) {
+func reportInProcess(b *testing.B, log []byte, runs map[string]runResult) {
 	var verb, lookup []float64
 	steps := map[string][]float64{}
 	var order []string
@@ -208,26 +212,43 @@ func reportInProcess(b *testing.B, log []byte) {
 			Duration float64 `json:"duration_ms"`
 			Lookup   float64 `json:"lookup_ms"`
 			Phases   string  `json:"phases_us"`
+			ID       string  `json:"container_id"`
 		}
 		if json.Unmarshal([]byte(line), &e) != nil || e.Decision != "capture" {
 			continue
 		}
 		verb, lookup = append(verb, e.Duration), append(lookup, e.Lookup)
-		prev := 0.0
+		prev, t0 := 0.0, 0.0
 		for _, f := range strings.Fields(e.Phases) {
 			name, v, _ := strings.Cut(f, "=")
 			at, _ := strconv.ParseFloat(v, 64)
+			if name == "t0" {
+				t0 = at
+				continue
+			}
 			if _, seen := steps[name]; !seen {
 				order = append(order, name)
 			}
 			steps[name] = append(steps[name], at-prev)
 			prev = at
 		}
+		// Lined up with the process as the benchmark saw it: from its
+		// start to the first mark's clock, and from the last mark to its
+		// exit (the decision line is written, the result printed, the
+		// process torn down and reaped).
+		if r, ok := runs[e.ID]; ok && t0 > 0 {
+			first := t0 - float64(r.start.UnixMicro())
+			steps["(exec to t0)"] = append(steps["(exec to t0)"], first)
+			steps["(last to exit)"] = append(steps["(last to exit)"], float64(r.wall.Microseconds())-first-prev)
+		}
 	}
 	// With BENCH_PLUGIN_LOG_LEVEL=debug the plugin's decision lines carry
 	// its phases: the median time each step took (µs since the previous).
 	if len(order) > 0 {
 		var sb strings.Builder
+		if len(steps["(exec to t0)"]) > 0 {
+			order = append([]string{"(exec to t0)"}, append(order, "(last to exit)")...)
+		}
 		for _, name := range order {
 			v := steps[name]
 			slices.Sort(v)

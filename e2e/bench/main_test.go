@@ -363,6 +363,8 @@ func prevResult(netnsPath string) map[string]any {
 
 // run is one whole process as a runtime starts it.
 type runResult struct {
+	id     string    // CNI_CONTAINERID
+	start  time.Time // just before the process was started
 	wall   time.Duration
 	maxRSS int64         // KiB, wait4's ru_maxrss: includes the benchmark's own size (see spawnSource)
 	cpu    time.Duration // user + system CPU time of the plugin process
@@ -390,7 +392,7 @@ func execCNI(bin, command, netnsPath, containerID, cniArgs string, stdin []byte)
 	c.Stdout, c.Stderr = &out, &errb
 	start := time.Now()
 	err := c.Run()
-	r := runResult{wall: time.Since(start), stdout: out.Bytes(), stderr: errb.Bytes(), err: err}
+	r := runResult{id: containerID, start: start, wall: time.Since(start), stdout: out.Bytes(), stderr: errb.Bytes(), err: err}
 	if c.ProcessState != nil {
 		if ru, ok := c.ProcessState.SysUsage().(*syscall.Rusage); ok {
 			r.maxRSS = ru.Maxrss

@@ -39,16 +39,17 @@ func Mark(name string) {
 	mu.Unlock()
 }
 
-// String is the marks so far in order, as "name=µs name=µs ...", each the
-// time since the process's start in microseconds.
+// String is the marks so far in order, as "t0=µs name=µs name=µs ...":
+// t0 is when the marks start counting (Unix time in microseconds, to line
+// them up with an outside clock), each name the time since t0.
 func String() string {
 	mu.Lock()
 	defer mu.Unlock()
-	b := make([]byte, 0, 16*n)
+	b := make([]byte, 0, 16*n+24)
+	b = append(b, "t0="...)
+	b = strconv.AppendInt(b, start.UnixMicro(), 10)
 	for i := range n {
-		if i > 0 {
-			b = append(b, ' ')
-		}
+		b = append(b, ' ')
 		b = append(b, names[i]...)
 		b = append(b, '=')
 		b = strconv.AppendInt(b, at[i].Microseconds(), 10)
