@@ -123,12 +123,14 @@ func BenchmarkWholeProcess(b *testing.B) {
 				if tl.phases {
 					cmd.Env = append(os.Environ(), "REDIRECT_PHASES=1")
 				}
+				launched := time.Now()
 				out, err := cmd.CombinedOutput()
+				ended := time.Now()
 				if err != nil {
 					b.Fatalf("%s: %v\n%s", tl.name, err, out)
 				}
 				if tl.phases {
-					stepOrder = addSteps(b, steps, stepOrder, string(out))
+					stepOrder = addSteps(b, steps, stepOrder, string(out), launched, ended)
 				}
 				if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 					cs += ru.Nvcsw + ru.Nivcsw
@@ -157,7 +159,7 @@ func BenchmarkWholeProcess(b *testing.B) {
 		for _, name := range stepOrder {
 			fmt.Fprintf(&line, " %s %.0f", name, median(steps[name]))
 		}
-		b.Logf("redirect apply's steps (median µs since the previous mark; main: since the package inits began; \"exit\" is the verb's end, the rest of %.2f ms is the runtime's start-up before the inits, the exit and the process's creation):%s",
+		b.Logf("redirect apply run directly, %.2f ms in all: median µs of each step (start: from launching the process to the first package inits; main: the package inits; then each mark since the previous; exit: the verb's end; teardown: the process's exit as waited for):%s",
 			med["redirect-nft-phases"], line.String())
 	}
 	b.ReportMetric(med["redirect-nft"]/med["nft-f"], "nft/nft-f")
@@ -169,27 +171,40 @@ func BenchmarkWholeProcess(b *testing.B) {
 }
 
 // addSteps adds the times between consecutive phase marks of one run's
-// "redirect: phases_us: a=1 b=2 ..." line to steps, and returns the marks'
-// order as first seen.
-func addSteps(b *testing.B, steps map[string][]float64, order []string, out string) []string {
+// "redirect: phases_us: t0=UNIXµs a=1 b=2 ..." line to steps, and returns
+// the marks' order as first seen. t0, when the marks start counting, lines
+// them up with the run as seen from here: "start" is from launching the
+// process (fork, exec, the runtime's start-up, the first package inits) to
+// t0, "teardown" from the last mark to the process's end as waited for
+// here (the exit and its threads' teardown).
+func addSteps(b *testing.B, steps map[string][]float64, order []string, out string, launched, ended time.Time) []string {
 	_, line, ok := strings.Cut(out, "redirect: phases_us: ")
 	if !ok {
 		b.Fatalf("no phase marks in the output of redirect apply with REDIRECT_PHASES=1:\n%s", out)
 	}
 	line, _, _ = strings.Cut(line, "\n")
-	prev := 0.0
-	for _, f := range strings.Fields(line) {
-		name, v, ok := strings.Cut(f, "=")
-		us, err := strconv.ParseFloat(v, 64)
-		if !ok || err != nil {
-			b.Fatalf("bad phase mark %q in %q", f, line)
-		}
+	add := func(name string, us float64) {
 		if _, seen := steps[name]; !seen {
 			order = append(order, name)
 		}
-		steps[name] = append(steps[name], us-prev)
+		steps[name] = append(steps[name], us)
+	}
+	var t0, prev float64
+	for i, f := range strings.Fields(line) {
+		name, v, ok := strings.Cut(f, "=")
+		us, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil || (i == 0) != (name == "t0") {
+			b.Fatalf("bad phase mark %q in %q (want t0=UNIXµs first)", f, line)
+		}
+		if i == 0 {
+			t0 = us
+			add("start", t0-float64(launched.UnixMicro()))
+			continue
+		}
+		add(name, us-prev)
 		prev = us
 	}
+	add("teardown", float64(ended.UnixMicro())-(t0+prev))
 	return order
 }
 
