@@ -24,9 +24,52 @@ import (
 // surrogates, numbers must be integers. Anything else is an error naming
 // the offset, so the plugin asks the API server instead.
 func decodeAnswer(b []byte) (Answer, error) {
+	var a Answer
+	err := decode(b, "answer", func(d *decoder) (err error) {
+		a, err = d.answer()
+		return err
+	})
+	if err != nil {
+		return Answer{}, err
+	}
+	return a, nil
+}
+
+// decodeRequest decodes a request's JSON as the agent reads it, with the
+// same decoder as the plugin's answers: a request is what encoding/json's
+// Marshal of a Request writes (as older plugins send it) or the same
+// bytes written by hand (encodeRequest).
+func decodeRequest(b []byte) (Request, error) {
+	var r Request
+	err := decode(b, "request", func(d *decoder) error {
+		return d.object(requestFields, func(k int) (err error) {
+			switch k {
+			case 0:
+				var v int64
+				v, err = d.integer(strconv.IntSize)
+				r.V = int(v)
+			case 1:
+				r.Namespace, err = d.str()
+			case 2:
+				r.Name, err = d.str()
+			case 3:
+				r.UID, err = d.str()
+			}
+			return err
+		})
+	})
+	if err != nil {
+		return Request{}, err
+	}
+	return r, nil
+}
+
+// decode runs value on b, which must hold that one JSON value and nothing
+// after it but white space; errors name what and the byte.
+func decode(b []byte, what string, value func(*decoder) error) error {
 	// One copy of the input backs every string without escapes.
 	d := decoder{b: b, s: string(b)}
-	a, err := d.answer()
+	err := value(&d)
 	if err == nil {
 		d.ws()
 		if d.i < len(d.b) {
@@ -34,9 +77,9 @@ func decodeAnswer(b []byte) (Answer, error) {
 		}
 	}
 	if err != nil {
-		return Answer{}, fmt.Errorf("decoding answer %s: at byte %d: %w", quote.Value(string(b)), d.i, err)
+		return fmt.Errorf("decoding %s %s: at byte %d: %w", what, quote.Value(string(b)), d.i, err)
 	}
-	return a, nil
+	return nil
 }
 
 type decoder struct {
@@ -356,6 +399,7 @@ func (d *decoder) optInt64() (*int64, error) {
 }
 
 var (
+	requestFields   = []string{"v", "namespace", "name", "uid"}
 	answerFields    = []string{"v", "status", "reason", "uid", "pod"}
 	podFields       = []string{"Namespace", "Name", "Labels", "Annotations", "InitContainers", "Containers", "PodIPs"}
 	containerFields = []string{"Name", "Args", "Env", "RunAsUser", "RunAsGroup"}

@@ -20,9 +20,7 @@
 package agentsock
 
 import (
-	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -177,27 +175,21 @@ func CheckAnswer(req Request, a Answer) error {
 	return nil
 }
 
-// writeFrame writes v as one frame: a 4-byte big-endian length, then JSON.
-func writeFrame(w io.Writer, v any, max int) error {
-	b, err := json.Marshal(v)
+// readRequest reads the one request of a connection, strictly: unknown
+// fields and trailing data are errors, so one message has one meaning.
+func readRequest(r io.Reader) (Request, error) {
+	b, err := readPayload(r, MaxRequest, "request")
 	if err != nil {
-		return err
+		return Request{}, err
 	}
-	if len(b) > max {
-		return fmt.Errorf("frame of %d bytes is over the %d-byte limit", len(b), max)
-	}
-	frame := make([]byte, 4, 4+len(b))
-	binary.BigEndian.PutUint32(frame, uint32(len(b)))
-	_, err = w.Write(append(frame, b...))
-	return err
+	return decodeRequest(b)
 }
 
-// readFrame reads one frame of at most max bytes into v, strictly: unknown
-// fields and trailing data are errors, so one message has one meaning. It
-// reads as much as the frame may hold at once, so a frame already waiting
-// takes one read; bytes after the frame (one frame per connection) are an
-// error.
-func readFrame(r io.Reader, v any, max int, what string) error {
+// readPayload reads one frame of at most max bytes and returns its
+// payload. It reads as much as the frame may hold at once, so a frame
+// already waiting takes one read; bytes after the frame (one frame per
+// connection) are an error.
+func readPayload(r io.Reader, max int, what string) ([]byte, error) {
 	buf := make([]byte, 0, 4+min(max, firstRead))
 	need := 4 // the header; then the whole frame
 	for len(buf) < need {
@@ -206,7 +198,7 @@ func readFrame(r io.Reader, v any, max int, what string) error {
 		if need == 4 && len(buf) >= 4 {
 			l := binary.BigEndian.Uint32(buf)
 			if l == 0 || l > uint32(max) {
-				return &FieldError{what, "length", fmt.Sprint(l), fmt.Sprintf("is not within 1..%d bytes", max)}
+				return nil, &FieldError{what, "length", fmt.Sprint(l), fmt.Sprintf("is not within 1..%d bytes", max)}
 			}
 			need = 4 + int(l)
 			if need > cap(buf) {
@@ -223,25 +215,13 @@ func readFrame(r io.Reader, v any, max int, what string) error {
 			err = io.ErrUnexpectedEOF
 		}
 		if err != nil && need == 4 {
-			return fmt.Errorf("reading %s length: %w", what, err)
+			return nil, fmt.Errorf("reading %s length: %w", what, err)
 		} else if err != nil {
-			return fmt.Errorf("reading %s of %d bytes: %w", what, need-4, err)
+			return nil, fmt.Errorf("reading %s of %d bytes: %w", what, need-4, err)
 		}
 	}
 	if len(buf) > need {
-		return fmt.Errorf("reading %s: %d bytes after its %d-byte frame", what, len(buf)-need, need)
+		return nil, fmt.Errorf("reading %s: %d bytes after its %d-byte frame", what, len(buf)-need, need)
 	}
-	return decodeStrict(buf[4:], v, what)
-}
-
-func decodeStrict(b []byte, v any, what string) error {
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.DisallowUnknownFields()
-	if err := d.Decode(v); err != nil {
-		return fmt.Errorf("decoding %s %s: %w", what, quote.Value(string(b)), err)
-	}
-	if len(bytes.TrimSpace(b[d.InputOffset():])) > 0 {
-		return fmt.Errorf("decoding %s %s: trailing data after the JSON value", what, quote.Value(string(b)))
-	}
-	return nil
+	return buf[4:], nil
 }

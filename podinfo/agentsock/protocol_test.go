@@ -5,10 +5,13 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"strings"
 	"testing"
 
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 func goodRequest() Request {
@@ -118,23 +121,21 @@ func TestReadFrame(t *testing.T) {
 		{"wrong type", frame(`{"v":"1"}`), "decoding request"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var r Request
-			err := readFrame(bytes.NewReader(tc.in), &r, MaxRequest, "request")
+			_, err := readRequest(bytes.NewReader(tc.in))
 			if err == nil || !strings.Contains(err.Error(), tc.want) || len(err.Error()) > 1024 {
 				t.Fatalf("readFrame = %v, want an error containing %q, bounded", err, tc.want)
 			}
 		})
 	}
-	var r Request
 	var buf bytes.Buffer
 	if err := writeFrame(&buf, goodRequest(), MaxRequest); err != nil {
 		t.Fatal(err)
 	}
-	if err := readFrame(&buf, &r, MaxRequest, "request"); err != nil || r != goodRequest() {
+	if r, err := readRequest(&buf); err != nil || r != goodRequest() {
 		t.Fatalf("round trip: %+v, %v", r, err)
 	}
-	if err := writeFrame(&buf, Unknown(strings.Repeat("x", MaxRequest)), MaxRequest); err == nil {
-		t.Fatal("writeFrame sent a frame over its limit")
+	if _, err := encodeAnswer(Unknown(strings.Repeat("x", MaxRequest)), MaxRequest); err == nil {
+		t.Fatal("encodeAnswer made a frame over its limit")
 	}
 }
 
@@ -148,8 +149,16 @@ func FuzzRequest(f *testing.F) {
 	f.Add(frame(`{"v":1,"namespace":"a/b","name":"","uid":"c"}`))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, in []byte) {
-		var r Request
-		if err := readFrame(bytes.NewReader(in), &r, MaxRequest, "request"); err != nil {
+		r, err := readRequest(bytes.NewReader(in))
+		if err == nil && len(in) >= 4 {
+			// The hand-written decoder takes nothing encoding/json
+			// would not, with the same result.
+			var want Request
+			if jerr := decodeStrict(in[4:], &want, "request"); jerr != nil || want != r {
+				t.Fatalf("%q decodes to %+v; encoding/json: %+v, %v", in, r, want, jerr)
+			}
+		}
+		if err != nil {
 			if len(err.Error()) > 2048 {
 				t.Fatalf("error of %d bytes", len(err.Error()))
 			}
@@ -168,8 +177,7 @@ func FuzzRequest(f *testing.F) {
 		if enc := encodeRequest(r); string(enc) != out.String() {
 			t.Fatalf("the client's request %q is not encoding/json's %q", enc, out.Bytes())
 		}
-		var back Request
-		if err := readFrame(&out, &back, MaxRequest, "request"); err != nil || back != r {
+		if back, err := readRequest(&out); err != nil || back != r {
 			t.Fatalf("round trip of %+v: %+v, %v", r, back, err)
 		}
 	})
@@ -200,4 +208,33 @@ func FuzzAnswer(f *testing.F) {
 			t.Fatalf("accepted an answer about another pod: %+v", a)
 		}
 	})
+}
+
+// writeFrame writes v as one frame as encoding/json encodes it: requests
+// as the plugins before the hand-written encoding sent them, and answers
+// from servers of a test's making.
+func writeFrame(w io.Writer, v any, max int) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(b) > max {
+		return fmt.Errorf("frame of %d bytes is over the %d-byte limit", len(b), max)
+	}
+	_, err = w.Write(append(binary.BigEndian.AppendUint32(nil, uint32(len(b))), b...))
+	return err
+}
+
+// decodeStrict decodes b into v as strictly as encoding/json can: unknown
+// fields and trailing data are errors.
+func decodeStrict(b []byte, v any, what string) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return fmt.Errorf("decoding %s %s: %w", what, quote.Value(string(b)), err)
+	}
+	if len(bytes.TrimSpace(b[d.InputOffset():])) > 0 {
+		return fmt.Errorf("decoding %s %s: trailing data after the JSON value", what, quote.Value(string(b)))
+	}
+	return nil
 }

@@ -251,8 +251,8 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Now().Add(ioTimeout))
-	var req Request
-	if err := readFrame(c, &req, MaxRequest, "request"); err != nil {
+	req, err := readRequest(c)
+	if err != nil {
 		o.Status, o.Reason = OutcomeBadRequest, err.Error()
 		return
 	}
@@ -271,7 +271,11 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	}
 	o.Status, o.Reason = a.Status, a.Reason
 	_ = c.SetWriteDeadline(time.Now().Add(ioTimeout))
-	if err := writeFrame(c, a, MaxAnswer); err != nil {
+	b, err := encodeAnswer(a, MaxAnswer)
+	if err == nil {
+		_, err = c.Write(b)
+	}
+	if err != nil {
 		o.Status, o.Reason = OutcomeWriteError, err.Error()
 	}
 }

@@ -258,8 +258,7 @@ func TestAskAnswers(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			path := rawServer(t, func(c net.Conn) {
-				var r Request
-				_ = readFrame(c, &r, MaxRequest, "request")
+				readReq(c)
 				_ = writeFrame(c, forged, MaxAnswer)
 			})
 			a, err := Ask(context.Background(), path, req)
@@ -271,8 +270,7 @@ func TestAskAnswers(t *testing.T) {
 }
 
 func readReq(c net.Conn) {
-	var r Request
-	_ = readFrame(c, &r, MaxRequest, "request")
+	_, _ = readRequest(c)
 }
 
 // rawServer listens on a fresh socket and hands each connection to fn.

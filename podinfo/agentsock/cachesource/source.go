@@ -142,14 +142,13 @@ func (s *Source) Resolve(ctx context.Context, req agentsock.Request) agentsock.A
 	if s.store != nil && (s.synced == nil || s.synced()) {
 		// The usual case, a pod the watch has brought: answered without
 		// taking the waiters' lock.
-		pod, why := s.lookup(key, req.UID)
-		if pod != nil {
+		if pod, _ := s.lookup(key, req.UID); pod != nil {
 			return answer(pod)
 		}
 		// Subscribe before looking again, so an event between the look
 		// and the wait is not missed.
 		ch := s.subscribe(key)
-		pod, why = s.lookup(key, req.UID)
+		pod, why := s.lookup(key, req.UID)
 		if pod == nil {
 			wctx, cancel := context.WithTimeout(ctx, s.Wait)
 			for pod == nil && wctx.Err() == nil {
