@@ -77,8 +77,8 @@ func openHere(fams []redirect.Family, always bool) (*nsSockets, error) {
 		// /proc/thread-self/net follows this thread's namespace. A kernel
 		// without legacy x_tables (or without the family's module loaded)
 		// has no such file: no tables.
-		b, err := os.ReadFile("/proc/thread-self/net/" + names)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
+		b, err := readProc("/proc/thread-self/net/" + names)
+		if err != nil && !errors.Is(err, unix.ENOENT) {
 			s.Close()
 			return nil, fmt.Errorf("listing %s tables: %w", f, err)
 		}
@@ -96,6 +96,34 @@ func openHere(fams []redirect.Family, always bool) (*nsSockets, error) {
 		s.fd[f] = fd
 	}
 	return s, nil
+}
+
+// readProc reads a small procfs file with plain system calls: os.ReadFile
+// would register it with the runtime's poller and back again, the larger
+// part of reading a few bytes on every verb.
+func readProc(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	b := make([]byte, 0, 128)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := unix.Read(fd, b[len(b):cap(b)])
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			return b, nil
+		}
+		b = b[:len(b)+n]
+	}
 }
 
 // Sockets are the legacy x_tables of one network namespace as a verb

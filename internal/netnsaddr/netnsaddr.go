@@ -1,8 +1,9 @@
 // Package netnsaddr reads the addresses of a network namespace in the order
 // the kernel lists them, which is what decides a pod's IPv6 capture
-// (meshpod.IPv6Capture). It reads through an rtnetlink socket opened inside
-// the namespace (netlink.NewHandleAt); the calling thread never changes
-// namespace and nothing is executed.
+// (meshpod.IPv6Capture). It reads through an rtnetlink socket created
+// inside the namespace by a thread that enters it and leaves
+// (hostns.Netns.Do); the caller's thread never changes namespace and
+// nothing is executed.
 //
 // It owns only the reading: no decision, no writes.
 package netnsaddr
@@ -11,9 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"syscall"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
@@ -22,6 +22,10 @@ import (
 // dumpAttempts bounds the retries of an address dump that the kernel
 // reports as interrupted (addresses changed while it ran).
 const dumpAttempts = 3
+
+// errDumpInterrupted is a dump the kernel marked NLM_F_DUMP_INTR: the
+// addresses changed while it ran, so it may be inconsistent.
+var errDumpInterrupted = errors.New("address dump interrupted by a change")
 
 // List returns every address on every interface of the network namespace at
 // path (such as /var/run/netns/NAME or /proc/PID/ns/net), loopback and
@@ -39,32 +43,77 @@ func List(path string) ([]netip.Addr, error) {
 		return nil, fmt.Errorf("listing addresses: %w", err)
 	}
 	defer n.Close()
-	h, err := netlink.NewHandleAt(netns.NsHandle(n.Fd()), unix.NETLINK_ROUTE)
+	var out []netip.Addr
+	err = n.Do(func() (err error) {
+		out, err = ListHere()
+		return err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("listing addresses: opening rtnetlink in %s: %w", path, err)
+		return nil, fmt.Errorf("listing addresses in %s: %w", path, err)
 	}
-	defer h.Close()
+	return out, nil
+}
+
+// ListHere is List for the calling thread's network namespace: it must run
+// on a thread inside it (hostns.Netns.Do).
+func ListHere() ([]netip.Addr, error) {
 	for attempt := 1; ; attempt++ {
-		// FAMILY_ALL asks for AF_UNSPEC: one dump of every family, in the
-		// kernel's order, not two dumps concatenated in ours.
-		as, err := h.AddrList(nil, netlink.FAMILY_ALL)
-		if errors.Is(err, netlink.ErrDumpInterrupted) && attempt < dumpAttempts {
+		// AF_UNSPEC asks for one dump of every family, in the kernel's
+		// order, not two dumps concatenated in ours. The standard
+		// library's dump is plain system calls on a socket of its own,
+		// created here, in this thread's namespace.
+		rib, err := syscall.NetlinkRIB(syscall.RTM_GETADDR, syscall.AF_UNSPEC)
+		if err != nil {
+			return nil, fmt.Errorf("dumping addresses: %w", err)
+		}
+		out, err := parseAddrs(rib)
+		if errors.Is(err, errDumpInterrupted) && attempt < dumpAttempts {
 			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("listing addresses in %s: %w", path, err)
+		return out, err
+	}
+}
+
+// parseAddrs reads the addresses of an RTM_GETADDR dump in order: of each
+// message, IFA_LOCAL where it is there (the local end of a point-to-point
+// address), else IFA_ADDRESS; messages with neither are skipped.
+func parseAddrs(rib []byte) ([]netip.Addr, error) {
+	msgs, err := syscall.ParseNetlinkMessage(rib)
+	if err != nil {
+		return nil, fmt.Errorf("parsing the address dump: %w", err)
+	}
+	out := make([]netip.Addr, 0, len(msgs))
+	for _, m := range msgs {
+		if m.Header.Flags&unix.NLM_F_DUMP_INTR != 0 {
+			return nil, errDumpInterrupted
 		}
-		out := make([]netip.Addr, 0, len(as))
-		for _, a := range as {
-			if a.IPNet == nil {
-				continue
+		if m.Header.Type != syscall.RTM_NEWADDR {
+			continue
+		}
+		// The standard library's attribute parser slices past the
+		// ifaddrmsg without looking.
+		if len(m.Data) < syscall.SizeofIfAddrmsg {
+			return nil, fmt.Errorf("parsing the address dump: short address message (%d bytes)", len(m.Data))
+		}
+		attrs, err := syscall.ParseNetlinkRouteAttr(&m)
+		if err != nil {
+			return nil, fmt.Errorf("parsing an address message: %w", err)
+		}
+		var local, addr []byte
+		for _, a := range attrs {
+			switch a.Attr.Type {
+			case syscall.IFA_LOCAL:
+				local = a.Value
+			case syscall.IFA_ADDRESS:
+				addr = a.Value
 			}
-			ip, ok := netip.AddrFromSlice(a.IP)
-			if !ok {
-				continue
-			}
+		}
+		if local != nil {
+			addr = local
+		}
+		if ip, ok := netip.AddrFromSlice(addr); ok {
 			out = append(out, ip)
 		}
-		return out, nil
 	}
+	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -118,6 +119,14 @@ func TestListOrderMatchesInterfaceAddrs(t *testing.T) {
 			got = check("with more addresses on lo")
 			if i, j := slices.Index(got, netip.MustParseAddr("192.0.2.77")), slices.Index(got, netip.MustParseAddr("2001:db8:77::1")); i < 0 || j < 0 || i > j {
 				t.Errorf("added addresses not both listed, IPv4 first: %v", got)
+			}
+			// A point-to-point address is listed by its local end.
+			if out, err := exec.Command("nsenter", "--net="+topo.PodNetnsPath(), "ip", "addr", "add", "203.0.113.1", "peer", "203.0.113.2/32", "dev", "lo").CombinedOutput(); err != nil {
+				t.Fatalf("adding a peer address: %v %s", err, out)
+			}
+			got = check("with a point-to-point address")
+			if !slices.Contains(got, netip.MustParseAddr("203.0.113.1")) || slices.Contains(got, netip.MustParseAddr("203.0.113.2")) {
+				t.Errorf("point-to-point address not listed by its local end: %v", got)
 			}
 		})
 	}
