@@ -39,7 +39,9 @@ func (p Plan) Verify() error {
 		}
 		for _, c := range t.Chains {
 			for i, r := range c.Rules {
-				where := fmt.Sprintf("%s %s rule %d", t.Name, c.Name, i+1)
+				// Formatted only for an error: Verify runs on every
+				// Apply, and a valid plan has none.
+				where := func() string { return fmt.Sprintf("%s %s rule %d", t.Name, c.Name, i+1) }
 				proto := false
 				for _, m := range r.Matches {
 					switch m := m.(type) {
@@ -47,43 +49,43 @@ func (p Plan) Verify() error {
 						proto = true
 					case MatchPort:
 						if !proto || len(m.Ports) == 0 {
-							bad("%s: port match without a protocol match before it, or without ports", where)
+							bad("%s: port match without a protocol match before it, or without ports", where())
 						}
 					case MatchAddr:
 						if !m.Prefix.IsValid() || (r.Family == FamilyIPv4) != m.Prefix.Addr().Is4() || r.Family == FamilyAny {
-							bad("%s: address %s does not fit rule family %s", where, m.Prefix, r.Family)
+							bad("%s: address %s does not fit rule family %s", where(), m.Prefix, r.Family)
 						}
 					case MatchSet:
 						k, ok := sets[m.Set]
 						switch {
 						case !ok:
-							bad("%s: set %s does not exist", where, m.Set)
+							bad("%s: set %s does not exist", where(), m.Set)
 						case k != m.Kind:
-							bad("%s: set %s is %s, matched as %s", where, m.Set, k, m.Kind)
+							bad("%s: set %s is %s, matched as %s", where(), m.Set, k, m.Kind)
 						case k == SetPort && !proto:
-							bad("%s: port set match without a protocol match before it", where)
+							bad("%s: port set match without a protocol match before it", where())
 						case k == SetIPv4 && r.Family != FamilyIPv4, k == SetIPv6 && r.Family != FamilyIPv6:
-							bad("%s: %s set in a %s rule", where, k, r.Family)
+							bad("%s: %s set in a %s rule", where(), k, r.Family)
 						}
 					case nil:
-						bad("%s: nil match", where)
+						bad("%s: nil match", where())
 					}
 				}
 				switch v := r.Verdict.(type) {
 				case Jump:
 					if !chains[v.Chain] {
-						bad("%s: jump to missing chain %s", where, v.Chain)
+						bad("%s: jump to missing chain %s", where(), v.Chain)
 					}
 				case Redirect:
 					if !proto || t.Name != TableNat {
-						bad("%s: redirect needs a protocol match and the nat table", where)
+						bad("%s: redirect needs a protocol match and the nat table", where())
 					}
 				case TProxy:
 					if !proto || r.Family == FamilyAny || t.Name != TableMangle {
-						bad("%s: tproxy needs a protocol match, one family and the mangle table", where)
+						bad("%s: tproxy needs a protocol match, one family and the mangle table", where())
 					}
 				case nil:
-					bad("%s: no verdict", where)
+					bad("%s: no verdict", where())
 				}
 			}
 		}
