@@ -162,6 +162,10 @@ const cleanupTimeout = 5 * time.Second
 // nothing that looks like capture stays; rules an earlier run installed are
 // never removed by a failed Apply (another run's success must not be undone).
 func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Options) (Applied, error) {
+	var prep Prepared
+	if b := o.backend(); b == Auto || b == NFTables {
+		prep = pl.k.Prepare(p)
+	}
 	lk, err := lock(ctx, n, o)
 	if err != nil {
 		return Applied{}, err
@@ -169,7 +173,7 @@ func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 	defer lk.unlock(false)
 	phase.Mark("locked")
 	path := pin(n)
-	v, err := pl.k.Enter(n, path)
+	v, err := pl.k.Enter(n, path, prep)
 	if err != nil {
 		return Applied{}, unpin(err, path, n)
 	}
@@ -204,7 +208,7 @@ func (pl *Pipeline) Check(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 	}
 	defer lk.unlock(false)
 	path := pin(n)
-	v, err := pl.k.Enter(n, path)
+	v, err := pl.k.Enter(n, path, nil)
 	if err != nil {
 		return "", unpin(err, path, n)
 	}
@@ -220,7 +224,7 @@ func (pl *Pipeline) Check(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 // the host's included: it only reads) and the backend's name.
 func (pl *Pipeline) List(ctx context.Context, n *Netns, o Options) (redirect.Plan, string, error) {
 	path := pin(n)
-	v, err := pl.k.Enter(n, path)
+	v, err := pl.k.Enter(n, path, nil)
 	if err != nil {
 		return redirect.Plan{}, "", unpin(err, path, n)
 	}
@@ -268,7 +272,7 @@ func (pl *Pipeline) Remove(ctx context.Context, n *Netns, o Options) (Removal, e
 	removed := false
 	defer func() { lk.unlock(removed) }()
 	path := pin(n)
-	v, err := pl.k.Enter(n, path)
+	v, err := pl.k.Enter(n, path, nil)
 	if err != nil {
 		return nil, unpin(err, path, n)
 	}

@@ -32,11 +32,17 @@ type Kernel interface {
 	// and checks that it is one (see hostns.Open); it does not refuse the
 	// host's: the pipeline does.
 	OpenNetns(path string) (*Netns, error)
+	// Prepare lets the kernel start on p, the plan an Apply is about to
+	// write, while the pipeline takes the lock and selects the backend
+	// (the nftables backend encodes and marshals its batch on another
+	// goroutine). Its result goes to Enter; it may be nil.
+	Prepare(p redirect.Plan) Prepared
 	// Enter opens what one verb reads and writes in the namespace n, whose
-	// pinned path is path, entering it once (see Visit). The pipeline
-	// enters after the host guard and the lock, so what the visit reads is
-	// what the verb's writes start from.
-	Enter(n *Netns, path string) (Visit, error)
+	// pinned path is path, entering it once (see Visit); the visit's
+	// backends use prep (nil for none) when asked to apply its plan. The
+	// pipeline enters after the host guard and the lock, so what the
+	// visit reads is what the verb's writes start from.
+	Enter(n *Netns, path string, prep Prepared) (Visit, error)
 	// LegacyAvailable is nil when the kernel has legacy x_tables.
 	LegacyAvailable() error
 	// Addrs lists the namespace's addresses in the kernel's order (see
@@ -68,6 +74,10 @@ type Visit interface {
 	Close() error
 }
 
+// Prepared is a Kernel's work on a plan ahead of its Apply (see
+// Kernel.Prepare); only the Kernel that made it reads it.
+type Prepared any
+
 // LegacyPresence is what the legacy tables of a namespace hold.
 type LegacyPresence = iptables.Presence
 
@@ -91,6 +101,12 @@ func (linuxKernel) OpenNetns(path string) (*Netns, error) { return hostns.Open(p
 
 func (linuxKernel) LegacyAvailable() error { return iptables.LegacyAvailable() }
 
+// Prepare encodes p for the nftables backend and marshals the batch that
+// creates its table on another goroutine, the likeliest backend's CPU
+// work done while the pipeline waits on system calls; a namespace that
+// gets iptables-legacy leaves it unused.
+func (linuxKernel) Prepare(p redirect.Plan) Prepared { return nft.New().Prepare(p) }
+
 func (linuxKernel) Addrs(path string) ([]netip.Addr, error) { return netnsaddr.List(path) }
 
 // Enter opens, from one thread inside n, the sockets a verb uses there: a
@@ -98,8 +114,9 @@ func (linuxKernel) Addrs(path string) ([]netip.Addr, error) { return netnsaddr.L
 // handle for the policy routes and ::6, and the legacy tables' names (with
 // a raw socket per family that has any). Entering costs a thread switch and
 // back, each socket one system call.
-func (linuxKernel) Enter(n *Netns, path string) (Visit, error) {
-	v := &linuxVisit{n: n, path: path}
+func (linuxKernel) Enter(n *Netns, path string, prep Prepared) (Visit, error) {
+	pr, _ := prep.(*nft.Prepared)
+	v := &linuxVisit{n: n, path: path, prep: pr}
 	err := n.Do(func() (err error) {
 		if v.nf, err = nft.DialHere(); err != nil {
 			return err
@@ -124,6 +141,7 @@ type linuxVisit struct {
 	nf    *nft.Conn
 	route *netlink.Handle
 	xt    *iptables.Sockets
+	prep  *nft.Prepared
 }
 
 func (v *linuxVisit) Close() error {
@@ -144,7 +162,11 @@ func (v *linuxVisit) Backend(name string) redirect.Backend {
 	if name == Legacy {
 		return iptables.New()
 	}
-	return nft.New().Via(v.n.Fd(), v.nf, v.route)
+	b := nft.New().Via(v.n.Fd(), v.nf, v.route)
+	if v.prep != nil {
+		b = b.With(v.prep)
+	}
+	return b
 }
 
 func (v *linuxVisit) LegacyPresence() (LegacyPresence, error) {

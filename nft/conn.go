@@ -6,6 +6,8 @@ import (
 	"github.com/mdlayher/netlink"
 	vnetlink "github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/redirect"
 )
 
 // Conn is the backend's way into one network namespace for a caller that
@@ -77,5 +79,60 @@ type via struct {
 func (b *Backend) Via(ns int, c *Conn, route *vnetlink.Handle) *Backend {
 	cp := *b
 	cp.via = &via{ns: ns, conn: c, route: route}
+	return &cp
+}
+
+// Prepared is a plan encoded, and the batch that creates its table
+// marshalled, ahead of Apply on another goroutine (Prepare): CPU work that
+// then overlaps what the caller does until Apply (taking the namespace's
+// lock, entering it, choosing the backend). A namespace that already has
+// the table needs a batch that replaces it: Apply marshals that one from
+// the same encoding.
+type Prepared struct {
+	plan       redirect.Plan
+	table      string
+	done       chan struct{}
+	prog       *program
+	create     []netlink.Message
+	encodeErr  error
+	marshalErr error
+}
+
+// Prepare starts encoding p for b's table and marshalling the batch that
+// creates it, on another goroutine. Pass the result to With.
+func (b *Backend) Prepare(p redirect.Plan) *Prepared { return prepare(p, b.table, true) }
+
+func prepare(p redirect.Plan, table string, async bool) *Prepared {
+	pr := &Prepared{plan: p, table: table, done: make(chan struct{})}
+	work := func() {
+		defer close(pr.done)
+		if pr.prog, pr.encodeErr = encode(p, table); pr.encodeErr == nil {
+			pr.create, pr.marshalErr = marshalProgram(pr.prog, false)
+		}
+	}
+	if async {
+		go work()
+	} else {
+		work()
+	}
+	return pr
+}
+
+// isFor reports whether pr was prepared from p itself for table: the same
+// Plan value, its slices the same arrays. The caller must not change the
+// plan in place between Prepare and Apply; any other plan is encoded anew.
+func (pr *Prepared) isFor(p redirect.Plan, table string) bool {
+	q := pr.plan
+	return pr.table == table && same(q.Tables, p.Tables) && same(q.Sets, p.Sets) &&
+		same(q.Routes, p.Routes) && same(q.LoopbackAddrs, p.LoopbackAddrs)
+}
+
+func same[T any](a, b []T) bool { return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0]) }
+
+// With returns a copy of b whose Apply of the plan pr was prepared from
+// uses pr's work (waiting for it); Apply of any other plan encodes its own.
+func (b *Backend) With(pr *Prepared) *Backend {
+	cp := *b
+	cp.prepared = pr
 	return &cp
 }

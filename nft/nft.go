@@ -22,6 +22,8 @@ type Backend struct {
 	table string
 	// via, when set, are the sockets the backend works through (see Via).
 	via *via
+	// prepared, when set, is a plan encoded ahead of Apply (see With).
+	prepared *Prepared
 	// afterBatch, when set, runs after the nft batch committed and before
 	// routes are programmed; tests use it to inject a failure there.
 	afterBatch func() error
@@ -154,10 +156,15 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	prog, err := encode(p, b.table)
-	if err != nil {
-		return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, err)
+	pr := b.prepared
+	if pr == nil || !pr.isFor(p, b.table) {
+		pr = prepare(p, b.table, false)
 	}
+	<-pr.done
+	if pr.encodeErr != nil {
+		return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, pr.encodeErr)
+	}
+	prog := pr.prog
 	ns, conn, done, err := b.connect(netnsPath)
 	if err != nil {
 		return err
@@ -191,7 +198,11 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		}
 	}
 	b.changed()
-	err = b.sendProgram(conn, prog, existed)
+	if existed {
+		err = b.sendProgram(conn, prog, true)
+	} else if err = pr.marshalErr; err == nil {
+		err = b.sendMsgs(conn, pr.create)
+	}
 	b.spoil(err)
 	if err != nil {
 		return fmt.Errorf("applying capture table inet %s in netns %s: %w", b.table, netnsPath, err)
@@ -239,6 +250,12 @@ func (b *Backend) sendProgram(conn *netlink.Conn, prog *program, replace bool) e
 	if err != nil {
 		return err
 	}
+	return b.sendMsgs(conn, msgs)
+}
+
+// sendMsgs sends a marshalled batch, the socket's send buffer grown first
+// when the batch is larger than it holds.
+func (b *Backend) sendMsgs(conn *netlink.Conn, msgs []netlink.Message) error {
 	if size := batchSize(msgs); size > 200<<10 {
 		if err := forceSendBuffer(conn, size+64<<10); err != nil {
 			return fmt.Errorf("sizing the netlink send buffer: %w", err)

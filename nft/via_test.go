@@ -11,6 +11,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/internal/policyroute"
+	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/nstest"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
@@ -103,5 +104,49 @@ func TestKernelVia(t *testing.T) {
 	}
 	if err := New().Via(own.Fd(), oc, oroute).Remove(ctx, "/proc/self/ns/net"); !errors.Is(err, hostns.ErrOwnNetns) {
 		t.Fatalf("Remove via the own namespace = %v, want ErrOwnNetns", err)
+	}
+}
+
+// TestKernelPrepared: a plan prepared ahead of Apply (encoded, its create
+// batch marshalled on another goroutine) is what Apply writes into a fresh
+// namespace and, through a replace batch from the same encoding, over our
+// table; a backend given another plan than the prepared one writes that
+// other plan.
+func TestKernelPrepared(t *testing.T) {
+	nstest.NeedRoot(t)
+	ctx := context.Background()
+	path := podNetns(t)
+	tp, _ := scenarios.ByName("tproxy")
+	v4, _ := scenarios.ByName("ipv4-only")
+	ptp, err := tp.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pv4, err := v4.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range []redirect.Plan{ptp, pv4, ptp} {
+		b := New()
+		if err := b.With(b.Prepare(p)).Apply(ctx, path, p); err != nil {
+			t.Fatalf("Apply %d of a prepared plan: %v", i, err)
+		}
+		if err := New().Check(ctx, path, p); err != nil {
+			t.Fatalf("Check after Apply %d of a prepared plan: %v", i, err)
+		}
+	}
+	b := New()
+	if err := b.With(b.Prepare(ptp)).Apply(ctx, path, pv4); err != nil {
+		t.Fatal(err)
+	}
+	if err := New().Check(ctx, path, pv4); err != nil {
+		t.Fatalf("a backend prepared for another plan wrote the prepared one: %v", err)
+	}
+	bad := longChainPlan(t)
+	if err := b.With(b.Prepare(bad)).Apply(ctx, path, bad); err == nil {
+		t.Fatal("a prepared plan the kernel refuses was applied")
+	}
+	if err := New().Check(ctx, path, pv4); err != nil {
+		t.Fatalf("a refused prepared batch changed the table: %v", err)
 	}
 }

@@ -426,9 +426,12 @@ func (f *Fake) Addrs(path string) ([]netip.Addr, error) {
 	return slices.Clone(n.addrs), nil
 }
 
+// Prepare implements capture.Kernel: the fake has nothing to prepare.
+func (f *Fake) Prepare(redirect.Plan) capture.Prepared { return nil }
+
 // Enter implements capture.Kernel: a visit reads the namespace at path as
 // it is at each call, as the kernel's sockets do.
-func (f *Fake) Enter(_ *capture.Netns, path string) (capture.Visit, error) {
+func (f *Fake) Enter(_ *capture.Netns, path string, _ capture.Prepared) (capture.Visit, error) {
 	return &visit{f: f, path: path}, nil
 }
 
