@@ -4,15 +4,15 @@
 //
 // With a second P the runtime wakes an idle thread at every goroutine it
 // starts or readies, which finds nothing to do; package initialisation
-// already starts some (os's finalizer and cleanup goroutines). Setting
-// GOMAXPROCS from main comes too late for those, and its stop-the-world
-// then waits for the thread they woke, which on a loaded machine is still
-// waiting for a CPU (measured: 0.2-0.3 ms median, over 1 ms at times).
-// Here it runs before any of that: package initialisation goes in import
-// path order among the packages whose imports are initialised, and this
-// one imports nothing but the runtime, so it comes ahead of every package
-// that starts a goroutine (TestInitialisedBeforeOS), while the runtime's
-// own start-up threads have little left to do.
+// already starts some (the runtime's finalizer goroutine, first needed by
+// os's init, and its cleanup goroutine). Set from main, GOMAXPROCS comes
+// too late for those, and its stop-the-world then waits for the thread
+// they woke, which on a loaded machine may still be waiting for a CPU
+// (measured: 0.2-0.3 ms median, over 1 ms at times; here, tens of µs).
+// Package initialisation goes in import path order among the packages
+// whose imports are initialised; this one imports only the runtime, so it
+// comes ahead of os and of every package that starts a goroutine
+// (TestInitialisedBeforeOS).
 package oneproc
 
 import "runtime"
