@@ -136,6 +136,11 @@ lint: staticcheck
 	@# linked package first: it must not link client-go or the API types.
 	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni | grep -E '^k8s\.io/|klog|logr' || true); \
 	  if [ -n "$$bad" ]; then echo "nftmesh-cni links Kubernetes client packages:"; echo "$$bad"; exit 1; fi
+	@# Nor the other packages whose initialisation every run would pay: net/http
+	@# (podget speaks HTTP/1.1 over crypto/tls itself), YAML (the agent writes
+	@# the kubeconfig as JSON), regexp, and the CNI library's skel.
+	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni | grep -E '^(net/http|regexp|mime|sigs\.k8s\.io/yaml|go\.yaml\.in/.*|gopkg\.in/yaml.*|github\.com/containernetworking/cni/pkg/skel)$$' || true); \
+	  if [ -n "$$bad" ]; then echo "nftmesh-cni links packages that slow its start:"; echo "$$bad"; exit 1; fi
 	@# Only the capture pipeline drives the kernel backends: every front end
 	@# (plugin, CLI, repair) goes through it, so every write is guarded and
 	@# locked. Tests may import a backend; no other package may.

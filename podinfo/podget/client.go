@@ -3,12 +3,13 @@
 // GET with bounded retries, failing closed, and only the pod fields the
 // in-mesh decision reads (podinfo/meshpod.Pod) plus the UID.
 //
-// It is built on net/http and encoding/json rather than client-go: the
-// plugin is a new process on every pod start, and Go initialises every
-// linked package before main, so client-go, its API types and their
-// schemes cost milliseconds of every ADD even when the node agent answers
-// and no GET is made. It also keeps the TLS session with the API server in
-// a file (tlssession.go), so the next process resumes it.
+// It is built on crypto/tls and encoding/json (h1.go makes the one HTTP/1.1
+// GET) rather than client-go or even net/http: the plugin is a new process
+// on every pod start, and Go initialises every linked package before main,
+// so client-go, its API types and their schemes would cost milliseconds of
+// every ADD, and net/http alone some tenths of one, even when the node agent
+// answers and no GET is made. It also keeps the TLS session with the API
+// server in a file (tlssession.go), so the next process resumes it.
 //
 // It does not decide anything (meshpod does) and does not log.
 package podget
@@ -22,9 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net"
-	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -40,7 +39,7 @@ type Client struct {
 	server    string
 	token     string
 	userAgent string
-	http      *http.Client
+	http      *transport
 	sessions  *fileSessionCache // nil without a session dir or over plain HTTP
 	// attemptTime bounds one GET inside GetPod's deadline, so a server
 	// that accepted the connection but stalls is asked again.
@@ -72,22 +71,16 @@ func New(kc *Kubeconfig, o Options) (*Client, error) {
 	if c.userAgent == "" {
 		c.userAgent = "nftmesh-cni"
 	}
-	proxy := http.ProxyFromEnvironment // NO_PROXY may hold CIDRs, as for client-go
+	tr := &transport{proxy: envProxy()} // NO_PROXY may hold CIDRs, as for client-go
 	if kc.ProxyURL != "" {
 		u, err := url.Parse(kc.ProxyURL)
 		if err != nil {
 			return nil, fmt.Errorf("parsing proxy-url %s: %w", quote.Value(kc.ProxyURL), err)
 		}
-		proxy = http.ProxyURL(u)
-	}
-	tr := &http.Transport{
-		Proxy:               proxy,
-		DialContext:         (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSHandshakeTimeout: 10 * time.Second,
-		MaxIdleConnsPerHost: 2,
-		// HTTP/1.1: a short-lived process makes one request, and HTTP/2's
-		// connection set-up is pure overhead for it.
-		ForceAttemptHTTP2: false,
+		if u.Scheme != "http" && u.Scheme != "https" {
+			return nil, fmt.Errorf("proxy-url %s: only http and https proxies are supported", quote.Value(u.Redacted()))
+		}
+		tr.proxy = func(*url.URL) (*url.URL, error) { return u, nil }
 	}
 	if strings.HasPrefix(kc.Server, "https://") {
 		tc := &tls.Config{ServerName: kc.ServerName, InsecureSkipVerify: kc.Insecure, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12}
@@ -110,9 +103,9 @@ func New(kc *Kubeconfig, o Options) (*Client, error) {
 			c.sessions = &fileSessionCache{path: sessionFileName(o.SessionDir, host, tc.ServerName, kc.CAData)}
 			c.sessions.install(tc)
 		}
-		tr.TLSClientConfig = tc
+		tr.tls = tc
 	}
-	c.http = &http.Client{Transport: tr}
+	c.http = tr
 	return c, nil
 }
 
@@ -183,6 +176,9 @@ func (c *Client) GetPod(ctx context.Context, namespace, name, wantUID string, ti
 	defer cancel()
 	delay := firstRetryDelay
 	cached := true
+	// prev is the last attempt's error that was the server's doing: an
+	// attempt cut short only by the overall deadline says less.
+	var prev error
 	for attempt := 1; ; attempt++ {
 		actx, acancel := context.WithTimeout(ctx, c.attemptTime)
 		pod, err := c.get(actx, namespace, name, cached)
@@ -199,7 +195,7 @@ func (c *Client) GetPod(ctx context.Context, namespace, name, wantUID string, ti
 			return pod, nil
 		}
 		var se *StatusError
-		if cached && errors.As(err, &se) && se.Code == http.StatusNotFound {
+		if cached && errors.As(err, &se) && se.Code == statusNotFound {
 			cached = false
 			continue
 		}
@@ -212,12 +208,16 @@ func (c *Client) GetPod(ctx context.Context, namespace, name, wantUID string, ti
 			// server timeout): asking sooner only adds to its load.
 			wait = max(wait, min(time.Duration(se.RetryAfter)*time.Second, maxServerDelay))
 		}
+		if ctx.Err() != nil && prev != nil && errors.Is(err, context.DeadlineExceeded) {
+			err = prev
+		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("getting pod %s/%s: %s within %s (%d attempts): %w",
 				namespace, name, transientWhat(err), time.Since(start).Round(time.Millisecond), attempt, err)
 		case <-time.After(wait):
 		}
+		prev = err
 		delay = min(2*delay, maxRetryDelay)
 	}
 }
@@ -244,33 +244,28 @@ func (c *Client) get(ctx context.Context, namespace, name string, cached bool) (
 	if cached {
 		u += "?resourceVersion=0"
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	target, err := url.Parse(u)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("User-Agent", c.userAgent)
+	headers := [][2]string{{"User-Agent", c.userAgent}, {"Accept", "application/json"}}
 	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
+		headers = append(headers, [2]string{"Authorization", "Bearer " + c.token})
 	}
-	resp, err := c.http.Do(req)
+	resp, err := c.http.get(ctx, target, headers)
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
-	if err != nil {
-		return nil, err
-	}
+	body := resp.body
 	if len(body) > maxBody {
 		return nil, fmt.Errorf("the API server's answer is over %d bytes", maxBody)
 	}
-	ctype := resp.Header.Get("Content-Type")
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+	ctype := resp.header.Get("Content-Type")
+	if resp.code < 200 || resp.code > 299 {
 		return nil, statusError(resp, ctype, body)
 	}
 	if len(body) == 0 {
-		return nil, fmt.Errorf("0-length response with status code: %d and content type: %s", resp.StatusCode, quote.Value(ctype))
+		return nil, fmt.Errorf("0-length response with status code: %d and content type: %s", resp.code, quote.Value(ctype))
 	}
 	if !isJSON(ctype) {
 		return nil, fmt.Errorf("the API server answered with content type %s, not JSON: %s", quote.Value(ctype), quote.Value(string(body)))
@@ -278,9 +273,11 @@ func (c *Client) get(ctx context.Context, namespace, name string, cached bool) (
 	return decodePod(body)
 }
 
+// isJSON reports whether a Content-Type is application/json (parameters
+// such as charset aside; media types are case-insensitive).
 func isJSON(ctype string) bool {
-	mt, _, err := mime.ParseMediaType(ctype)
-	return err == nil && mt == "application/json"
+	mt, _, _ := strings.Cut(ctype, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
 }
 
 // decodePod decodes a Pod answer; anything else (another kind, another
@@ -306,7 +303,7 @@ type StatusError struct {
 func (e *StatusError) Error() string {
 	msg := e.Message
 	if msg == "" {
-		msg = http.StatusText(e.Code)
+		msg = statusText[e.Code]
 	}
 	if e.Reason != "" {
 		return fmt.Sprintf("%s (%s, HTTP %d)", msg, e.Reason, e.Code)
@@ -317,14 +314,14 @@ func (e *StatusError) Error() string {
 // IsNotFound reports whether err is the API server's 404 for the pod.
 func IsNotFound(err error) bool {
 	var se *StatusError
-	return errors.As(err, &se) && se.Code == http.StatusNotFound
+	return errors.As(err, &se) && se.Code == statusNotFound
 }
 
 // statusError reads a non-2xx answer: a Status object when the server
 // sent one, else what the code means with the body's start.
-func statusError(resp *http.Response, ctype string, body []byte) error {
-	se := &StatusError{Code: resp.StatusCode}
-	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+func statusError(resp *response, ctype string, body []byte) error {
+	se := &StatusError{Code: resp.code}
+	if s, err := strconv.Atoi(resp.header.Get("Retry-After")); err == nil && s > 0 {
 		se.RetryAfter = s
 	}
 	var st struct {
@@ -342,10 +339,10 @@ func statusError(resp *http.Response, ctype string, body []byte) error {
 		}
 		return se
 	}
-	switch resp.StatusCode {
-	case http.StatusUnauthorized:
+	switch resp.code {
+	case statusUnauthorized:
 		se.Message = "the server has asked for the client to provide credentials"
-	case http.StatusForbidden:
+	case statusForbidden:
 		se.Message = "the server does not allow access to the requested resource"
 	}
 	if b := bytes.TrimSpace(body); len(b) > 0 {
@@ -369,7 +366,7 @@ func Retryable(err error) bool {
 	var se *StatusError
 	if errors.As(err, &se) {
 		switch {
-		case se.Code == http.StatusTooManyRequests, se.Code == http.StatusRequestTimeout, se.Code >= 500:
+		case se.Code == statusTooManyRequests, se.Code == statusRequestTimeout, se.Code >= 500:
 			return true
 		case se.Reason == "Timeout", se.Reason == "ServerTimeout", se.Reason == "TooManyRequests":
 			return true
@@ -415,7 +412,7 @@ func Retryable(err error) bool {
 func transientWhat(err error) string {
 	var se *StatusError
 	if errors.As(err, &se) {
-		if se.Code == http.StatusTooManyRequests {
+		if se.Code == statusTooManyRequests {
 			return "API server still throttling"
 		}
 		return "API server still failing"
@@ -424,4 +421,24 @@ func transientWhat(err error) string {
 		return "no answer from the API server"
 	}
 	return "API server not reachable"
+}
+
+// HTTP status codes the client tells apart.
+const (
+	statusUnauthorized    = 401
+	statusForbidden       = 403
+	statusNotFound        = 404
+	statusRequestTimeout  = 408
+	statusTooManyRequests = 429
+)
+
+// statusText names the codes an API server answers with, for a
+// StatusError without a message.
+var statusText = map[int]string{
+	400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+	405: "Method Not Allowed", 406: "Not Acceptable", 408: "Request Timeout",
+	409: "Conflict", 410: "Gone", 413: "Request Entity Too Large",
+	415: "Unsupported Media Type", 422: "Unprocessable Entity", 429: "Too Many Requests",
+	500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway",
+	503: "Service Unavailable", 504: "Gateway Timeout",
 }
