@@ -22,7 +22,6 @@
 // Logs are JSON (zerolog) on stderr and in a size-capped file in
 // agent_run_dir, never on stdout, which carries the CNI result.
 //
-//go:debug containermaxprocs=0
 //go:debug updatemaxprocs=0
 package main
 
@@ -48,9 +47,10 @@ func main() {
 	// should a huge prevResult or pod object arrive.
 	debug.SetGCPercent(-1)
 	debug.SetMemoryLimit(128 << 20)
-	// The //go:debug lines above keep the runtime from reading this
-	// process's cgroup files at start-up to size GOMAXPROCS, and from
-	// re-reading them later: a run lasts milliseconds. Nor does main set
+	// The //go:debug line above keeps the runtime from starting the
+	// goroutine (and thread) that re-reads the cgroup's CPU limit while the
+	// process runs: a run lasts milliseconds. (Go reads the cgroup files
+	// once at start whatever the settings.) Nor does main set
 	// GOMAXPROCS(1) any more: the stop-the-world that takes costs ~0.25 ms,
 	// more than the idle-thread wake-ups it saved.
 	// A runtime never passes arguments and always sets CNI_COMMAND, so
