@@ -161,6 +161,15 @@ type Resolver interface {
 	Resolve(ctx context.Context, req Request) Answer
 }
 
+// QuickResolver is a Resolver that may have an answer at hand: ResolveNow
+// returns it without waiting for anything, or false, and then the server
+// calls Resolve with its deadline. The usual answer (a pod the agent's
+// watch has brought) then costs no timer.
+type QuickResolver interface {
+	Resolver
+	ResolveNow(req Request) (Answer, bool)
+}
+
 // ResolverFunc adapts a function to Resolver.
 type ResolverFunc func(ctx context.Context, req Request) Answer
 
@@ -261,9 +270,17 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 		o.Status, o.Reason = OutcomeBadRequest, err.Error()
 		return
 	}
-	rctx, cancel := context.WithTimeout(ctx, ResolveTimeout)
-	a := s.Resolver.Resolve(rctx, req)
-	cancel()
+	// The usual answer, a pod the agent's watch has brought, costs no
+	// timer and no wait.
+	a, ok := Answer{}, false
+	if q, isQ := s.Resolver.(QuickResolver); isQ {
+		a, ok = q.ResolveNow(req)
+	}
+	if !ok {
+		rctx, cancel := context.WithTimeout(ctx, ResolveTimeout)
+		a = s.Resolver.Resolve(rctx, req)
+		cancel()
+	}
 	// The resolver is trusted code, but a wrong answer would only send the
 	// plugin to the API server: send "unknown" instead and say why.
 	if err := CheckAnswer(req, a); err != nil {

@@ -409,3 +409,52 @@ func TestListenReplacesAndKeepsSuccessor(t *testing.T) {
 		t.Fatalf("Close left its own socket: %v", err)
 	}
 }
+
+// quickResolver has web-now at hand; anything else it resolves the slow
+// way, noting the deadline it was given.
+type quickResolver struct {
+	now      func(req Request) Answer
+	resolved chan bool // whether Resolve's ctx had a deadline
+}
+
+func (q *quickResolver) ResolveNow(req Request) (Answer, bool) {
+	if req.Name != "web-now" {
+		return Answer{}, false
+	}
+	return q.now(req), true
+}
+
+func (q *quickResolver) Resolve(ctx context.Context, req Request) Answer {
+	_, ok := ctx.Deadline()
+	q.resolved <- ok
+	return Found(req.UID, podFor(req))
+}
+
+// TestServerQuickResolver: an answer the resolver has at hand is sent
+// without calling Resolve; one it has not is resolved within the server's
+// deadline; and a fast answer about another UID is never sent.
+func TestServerQuickResolver(t *testing.T) {
+	needRoot(t)
+	q := &quickResolver{now: func(req Request) Answer { return Found(req.UID, podFor(req)) }, resolved: make(chan bool, 10)}
+	runDir, _ := serve(t, q)
+	req := goodRequest()
+	req.Name = "web-now"
+	if a, err := Ask(context.Background(), Path(runDir), req); err != nil || a.Status != StatusFound || a.Pod.Name != "web-now" {
+		t.Fatalf("at hand: %+v, %v", a, err)
+	}
+	if len(q.resolved) != 0 {
+		t.Fatal("Resolve was called for an answer at hand")
+	}
+	if a, err := Ask(context.Background(), Path(runDir), goodRequest()); err != nil || a.Status != StatusFound {
+		t.Fatalf("resolved: %+v, %v", a, err)
+	}
+	if deadline := <-q.resolved; !deadline {
+		t.Fatal("Resolve got no deadline")
+	}
+
+	stale := &quickResolver{now: func(req Request) Answer { return Found("some-older-uid", podFor(req)) }, resolved: make(chan bool, 10)}
+	runDir, _ = serve(t, stale)
+	if a, err := Ask(context.Background(), Path(runDir), req); err != nil || a.Status != StatusUnknown || !strings.Contains(a.Reason, "some-older-uid") {
+		t.Fatalf("stale answer at hand: %+v, %v; want unknown naming the UID", a, err)
+	}
+}

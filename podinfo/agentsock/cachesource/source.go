@@ -135,6 +135,19 @@ func (s *Source) lookup(key, uid string) (*corev1.Pod, string) {
 	return pod, ""
 }
 
+// ResolveNow answers a request from the cache alone when it holds the pod
+// with the UID asked about (agentsock.QuickResolver); anything else is
+// left to Resolve.
+func (s *Source) ResolveNow(req agentsock.Request) (agentsock.Answer, bool) {
+	if s.store == nil || s.synced != nil && !s.synced() {
+		return agentsock.Answer{}, false
+	}
+	if pod, _ := s.lookup(req.Namespace+"/"+req.Name, req.UID); pod != nil {
+		return answer(pod), true
+	}
+	return agentsock.Answer{}, false
+}
+
 // Resolve answers one request (see the package doc). The answer is never
 // about a pod with another UID.
 func (s *Source) Resolve(ctx context.Context, req agentsock.Request) agentsock.Answer {

@@ -181,3 +181,32 @@ func TestWaitBoundedByCaller(t *testing.T) {
 		t.Fatalf("waiters left: %v", s.waiters)
 	}
 }
+
+// TestResolveNow: the server's fast path answers only a cached pod with
+// the UID asked about; anything else (another UID, not cached, the cache
+// not synced, no cache) is left to Resolve, and reads nothing.
+func TestResolveNow(t *testing.T) {
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	_ = store.Add(pod("uid-1"))
+	g := &getter{pod: pod("uid-1")}
+	s := newSource(store, g)
+	if a, ok := s.ResolveNow(request("uid-1")); !ok || a.Status != agentsock.StatusFound || a.UID != "uid-1" || a.Pod.Name != "web-1" {
+		t.Fatalf("cached pod: %+v, %v", a, ok)
+	}
+	for name, tc := range map[string]struct {
+		s   *Source
+		req agentsock.Request
+	}{
+		"other uid":  {s, request("uid-2")},
+		"not cached": {s, agentsock.Request{V: agentsock.Version, Namespace: "shop", Name: "web-2", UID: "uid-1"}},
+		"not synced": {New(store, func() bool { return false }, g.get), request("uid-1")},
+		"no cache":   {New(nil, nil, g.get), request("uid-1")},
+	} {
+		if a, ok := tc.s.ResolveNow(tc.req); ok || a.Status != "" {
+			t.Errorf("%s: %+v, %v; want nothing", name, a, ok)
+		}
+	}
+	if g.n.Load() != 0 {
+		t.Fatalf("ResolveNow read the API %d times", g.n.Load())
+	}
+}
