@@ -119,7 +119,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 // runTree runs args with the command tree root.
 func runTree(root *cobra.Command, args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
-	root.SetOut(stdout)
+	root.SetOut(versionWriter{stdout, root.DisplayName() + " version " + root.Version + "\n"})
 	root.SetErr(stderr)
 	cmd, err := root.ExecuteC()
 	if err == nil {
@@ -137,6 +137,29 @@ func runTree(root *cobra.Command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "redirect: %v\n", err)
 	}
 	return code
+}
+
+// versionWriter is the commands' standard output. Cobra prints --version
+// as "NAME version VERSION" in one write, which this turns into
+// version.Line (the toolchain and platform too). Cobra prints another line
+// only through a version template, which it renders with text/template:
+// linking that makes the linker keep every exported method of every type
+// that reaches an interface (the binary is 8.3 MB with it, 6.0 MB
+// without, and each run starts and exits faster: ~0.2 ms of CPU for an
+// apply). TestCLIVersionAsTemplate compares the two ways.
+type versionWriter struct {
+	io.Writer
+	cobraLine string
+}
+
+func (w versionWriter) Write(p []byte) (int, error) {
+	if string(p) != w.cobraLine {
+		return w.Writer.Write(p)
+	}
+	if _, err := io.WriteString(w.Writer, version.Line("redirect")+"\n"); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // rootHint says what a permission error of a non-root user means: entering
@@ -199,7 +222,6 @@ the nftmesh CNI plugin does, without Kubernetes and without any iptables or nft 
 		SilenceErrors:    true,
 		PersistentPreRun: warnDeprecated,
 	}
-	root.SetVersionTemplate(version.Line("redirect") + "\n")
 	one := false
 	for _, c := range commands {
 		if len(args) > 0 && args[0] == c.name {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/nftmesh/nftmesh/capture/capturetest"
+	"github.com/nftmesh/nftmesh/internal/version"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -109,6 +110,33 @@ func TestCLIOneCommandTreeSameOutput(t *testing.T) {
 	for _, args := range [][]string{nil, {"--help"}, {"help", "apply"}, {"completion", "bash"}, {"__complete", "apply", "--backend", ""}, {"--version"}, {"-h", "apply"}, {"aply"}} {
 		if got := len(newRootFor(args).Commands()); got != len(commands) {
 			t.Errorf("the tree for %q holds %d commands, want all %d", args, got, len(commands))
+		}
+	}
+}
+
+// TestCLIVersionAsTemplate: --version prints version.Line, the same as
+// cobra rendering it from a version template (what redirect did before
+// versionWriter), and every way of asking for it, or of mixing it with
+// help, commands and bad flags, prints and exits the same both ways.
+func TestCLIVersionAsTemplate(t *testing.T) {
+	if code, out, errOut := runCLI(t, "--version"); code != exitOK || out != version.Line("redirect")+"\n" || errOut != "" {
+		t.Errorf("--version: exit %d, stdout %q, stderr %q; want %q", code, out, errOut, version.Line("redirect")+"\n")
+	}
+	for _, args := range [][]string{
+		{"--version"}, {"-v"}, {"--version", "--help"}, {"-h", "-v"}, {"-v", "-h"}, {"--version=false"}, {"--version=true"},
+		{"--version", "apply"}, {"--version", "extra"}, {"--version", "apply", "render"}, {"-v", "render"}, {"apply", "--version"},
+		{"render", "-v"}, {"--version", "--bogus"}, {"help"}, {"help", "--version"}, {"help", "-v"}, {"--help"}, {},
+		{"__complete", "--"}, {"__complete", "-"}, {"__complete", "--version", ""}, {"__complete", "-v", ""}, {"version"},
+		{"render", "-o", "plan"},
+	} {
+		old := newRootFor(args)
+		old.SetVersionTemplate(version.Line("redirect") + "\n")
+		var oldOut, oldErr, out, errOut bytes.Buffer
+		oldCode := runTree(old, args, &oldOut, &oldErr)
+		code := run(args, &out, &errOut)
+		if code != oldCode || out.String() != oldOut.String() || errOut.String() != oldErr.String() {
+			t.Errorf("redirect %q: exit %d, stdout %q, stderr %q; with a version template: exit %d, stdout %q, stderr %q",
+				args, code, out.String(), errOut.String(), oldCode, oldOut.String(), oldErr.String())
 		}
 	}
 }
