@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"net/netip"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -137,6 +139,32 @@ func TestCLIVersionAsTemplate(t *testing.T) {
 		if code != oldCode || out.String() != oldOut.String() || errOut.String() != oldErr.String() {
 			t.Errorf("redirect %q: exit %d, stdout %q, stderr %q; with a version template: exit %d, stdout %q, stderr %q",
 				args, code, out.String(), errOut.String(), oldCode, oldOut.String(), oldErr.String())
+		}
+	}
+}
+
+// TestBinaryPrunesMethods: the redirect binary links none of the
+// reflection that calls methods by name (text/template's, reached through
+// a cobra template setter such as SetVersionTemplate): with it the linker
+// keeps every exported method of every type that reaches an interface, a
+// third more binary to load at every run (see versionWriter).
+func TestBinaryPrunesMethods(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "redirect")
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building redirect: %v\n%s", err, out)
+	}
+	out, err := exec.Command("go", "tool", "nm", bin).Output()
+	if err != nil {
+		t.Fatalf("go tool nm: %v", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && (f[2] == "reflect.Value.Method" || f[2] == "reflect.Value.MethodByName") {
+			t.Errorf("the binary links %s: something (a cobra Set*Template, text/template) calls methods by reflection, and the linker then keeps every exported method", f[2])
 		}
 	}
 }
