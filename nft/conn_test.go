@@ -20,7 +20,9 @@ func tableMsg(t *testing.T, fam uint8, attrs ...netlink.Attribute) []byte {
 }
 
 func TestParseTable(t *testing.T) {
-	name := func(s string) netlink.Attribute { return netlink.Attribute{Type: unix.NFTA_TABLE_NAME, Data: []byte(s + "\x00")} }
+	name := func(s string) netlink.Attribute {
+		return netlink.Attribute{Type: unix.NFTA_TABLE_NAME, Data: []byte(s + "\x00")}
+	}
 	flags := netlink.Attribute{Type: unix.NFTA_TABLE_FLAGS, Data: []byte{0, 0, 0, 0}}
 	for _, tc := range []struct {
 		name string
