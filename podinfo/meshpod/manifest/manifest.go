@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"encoding/json"
 	"fmt"
 
 	"sigs.k8s.io/yaml"
@@ -32,9 +33,52 @@ func ParseManifest(data []byte) (*meshpod.Pod, error) { return ParseManifestName
 
 // ParseManifestNamed decodes the Pod called name from a manifest stream.
 func ParseManifestNamed(data []byte, name string) (*meshpod.Pod, error) {
+	if name == "" {
+		if pod, ok := parseLonePod(data); ok {
+			return pod, nil
+		}
+	}
 	data, err := SelectPod(data, name)
 	if err != nil {
 		return nil, err
 	}
-	return meshpod.DecodeManifest(data, func(b []byte, v any) error { return yaml.Unmarshal(b, v) })
+	return meshpod.DecodeManifest(data, unmarshalYAML)
+}
+
+func unmarshalYAML(b []byte, v any) error { return yaml.Unmarshal(b, v) }
+
+// parseLonePod decodes a stream of one Pod document with one YAML parse
+// where the general path (SelectPod reading each document's head, then the
+// decoder) takes two, half of an apply --pod's time. ok is false, and the
+// general path decides and reports, unless the result is provably the
+// same:
+//
+//   - yaml.Unmarshal converts YAML to JSON guided by the target's field
+//     types, turning a number or boolean bound for a string field into a
+//     string, then decodes the JSON. SelectPod's head gets no such
+//     conversion (its fields come through an embedded struct, which the
+//     converter does not follow, and a List's items are raw JSON), so
+//     decoding the JSON of YAMLToJSON, unguided, into the same head gives
+//     what SelectPod's decode gives.
+//   - The Pod decoded from that unguided JSON is the guided decode's Pod
+//     whenever it decodes: the guide changes only a number or boolean
+//     bound for a string field, which fails the unguided decode.
+func parseLonePod(data []byte) (*meshpod.Pod, bool) {
+	docs := splitDocuments(data)
+	if len(docs) != 1 {
+		return nil, false
+	}
+	j, err := yaml.YAMLToJSON(docs[0])
+	if err != nil {
+		return nil, false
+	}
+	var head struct {
+		typeHead
+		Items []json.RawMessage `json:"items"`
+	}
+	if json.Unmarshal(j, &head) != nil || head.Kind == "List" || head.Kind == "PodList" {
+		return nil, false
+	}
+	pod, err := meshpod.DecodeManifest(j, json.Unmarshal)
+	return pod, err == nil
 }
