@@ -99,8 +99,8 @@ func (c *conn) cause(ctx context.Context, err error) error {
 // encodeRequest is req as one frame. A valid request's fields are plain
 // ASCII names (Validate), which JSON carries as they are: the encoding is
 // written out rather than paid for with encoding/json's first use in a
-// fresh process. The server decodes it with the same strict decoder as
-// any other frame.
+// fresh process, and is byte for byte what encoding/json writes, so agents
+// of either kind read it alike.
 func encodeRequest(req Request) []byte {
 	b := make([]byte, 4, 64+len(req.Namespace)+len(req.Name)+len(req.UID))
 	b = append(b, `{"v":`...)
