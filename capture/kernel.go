@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
@@ -139,7 +138,7 @@ type linuxVisit struct {
 	n     *Netns
 	path  string
 	nf    *nft.Conn
-	route *netlink.Handle
+	route *policyroute.Handle
 	xt    *iptables.Sockets
 	prep  *nft.Prepared
 }

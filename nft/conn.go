@@ -4,9 +4,9 @@ import (
 	"fmt"
 
 	"github.com/mdlayher/netlink"
-	vnetlink "github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -67,7 +67,7 @@ func (c *Conn) changed() { c.dumped, c.dumpedOK = nil, false }
 type via struct {
 	ns    int
 	conn  *Conn
-	route *vnetlink.Handle
+	route *policyroute.Handle
 }
 
 // Via returns a copy of b that works in the namespace whose descriptor is
@@ -76,7 +76,7 @@ type via struct {
 // netnsPath only in messages; List and Check still read by path. The write
 // path still refuses ns when it is the host's. The caller keeps ownership
 // of ns, c and route.
-func (b *Backend) Via(ns int, c *Conn, route *vnetlink.Handle) *Backend {
+func (b *Backend) Via(ns int, c *Conn, route *policyroute.Handle) *Backend {
 	cp := *b
 	cp.via = &via{ns: ns, conn: c, route: route}
 	return &cp

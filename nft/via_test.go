@@ -6,7 +6,6 @@ import (
 	"slices"
 	"testing"
 
-	vnetlink "github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
@@ -18,7 +17,7 @@ import (
 
 // visit opens, from one thread inside the namespace at path, the sockets a
 // Backend bound with Via works through.
-func visit(t *testing.T, path string) (*hostns.Netns, *Conn, *vnetlink.Handle) {
+func visit(t *testing.T, path string) (*hostns.Netns, *Conn, *policyroute.Handle) {
 	t.Helper()
 	n, err := hostns.Open(path)
 	if err != nil {
@@ -26,7 +25,7 @@ func visit(t *testing.T, path string) (*hostns.Netns, *Conn, *vnetlink.Handle) {
 	}
 	t.Cleanup(func() { n.Close() })
 	var c *Conn
-	var route *vnetlink.Handle
+	var route *policyroute.Handle
 	err = n.Do(func() (err error) {
 		if c, err = DialHere(); err != nil {
 			return err
