@@ -107,7 +107,7 @@ func lock(ctx context.Context, n *Netns, o Options) (*netnsLock, error) {
 	if err := n.Refuse(); err != nil {
 		return nil, err
 	}
-	lk, err := lockNetns(ctx, o.RunDir, n.ID, n.Path)
+	lk, err := lockNetns(ctx, o.RunDir, n, n.Path)
 	if err == nil && o.Locked != nil {
 		o.Locked()
 	}

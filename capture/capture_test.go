@@ -3,6 +3,7 @@ package capture
 import (
 	"context"
 	"errors"
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,8 +69,10 @@ func TestApplyConcurrent(t *testing.T) {
 	}
 }
 
-// TestLock: a second holder waits, gives up when its context ends, and
-// after the first holder removed the file (DEL) locks the new file.
+// TestLock: a namespace is locked on its own inode: a second holder, by
+// another path to the same namespace, waits and gives up when its context
+// ends, gets the lock once the first lets go, and no file is written
+// anywhere for it.
 func TestLock(t *testing.T) {
 	dir := t.TempDir()
 	n, err := OpenForReading("/proc/self/ns/net")
@@ -77,19 +80,67 @@ func TestLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close()
+	other, err := OpenForReading("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
 	ctx := context.Background()
-	l1, err := lockNetns(ctx, dir, n.ID, "own")
+	l1, err := lockNetns(ctx, dir, n, "own")
 	if err != nil {
 		t.Fatal(err)
 	}
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	if _, err := lockNetns(short, dir, n.ID, "own"); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "another nftmesh run") {
+	if _, err := lockNetns(short, dir, other, "own"); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "another nftmesh run") {
+		t.Fatalf("second lock while held: %v", err)
+	}
+	// The holder's own descriptor may go: the lock has its own.
+	n.Close()
+	got := make(chan *netnsLock)
+	go func() {
+		l, err := lockNetns(ctx, dir, other, "own")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-got:
+		t.Fatal("the waiter got the lock while it was held")
+	default:
+	}
+	l1.unlock(false)
+	l2 := <-got
+	if l2 == nil {
+		return
+	}
+	defer l2.unlock(false)
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("locking a namespace wrote %v in the run dir", entries)
+	}
+}
+
+// TestLockStub: a stub namespace (no descriptor) is locked on a file in the
+// run dir: a second holder waits, gives up when its context ends, and after
+// the first holder removed the file (DEL) locks the new file.
+func TestLockStub(t *testing.T) {
+	dir := t.TempDir()
+	n := hostns.Stub("stub", hostns.ID{Dev: 4, Ino: 77})
+	ctx := context.Background()
+	l1, err := lockNetns(ctx, dir, n, "stub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := lockNetns(short, dir, n, "stub"); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "another nftmesh run") {
 		t.Fatalf("second lock while held: %v", err)
 	}
 	got := make(chan *netnsLock)
 	go func() {
-		l, err := lockNetns(ctx, dir, n.ID, "own")
+		l, err := lockNetns(ctx, dir, n, "stub")
 		if err != nil {
 			t.Error(err)
 		}
@@ -107,7 +158,7 @@ func TestLock(t *testing.T) {
 	}
 	short2, cancel2 := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel2()
-	if _, err := lockNetns(short2, dir, n.ID, "own"); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := lockNetns(short2, dir, n, "stub"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("third lock while the waiter holds the new file: %v", err)
 	}
 }

@@ -13,19 +13,28 @@ import (
 	"github.com/nftmesh/nftmesh/internal/hostns"
 )
 
-// DefaultRunDir is the agent run dir of a default install; the CLI takes
-// its per-netns locks there, so it queues behind the plugin and the repair.
+// DefaultRunDir is the agent run dir of a default install, where the lock
+// files of stub namespaces go when no run dir is given (a real namespace is
+// locked on its own inode, so every process queues on it whatever its run
+// dir).
 const DefaultRunDir = "/var/run/nftmesh"
 
 // lockSubdir holds one lock file per network namespace.
 const lockSubdir = "netns-locks"
 
-// netnsLock is an exclusive flock on the file that stands for one network
-// namespace. Every verb that reads or changes a namespace's capture holds
-// it, in every process (plugin runs, the agent's repair, the CLI), so two
-// runs never interleave their reads and writes in one namespace.
+// netnsLock is an exclusive flock on one network namespace. Every verb that
+// reads or changes a namespace's capture holds it, in every process (plugin
+// runs, the agent's repair, the CLI), so two runs never interleave their
+// reads and writes in one namespace.
+//
+// A namespace opened from the kernel is locked on its own nsfs inode: every
+// open of one namespace, by any path and in any process, reaches the same
+// inode, so nothing has to be created, named or cleaned up, and no disk is
+// written (a full or slow run dir cannot fail or delay a pod's start). A
+// stub namespace of the in-memory kernel has no descriptor: it is locked on
+// a file named by its identity in the run dir.
 type netnsLock struct {
-	path string
+	path string // the lock file; "" for a namespace's own inode
 	fd   int
 }
 
@@ -63,37 +72,66 @@ func ensureDir(dir string) error {
 	return os.MkdirAll(dir, 0o700)
 }
 
-// lockNetns takes the lock of the namespace id, waiting until ctx is done.
+// lockNetns takes the lock of namespace n, waiting until ctx is done.
+func lockNetns(ctx context.Context, runDir string, n *hostns.Netns, what string) (*netnsLock, error) {
+	if n.Fd() >= 0 {
+		return lockInode(ctx, n.Fd(), what)
+	}
+	return lockFile(ctx, runDir, n.ID, what)
+}
+
+// lockInode flocks the namespace's own inode through a duplicate of fd
+// (its own reference: the caller may close or hand over fd meanwhile).
+func lockInode(ctx context.Context, fd int, what string) (*netnsLock, error) {
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("locking netns %s: %w", what, err)
+	}
+	if err := flockWait(ctx, dup, what, "another nftmesh run holds it"); err != nil {
+		unix.Close(dup)
+		return nil, err
+	}
+	return &netnsLock{fd: dup}, nil
+}
+
+// flockWait takes an exclusive flock on fd, polling with backoff until ctx
+// is done.
+func flockWait(ctx context.Context, fd int, what, holder string) error {
+	wait := 200 * time.Microsecond
+	for {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("locking netns %s: %w", what, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the lock of netns %s (%s): %w", what, holder, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 20*time.Millisecond)
+	}
+}
+
+// lockFile locks the file standing for the namespace id in the run dir.
 // The file is named by the namespace's device and inode, so every path to
 // one namespace (bind mount, /proc/PID/ns/net, symlink) shares one lock.
-func lockNetns(ctx context.Context, runDir string, id hostns.ID, what string) (*netnsLock, error) {
+func lockFile(ctx context.Context, runDir string, id hostns.ID, what string) (*netnsLock, error) {
 	dir, err := lockDir(runDir)
 	if err != nil {
 		return nil, err
 	}
 	path := filepath.Join(dir, fmt.Sprintf("netns-%d-%d.lock", id.Dev, id.Ino))
-	wait := 200 * time.Microsecond
 	for {
 		fd, err := unix.Open(path, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 		if err != nil {
 			return nil, fmt.Errorf("opening the lock file %s of netns %s: %w", path, what, err)
 		}
-		for {
-			err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-			if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				unix.Close(fd)
-				return nil, fmt.Errorf("waiting for the lock of netns %s (another nftmesh run holds %s): %w", what, path, ctx.Err())
-			case <-time.After(wait):
-			}
-			wait = min(2*wait, 20*time.Millisecond)
-		}
-		if err != nil {
+		if err := flockWait(ctx, fd, what, "another nftmesh run holds "+path); err != nil {
 			unix.Close(fd)
-			return nil, fmt.Errorf("locking %s for netns %s: %w", path, what, err)
+			return nil, err
 		}
 		// A holder that removed the file (DEL, the namespace's last verb)
 		// leaves us locking an unlinked inode: start over on the new file.
@@ -105,11 +143,12 @@ func lockNetns(ctx context.Context, runDir string, id hostns.ID, what string) (*
 	}
 }
 
-// unlock releases the lock; with remove, the lock file goes first (the
+// unlock releases the lock; with remove, a lock file goes first (the
 // namespace is going away), so later runs start on a new file.
 func (l *netnsLock) unlock(remove bool) {
-	if remove {
+	if remove && l.path != "" {
 		_ = os.Remove(l.path)
 	}
+	_ = unix.Flock(l.fd, unix.LOCK_UN)
 	unix.Close(l.fd)
 }
