@@ -63,7 +63,7 @@ type transport struct {
 // get fetches target (an absolute http(s) URL) with headers, within ctx,
 // reading at most maxBody+1 bytes of body.
 func (t *transport) get(ctx context.Context, target *url.URL, headers [][2]string) (*response, error) {
-	conn, err := t.connect(ctx, target)
+	conn, viaProxy, err := t.connect(ctx, target)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +71,16 @@ func (t *transport) get(ctx context.Context, target *url.URL, headers [][2]strin
 	stop := watch(ctx, conn)
 	defer stop()
 	var req strings.Builder
-	fmt.Fprintf(&req, "GET %s HTTP/1.1\r\nHost: %s\r\n", target.RequestURI(), target.Host)
+	if viaProxy != nil {
+		// A plain request through a proxy names the whole URL, and
+		// carries the proxy's credentials.
+		fmt.Fprintf(&req, "GET %s://%s%s HTTP/1.1\r\nHost: %s\r\n", target.Scheme, target.Host, target.RequestURI(), target.Host)
+		if auth := proxyAuth(viaProxy); auth != "" {
+			fmt.Fprintf(&req, "Proxy-Authorization: %s\r\n", auth)
+		}
+	} else {
+		fmt.Fprintf(&req, "GET %s HTTP/1.1\r\nHost: %s\r\n", target.RequestURI(), target.Host)
+	}
 	for _, h := range headers {
 		fmt.Fprintf(&req, "%s: %s\r\n", h[0], h[1])
 	}
@@ -87,49 +96,51 @@ func (t *transport) get(ctx context.Context, target *url.URL, headers [][2]strin
 }
 
 // connect dials the server, or the proxy and through it, and does the TLS
-// handshake for an https server.
-func (t *transport) connect(ctx context.Context, target *url.URL) (net.Conn, error) {
+// handshake for an https server. viaProxy is the proxy an http request must
+// be sent to as such (nil for a direct connection or a tunnel).
+func (t *transport) connect(ctx context.Context, target *url.URL) (conn net.Conn, viaProxy *url.URL, err error) {
 	addr := hostPort(target)
 	var proxy *url.URL
 	if t.proxy != nil {
 		p, err := t.proxy(target)
 		if err != nil {
-			return nil, fmt.Errorf("choosing a proxy for %s: %w", target.Host, err)
+			return nil, nil, fmt.Errorf("choosing a proxy for %s: %w", target.Host, err)
 		}
 		proxy = p
 	}
 	d := net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
 	if proxy == nil {
-		conn, err := d.DialContext(ctx, "tcp", addr)
+		c, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
-			return nil, ioErr(ctx, err)
+			return nil, nil, ioErr(ctx, err)
 		}
-		return t.handshake(ctx, conn, target)
+		c, err = t.handshake(ctx, c, target)
+		return c, nil, err
 	}
 	if proxy.Scheme != "http" && proxy.Scheme != "https" {
-		return nil, fmt.Errorf("proxy %s: only http and https proxies are supported", quote.Value(proxy.Redacted()))
+		return nil, nil, fmt.Errorf("proxy %s: only http and https proxies are supported", quote.Value(proxy.Redacted()))
 	}
-	conn, err := d.DialContext(ctx, "tcp", hostPort(proxy))
+	conn, err = d.DialContext(ctx, "tcp", hostPort(proxy))
 	if err != nil {
-		return nil, fmt.Errorf("connecting to proxy %s: %w", quote.Value(proxy.Redacted()), err)
+		return nil, nil, fmt.Errorf("connecting to proxy %s: %w", quote.Value(proxy.Redacted()), err)
 	}
 	if proxy.Scheme == "https" {
 		pc := tls.Client(conn, &tls.Config{ServerName: proxy.Hostname(), MinVersion: tls.VersionTLS12})
 		if err := handshake(ctx, pc); err != nil {
 			conn.Close()
-			return nil, fmt.Errorf("connecting to proxy %s: %w", quote.Value(proxy.Redacted()), err)
+			return nil, nil, fmt.Errorf("connecting to proxy %s: %w", quote.Value(proxy.Redacted()), err)
 		}
 		conn = pc
 	}
 	if target.Scheme == "http" {
-		// A plain request goes to the proxy with the absolute URL.
-		return &proxiedConn{Conn: conn, auth: proxyAuth(proxy)}, nil
+		return conn, proxy, nil
 	}
 	if err := connectTunnel(ctx, conn, addr, proxyAuth(proxy)); err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("connecting through proxy %s: %w", quote.Value(proxy.Redacted()), err)
+		return nil, nil, fmt.Errorf("connecting through proxy %s: %w", quote.Value(proxy.Redacted()), err)
 	}
-	return t.handshake(ctx, conn, target)
+	conn, err = t.handshake(ctx, conn, target)
+	return conn, nil, err
 }
 
 // handshake starts TLS with an https server over conn (or returns conn for
@@ -199,40 +210,6 @@ func (o *oneByte) Read(p []byte) (int, error) {
 		p = p[:1]
 	}
 	return o.r.Read(p)
-}
-
-// proxiedConn rewrites a plain request line to the absolute form a proxy
-// takes, and adds the proxy's credentials.
-type proxiedConn struct {
-	net.Conn
-	auth    string
-	written bool
-}
-
-func (p *proxiedConn) Write(b []byte) (int, error) {
-	if p.written {
-		return p.Conn.Write(b)
-	}
-	p.written = true
-	// b is the whole request (get writes it at once): "GET /path HTTP/1.1\r\nHost: h\r\n...".
-	line, rest, _ := strings.Cut(string(b), "\r\n")
-	method, rest1, _ := strings.Cut(line, " ")
-	path, proto, _ := strings.Cut(rest1, " ")
-	host := ""
-	for _, h := range strings.Split(rest, "\r\n") {
-		if v, ok := strings.CutPrefix(h, "Host: "); ok {
-			host = v
-			break
-		}
-	}
-	out := method + " http://" + host + path + " " + proto + "\r\n"
-	if p.auth != "" {
-		out += "Proxy-Authorization: " + p.auth + "\r\n"
-	}
-	if _, err := io.WriteString(p.Conn, out+rest); err != nil {
-		return 0, err
-	}
-	return len(b), nil
 }
 
 // proxyAuth is the Proxy-Authorization value for a proxy URL's user info.

@@ -256,6 +256,17 @@ func TestTransportProxies(t *testing.T) {
 			t.Fatalf("proxy saw %q", r)
 		}
 	})
+	t.Run("proxy-url http", func(t *testing.T) {
+		p := startProxy(t, plain.Listener.Addr().String())
+		pu := *p.url
+		pu.User = url.UserPassword("u", "p w")
+		if err := get(t, &Kubeconfig{Server: "http://example.com:8080", ProxyURL: pu.String()}); err != nil {
+			t.Fatal(err)
+		}
+		if r := p.requests(); len(r) != 1 || !strings.HasPrefix(r[0], "GET http://example.com:8080/api/v1/namespaces/shop/pods/web-1") || !strings.HasSuffix(r[0], "auth="+auth) {
+			t.Fatalf("proxy saw %q", r)
+		}
+	})
 	t.Run("env https", func(t *testing.T) {
 		p := startProxy(t, api.Listener.Addr().String())
 		t.Setenv("HTTPS_PROXY", p.url.String())
