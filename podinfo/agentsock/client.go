@@ -248,39 +248,21 @@ func (c *conn) readFrame(max int, what string) ([]byte, error) {
 	need := 4 // the header; then the whole frame
 	for len(buf) < need {
 		if err := c.setTimeout(unix.SO_RCVTIMEO); err != nil {
-			return nil, c.readErr(need, what, err)
+			return nil, readErr(need, what, err)
 		}
 		n, err := unix.Read(c.fd, buf[len(buf):cap(buf)])
 		switch {
 		case err == unix.EINTR:
 			continue
 		case err != nil:
-			return nil, c.readErr(need, what, sysErr(err))
+			return nil, readErr(need, what, sysErr(err))
 		case n == 0:
-			return nil, c.readErr(need, what, errUnexpectedEOF)
+			return nil, readErr(need, what, errUnexpectedEOF)
 		}
 		buf = buf[:len(buf)+n]
-		if need == 4 && len(buf) >= 4 {
-			n := binary.BigEndian.Uint32(buf)
-			if n == 0 || n > uint32(max) {
-				return nil, &FieldError{what, "length", fmt.Sprint(n), fmt.Sprintf("is not within 1..%d bytes", max)}
-			}
-			need = 4 + int(n)
-			if need > cap(buf) {
-				buf = append(make([]byte, 0, need), buf...)
-			}
+		if buf, need, err = frameLength(buf, need, max, what); err != nil {
+			return nil, err
 		}
 	}
-	if len(buf) > need {
-		// One frame per connection: more is a sender to distrust.
-		return nil, fmt.Errorf("reading %s: %d bytes after its %d-byte frame", what, len(buf)-need, need)
-	}
-	return buf[4:], nil
-}
-
-func (c *conn) readErr(need int, what string, err error) error {
-	if need == 4 {
-		return fmt.Errorf("reading %s length: %w", what, err)
-	}
-	return fmt.Errorf("reading %s of %d bytes: %w", what, need-4, err)
+	return framePayload(buf, need, what)
 }

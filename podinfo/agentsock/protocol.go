@@ -195,15 +195,9 @@ func readPayload(r io.Reader, max int, what string) ([]byte, error) {
 	for len(buf) < need {
 		n, err := r.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
-		if need == 4 && len(buf) >= 4 {
-			l := binary.BigEndian.Uint32(buf)
-			if l == 0 || l > uint32(max) {
-				return nil, &FieldError{what, "length", fmt.Sprint(l), fmt.Sprintf("is not within 1..%d bytes", max)}
-			}
-			need = 4 + int(l)
-			if need > cap(buf) {
-				buf = append(make([]byte, 0, need), buf...)
-			}
+		var ferr error
+		if buf, need, ferr = frameLength(buf, need, max, what); ferr != nil {
+			return nil, ferr
 		}
 		if len(buf) >= need {
 			break
@@ -214,14 +208,44 @@ func readPayload(r io.Reader, max int, what string) ([]byte, error) {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		if err != nil && need == 4 {
-			return nil, fmt.Errorf("reading %s length: %w", what, err)
-		} else if err != nil {
-			return nil, fmt.Errorf("reading %s of %d bytes: %w", what, need-4, err)
+		if err != nil {
+			return nil, readErr(need, what, err)
 		}
 	}
+	return framePayload(buf, need, what)
+}
+
+// frameLength reads the frame's length once its 4-byte header is in buf
+// (while need is still 4): need becomes the whole frame's size, buf grows
+// to hold it. A length of 0 or over max is an error.
+func frameLength(buf []byte, need, max int, what string) ([]byte, int, error) {
+	if need != 4 || len(buf) < 4 {
+		return buf, need, nil
+	}
+	l := binary.BigEndian.Uint32(buf)
+	if l == 0 || l > uint32(max) {
+		return nil, 0, &FieldError{what, "length", fmt.Sprint(l), fmt.Sprintf("is not within 1..%d bytes", max)}
+	}
+	need = 4 + int(l)
+	if need > cap(buf) {
+		buf = append(make([]byte, 0, need), buf...)
+	}
+	return buf, need, nil
+}
+
+// framePayload is a whole frame's payload; bytes after the frame are an
+// error (one frame per connection: more is a sender to distrust).
+func framePayload(buf []byte, need int, what string) ([]byte, error) {
 	if len(buf) > need {
 		return nil, fmt.Errorf("reading %s: %d bytes after its %d-byte frame", what, len(buf)-need, need)
 	}
 	return buf[4:], nil
+}
+
+// readErr names what a failed read was reading: the length, or the frame.
+func readErr(need int, what string, err error) error {
+	if need == 4 {
+		return fmt.Errorf("reading %s length: %w", what, err)
+	}
+	return fmt.Errorf("reading %s of %d bytes: %w", what, need-4, err)
 }
