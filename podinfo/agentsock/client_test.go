@@ -48,14 +48,7 @@ func oneShotServer(path string) {
 // its answer is not used.
 func TestAskRefusesNonRootServer(t *testing.T) {
 	needRoot(t)
-	dir, err := os.MkdirTemp("", "agentsock-server-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o777); err != nil {
-		t.Fatal(err)
-	}
+	dir := openTempDir(t, "agentsock-server-", 0o777)
 	path := filepath.Join(dir, "s.sock")
 	cmd := userCmd(t, serverEnv+"="+path)
 	out, err := cmd.StdoutPipe()

@@ -159,14 +159,7 @@ func userCmd(t *testing.T, env ...string) *exec.Cmd {
 	}
 	// The test binary's own directory is root's only: copy it where uid
 	// 1000 may run it.
-	dir, err := os.MkdirTemp("", "agentsock-client-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := openTempDir(t, "agentsock-client-", 0o755)
 	bin := filepath.Join(dir, "client")
 	data, err := os.ReadFile(self)
 	if err != nil {
@@ -189,14 +182,7 @@ func TestNonRootRefused(t *testing.T) {
 	needRoot(t)
 	// A run dir every user can search, as on a node: only the socket's
 	// own directory keeps others out.
-	runDir, err := os.MkdirTemp("", "agentsock-rundir-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(runDir) })
-	if err := os.Chmod(runDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	runDir := openTempDir(t, "agentsock-rundir-", 0o755)
 	runDir, outcomes := serveIn(t, runDir, found)
 	path := Path(runDir)
 	out, err := runAsUser(t, path)
@@ -457,4 +443,19 @@ func TestServerQuickResolver(t *testing.T) {
 	if a, err := Ask(context.Background(), Path(runDir), req); err != nil || a.Status != StatusUnknown || !strings.Contains(a.Reason, "some-older-uid") {
 		t.Fatalf("stale answer at hand: %+v, %v; want unknown naming the UID", a, err)
 	}
+}
+
+// openTempDir is a temporary directory outside the test's own (which only
+// root may search), with mode: where another user's process can reach.
+func openTempDir(t *testing.T, prefix string, mode os.FileMode) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, mode); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
