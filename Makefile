@@ -90,7 +90,7 @@ bench: build $(CACHE)/istio-cni $(APISERVER)
 	sleep 15
 	$(GO) test -run '^$$' -bench WholeProcess -benchtime 30x ./cmd/redirect/
 	sleep 5
-	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./cmd/nftmesh-cni/
+	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./internal/cniplugin/
 	sleep 5
 	$(GO) test -run '^$$' -bench 'Version|PluginAlone|AgentUp' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
 	sleep 5

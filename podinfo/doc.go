@@ -12,5 +12,5 @@
 // resumption) and podinfo/agentsock (asking the node agent first).
 //
 // It does not program anything: backends apply the Plan built from the Spec,
-// and cmd/nftmesh-cni wires the pieces and logs. Nothing here logs.
+// and internal/cniplugin wires the pieces and logs. Nothing here logs.
 package podinfo

@@ -1,4 +1,4 @@
-package main
+package cniplugin
 
 import (
 	"context"
@@ -224,7 +224,7 @@ func TestSkelBadInput(t *testing.T) {
 
 // TestGuardPanics: a panic becomes a CNI error rather than a crash.
 func TestGuardPanics(t *testing.T) {
-	err := guard("ADD", func(*cmdArgs) error { panic("boom") })(&cmdArgs{})
+	err := (&run{env: osEnv()}).guard("ADD", func(*cmdArgs) error { panic("boom") })(&cmdArgs{})
 	var te *types.Error
 	if !errors.As(err, &te) || te.Code != types.ErrInternal || !strings.Contains(te.Error(), "boom") {
 		t.Fatalf("guard = %v", err)

@@ -1,4 +1,4 @@
-package main
+package cniplugin
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
-	"os"
 	"runtime/debug"
 	"time"
 
@@ -53,8 +52,8 @@ func applyErrorCode(err error, def uint) uint {
 	return def
 }
 
-// pipeline does the kernel work of every verb: the running kernel, or in
-// the root-free tests an in-memory one.
+// pipeline does the kernel work of every verb whose Env names none: the
+// running kernel, or in the root-free tests an in-memory one.
 var pipeline = capture.Linux()
 
 // applyTimeout bounds the kernel work of one verb; it is milliseconds
@@ -63,12 +62,12 @@ const applyTimeout = 30 * time.Second
 
 // guard turns a panic into a CNI error, so the runtime gets an answer on
 // stdout instead of a Go trace, and the pod fails closed.
-func guard(verb string, f func(*cmdArgs) error) func(*cmdArgs) error {
+func (r *run) guard(verb string, f func(*cmdArgs) error) func(*cmdArgs) error {
 	return func(args *cmdArgs) (err error) {
 		defer func() {
-			if r := recover(); r != nil {
-				fmt.Fprintf(os.Stderr, "nftmesh-cni %s panic: %v\n%s", verb, r, debug.Stack())
-				err = types.NewError(types.ErrInternal, fmt.Sprintf("nftmesh-cni %s: internal error", verb), fmt.Sprint(r))
+			if p := recover(); p != nil {
+				fmt.Fprintf(r.env.Stderr, "nftmesh-cni %s panic: %v\n%s", verb, p, debug.Stack())
+				err = types.NewError(types.ErrInternal, fmt.Sprintf("nftmesh-cni %s: internal error", verb), fmt.Sprint(p))
 			}
 		}()
 		return f(args)
@@ -77,6 +76,7 @@ func guard(verb string, f func(*cmdArgs) error) func(*cmdArgs) error {
 
 // invocation is one plugin run: its config, pod identity and logger.
 type invocation struct {
+	r     *run
 	verb  string
 	start time.Time
 	// lookupMS is how long the pod lookup took (kubeconfig, client, GET);
@@ -99,18 +99,22 @@ type invocation struct {
 
 // begin parses what every verb needs. On error the returned close is
 // still safe to call.
-func begin(verb string, args *cmdArgs) (*invocation, func(), error) {
+func (r *run) begin(verb string, args *cmdArgs) (*invocation, func(), error) {
 	phase.Mark("verb")
-	inv := &invocation{verb: verb, start: time.Now(), args: args, record: zerolog.Nop()}
+	inv := &invocation{r: r, verb: verb, start: time.Now(), args: args, record: zerolog.Nop()}
 	conf, err := cniconf.ParseConfig(args.StdinData)
 	if err != nil {
-		inv.log, _ = newLogger(nil, verb)
+		inv.log, _ = newLogger(r.env.Stderr, nil, verb)
 		inv.log.Error().Str("error", detail(err)).Msg("invalid plugin config")
 		return inv, func() {}, types.NewError(types.ErrInvalidNetworkConfig, "nftmesh-cni: invalid plugin config", detail(err))
 	}
+	if r.env.RunDir != "" && conf.AgentRunDir != r.env.RunDir {
+		// Its log and kubeconfig are another agent's.
+		return inv, func() {}, r.decline()
+	}
 	inv.conf = conf
 	var closeLog func()
-	inv.log, inv.record, closeLog = newLoggers(conf, verb)
+	inv.log, inv.record, closeLog = newLoggers(r.env.Stderr, conf, verb)
 	if verb == "STATUS" || verb == "GC" {
 		return inv, closeLog, nil
 	}
@@ -142,7 +146,7 @@ func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
 		Str("netns", inv.args.Netns).
 		Str("backend", backend).
 		Float64("duration_ms", durationMS(inv.start))
-	if inv.conf != nil && inv.conf.LogLevel == "debug" {
+	if inv.r.env.Phases && inv.conf != nil && inv.conf.LogLevel == "debug" {
 		// Where this run's time went, from the process's start (µs).
 		e = e.Str("phases_us", phase.String())
 	}
@@ -179,17 +183,24 @@ func (inv *invocation) podRef() string { return inv.k8s.PodNamespace + "/" + inv
 
 // printPrevResult passes the primary plugin's result on unchanged, or an
 // empty result of the config's version when there is none.
-func printPrevResult(conf *cniconf.Config) error {
-	if conf.PrevResult == nil {
-		return types.PrintResult(&current.Result{CNIVersion: current.ImplementedSpecVersion}, conf.CNIVersion)
+func (inv *invocation) printPrevResult() error {
+	conf, w := inv.conf, inv.r.env.Stdout
+	var res types.Result = &current.Result{CNIVersion: current.ImplementedSpecVersion}
+	if conf.PrevResult != nil {
+		if raw := conf.PrevResultUnchanged(); raw != nil {
+			// Already of the config's version: the bytes the runtime gave,
+			// without encoding a result again.
+			_, err := w.Write(raw)
+			return err
+		}
+		res = conf.PrevResult
 	}
-	if raw := conf.PrevResultUnchanged(); raw != nil {
-		// Already of the config's version: the bytes the runtime gave,
-		// without encoding a result again.
-		_, err := os.Stdout.Write(raw)
+	// types.PrintResult, to w.
+	out, err := res.GetAsVersion(conf.CNIVersion)
+	if err != nil {
 		return err
 	}
-	return types.PrintResult(conf.PrevResult, conf.CNIVersion)
+	return out.PrintTo(w)
 }
 
 // lookup fetches the pod (from the node agent, else the API server) and
@@ -206,13 +217,18 @@ func (inv *invocation) lookup(ctx context.Context) (pod *meshpod.Pod, plan *redi
 	}
 	pod = inv.askAgent(ctx)
 	phase.Mark("asked")
+	if pod == nil && inv.r.env.Ask != nil {
+		// The agent runs this call and has no answer: the plugin's own
+		// process asks the API server.
+		return nil, nil, "", inv.r.decline()
+	}
 	if pod == nil {
 		var terr *types.Error
 		if pod, terr = inv.getPod(ctx, inv.conf.APITimeout-time.Since(start)); terr != nil {
 			return nil, nil, "", fail(terr)
 		}
 	}
-	d, perr := capture.Plan(pod, func() ([]netip.Addr, error) { return pipeline.Addrs(inv.args.Netns) })
+	d, perr := capture.Plan(pod, func() ([]netip.Addr, error) { return inv.r.pipeline().Addrs(inv.args.Netns) })
 	switch capture.PlanStep(perr) {
 	case "":
 	case capture.StepDecide:
@@ -243,15 +259,15 @@ func detail(err error) string {
 	return quote.Text(err.Error())
 }
 
-func cmdAdd(args *cmdArgs) error {
-	inv, closeLog, err := begin("ADD", args)
+func (r *run) cmdAdd(args *cmdArgs) error {
+	inv, closeLog, err := r.begin("ADD", args)
 	defer closeLog()
 	if err != nil {
 		return err
 	}
 	if reason := inv.conf.SkipBeforeLookup(inv.k8s); reason != "" {
 		inv.decided("skip", reason)
-		return printPrevResult(inv.conf)
+		return inv.printPrevResult()
 	}
 	ctx := context.Background()
 	ns, plan, reason, err := inv.netnsAndPlan(ctx, false)
@@ -260,12 +276,12 @@ func cmdAdd(args *cmdArgs) error {
 	}
 	if plan == nil {
 		inv.decided("skip", reason)
-		return printPrevResult(inv.conf)
+		return inv.printPrevResult()
 	}
 	defer ns.Close()
 	actx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
-	res, err := pipeline.Apply(actx, ns, *plan, inv.captureOptions())
+	res, err := r.pipeline().Apply(actx, ns, *plan, inv.captureOptions())
 	if err != nil {
 		return inv.failWith(res.Backend, types.NewError(applyErrorCode(err, CodeApply),
 			fmt.Sprintf("nftmesh-cni: programming capture rules for pod %s in %s", inv.podRef(), args.Netns), err.Error()))
@@ -274,7 +290,7 @@ func cmdAdd(args *cmdArgs) error {
 	inv.event(inv.decision(zerolog.InfoLevel), res.Backend).Str("decision", "capture").Str("reason", reason).Str("why", res.Why).
 		Int("rules", res.Rules).Bool("ipv6", len(plan.LoopbackAddrs) > 0). // ::6 comes with IPv6 capture
 		Msg("ADD capture")
-	return printPrevResult(inv.conf)
+	return inv.printPrevResult()
 }
 
 // failWith is fail naming the backend actually chosen.
@@ -285,8 +301,8 @@ func (inv *invocation) failWith(backend string, err *types.Error) error {
 	return err
 }
 
-func cmdCheck(args *cmdArgs) error {
-	inv, closeLog, err := begin("CHECK", args)
+func (r *run) cmdCheck(args *cmdArgs) error {
+	inv, closeLog, err := r.begin("CHECK", args)
 	defer closeLog()
 	if err != nil {
 		return err
@@ -308,7 +324,7 @@ func cmdCheck(args *cmdArgs) error {
 		want = *plan
 	}
 	// Not in the mesh means no rules of ours: Check against the empty plan.
-	backend, err := pipeline.Check(actx, ns, want, inv.captureOptions())
+	backend, err := r.pipeline().Check(actx, ns, want, inv.captureOptions())
 	if err != nil {
 		code := CodeDrift
 		if !redirect.IsDrift(err) {
@@ -319,7 +335,7 @@ func cmdCheck(args *cmdArgs) error {
 	}
 	// Our rules as planned is not a pass while another installer's
 	// capture (Istio's) acts on the same traffic.
-	foreign, err := pipeline.Foreign(actx, ns)
+	foreign, err := r.pipeline().Foreign(actx, ns)
 	if err != nil {
 		return inv.failWith(backend, types.NewError(types.ErrIOFailure,
 			fmt.Sprintf("nftmesh-cni: looking for foreign capture rules of pod %s in %s", inv.podRef(), args.Netns), err.Error()))
@@ -337,8 +353,8 @@ func cmdCheck(args *cmdArgs) error {
 	return nil
 }
 
-func cmdDel(args *cmdArgs) error {
-	inv, closeLog, err := begin("DEL", args)
+func (r *run) cmdDel(args *cmdArgs) error {
+	inv, closeLog, err := r.begin("DEL", args)
 	defer closeLog()
 	if err != nil {
 		return err
@@ -347,7 +363,7 @@ func cmdDel(args *cmdArgs) error {
 		inv.decided("skip", "no netns")
 		return nil
 	}
-	ns, err := pipeline.Open(args.Netns)
+	ns, err := r.pipeline().Open(args.Netns)
 	if gone(err) {
 		inv.decided("skip", "netns already gone")
 		return nil
@@ -363,12 +379,12 @@ func cmdDel(args *cmdArgs) error {
 	// this namespace refuse to add the new backend's beside them.
 	opts := inv.captureOptions()
 	opts.Backend = capture.Auto
-	removal, err := pipeline.Remove(ctx, ns, opts)
+	removal, err := r.pipeline().Remove(ctx, ns, opts)
 	if err != nil {
 		// Our descriptor keeps the namespace alive, but its bind mount may
 		// be undone while we work (the backends open the path again): then
 		// our rules go with the namespace.
-		again, oerr := pipeline.OpenForReading(args.Netns)
+		again, oerr := r.pipeline().OpenForReading(args.Netns)
 		if gone(oerr) {
 			inv.decided("skip", "netns gone during removal")
 			return nil
@@ -410,7 +426,7 @@ func netnsError(path string, err error) *types.Error {
 // pod lookup that follows has the more useful error if it fails too; the
 // caller opens it again before the kernel work.
 func (inv *invocation) openNetns(missingOK bool) (*capture.Netns, error) {
-	ns, err := pipeline.Open(inv.args.Netns)
+	ns, err := inv.r.pipeline().Open(inv.args.Netns)
 	if missingOK && errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -452,8 +468,8 @@ func (inv *invocation) captureOptions() capture.Options {
 
 // cmdStatus reports whether the plugin can serve ADD: the agent must have
 // written a loadable kubeconfig.
-func cmdStatus(args *cmdArgs) error {
-	inv, closeLog, err := begin("STATUS", args)
+func (r *run) cmdStatus(args *cmdArgs) error {
+	inv, closeLog, err := r.begin("STATUS", args)
 	defer closeLog()
 	if err != nil {
 		return err
@@ -468,8 +484,8 @@ func cmdStatus(args *cmdArgs) error {
 
 // cmdGC has nothing to collect: nftmesh keeps no state outside pod network
 // namespaces, and those are deleted with their pods.
-func cmdGC(args *cmdArgs) error {
-	inv, closeLog, err := begin("GC", args)
+func (r *run) cmdGC(args *cmdArgs) error {
+	inv, closeLog, err := r.begin("GC", args)
 	defer closeLog()
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package main
+package cniplugin
 
 import (
 	"io"
@@ -21,8 +21,8 @@ const (
 // newLogger builds the one logger of a plugin run: JSON lines to stderr and,
 // when agent_run_dir exists, to the capped log file. It never writes to
 // stdout. close flushes and closes the file.
-func newLogger(conf *cniconf.Config, command string) (log zerolog.Logger, close func()) {
-	log, _, close = newLoggers(conf, command)
+func newLogger(stderr io.Writer, conf *cniconf.Config, command string) (log zerolog.Logger, close func()) {
+	log, _, close = newLoggers(stderr, conf, command)
 	return log, close
 }
 
@@ -35,12 +35,12 @@ const RecordOnlyField = "record_only"
 // there when the log level hides it, so the agent's counters and latency
 // histograms see every decision whatever the level (the file is the agent's
 // intake). Without a log file it discards.
-func newLoggers(conf *cniconf.Config, command string) (log, record zerolog.Logger, close func()) {
+func newLoggers(stderr io.Writer, conf *cniconf.Config, command string) (log, record zerolog.Logger, close func()) {
 	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
 	// UTC: formatting local time would load and parse /etc/localtime in
 	// every run, for a log the agent reads by machine.
 	zerolog.TimestampFunc = func() time.Time { return time.Now().UTC() }
-	writers := []io.Writer{os.Stderr}
+	writers := []io.Writer{stderr}
 	close = func() {}
 	level := zerolog.InfoLevel
 	record = zerolog.Nop()

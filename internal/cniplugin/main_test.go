@@ -1,4 +1,4 @@
-package main
+package cniplugin
 
 import (
 	"bytes"
@@ -51,10 +51,10 @@ func TestMain(m *testing.M) {
 	// The plugin runs with GOMAXPROCS 1 (internal/oneproc, which main
 	// imports); its tests run with the CPUs the runtime chose.
 	runtime.GOMAXPROCS(oneproc.Procs)
-	os.Exit(run(m))
+	os.Exit(runTests(m))
 }
 
-func run(m *testing.M) int {
+func runTests(m *testing.M) int {
 	if os.Getenv(standinEnv) != "" {
 		return standinMain()
 	}
@@ -81,8 +81,9 @@ func run(m *testing.M) int {
 	defer os.RemoveAll(tmp)
 	env.binDir = filepath.Join(tmp, "bin")
 	env.pluginBin = filepath.Join(env.binDir, "nftmesh-cni")
-	// Built as `make build` builds it, so latency figures are the shipped ones.
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", env.pluginBin, ".")
+	// Built as `make build` builds them, so latency figures are the shipped
+	// ones: the front the runtime runs, its standalone companion beside it.
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", env.binDir+"/", "../../cmd/nftmesh-cni", "../../cmd/nftmesh-cni-standalone")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {

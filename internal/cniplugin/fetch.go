@@ -1,4 +1,4 @@
-package main
+package cniplugin
 
 import (
 	"context"
@@ -35,9 +35,14 @@ func (inv *invocation) askAgent(ctx context.Context) *meshpod.Pod {
 	// closed on its own within api_timeout.
 	actx, cancel := context.WithTimeout(ctx, min(agentsock.ClientTimeout, inv.conf.APITimeout/2))
 	defer cancel()
-	a, err := agentsock.Ask(actx, agentsock.Path(inv.conf.AgentRunDir), agentsock.Request{
-		V: agentsock.Version, Namespace: inv.k8s.PodNamespace, Name: inv.k8s.PodName, UID: inv.k8s.PodUID,
-	})
+	req := agentsock.Request{V: agentsock.Version, Namespace: inv.k8s.PodNamespace, Name: inv.k8s.PodName, UID: inv.k8s.PodUID}
+	var a agentsock.Answer
+	var err error
+	if ask := inv.r.env.Ask; ask != nil {
+		a, err = ask(req)
+	} else {
+		a, err = agentsock.Ask(actx, agentsock.Path(inv.conf.AgentRunDir), req)
+	}
 	switch {
 	case err != nil:
 		inv.agentMiss = quote.Text(err.Error())

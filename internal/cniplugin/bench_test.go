@@ -1,4 +1,4 @@
-package main
+package cniplugin
 
 import (
 	"encoding/json"
@@ -23,7 +23,7 @@ import (
 // prevResult). Run with -benchtime=200x for the 200-pod figure; it reports
 // p50 and p99 per ADD besides the mean.
 //
-//	go test -run '^$' -bench BenchmarkPluginAdd -benchtime=200x ./cmd/nftmesh-cni
+//	go test -run '^$' -bench BenchmarkPluginAdd -benchtime=200x ./internal/cniplugin
 func BenchmarkPluginAdd(b *testing.B) {
 	b.Run("mesh", func(b *testing.B) { benchAdd(b, "injected.yaml", "nftables") })
 	b.Run("mesh-auto", func(b *testing.B) { benchAdd(b, "injected.yaml", "auto") })
@@ -48,7 +48,7 @@ func BenchmarkPluginAdd(b *testing.B) {
 // session (the session files removed before every other ADD), so the gain
 // of resumption is a ratio from one interleaved loop.
 //
-//	go test -run '^$' -bench BenchmarkPluginAddTLS -benchtime=200x ./cmd/nftmesh-cni
+//	go test -run '^$' -bench BenchmarkPluginAddTLS -benchtime=200x ./internal/cniplugin
 func BenchmarkPluginAddTLS(b *testing.B) {
 	needEnv(b)
 	runDir := agentRunDir(b, env.token)

@@ -1,4 +1,4 @@
-package main
+package cniplugin
 
 import (
 	"bufio"
@@ -321,7 +321,7 @@ func TestAgentRestartMidBurst(t *testing.T) {
 // the two paths are compared in one interleaved loop. It reports each
 // path's p50 and the plugin's API reads on the agent path (want 0).
 //
-//	go test -run '^$' -bench BenchmarkPluginAddAgent -benchtime=100x ./cmd/nftmesh-cni
+//	go test -run '^$' -bench BenchmarkPluginAddAgent -benchtime=100x ./internal/cniplugin
 func BenchmarkPluginAddAgent(b *testing.B) {
 	needEnv(b)
 	withAgent, reads := countingRunDir(b)

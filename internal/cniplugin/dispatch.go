@@ -1,4 +1,4 @@
-package main
+package cniplugin
 
 // The CNI protocol's entry: which verb, its environment, the config on
 // stdin, the version checks, and errors printed as JSON. It follows the CNI

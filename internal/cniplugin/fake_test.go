@@ -1,4 +1,4 @@
-package main
+package cniplugin
 
 // The CNI verbs, driven in-process through skel's dispatcher against a
 // local HTTP server playing the API server and capturetest's in-memory
