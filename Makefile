@@ -141,6 +141,10 @@ lint: staticcheck
 	@# the kubeconfig as JSON), regexp, and the CNI library's skel.
 	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni | grep -E '^(net/http|regexp|mime|sigs\.k8s\.io/yaml|go\.yaml\.in/.*|gopkg\.in/yaml.*|github\.com/containernetworking/cni/pkg/skel)$$' || true); \
 	  if [ -n "$$bad" ]; then echo "nftmesh-cni links packages that slow its start:"; echo "$$bad"; exit 1; fi
+	@# redirect apply is a whole process compared with nft -f: nothing it
+	@# links may bring the crypto packages (their inits run in every run).
+	@bad=$$($(GO) list -deps ./cmd/redirect | grep -E '^crypto/' || true); \
+	  if [ -n "$$bad" ]; then echo "redirect links crypto packages:"; echo "$$bad"; exit 1; fi
 	@# Only the capture pipeline drives the kernel backends: every front end
 	@# (plugin, CLI, repair) goes through it, so every write is guarded and
 	@# locked. Tests may import a backend; no other package may.

@@ -1,11 +1,10 @@
 package netlab
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -159,11 +158,12 @@ func NewTopology(opts TopologyOptions) (_ *Topology, err error) {
 	if opts.PodIface == "" {
 		opts.PodIface = "eth0"
 	}
-	var rnd [4]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return nil, fmt.Errorf("choosing a topology name: %w", err)
-	}
-	base := opts.Prefix + hex.EncodeToString(rnd[:])
+	// The suffix only has to differ from concurrent topologies' (a clash
+	// fails NewTopology, it never joins another's namespaces), not be
+	// secret: math/rand/v2, not crypto/rand, which would link the FIPS
+	// module into the redirect CLI (for its demo), whose package inits
+	// every one of its runs pays.
+	base := fmt.Sprintf("%s%08x", opts.Prefix, rand.Uint32())
 	t := &Topology{
 		PodNetns:     base + "-pod",
 		PeerNetns:    base + "-peer",
