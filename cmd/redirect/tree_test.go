@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -71,30 +72,13 @@ func TestCLIOneCommandTreeSameOutput(t *testing.T) {
 		[]string{"clean", "--netns", fakeNetns, "--run-dir", "RUNDIR"},
 		[]string{"clean", "--netns", fakeNetns, "--run-dir", "RUNDIR", "--backend", "iptables-legacy"},
 	)
-	// The only text that may differ between two runs: how long they took.
-	took := regexp.MustCompile(`[0-9.]+(ns|µs|ms|s)\b`)
 	runWith := func(t *testing.T, whole bool, args []string) (int, string, string) {
-		f := capturetest.New()
-		f.AddNetns(fakeNetns, netip.MustParseAddr("198.51.100.7"))
-		old := pipeline
-		pipeline = f.Pipeline()
-		defer func() { pipeline = old }()
-		dir := t.TempDir()
-		args = append([]string(nil), args...)
-		for i := range args {
-			if args[i] == "RUNDIR" {
-				args[i] = dir
+		return runFake(t, args, func(args []string, out, errOut io.Writer) int {
+			if whole {
+				return runTree(newRoot(), args, out, errOut)
 			}
-		}
-		var out, errb bytes.Buffer
-		var code int
-		if whole {
-			code = runTree(newRoot(), args, &out, &errb)
-		} else {
-			code = run(args, &out, &errb)
-		}
-		e := strings.ReplaceAll(errb.String(), dir, "RUNDIR")
-		return code, out.String(), took.ReplaceAllString(e, "TOOK")
+			return run(args, out, errOut)
+		})
 	}
 	for _, args := range cases {
 		if got := newRootFor(args).Commands(); len(got) != 1 || got[0].Name() != args[0] {
@@ -112,6 +96,107 @@ func TestCLIOneCommandTreeSameOutput(t *testing.T) {
 	for _, args := range [][]string{nil, {"--help"}, {"help", "apply"}, {"completion", "bash"}, {"__complete", "apply", "--backend", ""}, {"--version"}, {"-h", "apply"}, {"aply"}} {
 		if got := len(newRootFor(args).Commands()); got != len(commands) {
 			t.Errorf("the tree for %q holds %d commands, want all %d", args, got, len(commands))
+		}
+	}
+}
+
+// took is the only text that may differ between two runs of a command:
+// how long it took.
+var took = regexp.MustCompile(`[0-9.]+(ns|µs|ms|s)\b`)
+
+// runFake runs args with fn against the in-memory kernel holding
+// fakeNetns, with RUNDIR in args replaced by a temporary directory (and
+// back in stderr), and returns the exit code, stdout and stderr with the
+// times taken replaced by TOOK.
+func runFake(t *testing.T, args []string, fn func(args []string, out, errOut io.Writer) int) (int, string, string) {
+	t.Helper()
+	f := capturetest.New()
+	f.AddNetns(fakeNetns, netip.MustParseAddr("198.51.100.7"))
+	old := pipeline
+	pipeline = f.Pipeline()
+	defer func() { pipeline = old }()
+	dir := t.TempDir()
+	args = append([]string(nil), args...)
+	for i := range args {
+		if args[i] == "RUNDIR" {
+			args[i] = dir
+		}
+	}
+	var out, errb bytes.Buffer
+	code := fn(args, &out, &errb)
+	e := strings.ReplaceAll(errb.String(), dir, "RUNDIR")
+	return code, out.String(), took.ReplaceAllString(e, "TOOK")
+}
+
+// TestCLIDirectSameOutput: a command line runDirect takes (a command of
+// direct and its own flags, nothing else) prints the same and exits the
+// same as through the whole command tree; one it does not take, it leaves
+// untouched (nothing printed) for the tree. The usual command lines of the
+// kernel verbs and of render are taken.
+func TestCLIDirectSameOutput(t *testing.T) {
+	injected := filepath.Join("..", "..", "testdata", "pods", "injected.yaml")
+	var cases [][]string
+	for _, c := range commands {
+		for _, tail := range [][]string{{"--help"}, {"-h"}, {"--help=false"}, {}, {"--bogus"}, {"extra"}, {"--"}, {"--", "extra"},
+			{"--version"}, {"-v"}, {"--format", "json"}, {"--format=plan", "--ipv6"}, {"-o"}, {"--netns"}, {"--defaults", "-h"}} {
+			if c.name == "demo" && (len(tail) == 0 || tail[0] == "--" || tail[0] == "--help=false") {
+				continue // builds real namespaces with random names
+			}
+			cases = append(cases, append([]string{c.name}, tail...))
+		}
+	}
+	taken := [][]string{
+		{"render"},
+		{"render", "--ipv6", "-o", "json"},
+		{"render", "-f", injected, "-o", "iptables"},
+		{"render", "--format", "plan"},
+		{"render", "-f", "json"},
+		{"render", "-a", "bogus"},
+		{"validate", "--pod", injected, "-o", "json"},
+		{"validate", "-a", "traffic.sidecar.istio.io/excludeOutboundIPRange=10.0.0.0/8"},
+		{"apply", "--defaults"},
+		{"apply", "--netns", "no-such-netns-here", "--defaults"},
+		{"apply", "--netns", fakeNetns, "--defaults", "--backend", "bogus"},
+		{"apply", "--netns", fakeNetns, "--run-dir", "RUNDIR", "--defaults", "--ipv6"},
+		{"apply", "--netns", fakeNetns, "--run-dir", "RUNDIR", "--pod", injected, "--backend", "iptables-legacy"},
+		{"apply", "--netns", fakeNetns, "--run-dir", "RUNDIR", "--pod", injected, "--proxy-uid", "7"},
+		{"inspect", "--netns", fakeNetns, "--run-dir", "RUNDIR"},
+		{"inspect", "--netns", fakeNetns, "--run-dir", "RUNDIR", "--pod", injected, "-o", "json"},
+		{"clean", "--netns", fakeNetns, "--run-dir", "RUNDIR"},
+		{"clean", "--netns", fakeNetns, "--run-dir", "RUNDIR", "--backend", "iptables-legacy"},
+		{"clean", "--netns=" + fakeNetns, "--run-dir=RUNDIR"},
+	}
+	ranDirect := map[string]bool{}
+	for _, args := range append(cases, taken...) {
+		var ok bool
+		code, out, errOut := runFake(t, args, func(args []string, out, errOut io.Writer) int {
+			var code int
+			code, ok = runDirect(args, out, errOut)
+			return code
+		})
+		ranDirect[strings.Join(args, " ")] = ok
+		if !ok {
+			if out != "" || errOut != "" {
+				t.Errorf("redirect %s: runDirect left it to the tree but printed stdout %q, stderr %q", strings.Join(args, " "), out, errOut)
+			}
+			continue
+		}
+		wantCode, wantOut, wantErr := runFake(t, args, func(args []string, out, errOut io.Writer) int {
+			return runTree(newRoot(), args, out, errOut)
+		})
+		if code != wantCode || out != wantOut || errOut != wantErr {
+			t.Errorf("redirect %s run directly: exit %d, stdout:\n%s\nstderr:\n%s\nthrough the command tree: exit %d, stdout:\n%s\nstderr:\n%s",
+				strings.Join(args, " "), code, out, errOut, wantCode, wantOut, wantErr)
+		}
+	}
+	for _, args := range taken {
+		if !ranDirect[strings.Join(args, " ")] {
+			t.Errorf("redirect %s: not run directly", strings.Join(args, " "))
+		}
+	}
+	for _, args := range [][]string{{"apply", "--help"}, {"apply", "--defaults", "extra"}, {"trace", "--defaults", "out", "10.0.0.1:80"}, {"demo", "--help"}, {"--version"}, {}} {
+		if _, ok := runDirect(args, io.Discard, io.Discard); ok {
+			t.Errorf("redirect %s: run directly, want it left to the command tree", strings.Join(args, " "))
 		}
 	}
 }
