@@ -16,44 +16,65 @@ import (
 // plugins elsewhere, so the chart value must point there.
 type ReadOnlyError struct {
 	Dir string
-	Err error
+	// Binary is the file being written when the error came.
+	Binary string
+	Err    error
 }
 
 func (e *ReadOnlyError) Error() string {
 	return fmt.Sprintf("installing %s into %s: the directory is read-only (%v); set the chart value cniBinDir "+
 		"(agent flag --cni-bin-dir) to the node's writable CNI bin dir, or install with the chart value platform "+
 		"(gke: /home/kubernetes/bin, openshift: /var/lib/cni/bin, k3s, k3d, microk8s, minikube, eks, aks)",
-		PluginName, e.Dir, e.Err)
+		e.Binary, e.Dir, e.Err)
 }
 
 func (e *ReadOnlyError) Unwrap() error { return e.Err }
 
-// binarySource is the plugin binary to install, fingerprinted once.
+// binarySource is one binary to install under name, fingerprinted once.
 type binarySource struct {
+	name string // the file name in every bin dir
 	path string
 	size int64
 	sum  [sha256.Size]byte
 }
 
-func newBinarySource(path string) (*binarySource, error) {
+// binarySources are the binaries the agent installs, in install order: the
+// companion first, as the front execs it from its own directory whenever
+// the agent is not there, so a front must never land in a bin dir before
+// the companion it runs. Removal goes the other way.
+func binarySources(pluginBinary string) ([]*binarySource, error) {
+	front, err := newBinarySource(pluginBinary, PluginName)
+	if err != nil {
+		return nil, &ConfigError{Flag: "plugin-binary", Value: pluginBinary, Reason: err.Error()}
+	}
+	companion := filepath.Join(filepath.Dir(pluginBinary), StandaloneName)
+	standalone, err := newBinarySource(companion, StandaloneName)
+	if err != nil {
+		return nil, &ConfigError{Flag: "plugin-binary", Value: pluginBinary,
+			Reason: fmt.Sprintf("its companion %s must be in the same directory: %v", companion, err)}
+	}
+	return []*binarySource{standalone, front}, nil
+}
+
+func newBinarySource(path, name string) (*binarySource, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("opening plugin binary: %w", err)
+		return nil, fmt.Errorf("opening the %s binary: %w", name, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("reading plugin binary %s: %w", path, err)
+		return nil, fmt.Errorf("reading the %s binary %s: %w", name, path, err)
 	}
 	if !fi.Mode().IsRegular() || fi.Size() == 0 {
-		return nil, fmt.Errorf("plugin binary %s is not a non-empty regular file", path)
+		return nil, fmt.Errorf("the %s binary %s is not a non-empty regular file", name, path)
 	}
 	h := sha256.New()
 	n, err := io.Copy(h, f)
 	if err != nil {
-		return nil, fmt.Errorf("reading plugin binary %s: %w", path, err)
+		return nil, fmt.Errorf("reading the %s binary %s: %w", name, path, err)
 	}
-	s := &binarySource{path: path, size: n}
+	s := &binarySource{name: name, path: path, size: n}
 	copy(s.sum[:], h.Sum(nil))
 	return s, nil
 }
@@ -76,7 +97,7 @@ func fileSum(path string) ([sha256.Size]byte, int64, error) {
 
 // installed reports whether dir holds an identical, executable copy.
 func (s *binarySource) installed(dir string) bool {
-	dst := filepath.Join(dir, PluginName)
+	dst := filepath.Join(dir, s.name)
 	fi, err := os.Stat(dst)
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() != s.size || fi.Mode().Perm() != 0o755 {
 		return false
@@ -87,7 +108,7 @@ func (s *binarySource) installed(dir string) bool {
 
 // looksInstalled is the cheap check readiness uses: right size and mode.
 func (s *binarySource) looksInstalled(dir string) error {
-	dst := filepath.Join(dir, PluginName)
+	dst := filepath.Join(dir, s.name)
 	fi, err := os.Stat(dst)
 	if err != nil {
 		return err
@@ -98,23 +119,23 @@ func (s *binarySource) looksInstalled(dir string) error {
 	return nil
 }
 
-// install copies the plugin into dir atomically unless an identical copy is
+// install copies the binary into dir atomically unless an identical copy is
 // there; it reports whether it wrote.
 func (s *binarySource) install(dir string) (bool, error) {
 	if s.installed(dir) {
 		return false, nil
 	}
 	if err := removeLeftovers(dir); err != nil {
-		return false, wrapReadOnly(dir, err)
+		return false, s.wrapReadOnly(dir, err)
 	}
 	src, err := os.Open(s.path)
 	if err != nil {
-		return false, fmt.Errorf("opening plugin binary: %w", err)
+		return false, fmt.Errorf("opening the %s binary: %w", s.name, err)
 	}
 	defer src.Close()
-	tmp, err := os.CreateTemp(dir, tmpPrefix+PluginName+"-*"+tmpSuffix)
+	tmp, err := os.CreateTemp(dir, tmpPrefix+s.name+"-*"+tmpSuffix)
 	if err != nil {
-		return false, wrapReadOnly(dir, fmt.Errorf("creating temp file in %s: %w", dir, err))
+		return false, s.wrapReadOnly(dir, fmt.Errorf("creating temp file in %s: %w", dir, err))
 	}
 	done := false
 	defer func() {
@@ -141,25 +162,25 @@ func (s *binarySource) install(dir string) (bool, error) {
 		return false, fmt.Errorf("closing %s: %w", tmp.Name(), err)
 	}
 	// rename over a running binary is safe: processes keep the old inode.
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, PluginName)); err != nil {
-		return false, wrapReadOnly(dir, fmt.Errorf("renaming into %s: %w", dir, err))
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, s.name)); err != nil {
+		return false, s.wrapReadOnly(dir, fmt.Errorf("renaming %s into %s: %w", s.name, dir, err))
 	}
 	done = true
 	return true, nil
 }
 
-func wrapReadOnly(dir string, err error) error {
+func (s *binarySource) wrapReadOnly(dir string, err error) error {
 	if errors.Is(err, syscall.EROFS) {
-		return &ReadOnlyError{Dir: dir, Err: err}
+		return &ReadOnlyError{Dir: dir, Binary: s.name, Err: err}
 	}
 	return err
 }
 
-// removeBinary deletes our binary from dir; missing is fine.
-func removeBinary(dir string) error {
-	err := os.Remove(filepath.Join(dir, PluginName))
+// remove deletes the binary from dir; missing is fine.
+func (s *binarySource) remove(dir string) error {
+	err := os.Remove(filepath.Join(dir, s.name))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("removing %s from %s: %w", PluginName, dir, err)
+		return fmt.Errorf("removing %s from %s: %w", s.name, dir, err)
 	}
 	return nil
 }

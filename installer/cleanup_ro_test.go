@@ -94,7 +94,6 @@ func TestCleanupReadOnlyConfDirKeepsPlugin(t *testing.T) {
 	if got, _ := os.ReadFile(p); !bytes.Equal(got, orig) {
 		t.Errorf("not restored:\n%s", got)
 	}
-	assertGone(t, filepath.Join(h.bin, PluginName))
-	assertGone(t, filepath.Join(h.bin2, PluginName))
+	h.assertBinariesGone(t)
 	assertGone(t, cfg.KubeconfigPath())
 }

@@ -20,6 +20,12 @@ import (
 // PluginName is the plugin's binary name and its conf "type".
 const PluginName = conflist.PluginName
 
+// StandaloneName is the plugin's companion binary: the whole plugin, which
+// the PluginName front execs from its own directory when the node agent is
+// not there to take the call. The agent installs it next to the front in
+// every bin dir, and takes it from the directory of --plugin-binary.
+const StandaloneName = PluginName + "-standalone"
+
 // DefaultStandaloneConfName is the file written in standalone (Multus) mode
 // when no name is configured; the YYY prefix sorts it after primaries.
 const DefaultStandaloneConfName = "YYY-nftmesh-cni.conf"
@@ -126,7 +132,7 @@ func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
 	fs.BoolVar(&c.Chained, "chained", true, "insert into the primary CNI config (false: write a standalone config for Multus)")
 	fs.StringVar(&c.NetworkName, "cni-network-name", PluginName, "standalone only: the config's network name, which Multus matches against the NetworkAttachmentDefinition pods reference")
 	fs.StringVar(&c.AgentRunDir, "agent-run-dir", podinfo.DefaultAgentRunDir, "run dir shared with the plugin (kubeconfig, state, logs); same path on host and in the pod")
-	fs.StringVar(&c.PluginBinary, "plugin-binary", "/opt/cni/bin/"+PluginName, "the "+PluginName+" binary to install")
+	fs.StringVar(&c.PluginBinary, "plugin-binary", "/opt/cni/bin/"+PluginName, "the "+PluginName+" binary to install; its companion "+StandaloneName+" is taken from the same directory")
 	fs.StringVar(&c.ServiceAccountDir, "service-account-dir", "/var/run/secrets/kubernetes.io/serviceaccount", "service-account dir with token and ca.crt for the plugin's kubeconfig (empty: write no kubeconfig)")
 	fs.StringVar(&c.KubeAPIServer, "kube-api-server", "", "API server URL for the plugin (default from KUBERNETES_SERVICE_HOST/PORT)")
 	fs.StringVar(&c.KubeCAFile, "kube-ca-file", "", "CA bundle for the API server (default <service-account-dir>/ca.crt)")

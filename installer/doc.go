@@ -2,8 +2,11 @@
 // nftmesh-cni plugin on a node and keeps it there.
 //
 // It owns the agent's configuration (flags and environment, with Istio's
-// install-cni names accepted), the atomic copy of the plugin binary into the
-// host's CNI bin dirs, the plugin's kubeconfig built from the agent's
+// install-cni names accepted), the atomic copy of the plugin's two binaries
+// into the host's CNI bin dirs (the front the runtime calls, which hands the
+// call to the agent, and its companion, the whole plugin, which the front
+// execs when the agent is not there; the companion always lands first), the
+// plugin's kubeconfig built from the agent's
 // service account, the insertion of our plugin entry into the primary CNI
 // config (or a standalone file for Multus) with compare-and-swap writes, the
 // fsnotify watch that puts the entry back when the primary CNI rewrites its

@@ -85,7 +85,7 @@ type Installer struct {
 	cfg  *Config
 	log  zerolog.Logger
 	m    *metrics.Metrics
-	src  *binarySource
+	bins []*binarySource // in install order: see binarySources
 	ours json.RawMessage
 
 	limiter *rate.Limiter
@@ -111,15 +111,15 @@ type Installer struct {
 	Reconciled chan struct{}
 }
 
-// New checks what it can without writing anything (the plugin binary must
-// be readable) and returns an Installer. m may be nil.
+// New checks what it can without writing anything (the plugin binary and
+// its companion must be readable) and returns an Installer. m may be nil.
 func New(cfg *Config, log zerolog.Logger, m *metrics.Metrics) (*Installer, error) {
 	if m == nil {
 		m = metrics.New()
 	}
-	src, err := newBinarySource(cfg.PluginBinary)
+	bins, err := binarySources(cfg.PluginBinary)
 	if err != nil {
-		return nil, &ConfigError{Flag: "plugin-binary", Value: cfg.PluginBinary, Reason: err.Error()}
+		return nil, err
 	}
 	if cfg.Chained {
 		// Fail on an unusable primary name before touching anything.
@@ -131,7 +131,7 @@ func New(cfg *Config, log zerolog.Logger, m *metrics.Metrics) (*Installer, error
 		cfg:        cfg,
 		log:        log,
 		m:          m,
-		src:        src,
+		bins:       bins,
 		ours:       cfg.PluginConf().JSON(),
 		limiter:    rate.NewLimiter(rate.Limit(cfg.ReinstallRate), cfg.ReinstallBurst),
 		Reconciled: make(chan struct{}, 1),
@@ -167,8 +167,10 @@ func (in *Installer) Ready() error {
 		return errors.New("not installed")
 	}
 	for _, d := range in.cfg.CNIBinDirs {
-		if err := in.src.looksInstalled(d); err != nil {
-			return fmt.Errorf("plugin binary: %w", err)
+		for _, b := range in.bins {
+			if err := b.looksInstalled(d); err != nil {
+				return fmt.Errorf("%s binary: %w", b.name, err)
+			}
 		}
 	}
 	if in.cfg.ServiceAccountDir != "" {
@@ -486,13 +488,15 @@ func (in *Installer) reconcile(ctx context.Context, dirty parts) (wrote bool, re
 	}
 	if dirty&partBinaries != 0 {
 		for _, d := range in.cfg.CNIBinDirs {
-			w, err := in.src.install(d)
-			if err != nil {
-				return wrote, metrics.ResultCopyBinaries, err
-			}
-			if w {
-				wrote = true
-				in.log.Info().Str("dir", d).Msg("installed " + PluginName + " binary")
+			for _, b := range in.bins {
+				w, err := b.install(d)
+				if err != nil {
+					return wrote, metrics.ResultCopyBinaries, err
+				}
+				if w {
+					wrote = true
+					in.log.Info().Str("dir", d).Str("binary", b.name).Msg("installed the " + b.name + " binary")
+				}
 			}
 		}
 	}
@@ -521,7 +525,7 @@ func (w *watchSet) classify(ev fsnotify.Event) parts {
 		return 0
 	}
 	var p parts
-	if w.binDirs[dir] && base == PluginName {
+	if w.binDirs[dir] && (base == PluginName || base == StandaloneName) {
 		p |= partBinaries
 	}
 	if w.confDirs[dir] {
@@ -868,8 +872,8 @@ func (in *Installer) Cleanup() error {
 		if len(refs) > 1 {
 			what = "the CNI configs " + strings.Join(refs, ", ") + " still name"
 		}
-		return errors.Join(append(errs, fmt.Errorf("keeping the %s binary and its kubeconfig: %s the plugin, and without them the runtime would fail every new pod on the node",
-			PluginName, what))...)
+		return errors.Join(append(errs, fmt.Errorf("keeping the %s and %s binaries and the kubeconfig: %s the plugin, and without them the runtime would fail every new pod on the node",
+			PluginName, StandaloneName, what))...)
 	}
 	if cfg.ServiceAccountDir != "" {
 		if err := os.Remove(cfg.KubeconfigPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -880,8 +884,14 @@ func (in *Installer) Cleanup() error {
 		}
 	}
 	for _, d := range cfg.CNIBinDirs {
-		if err := removeBinary(d); err != nil {
-			errs = append(errs, err)
+		// The front first, and the companion only once the front is gone:
+		// a front left without its companion would fail every pod the
+		// agent is not there for.
+		for _, b := range slices.Backward(in.bins) {
+			if err := b.remove(d); err != nil {
+				errs = append(errs, err)
+				break
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -13,13 +13,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftmesh/nftmesh/podinfo"
@@ -30,10 +30,11 @@ import (
 	"github.com/nftmesh/nftmesh/installer/conflist"
 )
 
-// host is a fake node file system in a temp dir.
+// host is a fake node file system in a temp dir. plugin and companion are
+// the image's two binaries (random bytes, different from each other).
 type host struct {
-	root, bin, bin2, conf, run, sa, plugin string
-	saGen                                  int
+	root, bin, bin2, conf, run, sa, plugin, companion string
+	saGen                                             int
 }
 
 func newHost(t *testing.T) *host {
@@ -53,10 +54,13 @@ func newHost(t *testing.T) *host {
 		}
 	}
 	h.plugin = filepath.Join(r, "image", PluginName)
-	bin := make([]byte, 256<<10)
-	_, _ = rand.Read(bin)
-	if err := os.WriteFile(h.plugin, bin, 0o755); err != nil {
-		t.Fatal(err)
+	h.companion = filepath.Join(r, "image", StandaloneName)
+	for _, p := range []string{h.plugin, h.companion} {
+		bin := make([]byte, 256<<10)
+		_, _ = rand.Read(bin)
+		if err := os.WriteFile(p, bin, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	h.rotateToken(t, "token-1")
 	return h
@@ -187,6 +191,15 @@ func modeOf(t *testing.T, p string) fs.FileMode {
 	return fi.Mode().Perm()
 }
 
+// assertBinariesGone checks that no bin dir holds either binary.
+func (h *host) assertBinariesGone(t *testing.T) {
+	t.Helper()
+	for _, d := range []string{h.bin, h.bin2} {
+		assertGone(t, filepath.Join(d, PluginName))
+		assertGone(t, filepath.Join(d, StandaloneName))
+	}
+}
+
 func assertGone(t *testing.T, p string) {
 	t.Helper()
 	if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
@@ -196,14 +209,17 @@ func assertGone(t *testing.T, p string) {
 
 func (h *host) assertInstalled(t *testing.T, cfg *Config) {
 	t.Helper()
-	src, _ := os.ReadFile(h.plugin)
-	for _, d := range []string{h.bin, h.bin2} {
-		got, err := os.ReadFile(filepath.Join(d, PluginName))
-		if err != nil || !bytes.Equal(got, src) {
-			t.Errorf("binary in %s missing or different (%v)", d, err)
-		}
-		if m := modeOf(t, filepath.Join(d, PluginName)); m != 0o755 {
-			t.Errorf("binary mode %v, want 0755", m)
+	for name, from := range map[string]string{PluginName: h.plugin, StandaloneName: h.companion} {
+		src, _ := os.ReadFile(from)
+		for _, d := range []string{h.bin, h.bin2} {
+			got, err := os.ReadFile(filepath.Join(d, name))
+			if err != nil || !bytes.Equal(got, src) {
+				t.Errorf("%s in %s missing or different (%v)", name, d, err)
+				continue
+			}
+			if m := modeOf(t, filepath.Join(d, name)); m != 0o755 {
+				t.Errorf("%s mode %v, want 0755", name, m)
+			}
 		}
 	}
 	if m := modeOf(t, cfg.KubeconfigPath()); m != 0o600 {
@@ -262,8 +278,7 @@ func TestRunChainedRealWorldAndCleanup(t *testing.T) {
 			if m := modeOf(t, p); m != 0o640 {
 				t.Errorf("mode after cleanup %v", m)
 			}
-			assertGone(t, filepath.Join(h.bin, PluginName))
-			assertGone(t, filepath.Join(h.bin2, PluginName))
+			h.assertBinariesGone(t)
 			assertGone(t, cfg.KubeconfigPath())
 			assertGone(t, filepath.Join(h.run, StateFileName))
 			entries, _ := os.ReadDir(h.conf)
@@ -510,7 +525,7 @@ func TestBinaryReplacedIsReinstalled(t *testing.T) {
 		return bytes.Equal(b, src) && a.in.Ready() == nil
 	})
 	_ = os.Remove(filepath.Join(h.bin, PluginName))
-	a.waitFor(t, "binary back", func() bool { return a.in.src.installed(h.bin) && a.in.Ready() == nil })
+	a.waitFor(t, "binary back", func() bool { return sameBytes(filepath.Join(h.bin, PluginName), h.plugin) && a.in.Ready() == nil })
 	// Leftover temp files of a crashed copy are cleaned on the next install.
 	left := filepath.Join(h.bin, tmpPrefix+PluginName+"-123"+tmpSuffix)
 	_ = os.WriteFile(left, []byte("x"), 0o644)
@@ -595,32 +610,58 @@ func TestRestartKeepsOriginalBytes(t *testing.T) {
 	}
 }
 
+// A read-only bin dir fails the install with an error that names the chart
+// values, the dir and the binary being written: the companion, which goes
+// first, or the front when the companion is already there.
 func TestReadOnlyBinDir(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a read-only tmpfs")
+	if !inPrivateMountNS(t) {
+		return
 	}
 	h := newHost(t)
-	if err := syscall.Mount("tmpfs", h.bin2, "tmpfs", syscall.MS_RDONLY, "size=1m"); err != nil {
-		t.Skipf("cannot mount a read-only tmpfs here: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(h.bin2, 0) })
 	h.put(t, "10-calico.conflist", 0o644)
-	in, err := New(h.config(t), zerolog.New(io.Discard), nil)
-	if err != nil {
+	cfg := h.config(t)
+	reconcileInto := func(want string) {
+		t.Helper()
+		in, err := New(cfg, zerolog.New(io.Discard), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Run prepares the directories before its first reconcile.
+		if err := in.prepare(); err != nil {
+			t.Fatal(err)
+		}
+		_, result, err := in.reconcile(context.Background(), partAll)
+		var ro *ReadOnlyError
+		if !errors.As(err, &ro) || result != metrics.ResultCopyBinaries {
+			t.Fatalf("want a ReadOnlyError, got %v (%s)", err, result)
+		}
+		if !strings.Contains(err.Error(), "cniBinDir") || !strings.Contains(err.Error(), h.bin2) || !strings.Contains(err.Error(), "platform (gke: /home/kubernetes/bin") {
+			t.Errorf("error does not name the chart values and dir: %v", err)
+		}
+		if ro.Binary != want || !strings.Contains(err.Error(), "installing "+want+" into "+h.bin2) {
+			t.Errorf("the error names %q, want %s: %v", ro.Binary, want, err)
+		}
+	}
+
+	if err := unix.Mount("tmpfs", h.bin2, "tmpfs", unix.MS_RDONLY, "size=1m"); err != nil {
+		t.Fatalf("mounting a read-only tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(h.bin2, unix.MNT_DETACH) })
+	reconcileInto(StandaloneName)
+
+	// The companion is there (installed while the dir was writable), the
+	// front is not.
+	if err := unix.Mount("tmpfs", h.bin2, "tmpfs", unix.MS_REMOUNT, ""); err != nil {
+		t.Fatalf("remounting the bin dir read-write: %v", err)
+	}
+	b, _ := os.ReadFile(h.companion)
+	if err := os.WriteFile(filepath.Join(h.bin2, StandaloneName), b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// Run prepares the directories before its first reconcile.
-	if err := in.prepare(); err != nil {
-		t.Fatal(err)
+	if err := unix.Mount("tmpfs", h.bin2, "tmpfs", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		t.Fatalf("remounting the bin dir read-only: %v", err)
 	}
-	_, result, err := in.reconcile(context.Background(), partAll)
-	var ro *ReadOnlyError
-	if !errors.As(err, &ro) || result != metrics.ResultCopyBinaries {
-		t.Fatalf("want a ReadOnlyError, got %v (%s)", err, result)
-	}
-	if !strings.Contains(err.Error(), "cniBinDir") || !strings.Contains(err.Error(), h.bin2) || !strings.Contains(err.Error(), "platform (gke: /home/kubernetes/bin") {
-		t.Errorf("error does not name the chart values and dir: %v", err)
-	}
+	reconcileInto(PluginName)
 }
 
 func TestHealthReadinessMetricsOverHTTP(t *testing.T) {

@@ -18,6 +18,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/rs/zerolog"
 	"k8s.io/klog/v2"
+
+	"github.com/nftmesh/nftmesh/installer"
 )
 
 // testVersion is stamped into the agent the tests build, as the Makefile
@@ -60,9 +62,12 @@ func newFakeHost(t *testing.T) *fakeHost {
 			t.Fatal(err)
 		}
 	}
-	// Any executable stands in for the plugin: the agent installs bytes.
-	if err := os.WriteFile(h.plugin, bytes.Repeat([]byte("nftmesh-cni\n"), 4096), 0o755); err != nil {
-		t.Fatal(err)
+	// Any executables stand in for the plugin and its companion: the agent
+	// installs bytes.
+	for _, name := range []string{installer.PluginName, installer.StandaloneName} {
+		if err := os.WriteFile(filepath.Join(filepath.Dir(h.plugin), name), bytes.Repeat([]byte(name+"\n"), 4096), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	_ = os.WriteFile(filepath.Join(h.sa, "token"), []byte("e2e-token"), 0o600)
 	_ = os.WriteFile(filepath.Join(h.sa, "ca.crt"), []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"), 0o644)
@@ -105,7 +110,7 @@ func httpGet(url string) (int, string) {
 
 // The built agent against a temp "host": it becomes ready, chains itself
 // into the bridge conflist, and on SIGTERM leaves the conflist
-// byte-identical and removes its binary and kubeconfig.
+// byte-identical and removes its two binaries and kubeconfig.
 func TestAgentBinaryEndToEnd(t *testing.T) {
 	bin := buildAgent(t)
 	h := newFakeHost(t)
@@ -158,6 +163,12 @@ func TestAgentBinaryEndToEnd(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(h.run, "kubeconfig")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("kubeconfig: %v", err)
 	}
+	for _, name := range []string{installer.PluginName, installer.StandaloneName} {
+		want, _ := os.ReadFile(filepath.Join(filepath.Dir(h.plugin), name))
+		if got, err := os.ReadFile(filepath.Join(h.bin, name)); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s not installed in %s (%v)", name, h.bin, err)
+		}
+	}
 	if code, body := httpGet("http://" + metrics + "/metrics"); code != 200 || !strings.Contains(body, "nftmesh_install_ready 1") {
 		t.Errorf("/metrics %d: %.200s", code, body)
 	}
@@ -198,7 +209,7 @@ func TestAgentBinaryEndToEnd(t *testing.T) {
 	if got, _ := os.ReadFile(primary); !bytes.Equal(got, src) {
 		t.Errorf("conflist not restored byte for byte:\n%s", got)
 	}
-	for _, p := range []string{filepath.Join(h.bin, "nftmesh-cni"), filepath.Join(h.run, "kubeconfig")} {
+	for _, p := range []string{filepath.Join(h.bin, installer.PluginName), filepath.Join(h.bin, installer.StandaloneName), filepath.Join(h.run, "kubeconfig")} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s left behind", p)
 		}
@@ -244,16 +255,24 @@ func TestAgentBinaryBadConfigTouchesNothing(t *testing.T) {
 		extra []string
 		env   []string
 		want  string
+		// spoil changes the fake host after it is made.
+		spoil func(h *fakeHost)
 	}{
-		{"bad backend", []string{"--backend", "nft"}, nil, "--backend"},
-		{"bad env", nil, []string{"CHAINED_CNI_PLUGIN=perhaps"}, "CHAINED_CNI_PLUGIN"},
-		{"missing plugin", []string{"--plugin-binary", "/nonexistent/nftmesh-cni"}, nil, "--plugin-binary"},
-		{"repair in place without host proc", []string{"--repair-enabled", "--repair-pods", "--node-name", "n", "--host-proc", "/nonexistent/proc"}, nil, "--host-proc"},
-		{"no api server", nil, []string{"KUBERNETES_SERVICE_HOST="}, "--kube-api-server"},
+		{"bad backend", []string{"--backend", "nft"}, nil, "--backend", nil},
+		{"bad env", nil, []string{"CHAINED_CNI_PLUGIN=perhaps"}, "CHAINED_CNI_PLUGIN", nil},
+		{"missing plugin", []string{"--plugin-binary", "/nonexistent/nftmesh-cni"}, nil, "--plugin-binary", nil},
+		{name: "missing companion", want: "/image/" + installer.StandaloneName, spoil: func(h *fakeHost) {
+			_ = os.Remove(filepath.Join(filepath.Dir(h.plugin), installer.StandaloneName))
+		}},
+		{"repair in place without host proc", []string{"--repair-enabled", "--repair-pods", "--node-name", "n", "--host-proc", "/nonexistent/proc"}, nil, "--host-proc", nil},
+		{"no api server", nil, []string{"KUBERNETES_SERVICE_HOST="}, "--kube-api-server", nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			h := newFakeHost(t)
+			if c.spoil != nil {
+				c.spoil(h)
+			}
 			_ = os.WriteFile(filepath.Join(h.conf, "10-x.conflist"), []byte(`{"cniVersion":"1.0.0","name":"x","plugins":[{"type":"bridge"}]}`), 0o644)
 			before := snapshot(t, h.root)
 			cmd := exec.Command(bin, append(h.args("127.0.0.1:0", "127.0.0.1:0"), c.extra...)...)
