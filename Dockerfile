@@ -18,7 +18,7 @@ COPY . .
 RUN --mount=type=cache,target=/root/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     mkdir -p /out && CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -buildvcs=false \
       -ldflags="-s -w -buildid= -X github.com/nftmesh/nftmesh/internal/version.Version=${VERSION}" \
-      -o /out/ ./cmd/nftmesh-agent ./cmd/nftmesh-cni ./cmd/redirect
+      -o /out/ ./cmd/nftmesh-agent ./cmd/nftmesh-cni ./cmd/nftmesh-cni-standalone ./cmd/redirect
 
 # distroless/static adds CA certificates, /etc/passwd and tzdata, none of
 # which the binaries need; the reference image has the binaries only. The
@@ -37,5 +37,8 @@ COPY --from=build /out/nftmesh-agent /usr/local/bin/nftmesh-agent
 COPY --from=build /out/redirect /usr/local/bin/redirect
 # The agent's --plugin-binary default: the file it copies to the host.
 COPY --from=build /out/nftmesh-cni /opt/cni/bin/nftmesh-cni
+# Its companion, in the same directory: the agent copies it next to the
+# front, which execs it when the agent is not there.
+COPY --from=build /out/nftmesh-cni-standalone /opt/cni/bin/nftmesh-cni-standalone
 USER 0:0
 ENTRYPOINT ["/usr/local/bin/nftmesh-agent"]

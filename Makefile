@@ -49,12 +49,13 @@ build:
 	@mkdir -p $(BIN)
 	$(GOBUILD) -o $(BIN)/ ./cmd/...
 
-## image: the container image, without Docker or a registry: the three static
-## binaries for linux/$(ARCH) on an empty base, as a docker-archive tarball
+## image: the container image, without Docker or a registry: the four static
+## binaries (the agent, the plugin's front and its companion, the CLI) for
+## linux/$(ARCH) on an empty base, as a docker-archive tarball
 ## (`ctr -n k8s.io images import`, `docker load`) and an OCI layout dir.
 image:
 	@mkdir -p $(BIN)/image
-	GOOS=linux GOARCH=$(ARCH) $(GOBUILD) -o $(BIN)/image/ ./cmd/nftmesh-agent ./cmd/nftmesh-cni ./cmd/redirect
+	GOOS=linux GOARCH=$(ARCH) $(GOBUILD) -o $(BIN)/image/ ./cmd/nftmesh-agent ./cmd/nftmesh-cni ./cmd/nftmesh-cni-standalone ./cmd/redirect
 	$(GO) run ./internal/imagebuild/mkimage --bin-dir $(BIN)/image --arch $(ARCH) \
 	  --version '$(VERSION)' --revision '$(REVISION)' --created '$(SOURCE_DATE_EPOCH)' --tag '$(IMAGE)' \
 	  --out $(BIN)/nftmesh-image.tar --oci-dir $(BIN)/nftmesh-image.oci
@@ -132,15 +133,16 @@ lint: staticcheck
 	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep -E 'nftmesh/nftmesh/((testkit|e2e)/|capture/capturetest( |$$))' | cut -d: -f1 | \
 	  grep -v -E '^github.com/nftmesh/nftmesh/((testkit|e2e)/|capture/capturetest$$)' || true); \
 	  if [ -n "$$bad" ]; then echo "product code imports the test kit, e2e or capture/capturetest:"; echo "$$bad"; exit 1; fi
-	@# The plugin is a new process on every pod start and Go initialises every
+	@# The plugin (the front and the companion it execs when the agent is not
+	@# there) is a new process on every pod start and Go initialises every
 	@# linked package first: it must not link client-go or the API types.
-	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni | grep -E '^k8s\.io/|klog|logr' || true); \
-	  if [ -n "$$bad" ]; then echo "nftmesh-cni links Kubernetes client packages:"; echo "$$bad"; exit 1; fi
+	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni ./cmd/nftmesh-cni-standalone | grep -E '^k8s\.io/|klog|logr' || true); \
+	  if [ -n "$$bad" ]; then echo "nftmesh-cni or nftmesh-cni-standalone links Kubernetes client packages:"; echo "$$bad"; exit 1; fi
 	@# Nor the other packages whose initialisation every run would pay: net/http
 	@# (podget speaks HTTP/1.1 over crypto/tls itself), YAML (the agent writes
 	@# the kubeconfig as JSON), regexp, and the CNI library's skel.
-	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni | grep -E '^(net/http|regexp|mime|sigs\.k8s\.io/yaml|go\.yaml\.in/.*|gopkg\.in/yaml.*|github\.com/containernetworking/cni/pkg/skel)$$' || true); \
-	  if [ -n "$$bad" ]; then echo "nftmesh-cni links packages that slow its start:"; echo "$$bad"; exit 1; fi
+	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni ./cmd/nftmesh-cni-standalone | grep -E '^(net/http|regexp|mime|sigs\.k8s\.io/yaml|go\.yaml\.in/.*|gopkg\.in/yaml.*|github\.com/containernetworking/cni/pkg/skel)$$' || true); \
+	  if [ -n "$$bad" ]; then echo "nftmesh-cni or nftmesh-cni-standalone links packages that slow its start:"; echo "$$bad"; exit 1; fi
 	@# redirect apply is a whole process compared with nft -f: nothing it
 	@# links may bring the crypto packages (their inits run in every run).
 	@bad=$$($(GO) list -deps ./cmd/redirect | grep -E '^crypto/' || true); \

@@ -82,9 +82,10 @@ func run(m *testing.M) int {
 // plain go test of the package runs none and builds nothing).
 var buildOnce = sync.OnceValue(func() error {
 	// Built as `make build` builds them (static, stripped), so the figures
-	// are the shipped binaries'.
+	// are the shipped binaries'. The plugin's companion goes next to it,
+	// where the agent takes it from (and the front finds it).
 	build := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=",
-		"-o", filepath.Join(env.dir, "bin")+"/", "../../cmd/nftmesh-cni", "../../cmd/nftmesh-agent")
+		"-o", filepath.Join(env.dir, "bin")+"/", "../../cmd/nftmesh-cni", "../../cmd/nftmesh-cni-standalone", "../../cmd/nftmesh-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the binaries: %v\n%s", err, out)

@@ -84,9 +84,10 @@ func buildImages(repo, dir string) ([]string, error) {
 	}
 	bins := map[string][]byte{}
 	for name, pkg := range map[string]string{
-		"nftmesh-agent": "./cmd/nftmesh-agent",
-		"nftmesh-cni":   "./cmd/nftmesh-cni",
-		"redirect":      "./cmd/redirect",
+		"nftmesh-agent":          "./cmd/nftmesh-agent",
+		"nftmesh-cni":            "./cmd/nftmesh-cni",
+		"nftmesh-cni-standalone": "./cmd/nftmesh-cni-standalone",
+		"redirect":               "./cmd/redirect",
 	} {
 		if bins[name], err = build(name, pkg); err != nil {
 			return nil, err
@@ -94,7 +95,7 @@ func buildImages(repo, dir string) ([]string, error) {
 	}
 	_, version, _ := strings.Cut(nftmeshImage, ":")
 	nftmesh, err := imagebuild.Nftmesh(imagebuild.Binaries{
-		Agent: bins["nftmesh-agent"], Plugin: bins["nftmesh-cni"], Redirect: bins["redirect"],
+		Agent: bins["nftmesh-agent"], Plugin: bins["nftmesh-cni"], Standalone: bins["nftmesh-cni-standalone"], Redirect: bins["redirect"],
 	}, imagebuild.Meta{Version: version})
 	if err != nil {
 		return nil, err

@@ -150,26 +150,29 @@ func TestHelmInstall(t *testing.T) {
 		}
 	}
 
-	installed := filepath.Join(c.CNIBinDir, "nftmesh-cni")
-	st, err := os.Lstat(installed)
-	if err != nil {
-		t.Fatalf("plugin binary not in the node's CNI bin dir: %v", err)
-	}
-	if !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
-		t.Errorf("%s is %v, want an executable regular file", installed, st.Mode())
-	}
-	got, _ := os.ReadFile(installed)
-	want, err := fileInImage(imageArchive, "/opt/cni/bin/nftmesh-cni")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s (%d bytes) is not the image's nftmesh-cni (%d bytes)", installed, len(got), len(want))
-	}
-
+	// The plugin's front and, next to it, the companion it execs when the
+	// agent is not there: both the image's, both of this version.
 	_, version, _ := strings.Cut(nftmeshImage, ":")
-	if out, err := exec.Command(installed, "--version").CombinedOutput(); err != nil || !strings.Contains(string(out), version) {
-		t.Errorf("%s --version: %q (%v), want version %s", installed, out, err, version)
+	for _, name := range []string{"nftmesh-cni", "nftmesh-cni-standalone"} {
+		installed := filepath.Join(c.CNIBinDir, name)
+		st, err := os.Lstat(installed)
+		if err != nil {
+			t.Fatalf("%s not in the node's CNI bin dir: %v", name, err)
+		}
+		if !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
+			t.Errorf("%s is %v, want an executable regular file", installed, st.Mode())
+		}
+		got, _ := os.ReadFile(installed)
+		want, err := fileInImage(imageArchive, "/opt/cni/bin/"+name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s (%d bytes) is not the image's %s (%d bytes)", installed, len(got), name, len(want))
+		}
+		if out, err := exec.Command(installed, "--version").CombinedOutput(); err != nil || !strings.Contains(string(out), version) {
+			t.Errorf("%s --version: %q (%v), want version %s", installed, out, err, version)
+		}
 	}
 
 	pods, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})

@@ -44,8 +44,10 @@ func TestHelmUninstall(t *testing.T) {
 		}
 		t.Errorf("CNI conf dir holds %v, want only %s", names, filepath.Base(c.PrimaryConflist))
 	}
-	if _, err := os.Lstat(filepath.Join(c.CNIBinDir, "nftmesh-cni")); !os.IsNotExist(err) {
-		t.Errorf("nftmesh-cni still in the node's CNI bin dir after uninstall (%v)", err)
+	for _, name := range []string{"nftmesh-cni", "nftmesh-cni-standalone"} {
+		if _, err := os.Lstat(filepath.Join(c.CNIBinDir, name)); !os.IsNotExist(err) {
+			t.Errorf("%s still in the node's CNI bin dir after uninstall (%v)", name, err)
+		}
 	}
 
 	pod := plainPod("after-uninstall")

@@ -202,11 +202,13 @@ func TestNodeEndToEnd(t *testing.T) {
 	ctx := context.Background()
 	tmp := t.TempDir()
 
-	// The images' binaries.
+	// The images' binaries: the plugin's companion next to it, where the
+	// agent takes it from.
 	agentBin := filepath.Join(tmp, "image", "nftmesh-agent")
 	pluginBin := filepath.Join(tmp, "image", "nftmesh-cni")
 	build(t, "cmd/nftmesh-agent", agentBin)
 	build(t, "cmd/nftmesh-cni", pluginBin)
+	build(t, "cmd/nftmesh-cni-standalone", filepath.Join(tmp, "image", "nftmesh-cni-standalone"))
 
 	// The "host".
 	host := struct{ bin, conf, run, sa, cache, ipam string }{
@@ -382,8 +384,10 @@ func TestNodeEndToEnd(t *testing.T) {
 	if n := len(cl.Plugins); n != 2 || cl.Plugins[1].Network.Type != "nftmesh-cni" || cl.CNIVersion != "1.0.0" {
 		t.Fatalf("the agent's conflist: %s", cl.Bytes)
 	}
-	if _, err := os.Stat(filepath.Join(host.bin, "nftmesh-cni")); err != nil {
-		t.Fatalf("plugin binary not installed: %v", err)
+	for _, name := range []string{"nftmesh-cni", "nftmesh-cni-standalone"} {
+		if _, err := os.Stat(filepath.Join(host.bin, name)); err != nil {
+			t.Fatalf("%s not installed: %v", name, err)
+		}
 	}
 
 	// The early pod is repaired in place by the agent: its rules appear
@@ -520,7 +524,7 @@ func TestNodeEndToEnd(t *testing.T) {
 	if got, _ := os.ReadFile(conflist); !bytes.Equal(got, primary) {
 		t.Errorf("conflist not restored byte for byte:\n%s", got)
 	}
-	for _, p := range []string{filepath.Join(host.bin, "nftmesh-cni"), filepath.Join(host.run, "kubeconfig")} {
+	for _, p := range []string{filepath.Join(host.bin, "nftmesh-cni"), filepath.Join(host.bin, "nftmesh-cni-standalone"), filepath.Join(host.run, "kubeconfig")} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s left behind (%v)", p, err)
 		}

@@ -47,7 +47,7 @@ func TestDockerfileMatchesTheReferenceLayout(t *testing.T) {
 		}
 	}
 	sort.Strings(copies)
-	want := []string{PluginPath, AgentPath, RedirectPath}
+	want := []string{PluginPath, StandalonePath, AgentPath, RedirectPath}
 	sort.Strings(want)
 	if !reflect.DeepEqual(copies, want) {
 		t.Errorf("the Dockerfile's final stage copies to %v, the reference image holds %v", copies, want)
@@ -65,5 +65,14 @@ func TestDockerfileMatchesTheReferenceLayout(t *testing.T) {
 	}
 	if !strings.Contains(string(ds), `command: ["`+AgentPath+`"]`) {
 		t.Errorf("the chart's DaemonSet does not start %s", AgentPath)
+	}
+	// The agent takes the plugin, and its companion next to it, from where
+	// the chart says.
+	cm, err := os.ReadFile(filepath.Join(root, "charts", "nftmesh", "templates", "configmap.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(cm), `"NFTMESH_PLUGIN_BINARY" "`+PluginPath+`"`) {
+		t.Errorf("the chart's agent does not install the plugin from %s", PluginPath)
 	}
 }

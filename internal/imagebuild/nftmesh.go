@@ -18,6 +18,10 @@ const (
 	// PluginPath is the agent's --plugin-binary default: the file it
 	// copies into the host's CNI bin dir.
 	PluginPath = "/opt/cni/bin/nftmesh-cni"
+	// StandalonePath is the plugin's companion, which the agent takes from
+	// the directory of --plugin-binary and copies next to the front: the
+	// whole plugin, which the front execs when the agent is not there.
+	StandalonePath = "/opt/cni/bin/nftmesh-cni-standalone"
 	// User is numeric, so neither the runtime nor the binaries need an
 	// /etc/passwd. The agent runs as root (it writes the host's CNI dirs);
 	// the chart drops every capability but the ones it needs.
@@ -30,9 +34,10 @@ const (
 // DefaultSource is the image's org.opencontainers.image.source label.
 const DefaultSource = "https://github.com/nftmesh/nftmesh"
 
-// Binaries are the static linux binaries the nftmesh image holds.
+// Binaries are the static linux binaries the nftmesh image holds: Plugin
+// is the front the runtime runs, Standalone its companion.
 type Binaries struct {
-	Agent, Plugin, Redirect []byte
+	Agent, Plugin, Standalone, Redirect []byte
 }
 
 // Meta is what the nftmesh image says about itself in its labels.
@@ -47,7 +52,7 @@ type Meta struct {
 	Architecture string // default runtime.GOARCH; the binaries must match
 }
 
-// Nftmesh builds the nftmesh image: the three binaries and nothing else on
+// Nftmesh builds the nftmesh image: the four binaries and nothing else on
 // an empty base. The binaries need no CA bundle (the only TLS peer is the
 // API server, verified with the service account's CA), no /etc/passwd (the
 // user is numeric) and no writable /tmp (the chart mounts the root file
@@ -71,6 +76,7 @@ func Nftmesh(bins Binaries, meta Meta) (v1.Image, error) {
 	files := []File{
 		{Path: AgentPath, Mode: 0o755, Data: bins.Agent},
 		{Path: PluginPath, Mode: 0o755, Data: bins.Plugin},
+		{Path: StandalonePath, Mode: 0o755, Data: bins.Standalone},
 		{Path: RedirectPath, Mode: 0o755, Data: bins.Redirect},
 	}
 	for _, f := range files {

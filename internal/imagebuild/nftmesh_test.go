@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"debug/elf"
 	"encoding/binary"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftmesh/nftmesh/installer"
 )
 
 // fakeELF is the smallest file debug/elf reads as a linux executable for
@@ -46,9 +49,10 @@ func fakeELF(t *testing.T, machine elf.Machine, dynamic bool) []byte {
 
 func TestNftmeshImage(t *testing.T) {
 	bins := Binaries{
-		Agent:    append(fakeELF(t, elf.EM_X86_64, false), "agent"...),
-		Plugin:   append(fakeELF(t, elf.EM_X86_64, false), "plugin"...),
-		Redirect: append(fakeELF(t, elf.EM_X86_64, false), "redirect"...),
+		Agent:      append(fakeELF(t, elf.EM_X86_64, false), "agent"...),
+		Plugin:     append(fakeELF(t, elf.EM_X86_64, false), "plugin"...),
+		Standalone: append(fakeELF(t, elf.EM_X86_64, false), "standalone"...),
+		Redirect:   append(fakeELF(t, elf.EM_X86_64, false), "redirect"...),
 	}
 	meta := Meta{Version: "v0.3.0", Revision: "0123abcd", Created: time.Unix(1700000000, 0), Architecture: "amd64"}
 	img, err := Nftmesh(bins, meta)
@@ -75,7 +79,7 @@ func TestNftmeshImage(t *testing.T) {
 		}
 	}
 
-	// Exactly the three binaries, where the Dockerfile puts them.
+	// Exactly the four binaries, where the Dockerfile puts them.
 	layers, err := img.Layers()
 	if err != nil || len(layers) != 1 {
 		t.Fatalf("layers %v (%v), want one", layers, err)
@@ -83,6 +87,7 @@ func TestNftmeshImage(t *testing.T) {
 	files, err := Layer([]File{
 		{Path: AgentPath, Mode: 0o755, Data: bins.Agent},
 		{Path: PluginPath, Mode: 0o755, Data: bins.Plugin},
+		{Path: StandalonePath, Mode: 0o755, Data: bins.Standalone},
 		{Path: RedirectPath, Mode: 0o755, Data: bins.Redirect},
 	}, meta.Created)
 	if err != nil {
@@ -99,7 +104,7 @@ func TestNftmeshImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got.Bytes(), files) {
-		t.Errorf("the layer (%v) is not the three binaries at their paths", diffID)
+		t.Errorf("the layer (%v) is not the four binaries at their paths", diffID)
 	}
 }
 
@@ -111,14 +116,16 @@ func TestNftmeshRefusesBinariesThatCannotStart(t *testing.T) {
 		meta Meta
 		want string
 	}{
-		{"no version", Binaries{static, static, static}, Meta{Architecture: "amd64"}, "the version is empty"},
-		{"not ELF", Binaries{static, []byte("#!/bin/sh\n"), static}, Meta{Version: "v1", Architecture: "amd64"},
+		{"no version", Binaries{static, static, static, static}, Meta{Architecture: "amd64"}, "the version is empty"},
+		{"not ELF", Binaries{static, []byte("#!/bin/sh\n"), static, static}, Meta{Version: "v1", Architecture: "amd64"},
 			PluginPath + ": not an ELF binary"},
-		{"other architecture", Binaries{fakeELF(t, elf.EM_AARCH64, false), static, static}, Meta{Version: "v1", Architecture: "amd64"},
+		{"other architecture", Binaries{fakeELF(t, elf.EM_AARCH64, false), static, static, static}, Meta{Version: "v1", Architecture: "amd64"},
 			AgentPath + ": built for EM_AARCH64, the image is amd64"},
-		{"dynamic", Binaries{static, static, fakeELF(t, elf.EM_X86_64, true)}, Meta{Version: "v1", Architecture: "amd64"},
+		{"dynamic", Binaries{static, static, static, fakeELF(t, elf.EM_X86_64, true)}, Meta{Version: "v1", Architecture: "amd64"},
 			RedirectPath + ": dynamically linked"},
-		{"unknown arch", Binaries{static, static, static}, Meta{Version: "v1", Architecture: "vax"}, `architecture "vax" is not supported`},
+		{"no companion", Binaries{Agent: static, Plugin: static, Redirect: static}, Meta{Version: "v1", Architecture: "amd64"},
+			StandalonePath + ": not an ELF binary"},
+		{"unknown arch", Binaries{static, static, static, static}, Meta{Version: "v1", Architecture: "vax"}, `architecture "vax" is not supported`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -128,7 +135,27 @@ func TestNftmeshRefusesBinariesThatCannotStart(t *testing.T) {
 			}
 		})
 	}
-	if _, err := Nftmesh(Binaries{static, static, static}, Meta{Version: "v1", Architecture: "amd64"}); err != nil {
+	if _, err := Nftmesh(Binaries{static, static, static, static}, Meta{Version: "v1", Architecture: "amd64"}); err != nil {
 		t.Errorf("static amd64 binaries refused: %v", err)
+	}
+}
+
+// The image holds the plugin where the agent's --plugin-binary default
+// looks, and the companion where the agent then looks for it (the same
+// directory, under the name it installs): an image the agent refuses to
+// start from would only show on a node.
+func TestImageHoldsWhatTheAgentInstalls(t *testing.T) {
+	cfg, err := installer.ParseConfig(nil, func(k string) (string, bool) {
+		v, ok := map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}[k]
+		return v, ok
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PluginBinary != PluginPath {
+		t.Errorf("the agent installs %s by default, the image holds the plugin at %s", cfg.PluginBinary, PluginPath)
+	}
+	if want := filepath.Join(filepath.Dir(cfg.PluginBinary), installer.StandaloneName); StandalonePath != want {
+		t.Errorf("the agent looks for the companion at %s, the image holds it at %s", want, StandalonePath)
 	}
 }

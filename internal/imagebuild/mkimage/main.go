@@ -35,7 +35,7 @@ func run(args []string, getenv func(string) (string, bool), stdout, stderr io.Wr
 	var o options
 	fs := pflag.NewFlagSet("mkimage", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.binDir, "bin-dir", "", "directory holding the static nftmesh-agent, nftmesh-cni and redirect (required)")
+	fs.StringVar(&o.binDir, "bin-dir", "", "directory holding the static nftmesh-agent, nftmesh-cni, nftmesh-cni-standalone and redirect (required)")
 	fs.StringVar(&o.version, "version", "", "the version the binaries were stamped with; the image's version label and default tag (required)")
 	fs.StringVar(&o.revision, "revision", "", "the source commit, for the revision label")
 	fs.StringVar(&o.source, "source", imagebuild.DefaultSource, "the source repository, for the source label")
@@ -77,7 +77,9 @@ func build(o options, stdout io.Writer) error {
 		o.tag = "localhost/nftmesh:" + o.version
 	}
 	var bins imagebuild.Binaries
-	for name, dst := range map[string]*[]byte{"nftmesh-agent": &bins.Agent, "nftmesh-cni": &bins.Plugin, "redirect": &bins.Redirect} {
+	for name, dst := range map[string]*[]byte{
+		"nftmesh-agent": &bins.Agent, "nftmesh-cni": &bins.Plugin, "nftmesh-cni-standalone": &bins.Standalone, "redirect": &bins.Redirect,
+	} {
 		if *dst, err = os.ReadFile(filepath.Join(o.binDir, name)); err != nil {
 			return fmt.Errorf("reading the binary: %w", err)
 		}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"archive/tar"
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +13,10 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/nftmesh/nftmesh/internal/imagebuild"
 )
 
 func TestParseCreated(t *testing.T) {
@@ -81,12 +86,13 @@ func TestRunRequiresItsInputs(t *testing.T) {
 
 // TestMakeImage runs `make image` as a user does, twice from the same inputs
 // into two directories, and proves: the two archives are byte for byte the
-// same (the binaries too: -trimpath, no build ID); all three binaries report
-// the VERSION they were built with (the plugin's about line too); the
-// image's version label and tag carry it; a changed input changes the image.
+// same (the binaries too: -trimpath, no build ID); every binary reports the
+// VERSION it was built with (the plugin's about line too); the image holds
+// the four at their paths; the image's version label and tag carry the
+// version; a changed input changes the image.
 func TestMakeImage(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds the three binaries twice: not in -short")
+		t.Skip("builds the four binaries twice: not in -short")
 	}
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Skip("make is not installed")
@@ -111,7 +117,7 @@ func TestMakeImage(t *testing.T) {
 	t.Logf("make image (cold link): %v", makeImage(a))
 	t.Logf("make image (again): %v", makeImage(b))
 
-	for _, f := range []string{"image/nftmesh-agent", "image/nftmesh-cni", "image/redirect", "nftmesh-image.tar", "nftmesh-image.oci/index.json"} {
+	for _, f := range []string{"image/nftmesh-agent", "image/nftmesh-cni", "image/nftmesh-cni-standalone", "image/redirect", "nftmesh-image.tar", "nftmesh-image.oci/index.json"} {
 		x, err1 := os.ReadFile(filepath.Join(a, f))
 		y, err2 := os.ReadFile(filepath.Join(b, f))
 		if err1 != nil || err2 != nil {
@@ -134,8 +140,15 @@ func TestMakeImage(t *testing.T) {
 			t.Errorf("%s --version: %v, %q; want it to start with %q", bin, err, out, want)
 		}
 	}
+	// The companion is the whole plugin: it says it is nftmesh-cni (of
+	// this version) whatever file name it runs under.
+	cmd := exec.Command(filepath.Join(a, "image", "nftmesh-cni-standalone"), "--version")
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "nftmesh-cni") || !strings.Contains(string(out), " "+version+" (go") {
+		t.Errorf("nftmesh-cni-standalone --version: %v, %q; want nftmesh-cni's line with %s", err, out, version)
+	}
 	// The plugin's about line, printed when run without CNI_COMMAND.
-	cmd := exec.Command(filepath.Join(a, "image", "nftmesh-cni"))
+	cmd = exec.Command(filepath.Join(a, "image", "nftmesh-cni"))
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	out, _ := cmd.CombinedOutput()
 	if want := "nftmesh-cni " + version + ": "; !strings.HasPrefix(string(out), want) {
@@ -167,6 +180,37 @@ func TestMakeImage(t *testing.T) {
 	}
 	if cf.OS != "linux" || cf.Architecture == "" {
 		t.Errorf("platform %q/%q", cf.OS, cf.Architecture)
+	}
+	// The image's files are the built binaries, at the paths the agent and
+	// the chart use.
+	inImage := map[string][]byte{}
+	rc := mutate.Extract(img)
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("reading the image's files: %v", err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			inImage["/"+strings.TrimPrefix(h.Name, "/")], _ = io.ReadAll(tr)
+		}
+	}
+	rc.Close()
+	for bin, p := range map[string]string{
+		"nftmesh-agent": imagebuild.AgentPath, "nftmesh-cni": imagebuild.PluginPath,
+		"nftmesh-cni-standalone": imagebuild.StandalonePath, "redirect": imagebuild.RedirectPath,
+	} {
+		built, _ := os.ReadFile(filepath.Join(a, "image", bin))
+		if got, ok := inImage[p]; !ok || !bytes.Equal(got, built) {
+			t.Errorf("the image's %s (%d bytes, present %v) is not the built %s (%d bytes)", p, len(got), ok, bin, len(built))
+		}
+		delete(inImage, p)
+	}
+	for p := range inImage {
+		t.Errorf("the image holds %s too", p)
 	}
 	var index struct {
 		Manifests []struct{ Annotations map[string]string }
