@@ -1,8 +1,9 @@
 // Command nftmesh-agent is the nftmesh node agent, run by the DaemonSet on
-// every node: it installs the nftmesh-cni plugin (binary, kubeconfig, CNI
-// config entry), keeps it installed while the primary CNI rewrites its
-// files, serves health, readiness and metrics, runs the repair controller,
-// and on SIGTERM removes everything it installed.
+// every node: it installs the nftmesh-cni plugin (its binaries, nftmesh-cni
+// and the companion nftmesh-cni-standalone; kubeconfig; CNI config entry),
+// keeps it installed while the primary CNI rewrites its files, serves
+// health, readiness and metrics, runs the repair controller, and on SIGTERM
+// removes everything it installed.
 //
 // Every host path is a flag, so it also runs outside a cluster against a
 // directory tree standing in for a node (tests, demos, debugging).
