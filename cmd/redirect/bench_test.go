@@ -23,6 +23,8 @@ import (
 // `nsenter --net=` so all pay the same process and netns-entry cost; the
 // order rotates every round. Reported: the median per tool (ms) and our
 // ratios to each competitor. Needs root and the binaries (make bench).
+// BENCH_REDIRECT_BASE=/path/to/an/older/redirect runs that build too, in
+// the same loop, for a change's before and after (base/nft-f, nft/base).
 func BenchmarkWholeProcess(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root: creates network namespaces")
@@ -87,6 +89,15 @@ func BenchmarkWholeProcess(b *testing.B) {
 		// redirect-nft-direct again, printing its phase marks: a run of its
 		// own so that the figures above measure exactly what users run.
 		{"redirect-nft-phases", [][]string{{self, "apply", "--netns", "NETNS", "--backend", "nftables", "--defaults", "--ipv6"}}, true, true},
+	}
+	// BENCH_REDIRECT_BASE names another redirect binary (an older build)
+	// to run the same way as redirect-nft in the same loop: a change's
+	// effect, measured side by side with its baseline, on a machine whose
+	// load drifts between two runs. Build it as above (static, stamped);
+	// its ratio to redirect-nft is base/nft.
+	base := os.Getenv("BENCH_REDIRECT_BASE")
+	if base != "" {
+		tools = append(tools, tool{"redirect-nft-base", [][]string{{base, "apply", "--netns", "/proc/self/ns/net", "--backend", "nftables", "--defaults", "--ipv6", "--allow-own-netns"}}, false, false})
 	}
 	// steps[name] are the times between consecutive phase marks, µs.
 	steps := map[string][]float64{}
@@ -167,6 +178,10 @@ func BenchmarkWholeProcess(b *testing.B) {
 	b.ReportMetric(med["redirect-nft-direct"]/med["iptables-restore"], "direct/ipt-restore")
 	b.ReportMetric(med["redirect-nft"]/med["iptables-restore"], "nft/ipt-restore")
 	b.ReportMetric(med["redirect-legacy"]/med["iptables-restore"], "legacy/ipt-restore")
+	if base != "" {
+		b.ReportMetric(med["redirect-nft-base"]/med["nft-f"], "base/nft-f")
+		b.ReportMetric(med["redirect-nft"]/med["redirect-nft-base"], "nft/base")
+	}
 	b.ReportMetric(0, "ns/op") // per-op time mixes five tools; the medians above are the figures
 }
 
