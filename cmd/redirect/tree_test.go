@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -232,7 +233,10 @@ func TestCLIVersionAsTemplate(t *testing.T) {
 // reflection that calls methods by name (text/template's, reached through
 // a cobra template setter such as SetVersionTemplate): with it the linker
 // keeps every exported method of every type that reaches an interface, a
-// third more binary to load at every run (see versionWriter).
+// third more binary to load at every run (see versionWriter). Nor net's
+// name resolver, which no command needs (every address is a literal) and
+// which a dial or listen by address string would bring (200 KB, mapped
+// and unmapped by every run).
 func TestBinaryPrunesMethods(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
@@ -247,9 +251,20 @@ func TestBinaryPrunesMethods(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go tool nm: %v", err)
 	}
+	// Before Go 1.26 netlab dials by address string (see its dial.go).
+	typedDial := !strings.HasPrefix(runtime.Version(), "go1.25")
+	resolver := false
 	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) == 3 && (f[2] == "reflect.Value.Method" || f[2] == "reflect.Value.MethodByName") {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue
+		}
+		if f[2] == "reflect.Value.Method" || f[2] == "reflect.Value.MethodByName" {
 			t.Errorf("the binary links %s: something (a cobra Set*Template, text/template) calls methods by reflection, and the linker then keeps every exported method", f[2])
 		}
+		resolver = resolver || strings.HasPrefix(f[2], "net.(*Resolver).")
+	}
+	if typedDial && resolver {
+		t.Errorf("the binary links net's name resolver: something dials or listens by address string (netlab dials and listens by netip address so that it does not)")
 	}
 }

@@ -1,7 +1,6 @@
 package netlab
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -136,14 +135,22 @@ func network(base string, v6 bool) (string, string) {
 func (l *Listeners) startTCP(ns, name string, port uint16, v6, transparent bool, owner *creds) error {
 	netw, host := network("tcp", v6)
 	addr := fmt.Sprintf("%s:%d", host, port)
-	var ln net.Listener
+	var ln *net.TCPListener
 	err := inNetns(ns, owner, func() error {
-		lc := net.ListenConfig{}
-		if transparent {
-			lc.Control = sockopt.Transparent
-		}
+		// Listened to by address, not by string (see exchange), with
+		// IP_TRANSPARENT set once listening: TPROXY checks it on the
+		// listener each time it hands one a connection.
 		var err error
-		ln, err = lc.Listen(context.Background(), netw, addr)
+		if ln, err = net.ListenTCP(netw, &net.TCPAddr{Port: int(port)}); err != nil || !transparent {
+			return err
+		}
+		rc, err := ln.SyscallConn()
+		if err == nil {
+			err = sockopt.Transparent(netw, addr, rc)
+		}
+		if err != nil {
+			ln.Close()
+		}
 		return err
 	})
 	if err != nil {
@@ -180,14 +187,24 @@ func serveTCP(c *net.TCPConn, name string) {
 func (l *Listeners) startUDP(ns, name string, port uint16, v6 bool, owner *creds) error {
 	netw, host := network("udp", v6)
 	addr := fmt.Sprintf("%s:%d", host, port)
-	var pc net.PacketConn
+	var pc *net.UDPConn
 	err := inNetns(ns, owner, func() error {
 		// PKTINFO tells each datagram's destination (a wildcard socket has
 		// no single local address), and replies are sent from it so
-		// conntrack recognises them and undoes the REDIRECT.
-		lc := net.ListenConfig{Control: sockopt.RecvPktinfo}
+		// conntrack recognises them and undoes the REDIRECT. Asked for
+		// before the first datagram can arrive: the probes come after
+		// NewListeners returns.
 		var err error
-		pc, err = lc.ListenPacket(context.Background(), netw, addr)
+		if pc, err = net.ListenUDP(netw, &net.UDPAddr{Port: int(port)}); err != nil {
+			return err
+		}
+		rc, err := pc.SyscallConn()
+		if err == nil {
+			err = sockopt.RecvPktinfo(netw, addr, rc)
+		}
+		if err != nil {
+			pc.Close()
+		}
 		return err
 	})
 	if err != nil {
@@ -199,7 +216,7 @@ func (l *Listeners) startUDP(ns, name string, port uint16, v6 bool, owner *creds
 		return err
 	}
 	l.group.Add(func() error { err := pc.Close(); ct.Close(); return err })
-	l.group.Go(func() { serveUDP(pc.(*net.UDPConn), ct, name, port, v6) })
+	l.group.Go(func() { serveUDP(pc, ct, name, port, v6) })
 	return nil
 }
 

@@ -131,23 +131,10 @@ func (t *Topology) Probe(p Probe) Result {
 // that thread's namespace and identity), sends one line or datagram and
 // reads the listener's answer.
 func exchange(proto redirect.Proto, local netip.Addr, dst netip.AddrPort) ([]byte, error) {
-	d := net.Dialer{Timeout: ioTimeout}
-	var netw string
-	switch proto {
-	case redirect.ProtoTCP:
-		netw = "tcp"
-		if local.IsValid() {
-			d.LocalAddr = &net.TCPAddr{IP: local.AsSlice()}
-		}
-	case redirect.ProtoUDP:
-		netw = "udp"
-		if local.IsValid() {
-			d.LocalAddr = &net.UDPAddr{IP: local.AsSlice()}
-		}
-	default:
+	if proto != redirect.ProtoTCP && proto != redirect.ProtoUDP {
 		return nil, fmt.Errorf("probing with protocol %s: unsupported", proto)
 	}
-	conn, err := d.Dial(netw, dst.String())
+	conn, err := dial(proto, local, dst)
 	if err != nil {
 		return nil, err
 	}
