@@ -93,8 +93,42 @@ var linux = New(linuxKernel{})
 // use it.
 func Linux() *Pipeline { return linux }
 
+// LinuxVia is the pipeline over the running kernel in which the namespace
+// file at path is reached through fd, a descriptor for it (O_PATH is
+// enough) that another process opened in its own mount namespace and passed
+// over a unix socket; other paths are opened as they are. Errors name
+// path. fd stays the caller's to close.
+func LinuxVia(path string, fd int) *Pipeline { return New(viaKernel{path: path, fd: fd}) }
+
 // linuxKernel is the running kernel.
 type linuxKernel struct{}
+
+// viaKernel is the running kernel with one namespace path reached through
+// a descriptor.
+type viaKernel struct {
+	linuxKernel
+	path string
+	fd   int
+}
+
+func (k viaKernel) OpenNetns(path string) (*Netns, error) {
+	if path != k.path {
+		return hostns.Open(path)
+	}
+	return hostns.OpenFD(k.fd, path)
+}
+
+func (k viaKernel) Addrs(path string) ([]netip.Addr, error) {
+	if path != k.path {
+		return netnsaddr.List(path)
+	}
+	n, err := hostns.OpenFD(k.fd, path)
+	if err != nil {
+		return nil, fmt.Errorf("listing addresses: %w", err)
+	}
+	defer n.Close()
+	return netnsaddr.ListIn(n, path)
+}
 
 func (linuxKernel) OpenNetns(path string) (*Netns, error) { return hostns.Open(path) }
 

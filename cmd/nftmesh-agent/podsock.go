@@ -13,6 +13,8 @@ import (
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/installer/repair"
+	"github.com/nftmesh/nftmesh/internal/cniserve"
+	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock/cachesource"
 )
@@ -20,8 +22,12 @@ import (
 // podSocket is the agent's answer to the plugin's pod lookups: the socket
 // in the run dir, answered from this node's pod informer.
 type podSocket struct {
-	ln     *agentsock.Listener
-	srv    *agentsock.Server
+	ln  *agentsock.Listener
+	srv *agentsock.Server
+	// cniLn and cni run the calls the nftmesh-cni front hands over, with
+	// pods from the same informer.
+	cniLn  *agentsock.Listener
+	cni    *cniserve.Server
 	pods   cache.SharedIndexInformer
 	ownRun bool // the informer is ours to run (not the repair controller's)
 	log    zerolog.Logger
@@ -109,6 +115,31 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 		e.Str("outcome", o.Status).Str("reason", o.Reason).Str("namespace", o.Request.Namespace).
 			Str("pod", o.Request.Name).Str("uid", o.Request.UID).Dur("duration", o.Duration).Msg("pod lookup on the agent socket")
 	}}
+	cniLn, err := agentsock.ListenAt(cfg.AgentRunDir, cnisock.SocketName)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	s.cniLn = cniLn
+	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "nftmesh", Subsystem: "agent_socket", Name: "cni_calls_total",
+		Help: "CNI calls the nftmesh-cni front handed to the agent, by outcome (ok, error, declined, refused, bad_request, write_error).",
+	}, []string{"outcome"})
+	if m != nil {
+		m.Registry.MustRegister(calls)
+	}
+	s.cni = &cniserve.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, Observe: func(o cniserve.Outcome) {
+		calls.WithLabelValues(o.Status).Inc()
+		var e *zerolog.Event
+		switch o.Status {
+		case cniserve.OutcomeOK, cniserve.OutcomeError, cniserve.OutcomeDeclined:
+			e = s.log.Debug()
+		default:
+			e = s.log.Warn().Uint32("peer_uid", o.PeerUID)
+		}
+		e.Str("outcome", o.Status).Str("reason", o.Reason).Str("command", o.Command).Dur("duration", o.Duration).
+			Msg("CNI call on the agent socket")
+	}}
 	return s, nil
 }
 
@@ -121,6 +152,13 @@ func (s *podSocket) run(ctx context.Context) error {
 	if s.ownRun {
 		from = "its own watch of the node's pods"
 	}
-	s.log.Info().Str("socket", s.ln.Path()).Str("answers_from", from).Msg("answering the plugin's pod lookups")
-	return s.srv.Serve(ctx, s.ln)
+	s.log.Info().Str("socket", s.ln.Path()).Str("cni_socket", s.cniLn.Path()).Str("answers_from", from).
+		Msg("answering the plugin's pod lookups and running the CNI calls handed over")
+	cniDone := make(chan error, 1)
+	go func() { cniDone <- s.cni.Serve(ctx, s.cniLn) }()
+	err := s.srv.Serve(ctx, s.ln)
+	if cerr := <-cniDone; err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -148,6 +148,14 @@ func Open(path string) (*Netns, error) {
 		return nil, fmt.Errorf("opening netns %s: %w", path, err)
 	}
 	defer unix.Close(pfd)
+	return OpenFD(pfd, path)
+}
+
+// OpenFD is Open of the file pfd refers to (any descriptor; O_PATH is
+// enough), which path named where it was opened: a descriptor another
+// process opened in its own mount namespace and passed over a unix socket.
+// Errors name path; pfd stays open.
+func OpenFD(pfd int, path string) (*Netns, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(pfd, &st); err != nil {
 		return nil, fmt.Errorf("opening netns %s: %w", path, err)

@@ -43,8 +43,13 @@ func List(path string) ([]netip.Addr, error) {
 		return nil, fmt.Errorf("listing addresses: %w", err)
 	}
 	defer n.Close()
+	return ListIn(n, path)
+}
+
+// ListIn is List of the namespace n, which path names (in errors).
+func ListIn(n *hostns.Netns, path string) ([]netip.Addr, error) {
 	var out []netip.Addr
-	err = n.Do(func() (err error) {
+	err := n.Do(func() (err error) {
 		out, err = ListHere()
 		return err
 	})

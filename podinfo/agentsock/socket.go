@@ -37,7 +37,8 @@ const PeerUID = 0
 var ErrPeerRefused = errors.New("peer is not root")
 
 // peerUID reads the credentials of the process at the other end of c.
-func peerUID(c *net.UnixConn) (uint32, error) {
+// PeerUIDOf is the uid of the process at the other end of c.
+func PeerUIDOf(c *net.UnixConn) (uint32, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -69,7 +70,11 @@ type Listener struct {
 // previous agent left. Close removes the socket only while it is still
 // this listener's, so an agent shutting down after its successor started
 // does not take the successor's socket away.
-func Listen(runDir string) (*Listener, error) {
+func Listen(runDir string) (*Listener, error) { return ListenAt(runDir, SocketName) }
+
+// ListenAt is Listen for the socket name in the same directory (the
+// agent's other sockets).
+func ListenAt(runDir, name string) (*Listener, error) {
 	// The run dir is the agent's (the installer creates it the same way);
 	// the socket may come up first.
 	if err := os.MkdirAll(runDir, 0o755); err != nil {
@@ -95,7 +100,7 @@ func Listen(runDir string) (*Listener, error) {
 			return nil, fmt.Errorf("restricting socket dir %s to mode %o: %w", dir, dirMode, err)
 		}
 	}
-	path := filepath.Join(dir, SocketName)
+	path := filepath.Join(dir, name)
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("removing the old socket %s: %w", path, err)
 	}
@@ -240,6 +245,26 @@ func (s *Server) Serve(ctx context.Context, l *Listener) error {
 	}
 }
 
+// Lookup answers req from r within ResolveTimeout: the usual answer, a pod
+// the agent's watch has brought, costs no timer and no wait. An answer
+// that is not about req is "unknown" (r is trusted code, but a wrong answer
+// would only send the plugin to the API server), saying why.
+func Lookup(ctx context.Context, r Resolver, req Request) Answer {
+	a, ok := Answer{}, false
+	if q, isQ := r.(QuickResolver); isQ {
+		a, ok = q.ResolveNow(req)
+	}
+	if !ok {
+		rctx, cancel := context.WithTimeout(ctx, ResolveTimeout)
+		a = r.Resolve(rctx, req)
+		cancel()
+	}
+	if err := CheckAnswer(req, a); err != nil {
+		a = Unknown("agent error: " + err.Error())
+	}
+	return a
+}
+
 func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	defer c.Close()
 	start := time.Now()
@@ -250,7 +275,7 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 			s.Observe(o)
 		}
 	}()
-	uid, err := peerUID(c)
+	uid, err := PeerUIDOf(c)
 	o.PeerUID = uid
 	if err != nil || uid != s.AllowUID {
 		o.Status, o.Reason = OutcomeRefused, fmt.Sprintf("peer uid %d is not %d", uid, s.AllowUID)
@@ -270,22 +295,7 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 		o.Status, o.Reason = OutcomeBadRequest, err.Error()
 		return
 	}
-	// The usual answer, a pod the agent's watch has brought, costs no
-	// timer and no wait.
-	a, ok := Answer{}, false
-	if q, isQ := s.Resolver.(QuickResolver); isQ {
-		a, ok = q.ResolveNow(req)
-	}
-	if !ok {
-		rctx, cancel := context.WithTimeout(ctx, ResolveTimeout)
-		a = s.Resolver.Resolve(rctx, req)
-		cancel()
-	}
-	// The resolver is trusted code, but a wrong answer would only send the
-	// plugin to the API server: send "unknown" instead and say why.
-	if err := CheckAnswer(req, a); err != nil {
-		a = Unknown("agent error: " + err.Error())
-	}
+	a := Lookup(ctx, s.Resolver, req)
 	o.Status, o.Reason = a.Status, a.Reason
 	_ = c.SetWriteDeadline(time.Now().Add(ioTimeout))
 	b, err := encodeAnswer(a, MaxAnswer)

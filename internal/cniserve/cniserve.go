@@ -1,0 +1,285 @@
+// Package cniserve runs, inside the node agent, the CNI calls the
+// nftmesh-cni front process hands over its socket (internal/cnisock): the
+// plugin's own code (internal/cniplugin) on the call's variables and
+// config, its pod from the agent's informer, its network namespace through
+// the descriptor the front passed. A call it cannot run as the plugin's own
+// process would (a pod the agent does not have, a config naming another run
+// dir, a malformed request) is declined untouched, and the front runs the
+// standalone plugin.
+package cniserve
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/capture"
+	"github.com/nftmesh/nftmesh/internal/cniplugin"
+	"github.com/nftmesh/nftmesh/internal/cnisock"
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
+)
+
+// Outcome is what became of one connection, for metrics and logs.
+type Outcome struct {
+	// Status: OutcomeOK, OutcomeError, OutcomeDeclined, OutcomeRefused,
+	// OutcomeBadRequest or OutcomeWriteError.
+	Status   string
+	Reason   string
+	Command  string
+	PeerUID  uint32
+	Duration time.Duration
+}
+
+// Outcomes.
+const (
+	OutcomeOK         = "ok"          // the plugin exited 0
+	OutcomeError      = "error"       // the plugin exited 1 (a CNI error)
+	OutcomeDeclined   = "declined"    // left to the standalone plugin
+	OutcomeRefused    = "refused"     // the peer is not root
+	OutcomeBadRequest = "bad_request" // unreadable request or descriptors
+	OutcomeWriteError = "write_error" // the reply could not be sent
+)
+
+// Server runs the calls.
+type Server struct {
+	// RunDir is the agent_run_dir the plugin's config must name (the same
+	// path on the host and in the agent's pod).
+	RunDir string
+	// Resolver answers the calls' pod lookups (the agent's informer).
+	Resolver agentsock.Resolver
+	// AllowUID is the only peer uid served (agentsock.PeerUID: root).
+	AllowUID uint32
+	// Observe, when set, is told each connection's outcome.
+	Observe func(Outcome)
+	// Run runs one call; nil is cniplugin.Run (tests count calls).
+	Run func(cniplugin.Env) (int, error)
+}
+
+// Bounds of one connection.
+const (
+	readTimeout  = 2 * time.Second
+	writeTimeout = 2 * time.Second
+	maxInFlight  = 256
+	acceptRetry  = 50 * time.Millisecond
+)
+
+// Serve runs calls until ctx ends or the listener fails; it closes l and
+// waits for the calls in progress. A connection beyond maxInFlight is
+// declined at once.
+func (s *Server) Serve(ctx context.Context, l *agentsock.Listener) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	defer l.Close()
+	sem := make(chan struct{}, maxInFlight)
+	for {
+		c, err := l.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("accepting on %s: %w", l.Path(), err)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(acceptRetry):
+			}
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			// Busy: the front runs the call itself.
+			go func() {
+				_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
+				_, _ = c.Write(cnisock.AppendReply(nil, cnisock.Reply{Status: cnisock.StatusDeclined}))
+				c.Close()
+			}()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s.handle(ctx, c)
+		}()
+	}
+}
+
+func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
+	defer c.Close()
+	start := time.Now()
+	o := Outcome{}
+	defer func() {
+		o.Duration = time.Since(start)
+		if s.Observe != nil {
+			s.Observe(o)
+		}
+	}()
+	uid, err := agentsock.PeerUIDOf(c)
+	o.PeerUID = uid
+	if err != nil || uid != s.AllowUID {
+		o.Status, o.Reason = OutcomeRefused, fmt.Sprintf("peer uid %d is not %d", uid, s.AllowUID)
+		if err != nil {
+			o.Reason = err.Error()
+		}
+		return
+	}
+	_ = c.SetReadDeadline(time.Now().Add(readTimeout))
+	req, fds, err := readRequest(c)
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	reply := cnisock.Reply{Status: cnisock.StatusDeclined}
+	if err != nil {
+		o.Status, o.Reason = OutcomeBadRequest, err.Error()
+	} else {
+		o.Command = getenv(req.Env, "CNI_COMMAND")
+		reply, o.Status, o.Reason = s.call(ctx, req, fds)
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if _, err := c.Write(cnisock.AppendReply(nil, reply)); err != nil {
+		o.Status, o.Reason = OutcomeWriteError, err.Error()
+	}
+}
+
+// call runs one well-formed request.
+func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (reply cnisock.Reply, status, reason string) {
+	declined := cnisock.Reply{Status: cnisock.StatusDeclined}
+	// The namespace comes as the one descriptor exactly when the call
+	// names one.
+	netns := getenv(req.Env, "CNI_NETNS")
+	if (netns != "") != (len(fds) == 1) || len(fds) > 1 {
+		return declined, OutcomeBadRequest, fmt.Sprintf("%d descriptors for CNI_NETNS %q", len(fds), netns)
+	}
+	var out, errOut bytes.Buffer
+	e := cniplugin.Env{
+		Getenv: func(k string) string { return getenv(req.Env, k) },
+		Stdin:  bytes.NewReader(req.Stdin),
+		Stdout: &out,
+		Stderr: &errOut,
+		Ask: func(r agentsock.Request) (agentsock.Answer, error) {
+			return agentsock.Lookup(ctx, s.Resolver, r), nil
+		},
+		RunDir: s.RunDir,
+	}
+	if netns != "" {
+		e.Pipeline = capture.LinuxVia(netns, fds[0])
+	}
+	run := s.Run
+	if run == nil {
+		run = cniplugin.Run
+	}
+	code, err := runGuarded(run, e)
+	switch {
+	case errors.Is(err, cniplugin.ErrDeclined):
+		return declined, OutcomeDeclined, "no answer for the pod here"
+	case err != nil:
+		return declined, OutcomeDeclined, err.Error()
+	}
+	reply = cnisock.Reply{Status: cnisock.StatusOK, Stdout: out.Bytes(), Stderr: errOut.Bytes()}
+	status = OutcomeOK
+	if code != 0 {
+		reply.Status, status = cnisock.StatusError, OutcomeError
+	}
+	return reply, status, ""
+}
+
+// runGuarded runs a call; a panic outside the verbs' own guard declines
+// it (the standalone plugin then answers the runtime).
+func runGuarded(run func(cniplugin.Env) (int, error), e cniplugin.Env) (code int, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			code, err = 1, fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return run(e)
+}
+
+func getenv(env []string, key string) string {
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// readRequest reads one request frame and the descriptors sent with it.
+// Descriptors are returned (to be closed) even with an error.
+func readRequest(c *net.UnixConn) (cnisock.Request, []int, error) {
+	var fds []int
+	var hdr [cnisock.HeaderLen]byte
+	if err := readMsgFull(c, hdr[:], &fds); err != nil {
+		return cnisock.Request{}, fds, err
+	}
+	size, err := cnisock.BodyLen(hdr, cnisock.RequestMagic)
+	if err != nil {
+		return cnisock.Request{}, fds, err
+	}
+	body := make([]byte, size)
+	if err := readMsgFull(c, body, &fds); err != nil {
+		return cnisock.Request{}, fds, err
+	}
+	req, err := cnisock.ParseRequest(body)
+	return req, fds, err
+}
+
+// readMsgFull fills b from c, collecting the descriptors that come along.
+func readMsgFull(c *net.UnixConn, b []byte, fds *[]int) error {
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	for len(b) > 0 {
+		n, oobn, flags, _, err := c.ReadMsgUnix(b, oob)
+		if oobn > 0 {
+			got, perr := rights(oob[:oobn])
+			*fds = append(*fds, got...)
+			if perr != nil {
+				return perr
+			}
+		}
+		if flags&unix.MSG_CTRUNC != 0 {
+			return errors.New("control data truncated (too many descriptors)")
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("reading the request: %w", err)
+		}
+		if n == 0 {
+			return fmt.Errorf("reading the request: %w", io.ErrUnexpectedEOF)
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// rights returns the descriptors in control messages.
+func rights(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("reading control data: %w", err)
+	}
+	var fds []int
+	for i := range msgs {
+		got, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			return fds, fmt.Errorf("reading control data: %w", err)
+		}
+		fds = append(fds, got...)
+	}
+	return fds, nil
+}
