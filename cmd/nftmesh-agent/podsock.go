@@ -13,7 +13,7 @@ import (
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/installer/repair"
-	"github.com/nftmesh/nftmesh/internal/cniserve"
+	"github.com/nftmesh/nftmesh/internal/cniplugin"
 	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock/cachesource"
@@ -27,7 +27,7 @@ type podSocket struct {
 	// cniLn and cni run the calls the nftmesh-cni front hands over, with
 	// pods from the same informer.
 	cniLn  *agentsock.Listener
-	cni    *cniserve.Server
+	cni    *cniplugin.Server
 	pods   cache.SharedIndexInformer
 	ownRun bool // the informer is ours to run (not the repair controller's)
 	log    zerolog.Logger
@@ -128,11 +128,11 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 	if m != nil {
 		m.Registry.MustRegister(calls)
 	}
-	s.cni = &cniserve.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, Observe: func(o cniserve.Outcome) {
+	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, Observe: func(o cniplugin.ServeOutcome) {
 		calls.WithLabelValues(o.Status).Inc()
 		var e *zerolog.Event
 		switch o.Status {
-		case cniserve.OutcomeOK, cniserve.OutcomeError, cniserve.OutcomeDeclined:
+		case cniplugin.OutcomeOK, cniplugin.OutcomeError, cniplugin.OutcomeDeclined:
 			e = s.log.Debug()
 		default:
 			e = s.log.Warn().Uint32("peer_uid", o.PeerUID)

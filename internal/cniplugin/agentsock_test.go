@@ -28,6 +28,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock/cachesource"
@@ -86,6 +87,16 @@ type agent struct {
 	// gets counts the agent's own API reads (pods its informer had not
 	// seen in time).
 	gets atomic.Int32
+	// ran counts the CNI calls the agent ran for the front, by outcome.
+	mu  sync.Mutex
+	ran map[string]int
+}
+
+// calls is a's count of CNI calls with outcome.
+func (a *agent) calls(outcome string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ran[outcome]
 }
 
 // startAgent serves the socket in runDir until the returned agent is
@@ -107,10 +118,21 @@ func startAgent(t testing.TB, runDir string) *agent {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cniLn, err := agentsock.ListenAt(runDir, cnisock.SocketName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.ran = map[string]int{}
+	calls := &Server{RunDir: runDir, Resolver: src, AllowUID: agentsock.PeerUID, Observe: func(o ServeOutcome) {
+		a.mu.Lock()
+		a.ran[o.Status]++
+		a.mu.Unlock()
+	}}
 	ctx, cancel := context.WithCancel(context.Background())
 	go pods.RunWithContext(ctx)
-	done := make(chan error, 1)
+	done := make(chan error, 2)
 	go func() { done <- (&agentsock.Server{Resolver: src, AllowUID: agentsock.PeerUID}).Serve(ctx, ln) }()
+	go func() { done <- calls.Serve(ctx, cniLn) }()
 	if !cache.WaitForCacheSync(ctx.Done(), pods.HasSynced) {
 		t.Fatal("informer did not sync")
 	}
@@ -118,8 +140,10 @@ func startAgent(t testing.TB, runDir string) *agent {
 	a.stop = func() {
 		once.Do(func() {
 			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("agent socket: %v", err)
+			for range 2 {
+				if err := <-done; err != nil {
+					t.Errorf("agent socket: %v", err)
+				}
 			}
 		})
 	}
@@ -222,6 +246,11 @@ func TestAgentSocketNoAPIReads(t *testing.T) {
 	if n := reads.Load(); n != 0 {
 		t.Errorf("the plugin read pods from the API %d times with the agent up, want 0", n)
 	}
+	// The front handed every call to the agent, which ran it: no
+	// standalone plugin ran.
+	if n, want := ag.calls(OutcomeOK), len(mesh)+2; n != want {
+		t.Errorf("the agent ran %d ADDs for the front (declined %d, bad %d), want %d", n, ag.calls(OutcomeDeclined), ag.calls(OutcomeBadRequest), want)
+	}
 	t.Logf("agent API reads for pods its informer had not seen in time: %d", ag.gets.Load())
 }
 
@@ -246,6 +275,9 @@ func TestAgentSocketDownFallsBack(t *testing.T) {
 	}
 	if reads.Load() == 0 {
 		t.Fatal("the fallback read no pod from the API")
+	}
+	if n := ag.calls(OutcomeOK) + ag.calls(OutcomeError); n != 0 {
+		t.Fatalf("a stopped agent ran %d calls", n)
 	}
 }
 

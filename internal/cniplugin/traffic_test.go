@@ -25,9 +25,29 @@ import (
 // dual-stack (injected.yaml) gets IPv4 capture only, whichever family its
 // primary plugin listed first; with ISTIO_DUAL_STACK=true (annotated.json)
 // both; an IPv6-only pod IPv6.
+//
+// Both ways a call runs: handed by the front to the agent, which runs it in
+// its own process with the namespace passed as a descriptor, and, with no
+// agent, in the standalone plugin the front runs in its place.
 func TestRealTraffic(t *testing.T) {
 	needEnv(t)
-	runDir := agentRunDir(t, env.token)
+	t.Run("agent", func(t *testing.T) {
+		runDir := agentRunDir(t, env.token)
+		ag := startAgent(t, runDir)
+		realTraffic(t, runDir, func(t *testing.T, ok0 int) {
+			if n := ag.calls(OutcomeOK); n != ok0+1 {
+				t.Errorf("the agent ran %d calls, want %d: the front did not hand this ADD over (declined %d)", n-ok0, 1, ag.calls(OutcomeDeclined))
+			}
+		}, func() int { return ag.calls(OutcomeOK) })
+	})
+	t.Run("standalone", func(t *testing.T) {
+		realTraffic(t, agentRunDir(t, env.token), nil, nil)
+	})
+}
+
+// realTraffic runs TestRealTraffic's table in runDir; ran, when set, checks
+// after each ADD who ran it, given count's value before it.
+func realTraffic(t *testing.T, runDir string, ran func(t *testing.T, before int), count func() int) {
 	for _, tc := range []struct {
 		file     string
 		stack    netlab.Stack
@@ -41,8 +61,11 @@ func TestRealTraffic(t *testing.T) {
 		{"no-sidecar.yaml", netlab.StackDual, false},
 	} {
 		t.Run(tc.file+"/"+strings.ReplaceAll(tc.stack.String(), " ", "-"), func(t *testing.T) {
-			file := tc.file
-			pod := createPod(t, env.api, loadPod(t, file))
+			pod := loadPod(t, tc.file)
+			if ran != nil {
+				pod.Spec.NodeName = testNode // the agent's informer has it
+			}
+			pod = createPod(t, env.api, pod)
 			inMesh, _, spec, err := podinfo.FromPod(pod)
 			if err != nil {
 				t.Fatal(err)
@@ -86,12 +109,19 @@ func TestRealTraffic(t *testing.T) {
 				"ips":        ips,
 			}
 			id := "ctr-" + nstest.RandHex(6)
+			before := 0
+			if count != nil {
+				before = count()
+			}
 			start := time.Now()
 			out, stderr, err := execPlugin("ADD", topo.PodNetnsPath(), id, cniArgsFor(pod, id), directConf(t, "1.0.0", runDir, prev, nil))
 			if err != nil {
 				t.Fatalf("ADD: %v\nstdout %s\nstderr %s", err, out, stderr)
 			}
 			t.Logf("ADD took %v", since(start))
+			if ran != nil {
+				ran(t, before)
+			}
 			if inMesh {
 				if err := nettest.CheckPassthroughV6(topo, tc.wantIPv6); err != nil {
 					t.Error(err)

@@ -1,6 +1,9 @@
 package cnisock
 
-import "path"
+import (
+	"path"
+	"unicode/utf8"
+)
 
 // DefaultRunDir is agent_run_dir when a config names none (the plugin
 // config's default; a test keeps the two equal).
@@ -13,7 +16,7 @@ const maxDepth = 1000
 // (the front process does not link a JSON decoder): "agent_run_dir", else
 // Istio's "cni_agent_run_dir", else DefaultRunDir, as the plugin reads
 // them. ok is false when config is not a well-formed JSON object, a key
-// comes twice, or the value is not an absolute path string: the plugin
+// comes twice, or the value is not an absolute path string of UTF-8: the plugin
 // then reports the config's problem itself. The plugin decodes the config
 // again wherever it runs, and the agent declines a call whose config names
 // a run dir other than its own, so a config this reads otherwise than the
@@ -75,7 +78,9 @@ func RunDir(config []byte) (dir string, ok bool) {
 	if v == nil || *v == "" {
 		return DefaultRunDir, true
 	}
-	if !path.IsAbs(*v) {
+	if !path.IsAbs(*v) || !utf8.ValidString(*v) {
+		// Not UTF-8: JSON decoders replace what is not, so the plugin
+		// would read another path.
 		return "", false
 	}
 	return path.Clean(*v), true

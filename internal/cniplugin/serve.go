@@ -1,12 +1,12 @@
-// Package cniserve runs, inside the node agent, the CNI calls the
-// nftmesh-cni front process hands over its socket (internal/cnisock): the
-// plugin's own code (internal/cniplugin) on the call's variables and
-// config, its pod from the agent's informer, its network namespace through
-// the descriptor the front passed. A call it cannot run as the plugin's own
-// process would (a pod the agent does not have, a config naming another run
-// dir, a malformed request) is declined untouched, and the front runs the
-// standalone plugin.
-package cniserve
+package cniplugin
+
+// Serve runs, inside the node agent, the CNI calls the nftmesh-cni front
+// process hands over its socket (internal/cnisock): this package's Run on
+// the call's variables and config, its pod from the agent's informer, its
+// network namespace through the descriptor the front passed. A call it
+// cannot run as the plugin's own process would (a pod the agent does not
+// have, a config naming another run dir, a malformed request) is declined
+// untouched, and the front runs the standalone plugin.
 
 import (
 	"bytes"
@@ -22,13 +22,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/internal/cniplugin"
 	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 )
 
-// Outcome is what became of one connection, for metrics and logs.
-type Outcome struct {
+// ServeOutcome is what became of one call on the socket, for metrics and logs.
+type ServeOutcome struct {
 	// Status: OutcomeOK, OutcomeError, OutcomeDeclined, OutcomeRefused,
 	// OutcomeBadRequest or OutcomeWriteError.
 	Status   string
@@ -48,7 +47,7 @@ const (
 	OutcomeWriteError = "write_error" // the reply could not be sent
 )
 
-// Server runs the calls.
+// Server runs the calls handed over.
 type Server struct {
 	// RunDir is the agent_run_dir the plugin's config must name (the same
 	// path on the host and in the agent's pod).
@@ -58,9 +57,7 @@ type Server struct {
 	// AllowUID is the only peer uid served (agentsock.PeerUID: root).
 	AllowUID uint32
 	// Observe, when set, is told each connection's outcome.
-	Observe func(Outcome)
-	// Run runs one call; nil is cniplugin.Run (tests count calls).
-	Run func(cniplugin.Env) (int, error)
+	Observe func(ServeOutcome)
 }
 
 // Bounds of one connection.
@@ -120,7 +117,7 @@ func (s *Server) Serve(ctx context.Context, l *agentsock.Listener) error {
 func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	defer c.Close()
 	start := time.Now()
-	o := Outcome{}
+	o := ServeOutcome{}
 	defer func() {
 		o.Duration = time.Since(start)
 		if s.Observe != nil {
@@ -166,7 +163,7 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 		return declined, OutcomeBadRequest, fmt.Sprintf("%d descriptors for CNI_NETNS %q", len(fds), netns)
 	}
 	var out, errOut bytes.Buffer
-	e := cniplugin.Env{
+	e := Env{
 		Getenv: func(k string) string { return getenv(req.Env, k) },
 		Stdin:  bytes.NewReader(req.Stdin),
 		Stdout: &out,
@@ -179,13 +176,9 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 	if netns != "" {
 		e.Pipeline = capture.LinuxVia(netns, fds[0])
 	}
-	run := s.Run
-	if run == nil {
-		run = cniplugin.Run
-	}
-	code, err := runGuarded(run, e)
+	code, err := runGuarded(e)
 	switch {
-	case errors.Is(err, cniplugin.ErrDeclined):
+	case errors.Is(err, ErrDeclined):
 		return declined, OutcomeDeclined, "no answer for the pod here"
 	case err != nil:
 		return declined, OutcomeDeclined, err.Error()
@@ -200,13 +193,13 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 
 // runGuarded runs a call; a panic outside the verbs' own guard declines
 // it (the standalone plugin then answers the runtime).
-func runGuarded(run func(cniplugin.Env) (int, error), e cniplugin.Env) (code int, err error) {
+func runGuarded(e Env) (code int, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			code, err = 1, fmt.Errorf("panic: %v", p)
 		}
 	}()
-	return run(e)
+	return Run(e)
 }
 
 func getenv(env []string, key string) string {
