@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -115,6 +117,16 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 		e.Str("outcome", o.Status).Str("reason", o.Reason).Str("namespace", o.Request.Namespace).
 			Str("pod", o.Request.Name).Str("uid", o.Request.UID).Dur("duration", o.Duration).Msg("pod lookup on the agent socket")
 	}}
+	if missing := missingCaps(); len(missing) > 0 {
+		// Running a call means entering the pod's namespace and writing
+		// its rules; the chart grants that only with repair in place. A
+		// socket from an earlier agent that could would send the front
+		// here for nothing.
+		_ = os.Remove(cnisock.Path(cfg.AgentRunDir))
+		s.log.Info().Strs("missing_capabilities", missing).
+			Msg("not running the plugin's CNI calls (the front runs the standalone plugin): this container lacks capabilities they need")
+		return s, nil
+	}
 	cniLn, err := agentsock.ListenAt(cfg.AgentRunDir, cnisock.SocketName)
 	if err != nil {
 		ln.Close()
@@ -152,6 +164,10 @@ func (s *podSocket) run(ctx context.Context) error {
 	if s.ownRun {
 		from = "its own watch of the node's pods"
 	}
+	if s.cni == nil {
+		s.log.Info().Str("socket", s.ln.Path()).Str("answers_from", from).Msg("answering the plugin's pod lookups")
+		return s.srv.Serve(ctx, s.ln)
+	}
 	s.log.Info().Str("socket", s.ln.Path()).Str("cni_socket", s.cniLn.Path()).Str("answers_from", from).
 		Msg("answering the plugin's pod lookups and running the CNI calls handed over")
 	cniDone := make(chan error, 1)
@@ -161,4 +177,29 @@ func (s *podSocket) run(ctx context.Context) error {
 		err = cerr
 	}
 	return err
+}
+
+// callCaps are the capabilities a CNI call needs in the agent: entering the
+// pod's network namespace and programming its rules. (NET_RAW, for the
+// iptables-legacy backend's sockets, only some calls need: without it
+// those are declined at the refusal, and the standalone plugin runs them.)
+var callCaps = []struct {
+	name string
+	bit  int
+}{{"SYS_ADMIN", unix.CAP_SYS_ADMIN}, {"NET_ADMIN", unix.CAP_NET_ADMIN}}
+
+// missingCaps names the callCaps this process does not hold.
+func missingCaps() []string {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return []string{"unknown: " + err.Error()}
+	}
+	var missing []string
+	for _, c := range callCaps {
+		if data[c.bit/32].Effective&(1<<(c.bit%32)) == 0 {
+			missing = append(missing, c.name)
+		}
+	}
+	return missing
 }

@@ -209,3 +209,40 @@ func (c *countedAPI) unscoped() string {
 	defer c.mu.Unlock()
 	return strings.Join(c.others, "; ")
 }
+
+// TestMissingCapsNamesWhatTheContainerLacks: the agent runs CNI calls only
+// holding what they need; run with SYS_ADMIN dropped from its bounding set
+// (as the chart's delete and label repair modes leave it), it names it.
+func TestMissingCapsNamesWhatTheContainerLacks(t *testing.T) {
+	if os.Getenv("NFTMESH_TEST_CAPS_CHILD") != "" {
+		fmt.Println(strings.Join(missingCaps(), ","))
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: drops a capability from a child's bounding set")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("setpriv (util-linux) not installed")
+	}
+	for _, tt := range []struct {
+		drop []string
+		want string
+	}{
+		{nil, ""},
+		{[]string{"-sys_admin"}, "SYS_ADMIN"},
+		{[]string{"-sys_admin", "-net_admin"}, "SYS_ADMIN,NET_ADMIN"},
+		{[]string{"-net_raw"}, ""},
+	} {
+		args := []string{"--bounding-set=" + strings.Join(append([]string{"+all"}, tt.drop...), ","), os.Args[0], "-test.run=^TestMissingCapsNamesWhatTheContainerLacks$"}
+		c := exec.Command("setpriv", args...)
+		c.Env = append(os.Environ(), "NFTMESH_TEST_CAPS_CHILD=1")
+		out, err := c.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		got, _, _ := strings.Cut(string(out), "\n")
+		if got != tt.want {
+			t.Errorf("dropping %v: missingCaps = %q, want %q", tt.drop, got, tt.want)
+		}
+	}
+}

@@ -244,6 +244,11 @@ func TestPodThroughPlugin(t *testing.T) {
 		if line["lookup"] != "agent" {
 			t.Errorf("plain pod chained-%d: lookup %v (%v), want agent: %v", i, line["lookup"], line["agent_miss"], line)
 		}
+		// The runtime's nftmesh-cni handed the call to the agent, which ran
+		// it: no standalone plugin process.
+		if line["ran_by"] != "agent" {
+			t.Errorf("plain pod chained-%d: ran_by %v, want agent (the front hands the call over): %v", i, line["ran_by"], line)
+		}
 		if i == 0 {
 			t.Logf("decision line: %v", line)
 		}

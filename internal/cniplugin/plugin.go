@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/internal/phase"
@@ -145,7 +146,8 @@ func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
 		Str("container_id", inv.args.ContainerID).
 		Str("netns", inv.args.Netns).
 		Str("backend", backend).
-		Float64("duration_ms", durationMS(inv.start))
+		Float64("duration_ms", durationMS(inv.start)).
+		Str("ran_by", inv.ranBy())
 	if inv.r.env.Phases && inv.conf != nil && inv.conf.LogLevel == "debug" {
 		// Where this run's time went, from the process's start (µs).
 		e = e.Str("phases_us", phase.String())
@@ -161,6 +163,31 @@ func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
 	}
 	return e
 }
+
+// refusedHere reports whether the kernel refused err's operation to this
+// process (EPERM, EACCES): in the agent, whose container may hold fewer
+// capabilities or a stricter security profile than the plugin's process on
+// the host, the call is then declined, and the front runs the standalone
+// plugin, which does it all again (every verb is idempotent and takes the
+// namespace's lock).
+func (inv *invocation) refusedHere(err error) bool {
+	return inv.r.env.Ask != nil && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES))
+}
+
+// ranBy names the process that ran the call: the agent, for a call the
+// nftmesh-cni front handed it, or the standalone plugin.
+func (inv *invocation) ranBy() string {
+	if inv.r.env.Ask != nil {
+		return RanByAgent
+	}
+	return RanByStandalone
+}
+
+// Values of the decision line's ran_by field.
+const (
+	RanByAgent      = "agent"
+	RanByStandalone = "standalone"
+)
 
 func (inv *invocation) backendName() string {
 	if inv.conf == nil {
@@ -229,6 +256,9 @@ func (inv *invocation) lookup(ctx context.Context) (pod *meshpod.Pod, plan *redi
 		}
 	}
 	d, perr := capture.Plan(pod, func() ([]netip.Addr, error) { return inv.r.pipeline().Addrs(inv.args.Netns) })
+	if inv.refusedHere(perr) {
+		return nil, nil, "", inv.r.decline()
+	}
 	switch capture.PlanStep(perr) {
 	case "":
 	case capture.StepDecide:
@@ -282,6 +312,9 @@ func (r *run) cmdAdd(args *cmdArgs) error {
 	actx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
 	res, err := r.pipeline().Apply(actx, ns, *plan, inv.captureOptions())
+	if inv.refusedHere(err) {
+		return r.decline()
+	}
 	if err != nil {
 		return inv.failWith(res.Backend, types.NewError(applyErrorCode(err, CodeApply),
 			fmt.Sprintf("nftmesh-cni: programming capture rules for pod %s in %s", inv.podRef(), args.Netns), err.Error()))
@@ -325,6 +358,9 @@ func (r *run) cmdCheck(args *cmdArgs) error {
 	}
 	// Not in the mesh means no rules of ours: Check against the empty plan.
 	backend, err := r.pipeline().Check(actx, ns, want, inv.captureOptions())
+	if inv.refusedHere(err) {
+		return r.decline()
+	}
 	if err != nil {
 		code := CodeDrift
 		if !redirect.IsDrift(err) {
@@ -336,6 +372,9 @@ func (r *run) cmdCheck(args *cmdArgs) error {
 	// Our rules as planned is not a pass while another installer's
 	// capture (Istio's) acts on the same traffic.
 	foreign, err := r.pipeline().Foreign(actx, ns)
+	if inv.refusedHere(err) {
+		return r.decline()
+	}
 	if err != nil {
 		return inv.failWith(backend, types.NewError(types.ErrIOFailure,
 			fmt.Sprintf("nftmesh-cni: looking for foreign capture rules of pod %s in %s", inv.podRef(), args.Netns), err.Error()))
@@ -364,6 +403,9 @@ func (r *run) cmdDel(args *cmdArgs) error {
 		return nil
 	}
 	ns, err := r.pipeline().Open(args.Netns)
+	if inv.refusedHere(err) {
+		return r.decline()
+	}
 	if gone(err) {
 		inv.decided("skip", "netns already gone")
 		return nil
@@ -380,6 +422,9 @@ func (r *run) cmdDel(args *cmdArgs) error {
 	opts := inv.captureOptions()
 	opts.Backend = capture.Auto
 	removal, err := r.pipeline().Remove(ctx, ns, opts)
+	if inv.refusedHere(err) {
+		return r.decline()
+	}
 	if err != nil {
 		// Our descriptor keeps the namespace alive, but its bind mount may
 		// be undone while we work (the backends open the path again): then
@@ -427,6 +472,9 @@ func netnsError(path string, err error) *types.Error {
 // caller opens it again before the kernel work.
 func (inv *invocation) openNetns(missingOK bool) (*capture.Netns, error) {
 	ns, err := inv.r.pipeline().Open(inv.args.Netns)
+	if inv.refusedHere(err) {
+		return nil, inv.r.decline()
+	}
 	if missingOK && errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
