@@ -126,6 +126,31 @@ func startAgent(b *testing.B, api *kubetest.Server) *agent {
 	return a
 }
 
+// cpu is the CPU time the agent's threads have run so far, in nanoseconds
+// (the scheduler's own account, /proc/PID/task/*/schedstat: clock ticks
+// would be far too coarse for one call).
+func (a *agent) cpu(b *testing.B) time.Duration {
+	b.Helper()
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", a.cmd.Process.Pid))
+	if err != nil || len(tasks) == 0 {
+		b.Fatalf("the agent's threads: %v", err)
+	}
+	var sum time.Duration
+	for _, f := range tasks {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue // a thread that just exited
+		}
+		ns, _, _ := strings.Cut(string(data), " ")
+		v, err := strconv.ParseInt(ns, 10, 64)
+		if err != nil {
+			b.Fatalf("%s: %q", f, data)
+		}
+		sum += time.Duration(v)
+	}
+	return sum
+}
+
 // waitSynced waits until the agent is ready and its informer has listed.
 func (a *agent) waitSynced(b *testing.B) time.Duration {
 	b.Helper()

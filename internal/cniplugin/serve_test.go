@@ -2,19 +2,28 @@ package cniplugin
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/capture/capturetest"
+	"github.com/nftmesh/nftmesh/internal/cnisock"
+	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
 // TestAgentDeclinesWhatItsSandboxRefuses: run by the agent, a call the
@@ -78,4 +87,162 @@ func TestAgentDeclinesWhatItsSandboxRefuses(t *testing.T) {
 			}
 		}
 	}
+}
+
+// handOver sends one call to the agent's CNI socket in runDir as the front
+// does, with fds passed beside it, and returns the reply (ok false: the
+// connection ended without one).
+func handOver(t testing.TB, runDir string, frame []byte, fds ...int) (cnisock.Reply, bool) {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: cnisock.Path(runDir), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := c.WriteMsgUnix(frame, oob, nil); err != nil {
+		return cnisock.Reply{}, false // the agent hung up (a refused peer)
+	}
+	_ = c.CloseWrite()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var hdr [cnisock.HeaderLen]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return cnisock.Reply{}, false
+	}
+	n, err := cnisock.BodyLen(hdr, cnisock.ReplyMagic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(c, body); err != nil {
+		t.Fatal(err)
+	}
+	r, err := cnisock.ParseReply(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, true
+}
+
+// callFrame is the front's request for verb on pod in nsPath.
+func callFrame(t testing.TB, verb, nsPath, runDir string, pod *corev1.Pod, extraEnv ...string) []byte {
+	t.Helper()
+	id := "ctr-" + nstest.RandHex(6)
+	env := []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + nsPath, "CNI_IFNAME=eth0",
+		"CNI_ARGS=" + cniArgsFor(pod, id), "CNI_PATH=/opt/cni/bin"}
+	b, err := cnisock.AppendRequest(nil, cnisock.Request{
+		Env:   append(env, extraEnv...),
+		Stdin: directConf(t, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.40/24"), nil),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// openPath opens path as the front does (O_PATH).
+func openPath(t testing.TB, path string) int {
+	t.Helper()
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+// TestServeRefusesBadCalls: the agent's CNI socket runs a call only when the
+// request is well formed and the namespace comes as exactly one descriptor
+// for the CNI_NETNS it names; anything else is declined untouched (the front
+// then runs the standalone plugin), with the reason counted. A call whose
+// config names another run dir is declined too, and a peer that is not the
+// allowed uid gets no answer at all.
+func TestServeRefusesBadCalls(t *testing.T) {
+	needEnv(t)
+	runDir, _ := countingRunDir(t)
+	ag := startAgent(t, runDir)
+	pod := nodePod(t, "injected.yaml")
+	time.Sleep(200 * time.Millisecond)
+	_, nsPath := nstest.New(t, "cni-serve-")
+	nsFD := openPath(t, nsPath)
+	other := openPath(t, "/proc/self/ns/net")
+	for _, tt := range []struct {
+		name   string
+		frame  []byte
+		fds    []int
+		reason string // the outcome counted
+	}{
+		{"garbage", []byte("GET / HTTP/1.1\r\n\r\n"), nil, OutcomeBadRequest},
+		{"truncated body", callFrame(t, "ADD", nsPath, runDir, pod)[:40], []int{nsFD}, OutcomeBadRequest},
+		{"no descriptor for CNI_NETNS", callFrame(t, "ADD", nsPath, runDir, pod), nil, OutcomeBadRequest},
+		{"two descriptors", callFrame(t, "ADD", nsPath, runDir, pod), []int{nsFD, other}, OutcomeBadRequest},
+		{"a descriptor without CNI_NETNS", callFrame(t, "ADD", "", runDir, pod), []int{nsFD}, OutcomeBadRequest},
+		{"another run dir", callFrame(t, "ADD", nsPath, t.TempDir(), pod), []int{nsFD}, OutcomeDeclined},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before := ag.calls(tt.reason)
+			r, ok := handOver(t, runDir, tt.frame, tt.fds...)
+			if !ok || r.Status != cnisock.StatusDeclined || len(r.Stdout) != 0 {
+				t.Fatalf("reply %+v (got one: %v), want declined and nothing printed", r, ok)
+			}
+			if n := ag.callsReach(tt.reason, before+1); n != before+1 {
+				t.Errorf("outcome %s counted %d times, want once", tt.reason, n-before)
+			}
+			assertNoRules(t, nsPath)
+		})
+	}
+	// The host's namespace by descriptor: refused as CNI_NETNS always is
+	// (CNI error 4), nothing touched.
+	t.Run("host namespace", func(t *testing.T) {
+		r, ok := handOver(t, runDir, callFrame(t, "ADD", "/proc/self/ns/net", runDir, pod), other)
+		if !ok || r.Status != cnisock.StatusError || !strings.Contains(string(r.Stdout), `"code": 4`) {
+			t.Fatalf("reply %+v (%v), want CNI error 4", r, ok)
+		}
+	})
+	// The call as the front sends it: run, printed, captured.
+	t.Run("well formed", func(t *testing.T) {
+		r, ok := handOver(t, runDir, callFrame(t, "ADD", nsPath, runDir, pod), nsFD)
+		if !ok || r.Status != cnisock.StatusOK || !strings.Contains(string(r.Stdout), "198.51.100.40") {
+			t.Fatalf("reply %+v (%v), want the prevResult printed", r, ok)
+		}
+		if err := nft.New().Check(context.Background(), nsPath, wantPlan(t, pod, false)); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestServeOnlyAllowedPeer: a peer whose uid is not the allowed one (here
+// the test, root, against a server allowing uid 4242 only) gets no answer
+// and nothing runs.
+func TestServeOnlyAllowedPeer(t *testing.T) {
+	needEnv(t)
+	runDir := t.TempDir()
+	ln, err := agentsock.ListenAt(runDir, cnisock.SocketName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var outcomes []string
+	srv := &Server{RunDir: runDir, AllowUID: 4242, Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
+		t.Error("a refused peer's call was resolved")
+		return agentsock.Unknown("no")
+	}), Observe: func(o ServeOutcome) { mu.Lock(); outcomes = append(outcomes, o.Status); mu.Unlock() }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	_, nsPath := nstest.New(t, "cni-serve-")
+	if r, ok := handOver(t, runDir, callFrame(t, "ADD", nsPath, runDir, loadPod(t, "injected.yaml")), openPath(t, nsPath)); ok {
+		t.Fatalf("a refused peer got a reply: %+v", r)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(outcomes) != 1 || outcomes[0] != OutcomeRefused {
+		t.Fatalf("outcomes %v, want one refused", outcomes)
+	}
+	assertNoRules(t, nsPath)
 }
