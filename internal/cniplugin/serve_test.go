@@ -246,3 +246,29 @@ func TestServeOnlyAllowedPeer(t *testing.T) {
 	}
 	assertNoRules(t, nsPath)
 }
+
+// BenchmarkServeADD is the agent's side of one handed-over ADD of a mesh
+// pod into a fresh netns: from the front's connect to its reply, in
+// process (the front's own start-up and exit are not in it).
+//
+//	go test -run '^$' -bench BenchmarkServeADD -benchtime=200x ./internal/cniplugin
+func BenchmarkServeADD(b *testing.B) {
+	needEnv(b)
+	runDir, _ := countingRunDir(b)
+	startAgent(b, runDir)
+	pod := nodePod(b, "injected.yaml")
+	time.Sleep(200 * time.Millisecond)
+	for b.Loop() {
+		b.StopTimer()
+		_, nsPath := nstest.New(b, "cni-bench-")
+		fd := openPath(b, nsPath)
+		frame := callFrame(b, "ADD", nsPath, runDir, pod)
+		b.StartTimer()
+		r, ok := handOver(b, runDir, frame, fd)
+		b.StopTimer()
+		if !ok || r.Status != cnisock.StatusOK {
+			b.Fatalf("reply %+v (%v): %s", r, ok, r.Stdout)
+		}
+		b.StartTimer()
+	}
+}
