@@ -3,6 +3,7 @@ package capture
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -98,7 +99,39 @@ func Linux() *Pipeline { return linux }
 // enough) that another process opened in its own mount namespace and passed
 // over a unix socket; other paths are opened as they are. Errors name
 // path. fd stays the caller's to close.
-func LinuxVia(path string, fd int) *Pipeline { return New(viaKernel{path: path, fd: fd}) }
+//
+// It starts listing the namespace's addresses at once, on a goroutine of
+// its own with a descriptor of its own: the process it runs in (the agent)
+// has a core to spare while the call's config is parsed and its pod looked
+// up, and the plan needs the addresses next.
+func LinuxVia(path string, fd int) *Pipeline {
+	k := viaKernel{path: path, fd: fd, addrs: &addrsResult{done: make(chan struct{})}}
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		k.addrs.err = fmt.Errorf("listing addresses: duplicating the descriptor of netns %s: %w", path, err)
+		close(k.addrs.done)
+		return New(k)
+	}
+	go func() {
+		defer close(k.addrs.done)
+		defer unix.Close(dup)
+		n, err := hostns.OpenFD(dup, path)
+		if err != nil {
+			k.addrs.err = fmt.Errorf("listing addresses: %w", err)
+			return
+		}
+		defer n.Close()
+		k.addrs.list, k.addrs.err = netnsaddr.ListIn(n, path)
+	}()
+	return New(k)
+}
+
+// addrsResult is the address list LinuxVia started.
+type addrsResult struct {
+	done chan struct{}
+	list []netip.Addr
+	err  error
+}
 
 // linuxKernel is the running kernel.
 type linuxKernel struct{}
@@ -107,8 +140,9 @@ type linuxKernel struct{}
 // a descriptor.
 type viaKernel struct {
 	linuxKernel
-	path string
-	fd   int
+	path  string
+	fd    int
+	addrs *addrsResult
 }
 
 func (k viaKernel) OpenNetns(path string) (*Netns, error) {
@@ -122,12 +156,8 @@ func (k viaKernel) Addrs(path string) ([]netip.Addr, error) {
 	if path != k.path {
 		return netnsaddr.List(path)
 	}
-	n, err := hostns.OpenFD(k.fd, path)
-	if err != nil {
-		return nil, fmt.Errorf("listing addresses: %w", err)
-	}
-	defer n.Close()
-	return netnsaddr.ListIn(n, path)
+	<-k.addrs.done
+	return slices.Clone(k.addrs.list), k.addrs.err
 }
 
 func (linuxKernel) OpenNetns(path string) (*Netns, error) { return hostns.Open(path) }

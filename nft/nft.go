@@ -198,6 +198,12 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		}
 	}
 	b.changed()
+	if existed && prog == nil {
+		// The creating batch came from the cache (see created).
+		if prog, err = encode(p, b.table); err != nil {
+			return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, err)
+		}
+	}
 	if existed {
 		err = b.sendProgram(conn, prog, true)
 	} else if err = pr.marshalErr; err == nil {
