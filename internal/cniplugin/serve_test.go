@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -168,7 +169,12 @@ func TestServeRefusesBadCalls(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	_, nsPath := nstest.New(t, "cni-serve-")
 	nsFD := openPath(t, nsPath)
-	other := openPath(t, "/proc/self/ns/net")
+	// This process's own namespace: the running thread's. (/proc/self is
+	// the main thread's, which a test that left a namespace unrestored on a
+	// locked goroutine may have wedged in a pod's.)
+	runtime.LockOSThread()
+	other := openPath(t, "/proc/thread-self/ns/net")
+	runtime.UnlockOSThread()
 	for _, tt := range []struct {
 		name   string
 		frame  []byte
@@ -197,7 +203,7 @@ func TestServeRefusesBadCalls(t *testing.T) {
 	// The host's namespace by descriptor: refused as CNI_NETNS always is
 	// (CNI error 4), nothing touched.
 	t.Run("host namespace", func(t *testing.T) {
-		r, ok := handOver(t, runDir, callFrame(t, "ADD", "/proc/self/ns/net", runDir, pod), other)
+		r, ok := handOver(t, runDir, callFrame(t, "ADD", "/proc/thread-self/ns/net", runDir, pod), other)
 		if !ok || r.Status != cnisock.StatusError || !strings.Contains(string(r.Stdout), `"code": 4`) {
 			t.Fatalf("reply %+v (%v), want CNI error 4", r, ok)
 		}
