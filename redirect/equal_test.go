@@ -72,9 +72,13 @@ func TestPlanEqualSeesEveryField(t *testing.T) {
 // planChanges are single-field edits of p, by name.
 func planChanges(p redirect.Plan) map[string]func(*redirect.Plan) {
 	c := map[string]func(*redirect.Plan){
-		"route added":   func(q *redirect.Plan) { q.Routes = append(q.Routes, redirect.PolicyRoute{Family: redirect.FamilyIPv6, Mark: 7, Table: 9}) },
+		"route added": func(q *redirect.Plan) {
+			q.Routes = append(q.Routes, redirect.PolicyRoute{Family: redirect.FamilyIPv6, Mark: 7, Table: 9})
+		},
 		"address added": func(q *redirect.Plan) { q.LoopbackAddrs = append(q.LoopbackAddrs, netip.MustParsePrefix("::7/128")) },
-		"set added":     func(q *redirect.Plan) { q.Sets = append(q.Sets, redirect.Set{Name: "x", Kind: redirect.SetPort, Ports: []uint16{1}}) },
+		"set added": func(q *redirect.Plan) {
+			q.Sets = append(q.Sets, redirect.Set{Name: "x", Kind: redirect.SetPort, Ports: []uint16{1}})
+		},
 	}
 	for si := range p.Sets {
 		c["set port or prefix"] = func(q *redirect.Plan) {
