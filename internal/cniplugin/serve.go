@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -119,6 +120,11 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	start := time.Now()
 	o := ServeOutcome{}
 	defer func() {
+		// Nothing a connection sends may take the agent down: the front
+		// sees the connection end and runs the standalone plugin.
+		if p := recover(); p != nil {
+			o.Status, o.Reason = OutcomeBadRequest, fmt.Sprintf("panic: %v", p)
+		}
 		o.Duration = time.Since(start)
 		if s.Observe != nil {
 			s.Observe(o)
@@ -171,7 +177,7 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 		Ask: func(r agentsock.Request) (agentsock.Answer, error) {
 			return agentsock.Lookup(ctx, s.Resolver, r), nil
 		},
-		RunDir: s.RunDir,
+		RunDir: filepath.Clean(s.RunDir), // as the plugin cleans the config's
 	}
 	if netns != "" {
 		e.Pipeline = capture.LinuxVia(netns, fds[0])

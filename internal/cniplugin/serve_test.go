@@ -278,3 +278,46 @@ func BenchmarkServeADD(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// TestServeRunDirAsThePluginReadsIt: an agent started with its run dir
+// written unclean (a trailing slash, a dot) still runs the calls whose
+// config names that dir: the plugin cleans the config's path, and the
+// server compares the clean forms.
+func TestServeRunDirAsThePluginReadsIt(t *testing.T) {
+	needEnv(t)
+	runDir := t.TempDir()
+	ln, err := agentsock.ListenAt(runDir, cnisock.SocketName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := loadPod(t, "injected.yaml")
+	pod.UID = "uid-clean"
+	body, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp, uid, err := meshpod.DecodeAPIPod(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &Server{RunDir: runDir + "/./", AllowUID: agentsock.PeerUID, Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
+		return agentsock.Found(uid, mp)
+	})}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	_, nsPath := nstest.New(t, "cni-serve-")
+	r, ok := handOver(t, runDir, callFrame(t, "ADD", nsPath, runDir, pod), openPath(t, nsPath))
+	if !ok || r.Status != cnisock.StatusOK {
+		t.Fatalf("reply %+v (%v): %s", r, ok, r.Stdout)
+	}
+	if err := nft.New().Check(context.Background(), nsPath, wantPlan(t, pod, false)); err != nil {
+		t.Fatal(err)
+	}
+}
