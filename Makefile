@@ -73,6 +73,9 @@ version:
 ## istio-validation in testkit/istiotest's netns test.
 test: build image kube-binaries pilot-agent helm lint
 	$(GO) test -count=1 -timeout 40m ./...
+	@# The agent runs the plugin's calls concurrently, in one process: its
+	@# socket's tests again under the race detector.
+	$(GO) test -count=1 -race -run 'TestServe|TestAgent' ./internal/cniplugin/
 	$(MAKE) fuzz
 
 ## test-unit: the tests that need neither root nor the apiserver build.

@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -36,10 +37,7 @@ const RecordOnlyField = "record_only"
 // histograms see every decision whatever the level (the file is the agent's
 // intake). Without a log file it discards.
 func newLoggers(stderr io.Writer, conf *cniconf.Config, command string) (log, record zerolog.Logger, close func()) {
-	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
-	// UTC: formatting local time would load and parse /etc/localtime in
-	// every run, for a log the agent reads by machine.
-	zerolog.TimestampFunc = func() time.Time { return time.Now().UTC() }
+	setLogFormat()
 	writers := []io.Writer{stderr}
 	close = func() {}
 	level := zerolog.InfoLevel
@@ -86,6 +84,15 @@ func openLogFile(dir string) *os.File {
 	}
 	return f
 }
+
+// setLogFormat sets zerolog's package-wide time format once: the agent
+// runs calls concurrently.
+var setLogFormat = sync.OnceFunc(func() {
+	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
+	// UTC: formatting local time would load and parse /etc/localtime in
+	// every run, for a log the agent reads by machine.
+	zerolog.TimestampFunc = func() time.Time { return time.Now().UTC() }
+})
 
 func durationMS(start time.Time) float64 {
 	return float64(time.Since(start).Microseconds()) / 1000
