@@ -82,22 +82,28 @@ test: build image kube-binaries pilot-agent helm lint
 test-unit:
 	$(GO) test -count=1 -short ./...
 
+# SETTLE waits (5 s at least, 120 s at most) until the machine's 1-minute
+# load average is under 1.5 again: the kernel tears down the hundreds of
+# network namespaces a group leaves behind on the same cores, for tens of
+# seconds after a group of hundreds of ADDs.
+SETTLE = @sleep 5; for i in $$(seq 23); do awk '{exit !($$1 >= 1.5)}' /proc/loadavg || break; sleep 5; done; echo "load before the next group: $$(cut -d' ' -f1 /proc/loadavg)"
+
 ## bench: Go benchmarks side by side, then the whole-process comparison with
 ## iptables-restore and nft (the binaries are only the competition here),
 ## then nftmesh-cni against Istio's own istio-cni plugin (e2e/bench: same
 ## loop, alternating, fresh netns each ADD; ratios are ours/Istio's).
 # The kernel tears down the hundreds of network namespaces a group leaves
-# behind asynchronously, on the same cores; the pauses keep that work out of
-# the next group's figures.
+# behind asynchronously, on the same cores; SETTLE keeps that work out of the
+# next group's figures.
 bench: build $(CACHE)/istio-cni $(APISERVER)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem ./redirect/ ./nft/ ./iptables/
-	sleep 15
+	$(SETTLE)
 	$(GO) test -run '^$$' -bench WholeProcess -benchtime 30x ./cmd/redirect/
-	sleep 5
+	$(SETTLE)
 	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./internal/cniplugin/
-	sleep 5
+	$(SETTLE)
 	$(GO) test -run '^$$' -bench 'Version|PluginAlone|AgentUp' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
-	sleep 5
+	$(SETTLE)
 	$(GO) test -run '^$$' -bench Burst -benchtime $(BURSTS)x -timeout 30m ./e2e/bench/
 	$(GO) test -run '^$$' -bench AgentAtScale -benchtime 1x -timeout 30m ./e2e/bench/
 
