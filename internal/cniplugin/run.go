@@ -47,11 +47,7 @@ import (
 
 // supportedVersions are the CNI spec versions a conflist may use. A chained
 // plugin needs prevResult, which exists from 0.3.x.
-var supportedVersions = cniversion.PluginSupports(SupportedVersions...)
-
-// SupportedVersions lists the CNI spec versions the plugin takes, oldest
-// first.
-var SupportedVersions = []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+var supportedVersions = cniversion.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
 // Env is one CNI call as the plugin receives it: the runtime's CNI_*
 // variables, the config on stdin, and where the result and logs go.

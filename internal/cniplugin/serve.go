@@ -17,7 +17,6 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -65,54 +64,17 @@ type Server struct {
 const (
 	readTimeout  = 2 * time.Second
 	writeTimeout = 2 * time.Second
-	maxInFlight  = 256
-	acceptRetry  = 50 * time.Millisecond
 )
 
 // Serve runs calls until ctx ends or the listener fails; it closes l and
-// waits for the calls in progress. A connection beyond maxInFlight is
-// declined at once.
+// waits for the calls in progress. A connection beyond the socket's bound
+// (256 at once) is declined at once: the front runs the call itself.
 func (s *Server) Serve(ctx context.Context, l *agentsock.Listener) error {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
-	defer l.Close()
-	sem := make(chan struct{}, maxInFlight)
-	for {
-		c, err := l.AcceptUnix()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return fmt.Errorf("accepting on %s: %w", l.Path(), err)
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(acceptRetry):
-			}
-			continue
-		}
-		select {
-		case sem <- struct{}{}:
-		default:
-			// Busy: the front runs the call itself.
-			go func() {
-				_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
-				_, _ = c.Write(cnisock.AppendReply(nil, cnisock.Reply{Status: cnisock.StatusDeclined}))
-				c.Close()
-			}()
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			s.handle(ctx, c)
-		}()
-	}
+	return l.ServeConns(ctx, func(c *net.UnixConn) { s.handle(ctx, c) }, func(c *net.UnixConn) {
+		defer c.Close()
+		_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
+		_, _ = c.Write(cnisock.AppendReply(nil, cnisock.Reply{Status: cnisock.StatusDeclined}))
+	})
 }
 
 func (s *Server) handle(ctx context.Context, c *net.UnixConn) {

@@ -36,14 +36,7 @@ import (
 func TestAgentDeclinesWhatItsSandboxRefuses(t *testing.T) {
 	pod := loadPod(t, "injected.yaml")
 	pod.UID = "uid-sandbox"
-	body, err := json.Marshal(pod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mp, uid, err := meshpod.DecodeAPIPod(body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	found := foundAnswer(t, pod)
 	for _, errno := range []unix.Errno{unix.EPERM, unix.EACCES} {
 		for _, verb := range []string{"ADD", "DEL"} {
 			for _, inAgent := range []bool{true, false} {
@@ -67,7 +60,7 @@ func TestAgentDeclinesWhatItsSandboxRefuses(t *testing.T) {
 						Pipeline: f.Pipeline(),
 					}
 					if inAgent {
-						e.Ask = func(agentsock.Request) (agentsock.Answer, error) { return agentsock.Found(uid, mp), nil }
+						e.Ask = func(agentsock.Request) (agentsock.Answer, error) { return found, nil }
 						e.RunDir = runDir
 					}
 					code, err := Run(e)
@@ -88,6 +81,21 @@ func TestAgentDeclinesWhatItsSandboxRefuses(t *testing.T) {
 			}
 		}
 	}
+}
+
+// foundAnswer is the agent's answer for pod: its decision fields, as the
+// API server would serve it.
+func foundAnswer(t testing.TB, pod *corev1.Pod) agentsock.Answer {
+	t.Helper()
+	body, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp, uid, err := meshpod.DecodeAPIPod(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return agentsock.Found(uid, mp)
 }
 
 // handOver sends one call to the agent's CNI socket in runDir as the front
@@ -292,16 +300,9 @@ func TestServeRunDirAsThePluginReadsIt(t *testing.T) {
 	}
 	pod := loadPod(t, "injected.yaml")
 	pod.UID = "uid-clean"
-	body, err := json.Marshal(pod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mp, uid, err := meshpod.DecodeAPIPod(body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	found := foundAnswer(t, pod)
 	srv := &Server{RunDir: runDir + "/./", AllowUID: agentsock.PeerUID, Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
-		return agentsock.Found(uid, mp)
+		return found
 	})}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

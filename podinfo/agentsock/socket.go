@@ -205,6 +205,15 @@ type Server struct {
 // Serve answers connections until ctx ends or the listener fails; it
 // closes l and waits for the connections in progress.
 func (s *Server) Serve(ctx context.Context, l *Listener) error {
+	return l.ServeConns(ctx, func(c *net.UnixConn) { s.handle(ctx, c) }, nil)
+}
+
+// ServeConns accepts connections on l until ctx ends or l fails, and runs
+// handle on each in a goroutine of its own, maxInFlight at a time; it closes
+// l and waits for the handlers. A connection beyond that bound goes to busy
+// (in a goroutine of its own, which closes it) when busy is set, else waits
+// for a handler to finish. The agent's sockets share it.
+func (l *Listener) ServeConns(ctx context.Context, handle, busy func(*net.UnixConn)) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	stop := context.AfterFunc(ctx, func() { l.Close() })
@@ -230,17 +239,26 @@ func (s *Server) Serve(ctx context.Context, l *Listener) error {
 			}
 			continue
 		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			c.Close()
-			return nil
+		if busy != nil {
+			select {
+			case sem <- struct{}{}:
+			default:
+				go busy(c)
+				continue
+			}
+		} else {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				c.Close()
+				return nil
+			}
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			s.handle(ctx, c)
+			handle(c)
 		}()
 	}
 }
