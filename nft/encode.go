@@ -126,46 +126,6 @@ func encode(p redirect.Plan, table string) (*program, error) {
 	return prog, nil
 }
 
-// queue adds the program's objects to cc's pending batch. With exclusive,
-// the table is created with NLM_F_EXCL: the batch fails if it exists.
-func (prog *program) queue(cc *nftables.Conn, exclusive bool) error {
-	if exclusive {
-		cc.CreateTable(prog.table)
-	} else {
-		cc.AddTable(prog.table)
-	}
-	for _, s := range prog.sets {
-		if err := addSet(cc, s); err != nil {
-			return err
-		}
-	}
-	for _, c := range prog.chains {
-		cc.AddChain(c)
-	}
-	for _, r := range prog.rules {
-		for _, a := range r.anon {
-			if err := addSet(cc, a.setObj); err != nil {
-				return err
-			}
-		}
-		cc.AddRule(&nftables.Rule{Table: prog.table, Chain: r.chain, Exprs: r.exprs})
-	}
-	return nil
-}
-
-// addSet queues the set with at most its first chunk of elements; the
-// rest comes from tailChunks, marshalled in parallel (see sendProgram).
-func addSet(cc *nftables.Conn, s setObj) error {
-	first := s.elems
-	if len(first) > maxElemsPerMsg && !s.set.Anonymous {
-		first = first[:maxElemsPerMsg]
-	}
-	if err := cc.AddSet(s.set, first); err != nil {
-		return fmt.Errorf("adding set %s: %w", s.set.Name, err)
-	}
-	return nil
-}
-
 type elemChunk struct {
 	set   *nftables.Set
 	elems []nftables.SetElement

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
-	"sync"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -270,65 +268,9 @@ func (b *Backend) sendMsgs(conn *netlink.Conn, msgs []netlink.Message) error {
 	return sendBatch(conn, msgs)
 }
 
-// marshalProgram builds the batch. The elements of large sets are
-// marshalled on all CPUs: at 10,000 excluded CIDRs google/nftables'
-// per-element marshalling is ~7ms, a seventh of Apply.
-func marshalProgram(prog *program, replace bool) ([]netlink.Message, error) {
-	chunks := prog.tailChunks()
-	extra := make([]netlink.Message, len(chunks))
-	errs := make([]error, len(chunks))
-	var wg sync.WaitGroup
-	next := make(chan int, len(chunks))
-	for i := range chunks {
-		next <- i
-	}
-	close(next)
-	for range min(len(chunks), runtime.GOMAXPROCS(0)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				m, err := marshalBatch(func(cc *nftables.Conn) error {
-					return cc.SetAddElements(chunks[i].set, chunks[i].elems)
-				})
-				// [batch begin, NEWSETELEM, batch end]
-				if err == nil && len(m) != 3 {
-					err = fmt.Errorf("marshalling elements of set %s: %d messages", chunks[i].set.Name, len(m))
-				}
-				if errs[i] = err; err == nil {
-					extra[i] = m[1]
-				}
-			}
-		}()
-	}
-	msgs, err := marshalBatch(func(cc *nftables.Conn) error {
-		if replace {
-			cc.DelTable(prog.table)
-		}
-		return prog.queue(cc, !replace)
-	})
-	wg.Wait()
-	if err := errors.Join(append(errs, err)...); err != nil {
-		return nil, err
-	}
-	if len(extra) == 0 {
-		return msgs, nil
-	}
-	// Splice the element messages in before the batch end.
-	end := msgs[len(msgs)-1]
-	return append(append(msgs[:len(msgs)-1], extra...), end), nil
-}
-
 // deleteTable deletes our table; a missing table is success.
 func (b *Backend) deleteTable(conn *netlink.Conn) error {
-	msgs, err := marshalBatch(func(cc *nftables.Conn) error {
-		cc.DelTable(&nftables.Table{Name: b.table, Family: nftables.TableFamilyINet})
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	if err := sendBatch(conn, msgs); err != nil && !isNotExist(err) {
+	if err := sendBatch(conn, marshalDelete(b.table)); err != nil && !isNotExist(err) {
 		return err
 	}
 	return nil

@@ -7,7 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
@@ -19,58 +18,23 @@ import (
 // tables, chains and sets, expression types, marshalling) uses the library
 // as documented. Keeping the three reaches here means one file to re-check
 // when google/nftables is upgraded:
-//  1. the batch is marshalled through a test-dial Conn and sent by us
-//     (marshalBatch, sendBatch): Conn.Flush asks for an echo of every rule;
+//  1. the batch is written by us (wire.go) and sent by us (sendBatch):
+//     Conn.Flush asks for an echo of every rule;
 //  2. GETTABLE requests sent by hand on that same raw socket: one table
 //     by name (tableExistsRaw), every table in one dump (Conn.Tables);
 //  3. the rule dump decoded by us (dumpRules): Conn.GetRules drops
 //     expressions it does not know and misreads tproxy and ct set.
 
-// 1. The write path: google/nftables builds and marshals the batch
-// (tables, chains, sets, rules, expressions) through a Conn whose dial is
-// replaced (WithTestDial, meant for its tests: the only way to get the
-// messages without sending them), and sendBatch sends them itself over a
-// raw netlink socket. Why not Conn.Flush: it marks every rule NLM_F_ECHO,
+// 1. The write path: the program is made of google/nftables' objects
+// (tables, chains, sets, expressions), wire.go writes the batch those
+// objects marshal to, byte for byte (checked against google/nftables in
+// TestWireMatchesGoogle), and sendBatch sends it over a raw netlink
+// socket. Why not Conn.Flush: it marks every rule NLM_F_ECHO,
 // so the kernel builds a full notification of each new rule and unicasts it
 // back, and Flush then reads every reply with two recvmsg calls. For the default pod plan that
 // was about half of Apply (profiled: kernel nf_tables_rule_notify ~18% of
 // the batch, the receive loop as much again). We send the same messages in
 // one sendmsg without NLM_F_ECHO and count the acks.
-
-// marshalBatch runs build against a google/nftables Conn that talks to no
-// kernel and returns the netlink messages it would have sent, batch
-// begin/end included.
-func marshalBatch(build func(cc *nftables.Conn) error) ([]netlink.Message, error) {
-	var msgs []netlink.Message
-	cc, err := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
-		msgs = append(msgs, req...)
-		// Acknowledge everything so Flush returns; nothing was applied yet.
-		acks := make([]netlink.Message, 0, len(req))
-		for _, m := range req {
-			acks = append(acks, netlink.Message{
-				Header: netlink.Header{Type: netlink.Error, Sequence: m.Header.Sequence, PID: m.Header.PID},
-				Data:   make([]byte, 4),
-			})
-		}
-		return acks, nil
-	}))
-	if err != nil {
-		return nil, err
-	}
-	if err := build(cc); err != nil {
-		return nil, err
-	}
-	if err := cc.Flush(); err != nil {
-		return nil, fmt.Errorf("marshalling batch: %w", err)
-	}
-	for i := range msgs {
-		h := &msgs[i].Header
-		h.Flags &^= unix.NLM_F_ECHO
-		// Let the real connection number and size them.
-		h.Sequence, h.PID, h.Length = 0, 0, 0
-	}
-	return msgs, nil
-}
 
 // batchTimeout bounds the wait for acks; the kernel processes a batch
 // inside sendmsg, so they are normally queued before we read.

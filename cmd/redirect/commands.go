@@ -124,7 +124,6 @@ before. On failure nothing is left behind. PATH is a netns file such as
 				return err
 			}
 			phase.Mark("planned")
-			parallelProcs(p)
 			capture.AllowOwnNetns(allowOwn)
 			ns, ctx, done, err := openVerb(cmd, netns, true)
 			if err != nil {

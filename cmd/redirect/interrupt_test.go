@@ -1,17 +1,13 @@
 package main
 
 import (
-	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 	"unsafe"
-
-	"github.com/nftmesh/nftmesh/redirect"
 )
 
 // TestHoldInterrupt: after holdInterrupt a SIGINT no longer ends the
@@ -50,25 +46,5 @@ func TestHoldInterrupt(t *testing.T) {
 		case mode == "default" && survived:
 			t.Errorf("without holdInterrupt, SIGINT did not end the process: the test cannot tell")
 		}
-	}
-}
-
-// TestParallelProcs: apply keeps one P for an ordinary plan and gives the
-// runtime its CPUs back for sets the backend marshals in parallel.
-func TestParallelProcs(t *testing.T) {
-	was := runtime.GOMAXPROCS(0)
-	defer runtime.GOMAXPROCS(was)
-	defer func(p int) { procs = p }(procs)
-	procs = 4
-	small := redirect.Plan{Sets: []redirect.Set{{Name: "s", Kind: redirect.SetIPv4, Prefixes: make([]netip.Prefix, 1024)}}}
-	large := redirect.Plan{Sets: []redirect.Set{{Name: "s", Kind: redirect.SetIPv4, Prefixes: make([]netip.Prefix, 1025)}}}
-	runtime.GOMAXPROCS(1)
-	parallelProcs(small)
-	if got := runtime.GOMAXPROCS(0); got != 1 {
-		t.Errorf("GOMAXPROCS after a plan of 1024 elements = %d, want 1", got)
-	}
-	parallelProcs(large)
-	if got := runtime.GOMAXPROCS(0); got != 4 {
-		t.Errorf("GOMAXPROCS after a plan of 1025 elements = %d, want 4", got)
 	}
 }

@@ -9,17 +9,15 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/internal/oneproc"
+	_ "github.com/nftmesh/nftmesh/internal/oneproc"
 	"github.com/nftmesh/nftmesh/internal/phase"
 	"github.com/nftmesh/nftmesh/internal/version"
-	"github.com/nftmesh/nftmesh/redirect"
 )
 
 // Exit codes, documented in the root command's --help.
@@ -70,7 +68,7 @@ func failure(err error) error {
 	return &exitError{exitFailure, err}
 }
 
-// procs is GOMAXPROCS as the runtime chose it. A verb runs for
+// main runs with GOMAXPROCS 1 (internal/oneproc). A verb runs for
 // milliseconds, one goroutine at a time (the netns entries hand over to one
 // another): with a second P the runtime wakes an idle thread at every
 // goroutine it starts or readies, which finds nothing to do. On a loaded
@@ -80,9 +78,8 @@ func failure(err error) error {
 // initialisation, before the first goroutines start: set from main
 // instead, it cost a stop-the-world of 0.2-0.3 ms median on a loaded
 // machine (whole apply 7.10 -> 6.18 ms p50, 300 rounds interleaved).
-// Applying large sets raises it again (see parallelProcs).
-var procs = oneproc.Procs
-
+// Nothing a verb does runs in parallel: the nftables batch, thousands of
+// set elements included, is written on one goroutine (nft/wire.go).
 func main() {
 	phase.Mark("main")
 	code := run(os.Args[1:], os.Stdout, os.Stderr)
@@ -99,19 +96,6 @@ func main() {
 // the benchmarks. An environment variable rather than a flag, so that the
 // command line, its help and its completions stay as they are.
 const phasesEnv = "REDIRECT_PHASES"
-
-// parallelProcs gives the runtime its CPUs back for a plan whose sets the
-// nftables backend marshals in parallel (more than one message's worth of
-// elements, e.g. thousands of excluded CIDRs), where they save more than
-// the idle threads cost.
-func parallelProcs(p redirect.Plan) {
-	for _, s := range p.Sets {
-		if len(s.Prefixes)+len(s.Ports) > 1024 {
-			runtime.GOMAXPROCS(procs)
-			return
-		}
-	}
-}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if code, ok := runDirect(args, stdout, stderr); ok {
