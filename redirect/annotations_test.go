@@ -34,6 +34,8 @@ func TestParseAnnotationsBadInput(t *testing.T) {
 		{"NONE is no capture, not a mode", map[string]string{AnnotationInterceptionMode: "NONE"}, AnnotationInterceptionMode, "NONE"},
 		{"lower-case mode", map[string]string{AnnotationInterceptionMode: "redirect"}, AnnotationInterceptionMode, "redirect"},
 		{"interface too long", map[string]string{AnnotationExcludeInterfaces: "averyveryverylongname0"}, AnnotationExcludeInterfaces, "averyveryverylongname0"},
+		{"every interface excluded", map[string]string{AnnotationExcludeInterfaces: "eth0,+"}, AnnotationExcludeInterfaces, "+"},
+		{"every interface rerouted", map[string]string{AnnotationRerouteVirtualInterfaces: "+"}, AnnotationRerouteVirtualInterfaces, "+"},
 		{"interface with slash", map[string]string{AnnotationRerouteVirtualInterfaces: "a/b"}, AnnotationRerouteVirtualInterfaces, "a/b"},
 		{"deprecated kubevirt name", map[string]string{AnnotationKubevirtInterfaces: "bad name"}, AnnotationKubevirtInterfaces, "bad name"},
 	}

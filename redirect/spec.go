@@ -295,14 +295,17 @@ func (s Spec) validate(ps *problems) {
 }
 
 // badInterfaceName returns why name cannot be a Linux interface name (or an
-// iptables-style "prefix+" wildcard), or "".
+// iptables-style "prefix+" wildcard), or "". A bare "+" (iptables' "every
+// interface") is refused, as Istio refuses it: excluding or rerouting every
+// interface is not capture, and nftables has no operand for an empty
+// prefix, so the two backends could not agree on it.
 func badInterfaceName(name string) string {
 	base := strings.TrimSuffix(name, "+")
 	switch {
 	case name == "":
 		return "is not an interface name (empty)"
-	case base == "" && name == "+":
-		return "" // iptables' "any interface"; allowed, if odd
+	case name == "+":
+		return "is a wildcard for every interface, not an interface name (a wildcard needs a prefix, e.g. eth+)"
 	case len(base) > 15:
 		return "is not an interface name (longer than 15 bytes)"
 	case base == "." || base == "..":
