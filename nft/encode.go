@@ -84,7 +84,6 @@ func encode(p redirect.Plan, table string) (*program, error) {
 		sets[s.Name] = so.set
 		prog.sets = append(prog.sets, so)
 	}
-	chains := map[string]*nftables.Chain{}
 	for _, t := range p.Tables {
 		for _, c := range t.Chains {
 			if err := checkChainName(t.Name, c.Name); err != nil {
@@ -106,13 +105,14 @@ func encode(p redirect.Plan, table string) (*program, error) {
 				ch.Type = typ
 				ch.Policy = &accept
 			}
-			chains[ch.Name] = ch
 			prog.chains = append(prog.chains, ch)
 		}
 	}
+	next := 0 // prog.chains is in the order of the loops above
 	for _, t := range p.Tables {
 		for _, c := range t.Chains {
-			ch := chains[ChainName(t.Name, c.Name)]
+			ch := prog.chains[next]
+			next++
 			for i, r := range c.Rules {
 				ro, err := encodeRule(prog.table, t.Name, r, sets, id)
 				if err != nil {
@@ -249,7 +249,9 @@ func cmpOp(negate bool) expr.CmpOp {
 // encodeRule translates one rule: a family guard for one-family rules, the
 // matches in order, then the verdict.
 func encodeRule(nt *nftables.Table, table redirect.TableName, r redirect.Rule, sets map[string]*nftables.Set, id func() uint32) (ruleObj, error) {
-	var ro ruleObj
+	// A family guard, three expressions a match at most, three for the
+	// verdict, the mark after a tproxy: room for all, one allocation.
+	ro := ruleObj{exprs: make([]expr.Any, 0, 2+3*len(r.Matches)+6)}
 	add := func(es ...expr.Any) { ro.exprs = append(ro.exprs, es...) }
 	switch r.Family {
 	case redirect.FamilyAny:

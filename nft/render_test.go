@@ -49,6 +49,14 @@ func TestChainName(t *testing.T) {
 			t.Errorf("splitChainName(%s) = %s, %s, %v", c.want, tb, ch, err)
 		}
 	}
+	// The one-allocation path gives what lower-casing the joined name
+	// gives, for any table and chain (Unicode included: the long way).
+	for _, in := range [][2]string{{"nat", "A_b-C"}, {"MANGLE", "x"}, {"raw", ""}, {"", "_"}, {"nat", "ÄÖ_Ü"}, {"nat", "İSTIO"}, {"Ğ", "X_Y"}, {"nat", "\xff_A"}} {
+		want := strings.ToLower(in[0] + "-" + strings.ReplaceAll(in[1], "_", "-"))
+		if got := ChainName(redirect.TableName(in[0]), in[1]); got != want {
+			t.Errorf("ChainName(%q, %q) = %q, want %q", in[0], in[1], got, want)
+		}
+	}
 	for _, bad := range []string{"nat", "filter-x", "nat-", "-x"} {
 		if _, _, err := splitChainName(bad); err == nil {
 			t.Errorf("splitChainName(%q) accepted", bad)
