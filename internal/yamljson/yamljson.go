@@ -161,7 +161,7 @@ func (p *parser) col(i int) int { return i - p.lineStart(i) }
 
 // docMarker: "---" or "..." at the start of a line, then a blank or the end.
 func (p *parser) docMarker(i int) bool {
-	if p.col(i) != 0 || i+3 > len(p.src) {
+	if i > 0 && p.src[i-1] != '\n' || i+3 > len(p.src) {
 		return false
 	}
 	s := p.src[i : i+3]
@@ -271,6 +271,8 @@ func (p *parser) document() (any, error) {
 		return nil, p.errAt(p.pos, "unexpected content %s after the document's top-level node (check its indentation)", p.snippet(p.pos))
 	case what == atMarker && p.src[p.pos] == '-':
 		return nil, p.errAt(p.pos, "a second document (\"---\"): convert one document at a time")
+	case what == atMarker && v == nil:
+		return nil, p.errAt(p.pos, "document end (\"...\") after an empty document")
 	case what == atMarker:
 		p.pos += 3
 		if err := p.endLine(); err != nil {
@@ -667,7 +669,7 @@ func (p *parser) plain(flow bool, parent int) (string, int, bool, error) {
 				break
 			}
 		}
-		if !flow && p.col(p.pos) < indent && leadingBlanks {
+		if !flow && leadingBlanks && p.col(p.pos) < indent {
 			break
 		}
 	}

@@ -4,8 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"sigs.k8s.io/yaml"
-
+	"github.com/nftmesh/nftmesh/internal/yamljson"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 )
 
@@ -45,7 +44,11 @@ func ParseManifestNamed(data []byte, name string) (*meshpod.Pod, error) {
 	return meshpod.DecodeManifest(data, unmarshalYAML)
 }
 
-func unmarshalYAML(b []byte, v any) error { return yaml.Unmarshal(b, v) }
+// unmarshalYAML decodes YAML as sigs.k8s.io/yaml's Unmarshal does
+// (numbers and booleans bound for string fields become their text) without
+// linking a YAML library whose initialisation every run of the CLI would
+// pay.
+func unmarshalYAML(b []byte, v any) error { return yamljson.Unmarshal(b, v) }
 
 // parseLonePod decodes a stream of one Pod document with one YAML parse
 // where the general path (SelectPod reading each document's head, then the
@@ -53,7 +56,7 @@ func unmarshalYAML(b []byte, v any) error { return yaml.Unmarshal(b, v) }
 // general path decides and reports, unless the result is provably the
 // same:
 //
-//   - yaml.Unmarshal converts YAML to JSON guided by the target's field
+//   - unmarshalYAML converts YAML to JSON guided by the target's field
 //     types, turning a number or boolean bound for a string field into a
 //     string, then decodes the JSON. SelectPod's head gets no such
 //     conversion (its fields come through an embedded struct, which the
@@ -68,7 +71,7 @@ func parseLonePod(data []byte) (*meshpod.Pod, bool) {
 	if len(docs) != 1 {
 		return nil, false
 	}
-	j, err := yaml.YAMLToJSON(docs[0])
+	j, err := yamljson.ToJSON(docs[0])
 	if err != nil {
 		return nil, false
 	}

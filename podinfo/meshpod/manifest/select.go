@@ -9,8 +9,7 @@ import (
 	"os"
 	"strings"
 
-	"sigs.k8s.io/yaml"
-
+	"github.com/nftmesh/nftmesh/internal/yamljson"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
@@ -53,6 +52,26 @@ func ReadManifestData(path string) ([]byte, error) {
 // A stream of one document that is not a Pod keeps the single-manifest
 // errors (no kind, wrong kind, wrong apiVersion).
 func SelectPod(data []byte, name string) ([]byte, error) {
+	return selectPod(data, name, decodeHead)
+}
+
+// decodeHead decodes what SelectPod reads of a document. The head's fields
+// are strings read as they are written: sigs.k8s.io/yaml's Unmarshal,
+// which this replaces, turns numbers and booleans into text only for
+// fields it finds directly in the target struct, not for an embedded
+// struct's, so plain JSON decoding of the converted document reads what
+// it read.
+func decodeHead(doc []byte, v any) error {
+	j, err := yamljson.ToJSON(doc)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(j, v)
+}
+
+// selectPod is SelectPod with the head decoder as a parameter, so that
+// tests can run it with sigs.k8s.io/yaml's.
+func selectPod(data []byte, name string, decode func([]byte, any) error) ([]byte, error) {
 	docs := splitDocuments(data)
 	var pods []candidate
 	var others []string
@@ -61,7 +80,7 @@ func SelectPod(data []byte, name string) ([]byte, error) {
 			typeHead
 			Items []json.RawMessage `json:"items"`
 		}
-		if err := yaml.Unmarshal(doc, &head); err != nil {
+		if err := decode(doc, &head); err != nil {
 			return nil, fmt.Errorf("decoding manifest: %w", err)
 		}
 		switch {
