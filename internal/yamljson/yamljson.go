@@ -315,7 +315,10 @@ func (p *parser) blockNode(parent, col int, collections bool) (any, error) {
 		}
 		return p.blockSeq(col)
 	case c == '?' && p.blankz(start+1):
-		return nil, p.errAt(start, "explicit key (\"? \") is not supported")
+		if !collections {
+			return nil, p.errAt(start, "explicit key (\"? \") not allowed after a key on the same line")
+		}
+		return p.blockMap(col, start)
 	case c == '&':
 		return nil, p.errAt(start, "anchor %s is not supported", p.snippet(start))
 	case c == '*':
@@ -454,7 +457,7 @@ func (p *parser) blockMap(col, start int) (any, error) {
 	kinds := map[string]byte{}
 	p.pos = start
 	for {
-		key, err := p.blockKey()
+		key, hasValue, err := p.blockKey(col)
 		if err != nil {
 			return nil, err
 		}
@@ -462,10 +465,13 @@ func (p *parser) blockMap(col, start int) (any, error) {
 			return nil, p.errAt(start, "keys of different types both read as %s", strconv.Quote(key.text))
 		}
 		kinds[key.text] = key.kind
-		// p.pos is past the ":".
-		p.skipInlineSpace()
+		// p.pos is past the ":", or at the next content line.
 		var v any
+		if hasValue {
+			p.skipInlineSpace()
+		}
 		switch c := p.at(p.pos); {
+		case !hasValue:
 		case p.pos >= len(p.src) || c == '\n' || c == '#' && p.src[p.pos-1] == ' ':
 			if err := p.endLine(); err != nil {
 				return nil, err
@@ -498,45 +504,101 @@ func (p *parser) blockMap(col, start int) (any, error) {
 	}
 }
 
-// blockKey reads an implicit key at p.pos and its ":".
-func (p *parser) blockKey() (keyOf, error) {
+// blockKey reads a key of the mapping in column col at p.pos and its
+// ":", after which p.pos is. An explicit key ("? ") may have no ":" line:
+// then hasValue is false and p.pos is at the next content line.
+func (p *parser) blockKey(col int) (k keyOf, hasValue bool, err error) {
 	start := p.pos
 	c := p.at(start)
-	var k keyOf
 	switch {
+	case c == '?' && p.blankz(start+1):
+		return p.explicitKey(col)
 	case c == '"' || c == '\'':
 		s, err := p.quoted(1 << 30) // a key is one line; checked below
 		if err != nil {
-			return k, err
+			return k, false, err
 		}
 		k = keyOf{'s', s}
 		p.skipInlineSpace()
-	case c == '-' && p.blankz(start+1), c == '?' && p.blankz(start+1):
-		return k, p.errAt(start, "%s where a mapping key is expected", p.snippet(start))
+	case c == '-' && p.blankz(start+1):
+		return k, false, p.errAt(start, "%s where a mapping key is expected", p.snippet(start))
 	case c == '[' || c == '{':
-		return k, p.errAt(start, "flow collection as a mapping key is not supported")
+		return k, false, p.errAt(start, "flow collection as a mapping key is not supported")
 	case c == '&' || c == '*' || c == '!' || c == '|' || c == '>':
-		return k, p.errAt(start, "%s where a mapping key is expected (anchors, aliases, tags and block scalars are not supported as keys)", p.snippet(start))
+		return k, false, p.errAt(start, "%s where a mapping key is expected (anchors, aliases, tags and block scalars are not supported as keys)", p.snippet(start))
 	default:
 		s, colon, err := p.plainKey()
 		if err != nil {
-			return k, err
+			return k, false, err
 		}
 		if !colon {
-			return k, p.errAt(start, "%s: expected a mapping key followed by \": \"", p.snippet(start))
+			return k, false, p.errAt(start, "%s: expected a mapping key followed by \": \"", p.snippet(start))
 		}
 		if k, err = p.resolveKey(start, s); err != nil {
-			return k, err
+			return k, false, err
 		}
 	}
 	if !(p.at(p.pos) == ':' && p.blankz(p.pos+1)) || bytes.IndexByte(p.src[start:p.pos], '\n') >= 0 {
-		return k, p.errAt(start, "%s: expected a mapping key followed by \": \" on the same line", p.snippet(start))
+		return k, false, p.errAt(start, "%s: expected a mapping key followed by \": \" on the same line", p.snippet(start))
 	}
 	if p.pos-start > maxKey {
-		return k, p.errAt(start, "mapping key longer than %d bytes", maxKey)
+		return k, false, p.errAt(start, "mapping key longer than %d bytes", maxKey)
 	}
 	p.pos++
-	return k, nil
+	return k, true, nil
+}
+
+// explicitKey reads "? KEY", KEY a scalar (of any style, on any number of
+// lines), and the ":" in column col on the next content line if there is
+// one. kubectl writes keys longer than 128 characters, or holding line
+// breaks, so; a collection as a key is refused.
+func (p *parser) explicitKey(col int) (k keyOf, hasValue bool, err error) {
+	p.pos++
+	p.skipInlineSpace()
+	start := p.pos
+	switch c := p.at(start); {
+	case c == '"' || c == '\'':
+		s, err := p.quoted(col)
+		if err != nil {
+			return k, false, err
+		}
+		if err := p.endLine(); err != nil {
+			return k, false, err
+		}
+		k = keyOf{'s', s}
+	case c == '|' || c == '>':
+		s, err := p.blockScalar(col)
+		if err != nil {
+			return k, false, err
+		}
+		k = keyOf{'s', s.(string)}
+	case p.pos >= len(p.src) || c == '\n' || c == '#':
+		return k, false, p.errAt(start, "explicit key (\"? \") without a key on its line")
+	case c == '\t':
+		return k, false, p.errAt(start, "tab character after \"?\"")
+	case c == '-' || c == '?' || c == ':' || c == '[' || c == '{' || c == '&' || c == '*' || c == '!':
+		return k, false, p.errAt(start, "explicit key %s: only a scalar is supported", p.snippet(start))
+	default:
+		s, _, colon, err := p.plain(false, col)
+		if err != nil {
+			return k, false, err
+		}
+		if colon {
+			return k, false, p.errAt(start, "mapping as an explicit key is not supported")
+		}
+		if k, err = p.resolveKey(start, s); err != nil {
+			return k, false, err
+		}
+	}
+	next, what, err := p.peek()
+	if err != nil {
+		return k, false, err
+	}
+	if what == atContent && next == col && p.at(p.pos) == ':' && p.blankz(p.pos+1) {
+		p.pos++
+		return k, true, nil
+	}
+	return k, false, nil
 }
 
 // plainKey reads a one-line plain scalar in block context up to ": ".
@@ -1118,11 +1180,11 @@ func (p *parser) flowNode() (any, error) {
 
 // flowSpace skips spaces, line breaks and comments inside a flow
 // collection.
-func (p *parser) flowSpace() error {
+func (p *parser) flowSpace(open int) error {
 	for {
 		switch c := p.at(p.pos); {
 		case p.pos >= len(p.src):
-			return p.errAt(p.pos, "flow collection is not closed")
+			return p.errAt(open, "flow collection %s is not closed", p.snippet(open))
 		case c == ' ':
 			p.pos++
 		case c == '\n':
@@ -1151,10 +1213,11 @@ func (p *parser) flowSpace() error {
 }
 
 func (p *parser) flowSeq() (any, error) {
+	open := p.pos
 	p.pos++
 	out := []any{}
 	for first := true; ; first = false {
-		if err := p.flowSpace(); err != nil {
+		if err := p.flowSpace(open); err != nil {
 			return nil, err
 		}
 		if p.at(p.pos) == ']' {
@@ -1166,7 +1229,7 @@ func (p *parser) flowSeq() (any, error) {
 				return nil, p.errAt(p.pos, "expected \",\" or \"]\" in a flow sequence, found %s", p.snippet(p.pos))
 			}
 			p.pos++
-			if err := p.flowSpace(); err != nil {
+			if err := p.flowSpace(open); err != nil {
 				return nil, err
 			}
 			if p.at(p.pos) == ']' {
@@ -1179,7 +1242,7 @@ func (p *parser) flowSeq() (any, error) {
 			return nil, err
 		}
 		out = append(out, v)
-		if err := p.flowSpace(); err != nil {
+		if err := p.flowSpace(open); err != nil {
 			return nil, err
 		}
 		if p.at(p.pos) == ':' {
@@ -1189,11 +1252,12 @@ func (p *parser) flowSeq() (any, error) {
 }
 
 func (p *parser) flowMap() (any, error) {
+	open := p.pos
 	p.pos++
 	out := map[string]any{}
 	kinds := map[string]byte{}
 	for first := true; ; first = false {
-		if err := p.flowSpace(); err != nil {
+		if err := p.flowSpace(open); err != nil {
 			return nil, err
 		}
 		if p.at(p.pos) == '}' {
@@ -1205,7 +1269,7 @@ func (p *parser) flowMap() (any, error) {
 				return nil, p.errAt(p.pos, "expected \",\" or \"}\" in a flow mapping, found %s", p.snippet(p.pos))
 			}
 			p.pos++
-			if err := p.flowSpace(); err != nil {
+			if err := p.flowSpace(open); err != nil {
 				return nil, err
 			}
 			if p.at(p.pos) == '}' {
@@ -1241,7 +1305,7 @@ func (p *parser) flowMap() (any, error) {
 				return nil, err
 			}
 		}
-		if err := p.flowSpace(); err != nil {
+		if err := p.flowSpace(open); err != nil {
 			return nil, err
 		}
 		if p.at(p.pos) == ':' && bytes.IndexByte(p.src[start:p.pos], '\n') >= 0 {
@@ -1257,7 +1321,7 @@ func (p *parser) flowMap() (any, error) {
 		var v any
 		if p.at(p.pos) == ':' {
 			p.pos++
-			if err := p.flowSpace(); err != nil {
+			if err := p.flowSpace(open); err != nil {
 				return nil, err
 			}
 			if c := p.at(p.pos); c != ',' && c != '}' {
@@ -1265,7 +1329,7 @@ func (p *parser) flowMap() (any, error) {
 				if v, err = p.flowNode(); err != nil {
 					return nil, err
 				}
-				if err := p.flowSpace(); err != nil {
+				if err := p.flowSpace(open); err != nil {
 					return nil, err
 				}
 			}

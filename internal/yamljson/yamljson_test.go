@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	sigsyaml "sigs.k8s.io/yaml"
 )
@@ -89,6 +91,7 @@ func TestToJSON(t *testing.T) {
 		{"unicode", "ключ: значение 🙂\n", `{"ключ":"значение 🙂"}`},
 		{"timestamp stays text", "a: 2001-12-14\nb: 2001-12-14t21:59:43.10-05:00\n", `{"a":"2001-12-14","b":"2001-12-14t21:59:43.10-05:00"}`},
 		{"compact mapping in sequence", "- a: 1\n  b:\n  - x\n  c: 2\n- d: 3\n", `[{"a":1,"b":["x"],"c":2},{"d":3}]`},
+		{"explicit keys, as kubectl writes long ones", "? " + strings.Repeat("k", 130) + "\n: v\n? 'q'\n:\n  a: 1\n? nokey\nz: 1\n", ``},
 		{"tab inside a plain scalar", "a: b\tc\n", `{"a":"b\tc"}`},
 		{"string merge key in a sequence", "a: [<<]\n'<<': b\n", `{"\u003c\u003c":"b","a":["\u003c\u003c"]}`},
 	} {
@@ -112,7 +115,8 @@ func TestToJSONRefuses(t *testing.T) {
 		{"anchor", "a: &x 1\nb: *x\n", "line 1: anchor"},
 		{"alias", "a: 1\nb: *x\n", "line 2: alias"},
 		{"tag", "a: !!str 1\n", "line 1: tag"},
-		{"explicit key", "? a\n: b\n", "line 1: explicit key"},
+		{"complex explicit key", "? [a]\n: b\n", "line 1: explicit key \"[a]\": only a scalar"},
+		{"explicit key without a key", "a: 1\n?\n: b\n", "line 2: explicit key (\"? \") without a key"},
 		{"complex key", "[a]: b\n", "line 1: flow collection as a mapping key"},
 		{"merge key", "a: {x: 1}\nb:\n  <<: {y: 2}\n", "line 3: merge key"},
 		{"null key", "~: a\n", "line 1: null mapping key"},
@@ -133,7 +137,7 @@ func TestToJSONRefuses(t *testing.T) {
 		{"entry where a key is expected", "a: 1\n- b\n", "line 2: sequence entry"},
 		{"key without value", "a: 1\nb\n", "line 2: \"b\": expected a mapping key"},
 		{"unclosed quote", "a: 'x\n", "line 1: quoted scalar"},
-		{"unclosed flow", "a: [1, 2\n", "flow collection is not closed"},
+		{"unclosed flow", "a: [1, 2\n", `line 1: flow collection "[1, 2" is not closed`},
 		{"bad flow separator", "a: [1 2 : 3]\n", "line 1: a key: value pair inside a flow sequence"},
 		{"bad escape", "a: \"\\q\"\n", "line 1: unknown escape"},
 		{"surrogate escape", "a: \"\\ud800\"\n", "line 1: escape of invalid Unicode"},
@@ -246,5 +250,72 @@ func FuzzYAMLToJSON(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		sameAsSigs(t, data)
+	})
+}
+
+// kubectlYAML is what `kubectl get -o yaml` prints for obj, if it can
+// print it (not a string with DEL, say, which its own reader refuses).
+func kubectlYAML(obj any) ([]byte, bool) {
+	y, err := sigsyaml.Marshal(obj)
+	return y, err == nil
+}
+
+// readsKubectl fails t unless ToJSON reads (does not refuse) what kubectl
+// prints for a Pod with these annotations and args, as sigs.k8s.io/yaml
+// reads it (which is not always what was printed: a NEL in a string comes
+// back as a space).
+func readsKubectl(t testing.TB, annotations map[string]string, args []string) {
+	t.Helper()
+	obj := map[string]any{
+		"apiVersion": "v1", "kind": "Pod",
+		"metadata": map[string]any{"name": "web", "annotations": annotations},
+		"spec":     map[string]any{"containers": []any{map[string]any{"name": "c", "args": args}}},
+	}
+	y, ok := kubectlYAML(obj)
+	if !ok {
+		return
+	}
+	if _, err := ToJSON(y); err != nil {
+		t.Fatalf("refused kubectl's YAML %q: %v", y, err)
+	}
+	sameAsSigs(t, y)
+}
+
+// TestReadsKubectl: YAML as kubectl prints it is always read, whatever the
+// strings hold: keys longer than 128 characters (written as "? key"),
+// strings that look like numbers, booleans or null, line breaks, tabs,
+// leading and trailing spaces, long lines (folded), quotes, indicators,
+// non-ASCII and control characters.
+func TestReadsKubectl(t *testing.T) {
+	long := strings.Repeat("word ", 40)
+	strs := []string{
+		"", " ", "true", "yes", "No", "null", "~", "1", "0x1F", "1e3", ".inf", "-", "- a", "a: b", "a #b", "#a",
+		"'q'", "\"d\"", "{}", "[a]", "&a", "*a", "!t", "|", ">", "%", "@", "`", "?", ":", ",", "a\nb", "a\n\nb\n",
+		"a\n", "\n", "\na", "  lead", "trail  ", " both ", "tab\there", "\ttab", "x\r\ny", "\x00\x01\x1f", "é ü ß 🙂",
+		"\u2028\u0085\ufeff", long, long + "\n" + long, strings.Repeat("x", 300), "---", "...", "--- a", "a\n---\nb",
+		"\\", "a\\nb", "<>&", "  a\n  b\n", "a\n  b", "a  \nb", "a\t\nb", " \n ",
+	}
+	ann := map[string]string{}
+	for i, s := range strs {
+		ann[fmt.Sprintf("k%d", i)] = s
+	}
+	ann[strings.Repeat("a", 200)+".example.com/"+strings.Repeat("b", 60)] = "long key"
+	ann["sidecar.istio.io/inject"] = "true"
+	readsKubectl(t, ann, strs)
+	for _, s := range strs {
+		readsKubectl(t, map[string]string{s: s}, []string{s})
+	}
+}
+
+// FuzzReadsKubectl: whatever strings a Pod holds, ToJSON reads what
+// kubectl prints for it.
+func FuzzReadsKubectl(f *testing.F) {
+	f.Add("sidecar.istio.io/inject", "true", "a\n b\tc")
+	f.Add(strings.Repeat("k", 130), strings.Repeat("v ", 70), "")
+	f.Fuzz(func(t *testing.T, key, value, arg string) {
+		if !utf8.ValidString(key) || !utf8.ValidString(value) || !utf8.ValidString(arg) {
+			return // JSON would not carry them as they are
+		}
+		readsKubectl(t, map[string]string{key: value}, []string{arg, value})
 	})
 }

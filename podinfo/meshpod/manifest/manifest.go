@@ -59,10 +59,9 @@ func unmarshalYAML(b []byte, v any) error { return yamljson.Unmarshal(b, v) }
 //   - unmarshalYAML converts YAML to JSON guided by the target's field
 //     types, turning a number or boolean bound for a string field into a
 //     string, then decodes the JSON. SelectPod's head gets no such
-//     conversion (its fields come through an embedded struct, which the
-//     converter does not follow, and a List's items are raw JSON), so
-//     decoding the JSON of YAMLToJSON, unguided, into the same head gives
-//     what SelectPod's decode gives.
+//     conversion (decodeHead decodes the unguided JSON), so decoding the
+//     JSON of yamljson.ToJSON into the same head gives what SelectPod's
+//     decode gives.
 //   - The Pod decoded from that unguided JSON is the guided decode's Pod
 //     whenever it decodes: the guide changes only a number or boolean
 //     bound for a string field, which fails the unguided decode.
