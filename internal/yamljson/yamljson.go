@@ -10,13 +10,13 @@
 // YAML or not. This package has no package-level state to initialise.
 //
 // What it does not read it refuses with an error naming the line and the
-// construct, never guessing: anchors and aliases, tags, explicit ("? ")
-// and complex keys, merge keys, directives, several documents, tabs used
-// as indentation or separation, carriage returns and other line breaks
-// than "\n", floating-point, null and large unsigned keys, and indentation
-// that YAML allows but reads surprisingly. Every refusal is either an
-// input sigs.k8s.io/yaml also refuses or one outside what kubectl and
-// people write in manifests.
+// construct, never guessing: anchors and aliases, tags, collections as
+// keys, merge keys, directives, several documents, tabs used as
+// indentation or separation, carriage returns and other line breaks than
+// "\n", floating-point, null and large unsigned keys, and indentation that
+// YAML allows but reads surprisingly. Every refusal is either an input
+// sigs.k8s.io/yaml also refuses or one outside what kubectl and people
+// write in manifests; whatever kubectl prints is read (FuzzReadsKubectl).
 package yamljson
 
 import (
