@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/nftmesh/nftmesh/internal/oneproc"
 )
@@ -48,5 +49,52 @@ func TestInitialisedBeforeOS(t *testing.T) {
 	}
 	if oneproc.Procs < 1 {
 		t.Errorf("Procs = %d", oneproc.Procs)
+	}
+}
+
+// TestMain runs the stack check in the main goroutine, where the package's
+// init grew the stack (tests run on goroutines of their own).
+func TestMain(m *testing.M) {
+	if os.Getenv("ONEPROC_STACK_CHILD") != "" {
+		os.Exit(stackMoves())
+	}
+	os.Exit(m.Run())
+}
+
+// stackMoves returns 1 if a call chain that needs 40 KB of stack moved
+// the main goroutine's stack (its locals changed address), 0 if not.
+func stackMoves() int {
+	var here byte
+	before := uintptr(unsafe.Pointer(&here))
+	deep(40)
+	if uintptr(unsafe.Pointer(&here)) != before {
+		return 1
+	}
+	return 0
+}
+
+//go:noinline
+func deep(n int) byte {
+	var frame [1 << 10]byte
+	frame[n%len(frame)] = byte(n)
+	if n == 0 {
+		return frame[0]
+	}
+	return deep(n-1) + frame[(n*3)%len(frame)]
+}
+
+// TestMainStackGrownOnce: in a binary importing this package, the main
+// goroutine's stack already holds 40 KB of calls after the package inits:
+// a deep call chain does not move it. Without the init's growStack it
+// moves (the stack starts at 2 KB and the inits leave it at a few KB).
+func TestMainStackGrownOnce(t *testing.T) {
+	if oneproc.Stack < 40<<10/2 {
+		t.Fatalf("Stack = %d: the main stack (at least twice that) would not hold 40 KB", oneproc.Stack)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^$")
+	cmd.Env = append(os.Environ(), "ONEPROC_STACK_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the main goroutine's stack moved for 40 KB of calls: %v %s", err, out)
 	}
 }
