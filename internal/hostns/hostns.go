@@ -216,8 +216,18 @@ func kind(mode uint32, fsType int64) string {
 // namespace it came from and returns to the pool. If it cannot, it stays
 // locked, and the runtime ends it with the goroutine instead of running
 // other goroutines in the wrong namespace. fn must not start goroutines
-// that expect to run in n.
+// that expect to run in n. When n is the namespace the process started in,
+// fn runs on the caller's goroutine: every unlocked thread is in n.
 func (n *Netns) Do(fn func() error) error {
+	if selfErr == nil && n.ID == self {
+		// n is where this process started (a command run inside the
+		// namespace it acts on, allowed with AllowOwn): every thread an
+		// unlocked goroutine runs on is there (a thread inside another Do
+		// runs only that Do's goroutine), so fn runs here, without a
+		// goroutine, a locked thread (the first lock also starts the
+		// runtime's template thread) or two setns.
+		return fn()
+	}
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -192,5 +193,64 @@ func TestDo(t *testing.T) {
 	}
 	if err := n.Do(func() error { return fs.ErrPermission }); !errors.Is(err, fs.ErrPermission) {
 		t.Errorf("Do returned %v, want fn's error", err)
+	}
+}
+
+// goroutineID is the running goroutine's number, from its stack header.
+func goroutineID() string {
+	b := make([]byte, 64)
+	b = b[:runtime.Stack(b, false)]
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return ""
+	}
+	return f[1]
+}
+
+// TestDoOwnNamespaceInPlace: Do on the namespace the process runs in runs
+// fn on the caller's goroutine (no locked thread, no setns: every unlocked
+// thread is there already), and what fn opens is in that namespace; Do on
+// another namespace runs fn on a goroutine of its own.
+func TestDoOwnNamespaceInPlace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a netns")
+	}
+	own, err := Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	caller := goroutineID()
+	var ran string
+	var inside ID
+	if err := own.Do(func() error {
+		ran = goroutineID()
+		var err error
+		inside, err = statID("/proc/thread-self/ns/net")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if ran != caller || caller == "" {
+		t.Errorf("in the own namespace fn ran on goroutine %q, the caller is %q", ran, caller)
+	}
+	if inside != own.ID {
+		t.Errorf("fn ran in netns %v, want %v", inside, own.ID)
+	}
+	name := fmt.Sprintf("hns-own-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	defer exec.Command("ip", "netns", "del", name).Run()
+	other, err := OpenGuarded("/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.Do(func() error { ran = goroutineID(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if ran == caller {
+		t.Errorf("in another namespace fn ran on the caller's goroutine %q", caller)
 	}
 }
