@@ -2,6 +2,7 @@ package nft
 
 import (
 	"bytes"
+	"runtime"
 	"testing"
 
 	"github.com/mdlayher/netlink"
@@ -81,5 +82,26 @@ func TestBatchCache(t *testing.T) {
 	}
 	if len(c.entries) != c.max {
 		t.Fatalf("%d entries, max %d", len(c.entries), c.max)
+	}
+}
+
+// TestPrepareWithOneP: with GOMAXPROCS 1 (the CLI, the standalone plugin)
+// Prepare has done its work when it returns (a goroutine would only run
+// once the caller blocks); with more it may still be working.
+func TestPrepareWithOneP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	s := redirect.DefaultSpec()
+	p, err := redirect.Build(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := New().Prepare(p)
+	select {
+	case <-pr.done:
+	default:
+		t.Fatal("with one P, Prepare returned before the batch was ready")
+	}
+	if pr.encodeErr != nil || pr.marshalErr != nil || len(pr.create) == 0 {
+		t.Fatalf("prepared: %v %v, %d messages", pr.encodeErr, pr.marshalErr, len(pr.create))
 	}
 }

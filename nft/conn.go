@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 
@@ -101,8 +102,13 @@ type Prepared struct {
 }
 
 // Prepare starts encoding p for b's table and marshalling the batch that
-// creates it, on another goroutine. Pass the result to With.
-func (b *Backend) Prepare(p redirect.Plan) *Prepared { return prepare(p, b.table, true) }
+// creates it, on another goroutine. Pass the result to With. With one P
+// (the CLI, the standalone plugin) it does the work before it returns: a
+// goroutine could not run beside the caller there, it would only cost its
+// start and the growth of its stack from 2 KB.
+func (b *Backend) Prepare(p redirect.Plan) *Prepared {
+	return prepare(p, b.table, runtime.GOMAXPROCS(0) > 1)
+}
 
 func prepare(p redirect.Plan, table string, async bool) *Prepared {
 	pr := &Prepared{plan: p, table: table, done: make(chan struct{})}
