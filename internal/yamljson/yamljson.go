@@ -12,7 +12,7 @@
 // What it does not read it refuses with an error naming the line and the
 // construct, never guessing: anchors and aliases, tags, collections as
 // keys, merge keys, directives, several documents, tabs used as
-// indentation or separation, carriage returns and other line breaks than
+// indentation or separation, carriage returns (but in "\r\n") and other line breaks than
 // "\n", floating-point, null and large unsigned keys, and indentation that
 // YAML allows but reads surprisingly. Every refusal is either an input
 // sigs.k8s.io/yaml also refuses or one outside what kubectl and people
@@ -61,6 +61,12 @@ func ToJSON(y []byte) ([]byte, error) {
 // carry: ToJSON refuses those, Unmarshal turns them into text where a
 // string is wanted.
 func Decode(y []byte) (any, error) {
+	// A file saved on Windows ends its lines with "\r\n": YAML reads that
+	// as one line break, as it reads "\n" (in the content of a scalar, too),
+	// so it is read as "\n". A lone "\r" is still refused (check).
+	if bytes.Contains(y, []byte("\r\n")) {
+		y = bytes.ReplaceAll(y, []byte("\r\n"), []byte("\n"))
+	}
 	p := &parser{src: y}
 	if err := p.check(); err != nil {
 		return nil, err
@@ -110,7 +116,7 @@ func (p *parser) snippet(pos int) string {
 
 // check refuses input that is not UTF-8, holds characters YAML forbids,
 // or line breaks other than "\n" (which YAML reads in ways this package
-// does not follow).
+// does not follow; Decode has made "\r\n" "\n").
 func (p *parser) check() error {
 	for i := 0; i < len(p.src); {
 		c := p.src[i]

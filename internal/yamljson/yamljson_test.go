@@ -59,6 +59,7 @@ func TestToJSON(t *testing.T) {
 		{"kubectl pod", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels:\n    app: web\nspec:\n  containers:\n  - name: c\n    args:\n    - a\n    - --b=c\n    ports:\n    - containerPort: 80\n      protocol: TCP\n",
 			`{"apiVersion":"v1","kind":"Pod","metadata":{"labels":{"app":"web"},"name":"web"},"spec":{"containers":[{"args":["a","--b=c"],"name":"c","ports":[{"containerPort":80,"protocol":"TCP"}]}]}}`},
 		{"indented sequence", "a:\n  - 1\n  - 2\nb: x\n", `{"a":[1,2],"b":"x"}`},
+		{"windows line ends", "a: |\r\n  x\r\n  y\r\nb: \"p\r\n  q\"\r\nc:\r\n- d\r\n", `{"a":"x\ny\n","b":"p q","c":["d"]}`},
 		{"nested sequences", "- - a\n  - b\n- -\n  - c\n", `[["a","b"],[null,"c"]]`},
 		{"empty values", "a:\nb: ~\nc: null\nd:\n- \n- x\n", `{"a":null,"b":null,"c":null,"d":[null,"x"]}`},
 		{"flow", "a: {b: c, d: [1, 2.5, 'x', \"y\"], e: {}, f: []}\n", `{"a":{"b":"c","d":[1,2.5,"x","y"],"e":{},"f":[]}}`},
@@ -135,7 +136,8 @@ func TestToJSONRefuses(t *testing.T) {
 		{"content after ---", "--- a\n", "line 1: content after \"---\""},
 		{"tab indentation", "a:\n\tb: 1\n", "line 2: tab character in indentation"},
 		{"tab after colon", "a:\tb\n", "line 1: tab character after \":\""},
-		{"carriage return", "a: 1\r\nb: 2\r\n", "line 1: carriage return"},
+		{"carriage return", "a: 1\rb: 2\n", "line 1: carriage return"},
+		{"carriage return before the end", "a: 1\r\nb: 2\r", "line 2: carriage return"},
 		{"control character", "a: \x01\n", "line 1: control character"},
 		{"invalid UTF-8", "a: \xff\n", "line 1: invalid UTF-8"},
 		{"byte order mark", "\ufeffa: 1\n", "byte order mark"},
@@ -253,6 +255,7 @@ func FuzzYAMLToJSON(f *testing.F) {
 		"a: |\n  x\n\n b\n", "a: >2-\n   x\n  y\n", "a: 'x\n  y'\n", "a: \"x\\\n  y\"\n",
 		"{a: [b, {c: d}], 'e': \"f\"}", "- a\n  b\n- c: d\n  e:\n  - f\n", "1: 2\n0x1: 3\n",
 		"a: [yes, 0o7, 1e3, .5, -.inf]\n", "--- # x\na: b\n...\n",
+		"a: |\r\n  x\r\n  y\r\nb: \"p\r\n  q\"\r\nc: 'r\r\n\r\n  s'\r\n", "{a: [b,\r\n c]}\r\n", "a:\r\n- b\r\n- c \\\r\n  d\r\n",
 	} {
 		f.Add([]byte(s))
 	}
