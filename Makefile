@@ -98,7 +98,7 @@ SETTLE = @sleep 5; for i in $$(seq 23); do awk '{exit !($$1 >= 1.5)}' /proc/load
 bench: build $(CACHE)/istio-cni $(APISERVER)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem ./redirect/ ./nft/ ./iptables/
 	$(SETTLE)
-	$(GO) test -run '^$$' -bench WholeProcess -benchtime 60x ./cmd/redirect/
+	$(GO) test -run '^$$' -bench WholeProcess -benchtime 200x ./cmd/redirect/
 	$(SETTLE)
 	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./internal/cniplugin/
 	$(SETTLE)
