@@ -34,13 +34,11 @@ var Procs = runtime.GOMAXPROCS(1)
 // stack for it in one step (it doubles until the frame fits) while the
 // stack is shallow; stacks shrink only in a garbage collection, which a
 // command that allocates a few hundred KB does not reach.
-func init() { sink = growStack(Stack) }
+func init() { runtime.KeepAlive(growStack(Stack)) }
 
 // Stack is the size of growStack's frame: the main goroutine's stack is at
 // least twice that from then on.
 const Stack = 32 << 10
-
-var sink byte
 
 //go:noinline
 func growStack(i int) byte {
