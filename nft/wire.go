@@ -260,31 +260,32 @@ func (w *wire) exprHead(name string) int {
 	return w.nest(unix.NFTA_EXPR_DATA)
 }
 
+// keyed writes a meta or ct expression: its key, then the register it
+// stores from (source) or loads into.
+func (w *wire) keyed(name string, key uint32, source bool, reg uint32, keyAttr, sregAttr, dregAttr uint16) {
+	at := w.exprHead(name)
+	w.u32(keyAttr, key)
+	if source {
+		w.u32(sregAttr, reg)
+	} else {
+		w.u32(dregAttr, reg)
+	}
+	w.unnest(at)
+}
+
 // expr writes one expression, for the expressions encode uses, in the
 // attribute order google/nftables writes them.
 func (w *wire) expr(e expr.Any) error {
 	switch e := e.(type) {
 	case *expr.Meta:
-		at := w.exprHead("meta")
-		w.u32(unix.NFTA_META_KEY, uint32(e.Key))
-		if e.SourceRegister {
-			w.u32(unix.NFTA_META_SREG, e.Register)
-		} else {
-			w.u32(unix.NFTA_META_DREG, e.Register)
-		}
-		w.unnest(at)
+		w.keyed("meta", uint32(e.Key), e.SourceRegister, e.Register,
+			unix.NFTA_META_KEY, unix.NFTA_META_SREG, unix.NFTA_META_DREG)
 	case *expr.Ct:
 		if e.Key == expr.CtKeySRC || e.Key == expr.CtKeyDST || e.Key == expr.CtKeyPROTOSRC || e.Key == expr.CtKeyPROTODST {
 			return fmt.Errorf("ct key %d: directions are not encoded", e.Key)
 		}
-		at := w.exprHead("ct")
-		w.u32(unix.NFTA_CT_KEY, uint32(e.Key))
-		if e.SourceRegister {
-			w.u32(unix.NFTA_CT_SREG, e.Register)
-		} else {
-			w.u32(unix.NFTA_CT_DREG, e.Register)
-		}
-		w.unnest(at)
+		w.keyed("ct", uint32(e.Key), e.SourceRegister, e.Register,
+			unix.NFTA_CT_KEY, unix.NFTA_CT_SREG, unix.NFTA_CT_DREG)
 	case *expr.Cmp:
 		at := w.exprHead("cmp")
 		w.u32(unix.NFTA_CMP_SREG, e.Register)

@@ -1218,30 +1218,43 @@ func (p *parser) flowSpace(open int) error {
 	}
 }
 
+// flowNext moves past the space and, but before the first entry, the comma
+// before the next entry of the flow collection opened at open; end is true
+// when the collection's closing character came instead (consumed).
+func (p *parser) flowNext(open int, first bool, closing byte, what string) (end bool, err error) {
+	if err := p.flowSpace(open); err != nil {
+		return false, err
+	}
+	if p.at(p.pos) == closing {
+		p.pos++
+		return true, nil
+	}
+	if first {
+		return false, nil
+	}
+	if p.at(p.pos) != ',' {
+		return false, p.errAt(p.pos, "expected \",\" or %q in a flow %s, found %s", string(closing), what, p.snippet(p.pos))
+	}
+	p.pos++
+	if err := p.flowSpace(open); err != nil {
+		return false, err
+	}
+	if p.at(p.pos) == closing {
+		p.pos++
+		return true, nil
+	}
+	return false, nil
+}
+
 func (p *parser) flowSeq() (any, error) {
 	open := p.pos
 	p.pos++
 	out := []any{}
 	for first := true; ; first = false {
-		if err := p.flowSpace(open); err != nil {
+		if end, err := p.flowNext(open, first, ']', "sequence"); err != nil {
 			return nil, err
-		}
-		if p.at(p.pos) == ']' {
-			p.pos++
+		} else if end {
 			return out, nil
-		}
-		if !first {
-			if p.at(p.pos) != ',' {
-				return nil, p.errAt(p.pos, "expected \",\" or \"]\" in a flow sequence, found %s", p.snippet(p.pos))
-			}
-			p.pos++
-			if err := p.flowSpace(open); err != nil {
-				return nil, err
-			}
-			if p.at(p.pos) == ']' {
-				p.pos++
-				return out, nil
-			}
 		}
 		v, err := p.flowNode()
 		if err != nil {
@@ -1263,25 +1276,10 @@ func (p *parser) flowMap() (any, error) {
 	out := map[string]any{}
 	kinds := map[string]byte{}
 	for first := true; ; first = false {
-		if err := p.flowSpace(open); err != nil {
+		if end, err := p.flowNext(open, first, '}', "mapping"); err != nil {
 			return nil, err
-		}
-		if p.at(p.pos) == '}' {
-			p.pos++
+		} else if end {
 			return out, nil
-		}
-		if !first {
-			if p.at(p.pos) != ',' {
-				return nil, p.errAt(p.pos, "expected \",\" or \"}\" in a flow mapping, found %s", p.snippet(p.pos))
-			}
-			p.pos++
-			if err := p.flowSpace(open); err != nil {
-				return nil, err
-			}
-			if p.at(p.pos) == '}' {
-				p.pos++
-				return out, nil
-			}
 		}
 		start := p.pos
 		var key keyOf
