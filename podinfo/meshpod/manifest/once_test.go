@@ -37,17 +37,7 @@ func sameAsTwice(t *testing.T, data []byte, name string) {
 // letter JSON folds to an ASCII one; other kinds, bad YAML, several
 // documents, Lists.
 func TestParseManifestOnceAsTwice(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("..", "..", "..", "testdata", "pods", "*"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no sample pods: %v", err)
-	}
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sameAsTwice(t, data, "")
-	}
+	eachSamplePod(t, func(_ string, data []byte) { sameAsTwice(t, data, "") })
 	injected, err := os.ReadFile(filepath.Join("..", "..", "..", "testdata", "pods", "injected.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -114,4 +104,21 @@ func FuzzParseManifestOnceAsTwice(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		sameAsTwice(t, data, "")
 	})
+}
+
+// eachSamplePod calls f with the name and content of every sample pod
+// manifest in testdata/pods.
+func eachSamplePod(t *testing.T, f func(name string, data []byte)) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("..", "..", "..", "testdata", "pods", "*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no sample pods: %v", err)
+	}
+	for _, name := range files {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(name, data)
+	}
 }
