@@ -407,15 +407,10 @@ func (p *parser) blockSeq(col int) (any, error) {
 			item = v
 		}
 		out = append(out, item)
-		next, what, err := p.peek()
-		if err != nil {
+		if more, err := p.sameIndent(col, "the sequence's entries"); err != nil {
 			return nil, err
-		}
-		if what != atContent || next < col {
+		} else if !more {
 			return out, nil
-		}
-		if next > col {
-			return nil, p.errAt(p.pos, "unexpected indentation: %s is deeper than the sequence's entries", p.snippet(p.pos))
 		}
 		if !(p.at(p.pos) == '-' && p.blankz(p.pos+1)) {
 			// The entries end here; the enclosing mapping decides
@@ -493,15 +488,10 @@ func (p *parser) blockMap(col, start int) (any, error) {
 			}
 		}
 		out[key.text] = v
-		next, what, err := p.peek()
-		if err != nil {
+		if more, err := p.sameIndent(col, "the mapping's keys"); err != nil {
 			return nil, err
-		}
-		if what != atContent || next < col {
+		} else if !more {
 			return out, nil
-		}
-		if next > col {
-			return nil, p.errAt(p.pos, "unexpected indentation: %s is deeper than the mapping's keys", p.snippet(p.pos))
 		}
 		if p.at(p.pos) == '-' && p.blankz(p.pos+1) {
 			return nil, p.errAt(p.pos, "sequence entry (\"- \") where a mapping key is expected")
@@ -1216,6 +1206,24 @@ func (p *parser) flowSpace(open int) error {
 			return nil
 		}
 	}
+}
+
+// sameIndent looks past blank lines and comments after a block
+// collection's entry: more is true when content follows at the
+// collection's column col (its next entry), false when the collection
+// ended (less indented content, or none); deeper content is refused.
+func (p *parser) sameIndent(col int, entries string) (more bool, err error) {
+	next, what, err := p.peek()
+	if err != nil {
+		return false, err
+	}
+	if what != atContent || next < col {
+		return false, nil
+	}
+	if next > col {
+		return false, p.errAt(p.pos, "unexpected indentation: %s is deeper than %s", p.snippet(p.pos), entries)
+	}
+	return true, nil
 }
 
 // flowNext moves past the space and, but before the first entry, the comma
