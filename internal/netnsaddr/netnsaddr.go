@@ -9,6 +9,7 @@
 package netnsaddr
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -95,23 +96,25 @@ func parseAddrs(rib []byte) ([]netip.Addr, error) {
 		if m.Header.Type != syscall.RTM_NEWADDR {
 			continue
 		}
-		// The standard library's attribute parser slices past the
-		// ifaddrmsg without looking.
 		if len(m.Data) < syscall.SizeofIfAddrmsg {
 			return nil, fmt.Errorf("parsing the address dump: short address message (%d bytes)", len(m.Data))
 		}
-		attrs, err := syscall.ParseNetlinkRouteAttr(&m)
-		if err != nil {
-			return nil, fmt.Errorf("parsing an address message: %w", err)
-		}
+		// Attributes are walked here: the standard library's parser
+		// (ParseNetlinkRouteAttr) slices past the end of a message whose
+		// last attribute's padding is cut off, and panics.
 		var local, addr []byte
-		for _, a := range attrs {
-			switch a.Attr.Type {
-			case syscall.IFA_LOCAL:
-				local = a.Value
-			case syscall.IFA_ADDRESS:
-				addr = a.Value
+		for b := m.Data[syscall.SizeofIfAddrmsg:]; len(b) >= syscall.SizeofRtAttr; {
+			l := int(binary.NativeEndian.Uint16(b[0:2]))
+			if l < syscall.SizeofRtAttr || l > len(b) {
+				return nil, fmt.Errorf("parsing an address message: attribute of %d bytes in %d", l, len(b))
 			}
+			switch binary.NativeEndian.Uint16(b[2:4]) {
+			case syscall.IFA_LOCAL:
+				local = b[syscall.SizeofRtAttr:l]
+			case syscall.IFA_ADDRESS:
+				addr = b[syscall.SizeofRtAttr:l]
+			}
+			b = b[min((l+syscall.RTA_ALIGNTO-1)&^(syscall.RTA_ALIGNTO-1), len(b)):]
 		}
 		if local != nil {
 			addr = local
