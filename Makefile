@@ -40,8 +40,13 @@ export HELM_BIN := $(HELM)
 # The image e2e/cluster imports into its node's containerd.
 export NFTMESH_IMAGE_TAR := $(abspath $(BIN)/nftmesh-image.tar)
 export NFTMESH_IMAGE := $(IMAGE)
+# Debian's nft of each of these suites, unpacked with its own libraries for
+# the host nft version matrix (nft/hostnft_test.go); the machine's nft is
+# never replaced.
+HOST_NFT_SUITES ?= bookworm trixie
+export NFTMESH_HOST_NFT_DIR := $(abspath $(CACHE)/hostnft)
 
-.PHONY: all build image chart version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-cni istio-manifests standin
+.PHONY: all build host-nft image chart version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-cni istio-manifests standin
 
 all: build
 
@@ -71,7 +76,7 @@ version:
 ## test: everything CI runs — lint, all tests (kernel tests need root), short fuzzing.
 ## pilot-agent (Istio's, from the module proxy) runs the injected pods'
 ## istio-validation in testkit/istiotest's netns test.
-test: build image kube-binaries pilot-agent helm lint
+test: build image kube-binaries pilot-agent helm host-nft lint
 	$(GO) test -count=1 -timeout 40m ./...
 	@# The agent runs the plugin's calls concurrently, in one process: its
 	@# socket's tests again under the race detector.
@@ -185,6 +190,10 @@ update-golden:
 ## fuzz: every Fuzz target for FUZZTIME each (CI: 10s; by hand: FUZZTIME=5m).
 fuzz:
 	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft iptables redirect podinfo installer internal e2e capture
+
+## host-nft: Debian's nft of HOST_NFT_SUITES in .cache/hostnft/<suite>/ (test-only readers).
+host-nft:
+	./testkit/hostnft/fetch.sh $(NFTMESH_HOST_NFT_DIR) $(HOST_NFT_SUITES)
 
 kube-apiserver: $(APISERVER)
 $(APISERVER):
