@@ -1,0 +1,400 @@
+// Package lint holds the project's import and exec rules as one Go test
+// over the module's import graph (`go list -deps -json`) and its product
+// sources. `make lint` runs it; each rule has a name, and a failure names
+// the rule, the package and the import that breaks it.
+package lint
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/nftmesh/nftmesh"
+
+// pkg is what the rules read of one package of the module.
+type pkg struct {
+	ImportPath string
+	Dir        string
+	GoFiles    []string
+	Imports    []string
+	Deps       []string
+}
+
+// rel is the package's path inside the module ("" for none of ours).
+func rel(path string) string {
+	if path == module {
+		return "."
+	}
+	r, ok := strings.CutPrefix(path, module+"/")
+	if !ok {
+		return ""
+	}
+	return r
+}
+
+// under reports whether module-relative path p is dir or below it.
+func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+
+// testOnly reports whether a module package is test kit, end-to-end test or
+// capture's in-memory kernel: never linked into a binary, exempt from the
+// product rules.
+func testOnly(r string) bool {
+	return under(r, "testkit") || under(r, "e2e") || r == "capture/capturetest" || under(r, "lint")
+}
+
+func loadPackages(t *testing.T) map[string]*pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-deps=false", "-json", "./...")
+	cmd.Dir = ".."
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, stderr.String())
+	}
+	pkgs := map[string]*pkg{}
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for dec.More() {
+		var p pkg
+		if err := dec.Decode(&p); err != nil {
+			t.Fatalf("decoding go list output: %v", err)
+		}
+		pkgs[rel(p.ImportPath)] = &p
+	}
+	return pkgs
+}
+
+// layers places every product package of the module on a floor of
+// docs/architecture.md: a package imports only packages on its own floor or
+// below. The first matching prefix wins; the longest prefixes come first.
+var layers = []struct {
+	prefix string
+	floor  int
+	what   string
+}{
+	{"cmd", 7, "binaries"},
+	{"installer", 6, "the node agent's library"},
+	{"internal/cniplugin", 5, "the CNI plugin"},
+	{"internal/netlab", 5, "the demo lab"},
+	{"podinfo/agentsock/cachesource", 6, "the agent's pod cache"},
+	{"podinfo", 4, "pod lookup and plugin config"},
+	{"capture", 3, "the capture pipeline"},
+	{"nft", 2, "backends"},
+	{"iptables", 2, "backends"},
+	{"podinfo/meshpod", 1, "the in-mesh decision (the model's neighbour)"},
+	{"redirect", 1, "the model"},
+	{"internal", 0, "leaf helpers"},
+}
+
+func floorOf(r string) (int, string, bool) {
+	best := -1
+	for i, l := range layers {
+		if under(r, l.prefix) && (best < 0 || len(l.prefix) > len(layers[best].prefix)) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return 0, "", false
+	}
+	return layers[best].floor, layers[best].what, true
+}
+
+// rule is one named import rule over a package and the module packages and
+// outside packages it imports directly (imports) or links (deps).
+type rule struct {
+	name  string
+	why   string
+	check func(r string, p *pkg) []string
+}
+
+func moduleImports(p *pkg) []string {
+	var out []string
+	for _, i := range p.Imports {
+		if r := rel(i); r != "" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func matching(list []string, re *regexp.Regexp) []string {
+	var out []string
+	for _, s := range list {
+		if re.MatchString(s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+var rules = []rule{
+	{
+		name: "layers",
+		why:  "a package imports only packages on its own floor or below (docs/architecture.md)",
+		check: func(r string, p *pkg) []string {
+			f, _, ok := floorOf(r)
+			if !ok || testOnly(r) {
+				return nil
+			}
+			var bad []string
+			for _, i := range moduleImports(p) {
+				if fi, what, ok := floorOf(i); ok && fi > f {
+					bad = append(bad, fmt.Sprintf("%s (floor %d, %s) imports %s (floor %d, %s)", r, f, layerName(r), i, fi, what))
+				}
+			}
+			return bad
+		},
+	},
+	{
+		name: "internal-is-leaf",
+		why:  "internal/ holds leaf helpers: they import no package of the module outside internal/ but the model's quoting",
+		check: func(r string, p *pkg) []string {
+			if !under(r, "internal") || r == "internal/cniplugin" || r == "internal/netlab" || r == "internal/imagebuild/mkimage" {
+				return nil
+			}
+			var bad []string
+			for _, i := range moduleImports(p) {
+				if !under(i, "internal") && i != "redirect/quote" && i != "redirect" {
+					bad = append(bad, r+" imports "+i)
+				}
+			}
+			return bad
+		},
+	},
+	{
+		name: "model-is-pure",
+		why:  "the model (redirect/...) links nothing of the module outside itself, and nothing that talks to a kernel or to Kubernetes",
+		check: func(r string, p *pkg) []string {
+			if !under(r, "redirect") {
+				return nil
+			}
+			var bad []string
+			for _, d := range p.Deps {
+				if dr := rel(d); dr != "" && !under(dr, "redirect") {
+					bad = append(bad, r+" links "+d)
+				}
+			}
+			re := regexp.MustCompile(`nftables|netlink|k8s\.io|vishvananda|golang\.org/x/sys|containernetworking`)
+			for _, d := range matching(p.Deps, re) {
+				bad = append(bad, r+" links "+d)
+			}
+			return bad
+		},
+	},
+	{
+		name: "no-test-kit-in-product",
+		why:  "no product package imports the test kit, the end-to-end tests or capture's in-memory kernel",
+		check: func(r string, p *pkg) []string {
+			if testOnly(r) {
+				return nil
+			}
+			var bad []string
+			for _, i := range moduleImports(p) {
+				if testOnly(i) {
+					bad = append(bad, r+" imports "+i)
+				}
+			}
+			return bad
+		},
+	},
+	{
+		name: "no-test-kit-in-binaries",
+		why:  "no binary links the test kit, the end-to-end tests or capture's in-memory kernel",
+		check: func(r string, p *pkg) []string {
+			if !under(r, "cmd") {
+				return nil
+			}
+			var bad []string
+			for _, d := range p.Deps {
+				if dr := rel(d); dr != "" && testOnly(dr) {
+					bad = append(bad, r+" links "+d)
+				}
+			}
+			return bad
+		},
+	},
+	{
+		name: "only-capture-drives-backends",
+		why:  "every front end goes through the capture pipeline, so every write is guarded and locked",
+		check: func(r string, p *pkg) []string {
+			if r == "capture" || testOnly(r) {
+				return nil
+			}
+			var bad []string
+			for _, i := range moduleImports(p) {
+				if i == "nft" || i == "iptables" {
+					bad = append(bad, r+" imports "+i)
+				}
+			}
+			return bad
+		},
+	},
+	{
+		name: "installer-one-way",
+		why:  "installer/ may use its job packages; none of them imports installer back",
+		check: func(r string, p *pkg) []string {
+			if !strings.HasPrefix(r, "installer/") {
+				return nil
+			}
+			var bad []string
+			for _, i := range moduleImports(p) {
+				if i == "installer" {
+					bad = append(bad, r+" imports installer")
+				}
+			}
+			return bad
+		},
+	},
+	{
+		name: "front-is-small",
+		why:  "the plugin's front runs on every pod start before anything else: it links no Kubernetes client, logger framework, netlink or CNI library",
+		check: func(r string, p *pkg) []string {
+			if r != "cmd/nftmesh-cni" {
+				return nil
+			}
+			var bad []string
+			re := regexp.MustCompile(`^(k8s\.io/|github\.com/(vishvananda|mdlayher|google/nftables|containernetworking|rs/zerolog|spf13)|net/http$)`)
+			for _, d := range matching(p.Deps, re) {
+				bad = append(bad, r+" links "+d)
+			}
+			return bad
+		},
+	},
+}
+
+// knownBreaks are imports that break a rule today, each to be gone with the
+// change named beside it; a break not listed fails, and so does a listed
+// one that no longer happens (so the list only shrinks).
+var knownBreaks = map[string]string{
+	"internal/policyroute (floor 0, leaf helpers) imports redirect (floor 1, the model)": "policyroute on vishvananda/netlink takes its routes as plain values",
+	"internal/zklog (floor 0, leaf helpers) imports redirect/quote (floor 1, the model)": "zklog gives way to go-logr/zerologr",
+}
+
+func layerName(r string) string {
+	_, what, _ := floorOf(r)
+	return what
+}
+
+func TestImportRules(t *testing.T) {
+	pkgs := loadPackages(t)
+	// Deps of each package come from a second listing with -deps (the
+	// package's whole link closure).
+	cmd := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Deps " "}}`, "./...")
+	cmd.Dir = ".."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list deps: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if p := pkgs[rel(f[0])]; p != nil {
+			p.Deps = f[1:]
+		}
+	}
+	names := make([]string, 0, len(pkgs))
+	for r := range pkgs {
+		names = append(names, r)
+	}
+	sort.Strings(names)
+	seen := map[string]bool{}
+	for _, ru := range rules {
+		t.Run(ru.name, func(t *testing.T) {
+			for _, r := range names {
+				for _, b := range ru.check(r, pkgs[r]) {
+					if _, ok := knownBreaks[b]; ok {
+						seen[b] = true
+						continue
+					}
+					t.Errorf("rule %s (%s): %s", ru.name, ru.why, b)
+				}
+			}
+		})
+	}
+	for b, until := range knownBreaks {
+		if !seen[b] {
+			t.Errorf("known break %q no longer happens (%s): take it off knownBreaks", b, until)
+		}
+	}
+	t.Run("every-product-package-has-a-floor", func(t *testing.T) {
+		for _, r := range names {
+			if _, _, ok := floorOf(r); !ok && !testOnly(r) && r != "charts" {
+				t.Errorf("package %s is on no floor of the layers table: place it", r)
+			}
+		}
+	})
+}
+
+// execAllowed lists the only product calls that start or replace a
+// process: the plugin's front replaces itself with its companion binary,
+// nftmesh-cni-standalone, from its own directory when the agent does not
+// take the call.
+var execAllowed = map[string]bool{
+	"cmd/nftmesh-cni: syscall.Exec": true,
+}
+
+// execCalls are the functions that run another program.
+var execCalls = map[string]bool{
+	"exec.Command": true, "exec.CommandContext": true,
+	"syscall.Exec": true, "syscall.ForkExec": true, "syscall.StartProcess": true,
+	"unix.Exec": true, "os.StartProcess": true,
+}
+
+// TestNoExecInProduct: product code never runs a binary (nft, iptables, ip
+// are the competition or test-side readers), except the front's one exec of
+// its companion. It reads every non-test Go file of every product package.
+func TestNoExecInProduct(t *testing.T) {
+	pkgs := loadPackages(t)
+	fset := token.NewFileSet()
+	for r, p := range pkgs {
+		if testOnly(r) {
+			continue
+		}
+		for _, name := range p.GoFiles {
+			file := filepath.Join(p.Dir, name)
+			f, err := parser.ParseFile(fset, file, nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Local names of the packages that hold exec calls.
+			local := map[string]string{}
+			for _, imp := range f.Imports {
+				path, _ := strconv.Unquote(imp.Path.Value)
+				short := map[string]string{"os/exec": "exec", "syscall": "syscall", "golang.org/x/sys/unix": "unix", "os": "os"}[path]
+				if short == "" {
+					continue
+				}
+				n := short
+				if imp.Name != nil {
+					n = imp.Name.Name
+				}
+				local[n] = short
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				id, ok := sel.X.(*ast.Ident)
+				if !ok || local[id.Name] == "" {
+					return true
+				}
+				call := local[id.Name] + "." + sel.Sel.Name
+				if execCalls[call] && !execAllowed[r+": "+call] {
+					t.Errorf("rule no-exec (product code never runs a binary): %s calls %s", fset.Position(sel.Pos()), call)
+				}
+				return true
+			})
+		}
+	}
+}
