@@ -108,7 +108,11 @@ func TestRefusesNextToIstioCNI(t *testing.T) {
 	if err := os.WriteFile(p, withIstioCNI(t, cur), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a.waitFor(t, "the second refusal", func() bool { return errors.As(in.Ready(), &fe) && !conflist.HasPlugin(p, mustRead(t, p)) })
+	// Our entry is stripped before the refusal is reported (gauge, log):
+	// wait for the report too.
+	a.waitFor(t, "the second refusal", func() bool {
+		return errors.As(in.Ready(), &fe) && !conflist.HasPlugin(p, mustRead(t, p)) && gauge() == 1 && log.has(`"removed_ours":true`)
+	})
 	if conflist.ForeignCapture(p, mustRead(t, p)) != "istio-cni" || gauge() != 1 {
 		t.Errorf("after the rollback: %s (gauge %v)", mustRead(t, p), gauge())
 	}

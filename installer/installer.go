@@ -48,11 +48,20 @@ const (
 // plugin (Istio's istio-cni): the agent does not insert ours next to it.
 type ForeignCaptureError struct {
 	File, Plugin string
-	// Removed says our entry was in the file too and was taken out.
+	// Removed says our entry was in the file too and was taken out (our
+	// standalone file, in standalone mode).
 	Removed bool
+	// Standalone: the refusal of standalone (Multus) mode, where the
+	// other plugin has a config file of its own in the conf dir.
+	Standalone bool
 }
 
 func (e *ForeignCaptureError) Error() string {
+	if e.Standalone {
+		return fmt.Sprintf("%s is the config of %s: %s writes no standalone config beside it (or over it), as two capture plugins would both program every pod's redirect rules and fight over its traffic; "+
+			"uninstall Istio's CNI node agent (a leftover %s must be removed by hand) and %s writes its own",
+			e.File, e.Plugin, PluginName, e.File, PluginName)
+	}
 	return fmt.Sprintf("%s chains %s: %s is not inserted next to it, as two capture plugins would both program every pod's redirect rules and fight over its traffic; "+
 		"uninstall Istio's CNI node agent (a leftover %s entry must be removed from the file by hand) and %s inserts itself",
 		e.File, e.Plugin, PluginName, e.Plugin, PluginName)
@@ -78,6 +87,44 @@ func (in *Installer) foreignCapture(p string) error {
 		fe.Removed = true
 	}
 	return fe
+}
+
+// standaloneForeign refuses standalone mode while a config file in the
+// conf dir (the one we would write included) holds another capture plugin:
+// Istio's agent in standalone mode writes its own file, which a runtime or
+// Multus would load beside ours. With remove, our own file, if it is there,
+// is taken out (the other plugin came after ours: a rollback to it).
+func (in *Installer) standaloneForeign(remove bool) error {
+	ents, err := os.ReadDir(in.cfg.CNIConfDir)
+	if err != nil {
+		return nil // the write reports it
+	}
+	own := in.standalonePath()
+	for _, e := range ents {
+		p := filepath.Join(in.cfg.CNIConfDir, e.Name())
+		switch filepath.Ext(p) {
+		case ".conf", ".conflist", ".json":
+		default:
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		other := conflist.ForeignCapture(p, b)
+		if other == "" {
+			continue
+		}
+		fe := &ForeignCaptureError{File: p, Plugin: other, Standalone: true}
+		if have, err := os.ReadFile(own); remove && p != own && err == nil && conflist.SameEntry(have, in.ours) {
+			if err := os.Remove(own); err != nil && !os.IsNotExist(err) {
+				return fmt.Errorf("%w; and removing our standalone config %s failed: %w", fe, own, err)
+			}
+			fe.Removed = true
+		}
+		return fe
+	}
+	return nil
 }
 
 // Installer installs the plugin on this node and keeps it installed.
@@ -223,6 +270,9 @@ func (in *Installer) standaloneBytes() []byte {
 // checkConf reports whether the CNI config is as we want it.
 func (in *Installer) checkConf(logSkipped bool) error {
 	if !in.cfg.Chained {
+		if err := in.standaloneForeign(false); err != nil {
+			return err
+		}
 		p := in.standalonePath()
 		b, err := os.ReadFile(p)
 		if err != nil {
@@ -256,6 +306,9 @@ func (in *Installer) checkConf(logSkipped bool) error {
 // changed a file. A rewrite after the first install counts as a re-insert.
 func (in *Installer) installConf(ctx context.Context) (wrote bool, err error) {
 	if !in.cfg.Chained {
+		if err := in.standaloneForeign(true); err != nil {
+			return false, err
+		}
 		p := in.standalonePath()
 		want := in.standaloneBytes()
 		if have, err := os.ReadFile(p); err == nil && bytes.Equal(have, want) {

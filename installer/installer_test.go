@@ -416,17 +416,34 @@ func TestStandalone(t *testing.T) {
 // On OpenShift Istio's injector names the Multus network default/istio-cni:
 // Multus finds a NetworkAttachmentDefinition without a config by the name
 // inside the files of its conf dir, so the standalone file must carry that
-// name. A file Istio's agent left under the same file name is replaced.
+// name. A file of Istio's own agent (type istio-cni) in the conf dir, under
+// our file name or another, is never overwritten: the agent refuses and
+// says why (two capture plugins would fight over every pod) until it is
+// gone, then writes its own; when Istio's comes back (a rollback), ours is
+// taken out and Istio's kept.
 func TestStandaloneNamedForIstioInjector(t *testing.T) {
 	h := newHost(t)
 	left := filepath.Join(h.conf, "istio-cni.conf")
-	if err := os.WriteFile(left, []byte(`{"cniVersion":"0.3.1","name":"istio-cni","type":"istio-cni"}`), 0o644); err != nil {
+	istio := []byte(`{"cniVersion":"0.3.1","name":"istio-cni","type":"istio-cni"}`)
+	if err := os.WriteFile(left, istio, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cfg := h.config(t, "--chained=false", "--cni-conf-file-name", "istio-cni.conf", "--cni-network-name", "istio-cni")
 	a := startAgent(t, cfg)
-	a.waitReady(t)
+	var fe *ForeignCaptureError
+	a.waitFor(t, "the refusal", func() bool { return errors.As(a.in.Ready(), &fe) })
+	if !fe.Standalone || fe.File != left || fe.Plugin != "istio-cni" || !strings.Contains(fe.Error(), "two capture plugins") {
+		t.Errorf("refusal: %+v: %v", fe, fe)
+	}
+	if got := mustRead(t, left); !bytes.Equal(got, istio) {
+		t.Fatalf("Istio's standalone config was overwritten:\n%s", got)
+	}
 
+	// Istio's agent is uninstalled and takes its file with it: ours comes.
+	if err := os.Remove(left); err != nil {
+		t.Fatal(err)
+	}
+	a.waitReady(t)
 	//lint:ignore SA1019 the lookup by network name Multus does for a NetworkAttachmentDefinition without a config
 	c, err := libcni.LoadConf(h.conf, "istio-cni")
 	if err != nil {
@@ -435,11 +452,24 @@ func TestStandaloneNamedForIstioInjector(t *testing.T) {
 	if c.Network.Type != PluginName || c.Network.Name != "istio-cni" {
 		t.Errorf("the istio-cni network is %s", c.Bytes)
 	}
+
+	// Rolled back: Istio's agent writes its file again, under a name of
+	// its own. Ours is taken out; Istio's stays.
+	istios := filepath.Join(h.conf, "02-istio-cni.conf")
+	if err := os.WriteFile(istios, istio, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a.waitFor(t, "the second refusal", func() bool {
+		_, err := os.Stat(left)
+		return errors.As(a.in.Ready(), &fe) && fe.Removed && os.IsNotExist(err)
+	})
 	a.stop()
 	if err := a.in.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
-	assertGone(t, left)
+	if got := mustRead(t, istios); !bytes.Equal(got, istio) {
+		t.Errorf("Istio's config changed: %s", got)
+	}
 }
 
 func TestInvalidFilesSkippedAndUntouched(t *testing.T) {
