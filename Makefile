@@ -46,7 +46,7 @@ export NFTMESH_IMAGE := $(IMAGE)
 HOST_NFT_SUITES ?= bookworm trixie
 export NFTMESH_HOST_NFT_DIR := $(abspath $(CACHE)/hostnft)
 
-.PHONY: all build host-nft image chart version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-cni istio-manifests standin
+.PHONY: all build host-nft scale image chart version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-cni istio-manifests standin
 
 all: build
 
@@ -111,6 +111,13 @@ bench: build $(CACHE)/istio-cni $(APISERVER)
 	$(SETTLE)
 	$(GO) test -run '^$$' -bench Burst -benchtime $(BURSTS)x -timeout 30m ./e2e/bench/
 	$(GO) test -run '^$$' -bench AgentAtScale -benchtime 1x -timeout 30m ./e2e/bench/
+
+## scale: the scale contract (e2e/bench BenchmarkScaleContract): K real
+## agents against one real kube-apiserver holding P pods over N nodes, then
+## 2P over 2N; an agent's requests, bytes and memory must not grow with the
+## cluster. Sizes: NFTMESH_SCALE_PODS, _NODES, _AGENTS (50000, 500, 20).
+scale: $(APISERVER)
+	$(GO) test -run '^$$' -bench ScaleContract -benchtime 1x -timeout 90m -v ./e2e/bench/
 
 ## e2e-cluster: a real single-node Kubernetes v1.35.4 cluster (kubelet,
 ## containerd) in private namespaces, the image imported, `helm install` of

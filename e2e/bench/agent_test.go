@@ -52,7 +52,7 @@ const (
 //
 //	go test -run '^$' -bench AgentAtScale -benchtime 1x ./e2e/bench/
 func BenchmarkAgentAtScale(b *testing.B) {
-	needEnv(b)
+	needOurs(b)
 	for range b.N {
 		agentAtScale(b)
 	}

@@ -30,7 +30,8 @@ import (
 
 // The binaries under comparison, built or found once for the package.
 var env struct {
-	skip     string // why the side-by-side cannot run here
+	skip     string // why no benchmark of the package can run here
+	noIstio  string // why the side-by-side with Istio's plugin cannot
 	dir      string
 	ours     string // nftmesh-cni, built as `make build` builds it
 	agent    string // nftmesh-agent, likewise
@@ -63,8 +64,7 @@ func run(m *testing.M) int {
 		env.istioCNI, _ = filepath.Abs(filepath.Join("..", "..", ".cache", "istio-cni"))
 	}
 	if _, err := os.Stat(env.istioCNI); err != nil {
-		env.skip = fmt.Sprintf("Istio's plugin not built (make istio-cni, or NFTMESH_ISTIO_CNI=path): %v", err)
-		return m.Run()
+		env.noIstio = fmt.Sprintf("Istio's plugin not built (make istio-cni, or NFTMESH_ISTIO_CNI=path): %v", err)
 	}
 	dir, err := os.MkdirTemp("", "nftmesh-bench-")
 	if err != nil {
@@ -134,7 +134,18 @@ func main() {
 }
 `
 
+// needEnv skips the benchmark unless our binaries can be built and run
+// here, and Istio's plugin is there to compare with.
 func needEnv(t testing.TB) {
+	t.Helper()
+	if env.noIstio != "" {
+		t.Skipf("skipping: %s", env.noIstio)
+	}
+	needOurs(t)
+}
+
+// needOurs skips the benchmark unless our binaries can be built and run here.
+func needOurs(t testing.TB) {
 	t.Helper()
 	if env.skip != "" {
 		t.Skipf("skipping: %s", env.skip)
