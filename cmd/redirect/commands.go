@@ -106,7 +106,7 @@ settings (valid, invalid, not in the mesh), with the same exit codes.`,
 func newApplyCmd() *cobra.Command {
 	var sf specFlags
 	var netns, backend, runDir string
-	var allowOwn bool
+	var allowOwn, force bool
 	cmd := &cobra.Command{
 		Use:   "apply --netns PATH (-f FILE | --annotation k=v ... | --defaults) [--backend auto|nftables|iptables-legacy]",
 		Short: "Install the capture rules into a network namespace (root)",
@@ -131,6 +131,16 @@ before. On failure nothing is left behind. PATH is a netns file such as
 			}
 			defer done()
 			phase.Mark("opened")
+			if !force {
+				foreign, err := pipeline.Foreign(ctx, ns)
+				if err != nil {
+					return failure(err)
+				}
+				if len(foreign) > 0 {
+					return failure(fmt.Errorf("not applying capture rules for %s in %s: istio-cni capture present (%s), and a second capture would act on the same traffic; remove Istio's rules first (uninstall istio-cni, restart the pod), or pass --force to stack ours on them",
+						r.subject, netns, strings.Join(foreign, ", ")))
+				}
+			}
 			start := time.Now()
 			res, err := pipeline.Apply(ctx, ns, p, capture.Options{Backend: backend, RunDir: runDir, Locked: holdInterrupt})
 			phase.Mark("applied")
@@ -148,6 +158,7 @@ before. On failure nothing is left behind. PATH is a netns file such as
 	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "backend: auto, nftables or iptables-legacy")
 	runDirFlag(cmd, &runDir)
 	cmd.Flags().BoolVar(&allowOwn, "allow-own-netns", false, "allow PATH to be the namespace redirect itself runs in (refused by default: that is usually the host's)")
+	cmd.Flags().BoolVar(&force, "force", false, "apply even where Istio's own capture (istio-init or istio-cni rules) is present")
 	return cmd
 }
 
@@ -181,8 +192,18 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 				if err != nil {
 					return failure(fmt.Errorf("reading capture rules in %s: %w", netns, err))
 				}
+				foreign, err := pipeline.Foreign(ctx, ns)
+				if err != nil {
+					return failure(err)
+				}
+				if len(foreign) > 0 && output != "json" {
+					fmt.Fprintf(w, "# %s\n", foreignLine(netns, foreign))
+				}
 				if live.Empty() && output != "json" {
 					fmt.Fprintf(w, "# no nftmesh capture rules in %s (%s)\n", netns, name)
+					if len(foreign) > 0 {
+						return &exitError{exitDrift, nil}
+					}
 					return nil
 				}
 				out, err := render(live, output)
@@ -198,18 +219,21 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 			}
 			name, err := pipeline.Check(ctx, ns, want, opts)
 			var drift *redirect.DriftError
-			var effects []redirect.DriftEffect
-			if errors.As(err, &drift) {
-				effects = driftEffects(ctx, ns, netns, want, opts)
-			}
 			// Our rules matching the plan is not "in sync" while another
 			// installer's capture acts on the same traffic.
 			var foreign []string
-			if err == nil || drift != nil {
+			if err == nil || errors.As(err, &drift) {
 				var ferr error
 				if foreign, ferr = pipeline.Foreign(ctx, ns); ferr != nil {
 					return failure(ferr)
 				}
+			}
+			// The traces go through nftmesh's rules only: with Istio's
+			// rules acting on the traffic too, "live accept" would be
+			// wrong, so none are shown then.
+			var effects []redirect.DriftEffect
+			if drift != nil && len(foreign) == 0 {
+				effects = driftEffects(ctx, ns, netns, want, opts)
 			}
 			if output == "json" && (err == nil || drift != nil) {
 				doc := inspectDoc{SchemaVersion: schemaVersion, Netns: netns, Subject: r.subject, Backend: name, InSync: err == nil && len(foreign) == 0, Drift: []string{}, Foreign: foreign}
@@ -228,8 +252,7 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 				return &exitError{exitDrift, nil}
 			}
 			if len(foreign) > 0 {
-				fmt.Fprintf(w, "foreign capture: %s also holds another installer's traffic capture (Istio's istio-init or istio-cni), which acts on the pod's traffic too:\n  %s\n",
-					netns, strings.Join(foreign, "\n  "))
+				fmt.Fprintf(w, "%s\n", foreignLine(netns, foreign))
 			}
 			switch {
 			case err == nil && len(foreign) > 0:
@@ -424,6 +447,12 @@ func netnsPath(v, dir string) (string, error) {
 // (apply, clean) guarded against the host's own namespace, for reading
 // (inspect) any namespace; and the verb's context, bounded by verbTimeout.
 // done closes both.
+// foreignLine reports Istio's own capture found in a namespace.
+func foreignLine(netns string, foreign []string) string {
+	return fmt.Sprintf("istio-cni capture present: %s holds the traffic capture of Istio's istio-cni or istio-init (foreign capture), which acts on the pod's traffic beside or instead of nftmesh's:\n  %s",
+		netns, strings.Join(foreign, "\n  "))
+}
+
 func openVerb(cmd *cobra.Command, path string, write bool) (*capture.Netns, context.Context, func(), error) {
 	open := pipeline.OpenForReading
 	if write {

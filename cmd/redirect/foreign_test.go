@@ -52,3 +52,39 @@ func TestCLIInspectReportsIstioCapture(t *testing.T) {
 		t.Errorf("-o json with Istio's capture: exit %d, %v, %+v %q", code, err, d, errOut)
 	}
 }
+
+// A pod still on Istio's own rules (istio-cni's ISTIO_* chains through
+// iptables-nft, capturing its outbound traffic): inspect without a pod
+// says "istio-cni capture present" and exits 3 rather than showing an
+// empty, harmless-looking namespace; apply refuses to stack a second
+// capture on it (nothing written) unless --force; inspect with the pod
+// shows no traced effect (a trace through nftmesh's rules alone would say
+// "live accept" for traffic Istio's rules capture).
+func TestCLIIstioCaptureRecognised(t *testing.T) {
+	nstest.NeedRoot(t)
+	_, path := nstest.New(t, "rcli-")
+	runDir := t.TempDir()
+	pod := filepath.Join("..", "..", "testdata", "pods", "injected.yaml")
+	inNetnsCmd(t, path, "", "iptables-nft", "-t", "nat", "-N", "ISTIO_OUTPUT")
+	inNetnsCmd(t, path, "", "iptables-nft", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-j", "ISTIO_OUTPUT")
+	inNetnsCmd(t, path, "", "iptables-nft", "-t", "nat", "-A", "ISTIO_OUTPUT", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001")
+
+	code, out, errOut := runCLI(t, "inspect", "--netns", path, "--run-dir", runDir)
+	if code != exitDrift || !strings.Contains(out, "istio-cni capture present") || !strings.Contains(out, "ISTIO_OUTPUT") {
+		t.Errorf("inspect of a namespace on Istio's rules: exit %d\n%s%s", code, out, errOut)
+	}
+	code, _, errOut = runCLI(t, "apply", "--netns", path, "--run-dir", runDir, "--backend", "nftables", "-f", pod)
+	if code != exitFailure || !strings.Contains(errOut, "istio-cni capture present") || !strings.Contains(errOut, "--force") {
+		t.Errorf("apply over Istio's rules: exit %d %q; want a refusal naming --force", code, errOut)
+	}
+	if out := nstest.Run(t, path, "", "nft", "list", "tables"); strings.Contains(out, "nftmesh") {
+		t.Errorf("the refused apply left a table:\n%s", out)
+	}
+	if code, _, errOut := runCLI(t, "apply", "--netns", path, "--run-dir", runDir, "--backend", "nftables", "-f", pod, "--force"); code != exitOK {
+		t.Fatalf("apply --force: exit %d %q", code, errOut)
+	}
+	code, out, errOut = runCLI(t, "inspect", "--netns", path, "--run-dir", runDir, "--backend", "nftables", "-f", pod)
+	if code != exitDrift || !strings.Contains(out, "istio-cni capture present") || strings.Contains(out, "live accept") {
+		t.Errorf("inspect -f after --force: exit %d\n%s%s", code, out, errOut)
+	}
+}
