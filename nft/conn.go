@@ -110,10 +110,26 @@ func (b *Backend) Prepare(p redirect.Plan) *Prepared {
 	return prepare(p, b.table, runtime.GOMAXPROCS(0) > 1)
 }
 
+// prepareHook, when set, runs at the start of prepare's work; tests use it
+// to inject a panic there.
+var prepareHook func()
+
 func prepare(p redirect.Plan, table string, async bool) *Prepared {
 	pr := &Prepared{plan: p, table: table, done: make(chan struct{})}
 	work := func() {
 		defer close(pr.done)
+		// On its own goroutine the work is outside the caller's recover: a
+		// panic here would end the process with every call in flight. It
+		// fails this plan's Apply instead (nothing is sent).
+		defer func() {
+			if r := recover(); r != nil {
+				pr.prog, pr.create = nil, nil
+				pr.encodeErr = fmt.Errorf("preparing the batch panicked: %v", r)
+			}
+		}()
+		if prepareHook != nil {
+			prepareHook()
+		}
 		if msgs, ok := created.lookup(p, table); ok {
 			// The encoding is left for the rare Apply that replaces a
 			// table (program objects are not shared: marshalling them

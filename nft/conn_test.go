@@ -1,11 +1,15 @@
 package nft
 
 import (
+	"context"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
 // tableMsg is the data of one NFT_MSG_NEWTABLE message: nfgenmsg and
@@ -56,4 +60,35 @@ func FuzzParseTable(f *testing.F) {
 	b, _ := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_TABLE_NAME, Data: []byte("nftmesh\x00")}})
 	f.Add(append([]byte{unix.NFPROTO_INET, 0, 0, 0}, b...))
 	f.Fuzz(func(t *testing.T, b []byte) { _, _ = parseTable(b) })
+}
+
+// TestPreparePanicFailsClosed: a panic in the work Prepare runs on its own
+// goroutine (outside any handler's recover) fails that plan's Apply, which
+// sends nothing, and the process goes on serving: the next Apply works.
+func TestPreparePanicFailsClosed(t *testing.T) {
+	p := scenarios.MustPlan(t, "defaults")
+	prepareHook = func() { panic("injected") }
+	pr := prepare(p, TableName, true) // on a goroutine, as with GOMAXPROCS > 1
+	<-pr.done
+	prepareHook = nil
+	if os.Geteuid() != 0 {
+		err := New().With(pr).Apply(context.Background(), "/nonexistent/netns", p)
+		if err == nil || !strings.Contains(err.Error(), "panicked: injected") {
+			t.Fatalf("Apply after a panicking prepare: %v; want the panic as its error", err)
+		}
+		return
+	}
+	ns, cleanup := newNetns(t)
+	defer cleanup()
+	err := New().With(pr).Apply(context.Background(), ns, p)
+	if err == nil || !strings.Contains(err.Error(), "panicked: injected") {
+		t.Fatalf("Apply after a panicking prepare: %v; want the panic as its error", err)
+	}
+	if got, err := New().List(context.Background(), ns); err != nil || len(got.Tables) != 0 {
+		t.Fatalf("after the failed Apply: %d tables listed (%v); want none", len(got.Tables), err)
+	}
+	b := New()
+	if err := b.With(b.Prepare(p)).Apply(context.Background(), ns, p); err != nil {
+		t.Fatalf("the next Apply: %v", err)
+	}
 }
