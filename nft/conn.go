@@ -3,10 +3,8 @@ package nft
 import (
 	"fmt"
 	"runtime"
-	"slices"
-	"sync"
 
-	"github.com/mdlayher/netlink"
+	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/policyroute"
@@ -14,18 +12,19 @@ import (
 )
 
 // Conn is the backend's way into one network namespace for a caller that
-// enters it once for everything it opens there (capture): a netfilter
-// netlink socket created from inside the namespace (DialHere), over which
-// the caller's look at the tables (Tables) and the backend's batch go.
+// enters it once for everything it opens there (capture): a lasting
+// google/nftables connection whose socket was created from inside the
+// namespace (DialHere), over which the caller's look at the tables (Tables)
+// and the backend's batch go.
 type Conn struct {
-	nf *netlink.Conn
+	cc *nftables.Conn
 	// dumped is the last Tables answer, until a batch through the Conn
 	// changes what the namespace holds; dumpedOK says there is one.
 	dumped   []TableRef
 	dumpedOK bool
-	// spoiled: an exchange failed and may have left replies unread (a
-	// refused batch still acks its last command), which the next exchange
-	// would take for its own; the backend then opens a socket of its own.
+	// spoiled: an exchange failed and may have left replies unread, or a
+	// marshalling error on the connection that its next Flush would
+	// return; the backend then opens a connection of its own.
 	spoiled bool
 }
 
@@ -35,19 +34,36 @@ type TableRef struct {
 	Name   string
 }
 
-// DialHere opens a netfilter netlink socket in the calling thread's
+// DialHere opens a lasting nftables connection in the calling thread's
 // network namespace. It must run on a thread inside the namespace
 // (hostns.Netns.Do); the socket stays there when the thread leaves.
 func DialHere() (*Conn, error) {
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	cc, err := nftables.New(nftables.AsLasting())
 	if err != nil {
 		return nil, fmt.Errorf("connecting to nftables: %w", err)
 	}
-	return &Conn{nf: c}, nil
+	return &Conn{cc: cc}, nil
+}
+
+// Tables lists every nftables table of the namespace, of every family, in
+// one dump. A Backend working through c (Via) takes whether its table exists
+// from this answer instead of asking again; the caller's lock on the
+// namespace keeps the answer true until the backend's batch.
+func (c *Conn) Tables() ([]TableRef, error) {
+	ts, err := c.cc.ListTables()
+	if err != nil {
+		return nil, fmt.Errorf("dumping tables: %w", err)
+	}
+	out := make([]TableRef, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, TableRef{Family: uint8(t.Family), Name: t.Name})
+	}
+	c.dumped, c.dumpedOK = out, true
+	return out, nil
 }
 
 // Close closes the socket.
-func (c *Conn) Close() error { return c.nf.Close() }
+func (c *Conn) Close() error { return c.cc.CloseLasting() }
 
 // known reports whether the last Tables answer, still valid, holds the inet
 // table name.
@@ -85,27 +101,23 @@ func (b *Backend) Via(ns int, c *Conn, route *policyroute.Handle) *Backend {
 	return &cp
 }
 
-// Prepared is a plan encoded, and the batch that creates its table
-// marshalled, ahead of Apply on another goroutine (Prepare): CPU work that
-// then overlaps what the caller does until Apply (taking the namespace's
-// lock, entering it, choosing the backend). A namespace that already has
-// the table needs a batch that replaces it: Apply marshals that one from
-// the same encoding.
+// Prepared is a plan encoded ahead of Apply on another goroutine
+// (Prepare): CPU work that then overlaps what the caller does until Apply
+// (taking the namespace's lock, entering it, choosing the backend). Apply
+// has google/nftables marshal the batch from it, creating or replacing the
+// table as the namespace needs.
 type Prepared struct {
-	plan       redirect.Plan
-	table      string
-	done       chan struct{}
-	prog       *program
-	create     []netlink.Message
-	encodeErr  error
-	marshalErr error
+	plan  redirect.Plan
+	table string
+	done  chan struct{}
+	prog  *program
+	err   error
 }
 
-// Prepare starts encoding p for b's table and marshalling the batch that
-// creates it, on another goroutine. Pass the result to With. With one P
-// (the CLI, the standalone plugin) it does the work before it returns: a
-// goroutine could not run beside the caller there, it would only cost its
-// start and the growth of its stack from 2 KB.
+// Prepare starts encoding p for b's table on another goroutine. Pass the
+// result to With. With one P (the CLI, the standalone plugin) it does the
+// work before it returns: a goroutine could not run beside the caller
+// there.
 func (b *Backend) Prepare(p redirect.Plan) *Prepared {
 	return prepare(p, b.table, runtime.GOMAXPROCS(0) > 1)
 }
@@ -123,26 +135,14 @@ func prepare(p redirect.Plan, table string, async bool) *Prepared {
 		// fails this plan's Apply instead (nothing is sent).
 		defer func() {
 			if r := recover(); r != nil {
-				pr.prog, pr.create = nil, nil
-				pr.encodeErr = fmt.Errorf("preparing the batch panicked: %v", r)
+				pr.prog = nil
+				pr.err = fmt.Errorf("preparing the batch panicked: %v", r)
 			}
 		}()
 		if prepareHook != nil {
 			prepareHook()
 		}
-		if msgs, ok := created.lookup(p, table); ok {
-			// The encoding is left for the rare Apply that replaces a
-			// table (program objects are not shared: marshalling them
-			// assigns set IDs in place).
-			pr.create = msgs
-			return
-		}
-		if pr.prog, pr.encodeErr = encode(p, table); pr.encodeErr == nil {
-			pr.create, pr.marshalErr = marshalProgram(pr.prog, false)
-			if pr.marshalErr == nil {
-				created.remember(p, table, pr.create)
-			}
-		}
+		pr.prog, pr.err = encode(p, table)
 	}
 	if async {
 		go work()
@@ -150,57 +150,6 @@ func prepare(p redirect.Plan, table string, async bool) *Prepared {
 		work()
 	}
 	return pr
-}
-
-// created remembers the creating batches of the last plans prepared. The
-// agent runs the plugin's ADD for every pod start on its node, and most
-// pods get one of a few plans; marshalling the batch through
-// google/nftables is then most of the CPU, and of the memory, an ADD costs
-// there (~140 µs and ~90 KB on the test machine, warm). A process that
-// prepares one plan (the standalone plugin, the CLI) pays a plan's copy.
-var created = batchCache{max: 16}
-
-// batchCache maps plans (by Equal) to the messages of the batch that
-// creates their table, the most recently used first.
-type batchCache struct {
-	mu      sync.Mutex
-	max     int
-	entries []cachedBatch
-}
-
-type cachedBatch struct {
-	table string
-	plan  redirect.Plan // a clone: callers may reuse theirs
-	msgs  []netlink.Message
-}
-
-// lookup returns a copy of the batch for p's table in table, whose headers
-// the caller may change (sending sets flags and sequence numbers); the
-// messages' data is shared and must not be.
-func (c *batchCache) lookup(p redirect.Plan, table string) ([]netlink.Message, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i, e := range c.entries {
-		if e.table == table && e.plan.Equal(p) {
-			copy(c.entries[1:i+1], c.entries[:i])
-			c.entries[0] = e
-			return slices.Clone(e.msgs), true
-		}
-	}
-	return nil, false
-}
-
-// remember keeps msgs, the batch just marshalled for p, for the next
-// lookups; msgs stays the caller's (a copy of the headers is kept).
-func (c *batchCache) remember(p redirect.Plan, table string, msgs []netlink.Message) {
-	e := cachedBatch{table: table, plan: p.Clone(), msgs: slices.Clone(msgs)}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.entries) < c.max {
-		c.entries = append(c.entries, cachedBatch{})
-	}
-	copy(c.entries[1:], c.entries)
-	c.entries[0] = e
 }
 
 // isFor reports whether pr was prepared from p itself for table: the same
