@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
 )
 
 // queue puts prog's batch on cc, marshalled by google/nftables: the table
@@ -111,4 +112,39 @@ func elemListLen(elems []nftables.SetElement) int {
 		}
 	}
 	return n
+}
+
+// marshal is the batch that creates prog's table, as google/nftables
+// marshals it (queue), taken from the Conn instead of sent: the Conn is
+// given a dial function that keeps what Flush sends and acknowledges it.
+// The echo flag the library sets on each rule is cleared (see sendBatch);
+// sequence, PID and length are left for the sending socket to fill in.
+func marshal(prog *program) ([]netlink.Message, error) {
+	var msgs []netlink.Message
+	cc, err := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
+		msgs = append(msgs, req...)
+		acks := make([]netlink.Message, len(req))
+		for i, m := range req {
+			acks[i] = netlink.Message{
+				Header: netlink.Header{Type: netlink.Error, Sequence: m.Header.Sequence, PID: m.Header.PID},
+				Data:   make([]byte, 4),
+			}
+		}
+		return acks, nil
+	}))
+	if err != nil {
+		return nil, err
+	}
+	if err := queue(cc, prog, false); err != nil {
+		return nil, err
+	}
+	if err := cc.Flush(); err != nil {
+		return nil, err
+	}
+	for i := range msgs {
+		h := &msgs[i].Header
+		h.Flags &^= netlink.Echo
+		h.Sequence, h.PID, h.Length = 0, 0, 0
+	}
+	return msgs, nil
 }

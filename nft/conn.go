@@ -1,10 +1,14 @@
 package nft
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
+	"slices"
+	"sync"
 
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/policyroute"
@@ -13,11 +17,14 @@ import (
 
 // Conn is the backend's way into one network namespace for a caller that
 // enters it once for everything it opens there (capture): a lasting
-// google/nftables connection whose socket was created from inside the
-// namespace (DialHere), over which the caller's look at the tables (Tables)
-// and the backend's batch go.
+// google/nftables connection and a netfilter netlink socket, both created
+// from inside the namespace (DialHere). The caller's look at the tables
+// (Tables) goes over the first, the batch that creates the backend's table
+// over the second (sendBatch), anything else the backend sends over the
+// first.
 type Conn struct {
 	cc *nftables.Conn
+	nf *netlink.Conn
 	// dumped is the last Tables answer, until a batch through the Conn
 	// changes what the namespace holds; dumpedOK says there is one.
 	dumped   []TableRef
@@ -42,7 +49,12 @@ func DialHere() (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connecting to nftables: %w", err)
 	}
-	return &Conn{cc: cc}, nil
+	nf, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		cc.CloseLasting()
+		return nil, fmt.Errorf("connecting to nftables: %w", err)
+	}
+	return &Conn{cc: cc, nf: nf}, nil
 }
 
 // Tables lists every nftables table of the namespace, of every family, in
@@ -63,7 +75,7 @@ func (c *Conn) Tables() ([]TableRef, error) {
 }
 
 // Close closes the socket.
-func (c *Conn) Close() error { return c.cc.CloseLasting() }
+func (c *Conn) Close() error { return errors.Join(c.cc.CloseLasting(), c.nf.Close()) }
 
 // known reports whether the last Tables answer, still valid, holds the inet
 // table name.
@@ -101,23 +113,25 @@ func (b *Backend) Via(ns int, c *Conn, route *policyroute.Handle) *Backend {
 	return &cp
 }
 
-// Prepared is a plan encoded ahead of Apply on another goroutine
-// (Prepare): CPU work that then overlaps what the caller does until Apply
-// (taking the namespace's lock, entering it, choosing the backend). Apply
-// has google/nftables marshal the batch from it, creating or replacing the
-// table as the namespace needs.
+// Prepared is a plan encoded, and the batch that creates its table
+// marshalled, ahead of Apply on another goroutine (Prepare): CPU work that
+// then overlaps what the caller does until Apply (taking the namespace's
+// lock, entering it, choosing the backend). A namespace that already has
+// the table needs a batch that replaces it: Apply has google/nftables
+// marshal that one from the same encoding.
 type Prepared struct {
-	plan  redirect.Plan
-	table string
-	done  chan struct{}
-	prog  *program
-	err   error
+	plan   redirect.Plan
+	table  string
+	done   chan struct{}
+	prog   *program
+	create []netlink.Message
+	err    error
 }
 
-// Prepare starts encoding p for b's table on another goroutine. Pass the
-// result to With. With one P (the CLI, the standalone plugin) it does the
-// work before it returns: a goroutine could not run beside the caller
-// there.
+// Prepare starts encoding p for b's table and marshalling the batch that
+// creates it, on another goroutine. Pass the result to With. With one P
+// (the CLI, the standalone plugin) it does the work before it returns: a
+// goroutine could not run beside the caller there.
 func (b *Backend) Prepare(p redirect.Plan) *Prepared {
 	return prepare(p, b.table, runtime.GOMAXPROCS(0) > 1)
 }
@@ -135,14 +149,25 @@ func prepare(p redirect.Plan, table string, async bool) *Prepared {
 		// fails this plan's Apply instead (nothing is sent).
 		defer func() {
 			if r := recover(); r != nil {
-				pr.prog = nil
+				pr.prog, pr.create = nil, nil
 				pr.err = fmt.Errorf("preparing the batch panicked: %v", r)
 			}
 		}()
 		if prepareHook != nil {
 			prepareHook()
 		}
-		pr.prog, pr.err = encode(p, table)
+		if msgs, ok := created.lookup(p, table); ok {
+			// The encoding is left for the rare Apply that replaces a
+			// table.
+			pr.create = msgs
+			return
+		}
+		if pr.prog, pr.err = encode(p, table); pr.err != nil {
+			return
+		}
+		if pr.create, pr.err = marshal(pr.prog); pr.err == nil {
+			created.remember(p, table, pr.create)
+		}
 	}
 	if async {
 		go work()
@@ -150,6 +175,61 @@ func prepare(p redirect.Plan, table string, async bool) *Prepared {
 		work()
 	}
 	return pr
+}
+
+// created remembers the creating batches of the last plans prepared. The
+// agent runs the plugin's ADD for every pod start on its node, and most
+// pods get one of a few plans; marshalling the batch through
+// google/nftables is then most of the CPU, and of the memory, an ADD costs
+// there (BenchmarkMarshal: ~0.2 ms and 64 KB for the default pod). A
+// process that prepares one plan (the standalone plugin, the CLI) pays a
+// plan's copy.
+var created = batchCache{max: 16}
+
+// batchCache maps plans (by Equal) to the messages of the batch that
+// creates their table, the most recently used first.
+type batchCache struct {
+	mu      sync.Mutex
+	max     int
+	entries []cachedBatch
+}
+
+type cachedBatch struct {
+	table string
+	plan  redirect.Plan // a clone: callers may reuse theirs
+	msgs  []netlink.Message
+}
+
+// lookup returns a copy of the batch for p's table in table, whose headers
+// the caller may change (sending sets flags and sequence numbers); the
+// messages' data is shared and must not be.
+func (c *batchCache) lookup(p redirect.Plan, table string) ([]netlink.Message, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, e := range c.entries {
+		if e.table == table && e.plan.Equal(p) {
+			copy(c.entries[1:i+1], c.entries[:i])
+			c.entries[0] = e
+			return slices.Clone(e.msgs), true
+		}
+	}
+	return nil, false
+}
+
+// remember keeps msgs, the batch just marshalled for p, for the next
+// lookups; msgs stays the caller's (a copy of the headers is kept).
+func (c *batchCache) remember(p redirect.Plan, table string, msgs []netlink.Message) {
+	if c.max == 0 {
+		return
+	}
+	e := cachedBatch{table: table, plan: p.Clone(), msgs: slices.Clone(msgs)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.entries) < c.max {
+		c.entries = append(c.entries, cachedBatch{})
+	}
+	copy(c.entries[1:], c.entries)
+	c.entries[0] = e
 }
 
 // isFor reports whether pr was prepared from p itself for table: the same

@@ -69,38 +69,53 @@ const sendBufferDefault = 200 << 10
 
 // connect is the write path's way into the namespace: the Conn of Via, or
 // else the namespace opened by path with a lasting google/nftables
-// connection of its own. Either way the host's own namespace is refused. A
-// batch of batchSize bytes over what a socket takes by default gets a
-// connection of its own, its send buffer grown to hold the batch (the Via
-// socket's cannot be reached through google/nftables). done releases what
-// connect opened.
-func (b *Backend) connect(netnsPath string, batchSize int) (netns.NsHandle, *nftables.Conn, func(), error) {
+// connection and a raw socket of its own. Either way the host's own
+// namespace is refused. A batch of batchSize bytes over what a socket
+// takes by default gets connections of their own, their send buffers
+// grown to hold it (the Via connection's cannot be reached through
+// google/nftables). Without raw, no raw socket is opened for a caller that
+// sends nothing through one. done releases what connect opened.
+func (b *Backend) connect(netnsPath string, batchSize int, raw bool) (netns.NsHandle, *nftables.Conn, *netlink.Conn, func(), error) {
 	if v := b.via; v != nil && !v.conn.spoiled && batchSize <= sendBufferDefault {
 		if err := hostns.RefuseFd(v.ns, netnsPath); err != nil {
-			return netns.None(), nil, nil, err
+			return netns.None(), nil, nil, nil, err
 		}
-		return netns.NsHandle(v.ns), v.conn.cc, func() {}, nil
+		return netns.NsHandle(v.ns), v.conn.cc, v.conn.nf, func() {}, nil
 	}
 	n, err := hostns.OpenGuarded(netnsPath)
 	if err != nil {
-		return netns.None(), nil, nil, err
+		return netns.None(), nil, nil, nil, err
 	}
 	ns := netns.NsHandle(n.Take())
-	opts := []nftables.ConnOption{nftables.WithNetNSFd(int(ns)), nftables.AsLasting()}
-	if batchSize > sendBufferDefault {
-		opts = append(opts, nftables.WithSockOptions(func(c *netlink.Conn) error {
-			if err := forceSendBuffer(c, batchSize+64<<10); err != nil {
-				return fmt.Errorf("sizing the netlink send buffer: %w", err)
-			}
+	grow := func(c *netlink.Conn) error {
+		if batchSize <= sendBufferDefault {
 			return nil
-		}))
+		}
+		if err := forceSendBuffer(c, batchSize+64<<10); err != nil {
+			return fmt.Errorf("sizing the netlink send buffer: %w", err)
+		}
+		return nil
 	}
-	cc, err := nftables.New(opts...)
+	cc, err := nftables.New(nftables.WithNetNSFd(int(ns)), nftables.AsLasting(), nftables.WithSockOptions(grow))
 	if err != nil {
 		ns.Close()
-		return netns.None(), nil, nil, fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
+		return netns.None(), nil, nil, nil, fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
 	}
-	return ns, cc, func() { cc.CloseLasting(); ns.Close() }, nil
+	if !raw {
+		return ns, cc, nil, func() { cc.CloseLasting(); ns.Close() }, nil
+	}
+	nf, err := dialRaw(ns)
+	if err == nil {
+		if err = grow(nf); err != nil {
+			nf.Close()
+		}
+	}
+	if err != nil {
+		cc.CloseLasting()
+		ns.Close()
+		return netns.None(), nil, nil, nil, fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
+	}
+	return ns, cc, nf, func() { nf.Close(); cc.CloseLasting(); ns.Close() }, nil
 }
 
 // spoil marks the connection of Via unfit for another exchange after err.
@@ -167,8 +182,11 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 	if pr.err != nil {
 		return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, pr.err)
 	}
-	prog := pr.prog
-	ns, cc, done, err := b.connect(netnsPath, prog.batchSize())
+	size := msgsSize(pr.create)
+	if pr.prog != nil {
+		size = max(size, pr.prog.batchSize())
+	}
+	ns, cc, nf, done, err := b.connect(netnsPath, size, true)
 	if err != nil {
 		return err
 	}
@@ -202,7 +220,18 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		}
 	}
 	b.changed()
-	err = b.sendProgram(cc, prog, existed)
+	if existed {
+		prog := pr.prog
+		if prog == nil {
+			// The creating batch came from the cache (see created).
+			if prog, err = encode(p, b.table); err != nil {
+				return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, err)
+			}
+		}
+		err = b.sendProgram(cc, prog, true)
+	} else {
+		err = sendBatch(nf, pr.create)
+	}
 	b.spoil(err)
 	if err != nil {
 		return fmt.Errorf("applying capture table inet %s in netns %s: %w", b.table, netnsPath, err)
@@ -273,7 +302,7 @@ func (b *Backend) Remove(ctx context.Context, netnsPath string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ns, cc, done, err := b.connect(netnsPath, 0)
+	ns, cc, _, done, err := b.connect(netnsPath, 0, false)
 	if err != nil {
 		return err
 	}

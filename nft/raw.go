@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"time"
 
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
@@ -13,32 +15,96 @@ import (
 
 // This file is where the backend goes beneath google/nftables' public API,
 // each time for something the library (v0.3.0, the newest release the
-// module proxy serves) does not do; everything else (the write path's
-// batch through Conn, the read path's tables, chains, sets and elements)
-// uses the library as documented. One file to re-check when google/nftables
-// is upgraded; TestUpstreamStillMisreads fails once a release no longer
-// needs a piece of it.
+// module proxy serves) does not do, or (1) costs the agent's ADD a measured
+// price; everything else (marshalling every batch, the tables, chains,
+// sets and elements read back, deleting and replacing the table) uses the
+// library as documented. One file to re-check when google/nftables is
+// upgraded; TestUpstreamStillMisreads fails once a release no longer needs
+// a piece of 2.
 //
-//  1. forceSendBuffer: a batch larger than a socket's send buffer fails in
-//     sendmsg, and v0.3.0 does not grow the buffer (upstream does since
-//     #312, unreleased). It is passed to the library as a SockOption.
-//     (batch.go's fits is the other guard on the write path: v0.3.0 writes
-//     an element list over 64 KiB with its length cut to 16 bits.)
+//  1. The batch that creates the table (the ADD's) is marshalled by
+//     google/nftables (batch.go's marshal), kept per plan (created), and
+//     sent here (sendBatch) on a raw socket: Conn.Flush asks the kernel to
+//     echo every new rule (upstream still does at 1db35da, Nov 2025, to
+//     learn rule handles) and reads each message's replies one by one;
+//     docs/dependencies.md has the figures and what would let it go.
+//     forceSendBuffer grows a socket's send buffer for a large batch, which
+//     v0.3.0 does not (upstream does since #312, unreleased); it is passed
+//     to the library as a SockOption too. (batch.go's fits is the other
+//     guard on the write path: v0.3.0 writes an element list over 64 KiB
+//     with its length cut to 16 bits.)
 //  2. The rule dump, read on a socket of our own and decoded here with the
 //     library's expression types (dumpRules), rather than by
 //     Conn.GetRules, which in v0.3.0 (a) drops NFTA_CT_SREG, so "ct mark
 //     set" reads as "ct mark" (fixed upstream by #301, unreleased); (b)
 //     skips tproxy, and any expression it does not know, instead of
 //     failing, so a rule we did not write could read as one we did
-//     (upstream at 1db35da, Nov 2025, knows tproxy but reads its 4-byte
-//     family as one byte and fails); and (c) panics on a short verdict
-//     (still so upstream at 1db35da), which unmarshalExpr turns into an
-//     error.
-//
-// The batch itself goes through Conn.Flush, which asks the kernel to echo
-// every new rule (upstream still does, to learn rule handles) and reads
-// each reply; the hand-written encoder that avoided this (wire.go) is gone:
-// see docs/dependencies.md for what it saved.
+//     (upstream at 1db35da knows tproxy but reads its 4-byte family as one
+//     byte and fails); and (c) panics on a short verdict (still so
+//     upstream at 1db35da), which unmarshalExpr turns into an error.
+
+// batchTimeout bounds the wait for acks; the kernel processes a batch
+// inside sendmsg, so they are normally queued before we read.
+const batchTimeout = 10 * time.Second
+
+// sendBatch sends msgs in one sendmsg. Only the last command asks for an
+// ack: the kernel reports a failing command whether asked or not, in order,
+// and answers the acked last command after all others, so its ack (or the
+// first error before it) ends the wait. One reply instead of one per
+// command saves a receive per rule. The kernel commits the batch whole or
+// not at all.
+func sendBatch(conn *netlink.Conn, msgs []netlink.Message) error {
+	last := -1
+	for i := range msgs {
+		msgs[i].Header.Flags &^= netlink.Acknowledge
+		if t := msgs[i].Header.Type; t != unix.NFNL_MSG_BATCH_BEGIN && t != unix.NFNL_MSG_BATCH_END {
+			last = i
+		}
+	}
+	if last < 0 {
+		return nil
+	}
+	msgs[last].Header.Flags |= netlink.Acknowledge
+	if err := conn.SetReadDeadline(time.Now().Add(batchTimeout)); err != nil {
+		return err
+	}
+	defer conn.SetReadDeadline(time.Time{})
+	if _, err := conn.SendMessages(msgs); err != nil {
+		return fmt.Errorf("sending batch: %w", err)
+	}
+	seq := msgs[last].Header.Sequence
+	for {
+		replies, err := conn.Receive()
+		if err != nil {
+			if isTransport(err) {
+				return fmt.Errorf("reading batch acks: %w", err)
+			}
+			// The kernel refused a command; the batch was rolled back.
+			return err
+		}
+		for _, r := range replies {
+			if r.Header.Type == netlink.Error && r.Header.Sequence == seq {
+				return nil
+			}
+		}
+	}
+}
+
+// isTransport tells socket-level failures (timeout, buffer overrun) from
+// errors the kernel reported for a message.
+func isTransport(err error) bool {
+	return errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) ||
+		errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// msgsSize is the size of msgs on the wire.
+func msgsSize(msgs []netlink.Message) int {
+	n := 0
+	for _, m := range msgs {
+		n += 16 + len(m.Data) + 4
+	}
+	return n
+}
 
 // dialRaw opens a netfilter netlink socket in the namespace.
 func dialRaw(ns netns.NsHandle) (*netlink.Conn, error) {
