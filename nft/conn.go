@@ -181,9 +181,9 @@ func prepare(p redirect.Plan, table string, async bool) *Prepared {
 // agent runs the plugin's ADD for every pod start on its node, and most
 // pods get one of a few plans; marshalling the batch through
 // google/nftables is then most of the CPU, and of the memory, an ADD costs
-// there (BenchmarkMarshal: ~0.2 ms and 64 KB for the default pod). A
-// process that prepares one plan (the standalone plugin, the CLI) pays a
-// plan's copy.
+// there (BenchmarkMarshal: 0.4-1.0 ms and 80 KB for the default pod on a
+// loaded 2-core machine). A process that prepares one plan (the standalone
+// plugin, the CLI) pays a plan's copy.
 var created = batchCache{max: 16}
 
 // batchCache maps plans (by Equal) to the messages of the batch that

@@ -143,8 +143,9 @@ type liveRule struct {
 }
 
 // tproxyExpr is the kernel's tproxy expression. google/nftables v0.3.0 can
-// marshal it but not parse it back (it skips unknown names silently and
-// reads the 4-byte family as one byte), so the dump decodes it here.
+// marshal it but not parse it back (it does not know the name and skips it;
+// upstream later reads the 4-byte family as one byte), so the dump decodes
+// it here.
 type tproxyExpr struct {
 	family  uint32
 	regAddr uint32
