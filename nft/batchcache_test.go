@@ -26,19 +26,19 @@ func TestBatchCache(t *testing.T) {
 		}
 		return p
 	}
-	marshal := func(p redirect.Plan) []netlink.Message {
+	batch := func(p redirect.Plan) []netlink.Message {
 		prog, err := encode(p, TableName)
 		if err != nil {
 			t.Fatal(err)
 		}
-		msgs, err := marshalProgram(prog, false)
+		msgs, err := marshal(prog)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return msgs
 	}
 	p1 := plan(1001)
-	m1 := marshal(p1)
+	m1 := batch(p1)
 	c.remember(p1, TableName, m1)
 	// The caller's plan and messages are its own to change afterwards.
 	p1.Tables[0].Chains[0].Rules = nil
@@ -48,7 +48,7 @@ func TestBatchCache(t *testing.T) {
 	if !ok {
 		t.Fatal("an Equal plan missed")
 	}
-	want := marshal(plan(1001))
+	want := batch(plan(1001))
 	if len(got) != len(want) {
 		t.Fatalf("%d messages, marshalling gives %d", len(got), len(want))
 	}
@@ -69,12 +69,12 @@ func TestBatchCache(t *testing.T) {
 	}
 	// Three newer plans push the first out; the most recently used stays.
 	for _, port := range []uint16{2001, 2002} {
-		c.remember(plan(port), TableName, marshal(plan(port)))
+		c.remember(plan(port), TableName, batch(plan(port)))
 	}
 	if _, ok := c.lookup(plan(1001), TableName); !ok {
 		t.Fatal("evicted before max")
 	}
-	c.remember(plan(2003), TableName, marshal(plan(2003)))
+	c.remember(plan(2003), TableName, batch(plan(2003)))
 	for port, want := range map[uint16]bool{1001: true, 2001: false, 2002: true, 2003: true} {
 		if _, ok := c.lookup(plan(port), TableName); ok != want {
 			t.Errorf("plan %d cached %v, want %v (least recently used goes)", port, ok, want)
@@ -101,7 +101,7 @@ func TestPrepareWithOneP(t *testing.T) {
 	default:
 		t.Fatal("with one P, Prepare returned before the batch was ready")
 	}
-	if pr.encodeErr != nil || pr.marshalErr != nil || len(pr.create) == 0 {
-		t.Fatalf("prepared: %v %v, %d messages", pr.encodeErr, pr.marshalErr, len(pr.create))
+	if pr.err != nil || len(pr.create) == 0 {
+		t.Fatalf("prepared: %v, %d messages", pr.err, len(pr.create))
 	}
 }

@@ -1,11 +1,13 @@
 package nft
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
 	"sync"
 
+	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
@@ -14,18 +16,22 @@ import (
 )
 
 // Conn is the backend's way into one network namespace for a caller that
-// enters it once for everything it opens there (capture): a netfilter
-// netlink socket created from inside the namespace (DialHere), over which
-// the caller's look at the tables (Tables) and the backend's batch go.
+// enters it once for everything it opens there (capture): a lasting
+// google/nftables connection and a netfilter netlink socket, both created
+// from inside the namespace (DialHere). The caller's look at the tables
+// (Tables) goes over the first, the batch that creates the backend's table
+// over the second (sendBatch), anything else the backend sends over the
+// first.
 type Conn struct {
+	cc *nftables.Conn
 	nf *netlink.Conn
 	// dumped is the last Tables answer, until a batch through the Conn
 	// changes what the namespace holds; dumpedOK says there is one.
 	dumped   []TableRef
 	dumpedOK bool
-	// spoiled: an exchange failed and may have left replies unread (a
-	// refused batch still acks its last command), which the next exchange
-	// would take for its own; the backend then opens a socket of its own.
+	// spoiled: an exchange failed and may have left replies unread, or a
+	// marshalling error on the connection that its next Flush would
+	// return; the backend then opens a connection of its own.
 	spoiled bool
 }
 
@@ -35,19 +41,41 @@ type TableRef struct {
 	Name   string
 }
 
-// DialHere opens a netfilter netlink socket in the calling thread's
+// DialHere opens a lasting nftables connection in the calling thread's
 // network namespace. It must run on a thread inside the namespace
 // (hostns.Netns.Do); the socket stays there when the thread leaves.
 func DialHere() (*Conn, error) {
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	cc, err := nftables.New(nftables.AsLasting())
 	if err != nil {
 		return nil, fmt.Errorf("connecting to nftables: %w", err)
 	}
-	return &Conn{nf: c}, nil
+	nf, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		cc.CloseLasting()
+		return nil, fmt.Errorf("connecting to nftables: %w", err)
+	}
+	return &Conn{cc: cc, nf: nf}, nil
+}
+
+// Tables lists every nftables table of the namespace, of every family, in
+// one dump. A Backend working through c (Via) takes whether its table exists
+// from this answer instead of asking again; the caller's lock on the
+// namespace keeps the answer true until the backend's batch.
+func (c *Conn) Tables() ([]TableRef, error) {
+	ts, err := c.cc.ListTables()
+	if err != nil {
+		return nil, fmt.Errorf("dumping tables: %w", err)
+	}
+	out := make([]TableRef, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, TableRef{Family: uint8(t.Family), Name: t.Name})
+	}
+	c.dumped, c.dumpedOK = out, true
+	return out, nil
 }
 
 // Close closes the socket.
-func (c *Conn) Close() error { return c.nf.Close() }
+func (c *Conn) Close() error { return errors.Join(c.cc.CloseLasting(), c.nf.Close()) }
 
 // known reports whether the last Tables answer, still valid, holds the inet
 // table name.
@@ -89,43 +117,56 @@ func (b *Backend) Via(ns int, c *Conn, route *policyroute.Handle) *Backend {
 // marshalled, ahead of Apply on another goroutine (Prepare): CPU work that
 // then overlaps what the caller does until Apply (taking the namespace's
 // lock, entering it, choosing the backend). A namespace that already has
-// the table needs a batch that replaces it: Apply marshals that one from
-// the same encoding.
+// the table needs a batch that replaces it: Apply has google/nftables
+// marshal that one from the same encoding.
 type Prepared struct {
-	plan       redirect.Plan
-	table      string
-	done       chan struct{}
-	prog       *program
-	create     []netlink.Message
-	encodeErr  error
-	marshalErr error
+	plan   redirect.Plan
+	table  string
+	done   chan struct{}
+	prog   *program
+	create []netlink.Message
+	err    error
 }
 
 // Prepare starts encoding p for b's table and marshalling the batch that
 // creates it, on another goroutine. Pass the result to With. With one P
 // (the CLI, the standalone plugin) it does the work before it returns: a
-// goroutine could not run beside the caller there, it would only cost its
-// start and the growth of its stack from 2 KB.
+// goroutine could not run beside the caller there.
 func (b *Backend) Prepare(p redirect.Plan) *Prepared {
 	return prepare(p, b.table, runtime.GOMAXPROCS(0) > 1)
 }
+
+// prepareHook, when set, runs at the start of prepare's work; tests use it
+// to inject a panic there.
+var prepareHook func()
 
 func prepare(p redirect.Plan, table string, async bool) *Prepared {
 	pr := &Prepared{plan: p, table: table, done: make(chan struct{})}
 	work := func() {
 		defer close(pr.done)
+		// On its own goroutine the work is outside the caller's recover: a
+		// panic here would end the process with every call in flight. It
+		// fails this plan's Apply instead (nothing is sent).
+		defer func() {
+			if r := recover(); r != nil {
+				pr.prog, pr.create = nil, nil
+				pr.err = fmt.Errorf("preparing the batch panicked: %v", r)
+			}
+		}()
+		if prepareHook != nil {
+			prepareHook()
+		}
 		if msgs, ok := created.lookup(p, table); ok {
 			// The encoding is left for the rare Apply that replaces a
-			// table (program objects are not shared: marshalling them
-			// assigns set IDs in place).
+			// table.
 			pr.create = msgs
 			return
 		}
-		if pr.prog, pr.encodeErr = encode(p, table); pr.encodeErr == nil {
-			pr.create, pr.marshalErr = marshalProgram(pr.prog, false)
-			if pr.marshalErr == nil {
-				created.remember(p, table, pr.create)
-			}
+		if pr.prog, pr.err = encode(p, table); pr.err != nil {
+			return
+		}
+		if pr.create, pr.err = marshal(pr.prog); pr.err == nil {
+			created.remember(p, table, pr.create)
 		}
 	}
 	if async {
@@ -140,8 +181,9 @@ func prepare(p redirect.Plan, table string, async bool) *Prepared {
 // agent runs the plugin's ADD for every pod start on its node, and most
 // pods get one of a few plans; marshalling the batch through
 // google/nftables is then most of the CPU, and of the memory, an ADD costs
-// there (~140 µs and ~90 KB on the test machine, warm). A process that
-// prepares one plan (the standalone plugin, the CLI) pays a plan's copy.
+// there (BenchmarkMarshal: 0.4-1.0 ms and 80 KB for the default pod on a
+// loaded 2-core machine). A process that prepares one plan (the standalone
+// plugin, the CLI) pays a plan's copy.
 var created = batchCache{max: 16}
 
 // batchCache maps plans (by Equal) to the messages of the batch that
@@ -177,6 +219,9 @@ func (c *batchCache) lookup(p redirect.Plan, table string) ([]netlink.Message, b
 // remember keeps msgs, the batch just marshalled for p, for the next
 // lookups; msgs stays the caller's (a copy of the headers is kept).
 func (c *batchCache) remember(p redirect.Plan, table string, msgs []netlink.Message) {
+	if c.max == 0 {
+		return
+	}
 	e := cachedBatch{table: table, plan: p.Clone(), msgs: slices.Clone(msgs)}
 	c.mu.Lock()
 	defer c.mu.Unlock()

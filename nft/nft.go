@@ -63,42 +63,62 @@ func openNetns(path string) (netns.NsHandle, error) {
 	return netns.NsHandle(n.Take()), nil
 }
 
-// connect opens the namespace and a netfilter netlink socket in it; the
-// caller closes both. It is the write path, so the host's own namespace is
-// refused here too, whatever the caller checked before.
-func connect(netnsPath string) (netns.NsHandle, *netlink.Conn, error) {
+// sendBufferDefault is what a batch may take without growing the
+// socket's send buffer: a netlink sendmsg larger than the buffer fails.
+const sendBufferDefault = 200 << 10
+
+// connect is the write path's way into the namespace: the Conn of Via, or
+// else the namespace opened by path with a lasting google/nftables
+// connection and a raw socket of its own. Either way the host's own
+// namespace is refused. A batch of batchSize bytes over what a socket
+// takes by default gets connections of their own, their send buffers
+// grown to hold it (the Via connection's cannot be reached through
+// google/nftables). Without raw, no raw socket is opened for a caller that
+// sends nothing through one. done releases what connect opened.
+func (b *Backend) connect(netnsPath string, batchSize int, raw bool) (netns.NsHandle, *nftables.Conn, *netlink.Conn, func(), error) {
+	if v := b.via; v != nil && !v.conn.spoiled && batchSize <= sendBufferDefault {
+		if err := hostns.RefuseFd(v.ns, netnsPath); err != nil {
+			return netns.None(), nil, nil, nil, err
+		}
+		return netns.NsHandle(v.ns), v.conn.cc, v.conn.nf, func() {}, nil
+	}
 	n, err := hostns.OpenGuarded(netnsPath)
 	if err != nil {
-		return netns.None(), nil, err
+		return netns.None(), nil, nil, nil, err
 	}
 	ns := netns.NsHandle(n.Take())
-	conn, err := dialRaw(ns)
+	grow := func(c *netlink.Conn) error {
+		if batchSize <= sendBufferDefault {
+			return nil
+		}
+		if err := forceSendBuffer(c, batchSize+64<<10); err != nil {
+			return fmt.Errorf("sizing the netlink send buffer: %w", err)
+		}
+		return nil
+	}
+	cc, err := nftables.New(nftables.WithNetNSFd(int(ns)), nftables.AsLasting(), nftables.WithSockOptions(grow))
 	if err != nil {
 		ns.Close()
-		return ns, nil, fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
+		return netns.None(), nil, nil, nil, fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
 	}
-	return ns, conn, nil
-}
-
-// connect is the write path's way into the namespace: the sockets of Via,
-// or else the namespace opened by path with a socket of its own (connect).
-// Either way the host's own namespace is refused. done releases what
-// connect opened.
-func (b *Backend) connect(netnsPath string) (netns.NsHandle, *netlink.Conn, func(), error) {
-	if v := b.via; v != nil && !v.conn.spoiled {
-		if err := hostns.RefuseFd(v.ns, netnsPath); err != nil {
-			return netns.None(), nil, nil, err
+	if !raw {
+		return ns, cc, nil, func() { cc.CloseLasting(); ns.Close() }, nil
+	}
+	nf, err := dialRaw(ns)
+	if err == nil {
+		if err = grow(nf); err != nil {
+			nf.Close()
 		}
-		return netns.NsHandle(v.ns), v.conn.nf, func() {}, nil
 	}
-	ns, conn, err := connect(netnsPath)
 	if err != nil {
-		return ns, nil, nil, err
+		cc.CloseLasting()
+		ns.Close()
+		return netns.None(), nil, nil, nil, fmt.Errorf("connecting to nftables in netns %s: %w", netnsPath, err)
 	}
-	return ns, conn, func() { conn.Close(); ns.Close() }, nil
+	return ns, cc, nf, func() { nf.Close(); cc.CloseLasting(); ns.Close() }, nil
 }
 
-// spoil marks the sockets of Via unfit for another exchange after err.
+// spoil marks the connection of Via unfit for another exchange after err.
 func (b *Backend) spoil(err error) {
 	if err != nil && b.via != nil {
 		b.via.conn.spoiled = true
@@ -159,11 +179,14 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		pr = prepare(p, b.table, false)
 	}
 	<-pr.done
-	if pr.encodeErr != nil {
-		return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, pr.encodeErr)
+	if pr.err != nil {
+		return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, pr.err)
 	}
-	prog := pr.prog
-	ns, conn, done, err := b.connect(netnsPath)
+	size := msgsSize(pr.create)
+	if pr.prog != nil {
+		size = max(size, pr.prog.batchSize())
+	}
+	ns, cc, nf, done, err := b.connect(netnsPath, size, true)
 	if err != nil {
 		return err
 	}
@@ -171,16 +194,17 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 	// Whether our table exists decides the batch: into a namespace without
 	// it (the CNI ADD case) the batch only adds; otherwise it deletes and
 	// re-adds the table atomically. A caller that listed the namespace's
-	// tables through the same socket already knows; otherwise one cheap
-	// query asks. Creating optimistically and retrying on EEXIST was
+	// tables through the same connection already knows; otherwise one
+	// cheap query asks. Creating optimistically and retrying on EEXIST was
 	// measured: it saves ~25µs on a fresh namespace but the refused batch
 	// costs a re-apply a second RCU grace period (~14ms).
 	existed, known := false, false
-	if b.via != nil {
+	if b.via != nil && cc == b.via.conn.cc {
 		existed, known = b.via.conn.known(b.table)
 	}
 	if !known {
-		if existed, err = tableExistsRaw(conn, b.table); err != nil {
+		if existed, err = b.tableExists(cc); err != nil {
+			b.spoil(err)
 			return fmt.Errorf("applying capture table in netns %s: %w", netnsPath, err)
 		}
 	}
@@ -196,16 +220,17 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		}
 	}
 	b.changed()
-	if existed && prog == nil {
-		// The creating batch came from the cache (see created).
-		if prog, err = encode(p, b.table); err != nil {
-			return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, err)
-		}
-	}
 	if existed {
-		err = b.sendProgram(conn, prog, true)
-	} else if err = pr.marshalErr; err == nil {
-		err = b.sendMsgs(conn, pr.create)
+		prog := pr.prog
+		if prog == nil {
+			// The creating batch came from the cache (see created).
+			if prog, err = encode(p, b.table); err != nil {
+				return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, err)
+			}
+		}
+		err = b.sendProgram(cc, prog, true)
+	} else {
+		err = sendBatch(nf, pr.create)
 	}
 	b.spoil(err)
 	if err != nil {
@@ -218,7 +243,7 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		err = b.applyRoutes(ns, p, existed)
 	}
 	if err != nil {
-		if rerr := b.rollback(conn, old); rerr != nil {
+		if rerr := b.rollback(cc, old); rerr != nil {
 			b.spoil(rerr)
 			err = errors.Join(err, rerr)
 		}
@@ -229,19 +254,19 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 
 // rollback undoes a committed batch: the table it replaced goes back, or
 // without one, the table goes.
-func (b *Backend) rollback(conn *netlink.Conn, old *program) error {
+func (b *Backend) rollback(cc *nftables.Conn, old *program) error {
 	if old != nil {
-		err := b.sendProgram(conn, old, true)
+		err := b.sendProgram(cc, old, true)
 		if err == nil {
 			return nil
 		}
 		err = fmt.Errorf("restoring the earlier table inet %s: %w", b.table, err)
-		if derr := b.deleteTable(conn); derr != nil {
+		if derr := b.deleteTable(cc); derr != nil {
 			return errors.Join(err, fmt.Errorf("rolling back table inet %s: %w", b.table, derr))
 		}
 		return err
 	}
-	if derr := b.deleteTable(conn); derr != nil {
+	if derr := b.deleteTable(cc); derr != nil {
 		return fmt.Errorf("rolling back table inet %s: %w", b.table, derr)
 	}
 	return nil
@@ -249,28 +274,17 @@ func (b *Backend) rollback(conn *netlink.Conn, old *program) error {
 
 // sendProgram sends prog as one batch: replacing our table (delete, then
 // add) or creating it exclusively.
-func (b *Backend) sendProgram(conn *netlink.Conn, prog *program, replace bool) error {
-	msgs, err := marshalProgram(prog, replace)
-	if err != nil {
+func (b *Backend) sendProgram(cc *nftables.Conn, prog *program, replace bool) error {
+	if err := queue(cc, prog, replace); err != nil {
 		return err
 	}
-	return b.sendMsgs(conn, msgs)
-}
-
-// sendMsgs sends a marshalled batch, the socket's send buffer grown first
-// when the batch is larger than it holds.
-func (b *Backend) sendMsgs(conn *netlink.Conn, msgs []netlink.Message) error {
-	if size := batchSize(msgs); size > 200<<10 {
-		if err := forceSendBuffer(conn, size+64<<10); err != nil {
-			return fmt.Errorf("sizing the netlink send buffer: %w", err)
-		}
-	}
-	return sendBatch(conn, msgs)
+	return cc.Flush()
 }
 
 // deleteTable deletes our table; a missing table is success.
-func (b *Backend) deleteTable(conn *netlink.Conn) error {
-	if err := sendBatch(conn, marshalDelete(b.table)); err != nil && !isNotExist(err) {
+func (b *Backend) deleteTable(cc *nftables.Conn) error {
+	cc.DelTable(&nftables.Table{Name: b.table, Family: nftables.TableFamilyINet})
+	if err := cc.Flush(); err != nil && !isNotExist(err) {
 		return err
 	}
 	return nil
@@ -288,7 +302,7 @@ func (b *Backend) Remove(ctx context.Context, netnsPath string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ns, conn, done, err := b.connect(netnsPath)
+	ns, cc, _, done, err := b.connect(netnsPath, 0, false)
 	if err != nil {
 		return err
 	}
@@ -296,7 +310,7 @@ func (b *Backend) Remove(ctx context.Context, netnsPath string) error {
 	// No existence query: deleting a missing table fails with ENOENT,
 	// which is the success case here.
 	b.changed()
-	if err := b.deleteTable(conn); err != nil {
+	if err := b.deleteTable(cc); err != nil {
 		b.spoil(err)
 		return fmt.Errorf("removing table inet %s in netns %s: %w", b.table, netnsPath, err)
 	}

@@ -13,28 +13,35 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// This file is where the backend goes beneath google/nftables' public Conn
-// API, each time for a reason given below; everything else (the read path's
-// tables, chains and sets, expression types, marshalling) uses the library
-// as documented. Keeping the three reaches here means one file to re-check
-// when google/nftables is upgraded:
-//  1. the batch is written by us (wire.go) and sent by us (sendBatch):
-//     Conn.Flush asks for an echo of every rule;
-//  2. GETTABLE requests sent by hand on that same raw socket: one table
-//     by name (tableExistsRaw), every table in one dump (Conn.Tables);
-//  3. the rule dump decoded by us (dumpRules): Conn.GetRules drops
-//     expressions it does not know and misreads tproxy and ct set.
-
-// 1. The write path: the program is made of google/nftables' objects
-// (tables, chains, sets, expressions), wire.go writes the batch those
-// objects marshal to, byte for byte (checked against google/nftables in
-// TestWireMatchesGoogle), and sendBatch sends it over a raw netlink
-// socket. Why not Conn.Flush: it marks every rule NLM_F_ECHO,
-// so the kernel builds a full notification of each new rule and unicasts it
-// back, and Flush then reads every reply with two recvmsg calls. For the default pod plan that
-// was about half of Apply (profiled: kernel nf_tables_rule_notify ~18% of
-// the batch, the receive loop as much again). We send the same messages in
-// one sendmsg without NLM_F_ECHO and count the acks.
+// This file is where the backend goes beneath google/nftables' public API,
+// each time for something the library (v0.3.0, the newest release the
+// module proxy serves) does not do, or (1) costs the agent's ADD a measured
+// price; everything else (marshalling every batch, the tables, chains,
+// sets and elements read back, deleting and replacing the table) uses the
+// library as documented. One file to re-check when google/nftables is
+// upgraded; TestUpstreamStillMisreads fails once a release no longer needs
+// a piece of 2.
+//
+//  1. The batch that creates the table (the ADD's) is marshalled by
+//     google/nftables (batch.go's marshal), kept per plan (created), and
+//     sent here (sendBatch) on a raw socket: Conn.Flush asks the kernel to
+//     echo every new rule (upstream still does at 1db35da, Nov 2025, to
+//     learn rule handles) and reads each message's replies one by one;
+//     docs/dependencies.md has the figures and what would let it go.
+//     forceSendBuffer grows a socket's send buffer for a large batch, which
+//     v0.3.0 does not (upstream does since #312, unreleased); it is passed
+//     to the library as a SockOption too. (batch.go's fits is the other
+//     guard on the write path: v0.3.0 writes an element list over 64 KiB
+//     with its length cut to 16 bits.)
+//  2. The rule dump, read on a socket of our own and decoded here with the
+//     library's expression types (dumpRules), rather than by
+//     Conn.GetRules, which in v0.3.0 (a) drops NFTA_CT_SREG, so "ct mark
+//     set" reads as "ct mark" (fixed upstream by #301, unreleased); (b)
+//     skips tproxy, and any expression it does not know, instead of
+//     failing, so a rule we did not write could read as one we did
+//     (upstream at 1db35da knows tproxy but reads its 4-byte family as one
+//     byte and fails); and (c) panics on a short verdict (still so
+//     upstream at 1db35da), which unmarshalExpr turns into an error.
 
 // batchTimeout bounds the wait for acks; the kernel processes a batch
 // inside sendmsg, so they are normally queued before we read.
@@ -90,12 +97,8 @@ func isTransport(err error) bool {
 		errors.Is(err, os.ErrDeadlineExceeded)
 }
 
-// dialRaw opens a netfilter netlink socket in the namespace.
-func dialRaw(ns netns.NsHandle) (*netlink.Conn, error) {
-	return netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
-}
-
-func batchSize(msgs []netlink.Message) int {
+// msgsSize is the size of msgs on the wire.
+func msgsSize(msgs []netlink.Message) int {
 	n := 0
 	for _, m := range msgs {
 		n += 16 + len(m.Data) + 4
@@ -103,76 +106,9 @@ func batchSize(msgs []netlink.Message) int {
 	return n
 }
 
-// 2. Requests sent by hand on the raw socket the batch goes over, so the
-// write path needs no second (google/nftables) connection: tableExistsRaw
-// asks for our table by name, one request, one reply; Conn.Tables dumps
-// every table's family and name for backend selection, and the batch's
-// choice between create and replace is read from the same answer.
-func tableExistsRaw(conn *netlink.Conn, table string) (bool, error) {
-	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_TABLE_NAME, Data: []byte(table + "\x00")}})
-	if err != nil {
-		return false, err
-	}
-	_, err = conn.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETTABLE), Flags: netlink.Request},
-		Data:   append([]byte{unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0}, attrs...),
-	})
-	switch {
-	case err == nil:
-		return true, nil
-	case isNotExist(err):
-		return false, nil
-	}
-	return false, fmt.Errorf("querying table inet %s: %w", table, err)
-}
-
-// Tables lists every nftables table of the namespace, of every family, in
-// one dump. A Backend working through c (Via) takes whether its table exists
-// from this answer instead of asking again; the caller's lock on the
-// namespace keeps the answer true until the backend's batch.
-func (c *Conn) Tables() ([]TableRef, error) {
-	msgs, err := c.nf.Execute(netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETTABLE),
-			Flags: netlink.Request | netlink.Dump,
-		},
-		Data: []byte{unix.NFPROTO_UNSPEC, unix.NFNETLINK_V0, 0, 0},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("dumping tables: %w", err)
-	}
-	out := make([]TableRef, 0, len(msgs))
-	for _, m := range msgs {
-		t, err := parseTable(m.Data)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	c.dumped, c.dumpedOK = out, true
-	return out, nil
-}
-
-// parseTable reads one NFT_MSG_NEWTABLE message of a dump: the family from
-// its nfgenmsg, the name from NFTA_TABLE_NAME.
-func parseTable(b []byte) (TableRef, error) {
-	if len(b) < 4 {
-		return TableRef{}, fmt.Errorf("short table message (%d bytes)", len(b))
-	}
-	t := TableRef{Family: b[0]}
-	err := walkAttrs(b[4:], func(ad *netlink.AttributeDecoder) error {
-		if ad.Type() == unix.NFTA_TABLE_NAME {
-			t.Name = ad.String()
-		}
-		return nil
-	})
-	if err != nil {
-		return TableRef{}, fmt.Errorf("parsing table message: %w", err)
-	}
-	if t.Name == "" {
-		return TableRef{}, fmt.Errorf("table message of family %d without a name", t.Family)
-	}
-	return t, nil
+// dialRaw opens a netfilter netlink socket in the namespace.
+func dialRaw(ns netns.NsHandle) (*netlink.Conn, error) {
+	return netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
 }
 
 // forceSendBuffer makes the raw socket's send buffer hold a whole batch,
@@ -196,7 +132,7 @@ func forceSendBuffer(c *netlink.Conn, n int) error {
 	return serr
 }
 
-// 3. The rule dump, read and decoded here (google/nftables' expr types,
+// 2. The rule dump, read and decoded here (google/nftables' expr types,
 // our attribute walk): see dumpRules for why not Conn.GetRules.
 
 // liveRule is one rule as dumped by the kernel, its expressions parsed.
@@ -207,8 +143,9 @@ type liveRule struct {
 }
 
 // tproxyExpr is the kernel's tproxy expression. google/nftables v0.3.0 can
-// marshal it but not parse it back (it skips unknown names silently and
-// reads the 4-byte family as one byte), so the dump decodes it here.
+// marshal it but not parse it back (it does not know the name and skips it;
+// upstream later reads the 4-byte family as one byte), so the dump decodes
+// it here.
 type tproxyExpr struct {
 	family  uint32
 	regAddr uint32
