@@ -144,7 +144,7 @@ lint: staticcheck
 	@# Product code never execs a binary (testkit/kubetest starts etcd and
 	@# kube-apiserver, testkit/usernstest a user-namespaced holder process: test
 	@# helpers imported only by tests).
-	@bad=$$(grep -rln 'exec.Command' --include='*.go' cmd nft iptables redirect podinfo installer internal capture | grep -v -e '_test.go' -e '^testkit/kubetest/' -e '^testkit/usernstest/' || true); \
+	@bad=$$(grep -rln 'exec.Command' --include='*.go' cmd nft iptables redirect podinfo installer internal capture netlab | grep -v -e '_test.go' -e '^testkit/kubetest/' -e '^testkit/usernstest/' || true); \
 	  if [ -n "$$bad" ]; then echo "exec in product code:"; echo "$$bad"; exit 1; fi
 	@# No binary carries the test kit, the end-to-end tests or capture's
 	@# in-memory kernel.
@@ -196,7 +196,7 @@ update-golden:
 
 ## fuzz: every Fuzz target for FUZZTIME each (CI: 10s; by hand: FUZZTIME=5m).
 fuzz:
-	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft iptables redirect podinfo installer internal e2e capture
+	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft iptables redirect podinfo installer internal e2e capture netlab
 
 ## host-nft: Debian's nft of HOST_NFT_SUITES in .cache/hostnft/<suite>/ (test-only readers).
 host-nft:

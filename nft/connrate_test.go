@@ -13,7 +13,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/nftmesh/nftmesh/internal/netlab"
+	"github.com/nftmesh/nftmesh/netlab"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"
 )

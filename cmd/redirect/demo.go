@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/internal/netlab"
+	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 

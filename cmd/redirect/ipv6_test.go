@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/netlab"
+	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod/manifest"

@@ -236,7 +236,7 @@ func TestCLIVersionAsTemplate(t *testing.T) {
 // third more binary to load at every run (see versionWriter). Nor net's
 // name resolver, which no command needs (every address is a literal) and
 // which a dial or listen by address string would bring (200 KB, mapped
-// and unmapped by every run), nor the netlink library's link encoder.
+// and unmapped by every run).
 func TestBinaryPrunesMethods(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
@@ -263,9 +263,6 @@ func TestBinaryPrunesMethods(t *testing.T) {
 			t.Errorf("the binary links %s: something (a cobra Set*Template, text/template) calls methods by reflection, and the linker then keeps every exported method", f[2])
 		}
 		resolver = resolver || strings.HasPrefix(f[2], "net.(*Resolver).")
-		if f[2] == "github.com/vishvananda/netlink.(*Handle).linkModify" {
-			t.Errorf("the binary links the netlink library's encoder of every link kind (%s, 135 KB): something calls its LinkAdd or LinkModify (netlab creates its veth pair with a request of its own so that it does not)", f[2])
-		}
 	}
 	if typedDial && resolver {
 		t.Errorf("the binary links net's name resolver: something dials or listens by address string (netlab dials and listens by netip address so that it does not)")

@@ -12,8 +12,8 @@ import (
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/installer/repair"
-	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/iptables"
+	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"

@@ -1,21 +1,19 @@
 // Package netnsaddr reads the addresses of a network namespace in the order
 // the kernel lists them, which is what decides a pod's IPv6 capture
-// (meshpod.IPv6Capture). It reads through an rtnetlink socket created
-// inside the namespace by a thread that enters it and leaves
-// (hostns.Netns.Do); the caller's thread never changes namespace and
-// nothing is executed.
+// (meshpod.IPv6Capture). It asks vishvananda/netlink for them over an
+// rtnetlink socket created inside the namespace by a thread that enters it
+// and leaves (hostns.Netns.Do); the caller's thread never changes namespace
+// and nothing is executed.
 //
 // It owns only the reading: no decision, no writes.
 package netnsaddr
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
-	"syscall"
 
-	"golang.org/x/sys/unix"
+	"github.com/vishvananda/netlink"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
 )
@@ -23,10 +21,6 @@ import (
 // dumpAttempts bounds the retries of an address dump that the kernel
 // reports as interrupted (addresses changed while it ran).
 const dumpAttempts = 3
-
-// errDumpInterrupted is a dump the kernel marked NLM_F_DUMP_INTR: the
-// addresses changed while it ran, so it may be inconsistent.
-var errDumpInterrupted = errors.New("address dump interrupted by a change")
 
 // List returns every address on every interface of the network namespace at
 // path (such as /var/run/netns/NAME or /proc/PID/ns/net), loopback and
@@ -48,78 +42,36 @@ func List(path string) ([]netip.Addr, error) {
 }
 
 // ListIn is List of the namespace n, which path names (in errors).
+//
+// The dump runs inside hostns.Netns.Do, not on a handle from
+// netlink.NewHandleAt: that one moves the caller's own thread into n and
+// back and ignores a failure to move back, so the thread would go on in
+// the pod's namespace; a thread Do cannot move back dies instead.
+// netlink's package-level AddrList opens its socket per call on the
+// calling thread, so inside Do it is n's.
 func ListIn(n *hostns.Netns, path string) ([]netip.Addr, error) {
-	var out []netip.Addr
+	var as []netlink.Addr
 	err := n.Do(func() (err error) {
-		out, err = ListHere()
-		return err
+		for attempt := 1; ; attempt++ {
+			// FAMILY_ALL asks for AF_UNSPEC: one dump of every family, in
+			// the kernel's order, not two dumps concatenated in ours.
+			as, err = netlink.AddrList(nil, netlink.FAMILY_ALL)
+			if !errors.Is(err, netlink.ErrDumpInterrupted) || attempt == dumpAttempts {
+				return err
+			}
+		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing addresses in %s: %w", path, err)
 	}
-	return out, nil
-}
-
-// ListHere is List for the calling thread's network namespace: it must run
-// on a thread inside it (hostns.Netns.Do).
-func ListHere() ([]netip.Addr, error) {
-	for attempt := 1; ; attempt++ {
-		// AF_UNSPEC asks for one dump of every family, in the kernel's
-		// order, not two dumps concatenated in ours. The standard
-		// library's dump is plain system calls on a socket of its own,
-		// created here, in this thread's namespace.
-		rib, err := syscall.NetlinkRIB(syscall.RTM_GETADDR, syscall.AF_UNSPEC)
-		if err != nil {
-			return nil, fmt.Errorf("dumping addresses: %w", err)
-		}
-		out, err := parseAddrs(rib)
-		if errors.Is(err, errDumpInterrupted) && attempt < dumpAttempts {
+	out := make([]netip.Addr, 0, len(as))
+	for _, a := range as {
+		// IPNet is the local end of a point-to-point address (IFA_LOCAL),
+		// else IFA_ADDRESS; nil when the message has neither.
+		if a.IPNet == nil {
 			continue
 		}
-		return out, err
-	}
-}
-
-// parseAddrs reads the addresses of an RTM_GETADDR dump in order: of each
-// message, IFA_LOCAL where it is there (the local end of a point-to-point
-// address), else IFA_ADDRESS; messages with neither are skipped.
-func parseAddrs(rib []byte) ([]netip.Addr, error) {
-	msgs, err := syscall.ParseNetlinkMessage(rib)
-	if err != nil {
-		return nil, fmt.Errorf("parsing the address dump: %w", err)
-	}
-	out := make([]netip.Addr, 0, len(msgs))
-	for _, m := range msgs {
-		if m.Header.Flags&unix.NLM_F_DUMP_INTR != 0 {
-			return nil, errDumpInterrupted
-		}
-		if m.Header.Type != syscall.RTM_NEWADDR {
-			continue
-		}
-		if len(m.Data) < syscall.SizeofIfAddrmsg {
-			return nil, fmt.Errorf("parsing the address dump: short address message (%d bytes)", len(m.Data))
-		}
-		// Attributes are walked here: the standard library's parser
-		// (ParseNetlinkRouteAttr) slices past the end of a message whose
-		// last attribute's padding is cut off, and panics.
-		var local, addr []byte
-		for b := m.Data[syscall.SizeofIfAddrmsg:]; len(b) >= syscall.SizeofRtAttr; {
-			l := int(binary.NativeEndian.Uint16(b[0:2]))
-			if l < syscall.SizeofRtAttr || l > len(b) {
-				return nil, fmt.Errorf("parsing an address message: attribute of %d bytes in %d", l, len(b))
-			}
-			switch binary.NativeEndian.Uint16(b[2:4]) {
-			case syscall.IFA_LOCAL:
-				local = b[syscall.SizeofRtAttr:l]
-			case syscall.IFA_ADDRESS:
-				addr = b[syscall.SizeofRtAttr:l]
-			}
-			b = b[min((l+syscall.RTA_ALIGNTO-1)&^(syscall.RTA_ALIGNTO-1), len(b)):]
-		}
-		if local != nil {
-			addr = local
-		}
-		if ip, ok := netip.AddrFromSlice(addr); ok {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
 			out = append(out, ip)
 		}
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/internal/netnsaddr"
+	"github.com/nftmesh/nftmesh/netlab"
 )
 
 // interfaceAddrs is the independent reader: Go's net.InterfaceAddrs run on

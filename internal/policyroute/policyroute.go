@@ -8,7 +8,6 @@
 package policyroute
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -67,19 +66,9 @@ func newHandle(ns netns.NsHandle) (*netlink.Handle, error) {
 	return h, nil
 }
 
-// Handle is rtnetlink in one namespace, opened from inside it by OpenHere
-// for ApplyVia and RemoveVia: a netlink handle for rules and routes, and a
-// plain socket over which lo's addresses are added (the one change every
-// dual-stack ADD makes, without the handle's per-request machinery).
-type Handle struct {
-	nl  *netlink.Handle
-	raw int
-	seq uint32
-}
-
-// rawTimeout bounds the wait for the kernel's answer on the plain socket;
-// the kernel answers an address change inside the sendmsg that asks it.
-var rawTimeout = unix.Timeval{Sec: 10}
+// Handle is an rtnetlink handle in one namespace, opened from inside it
+// by OpenHere for ApplyVia and RemoveVia.
+type Handle struct{ nl *netlink.Handle }
 
 // OpenHere opens a Handle in the calling thread's network namespace: a
 // caller that enters the namespace once (hostns.Netns.Do) opens it there
@@ -89,92 +78,11 @@ func OpenHere() (*Handle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening rtnetlink: %w", err)
 	}
-	raw, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
-	if err == nil {
-		err = unix.SetsockoptTimeval(raw, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &rawTimeout)
-		if err != nil {
-			unix.Close(raw)
-		}
-	}
-	if err != nil {
-		nl.Close()
-		return nil, fmt.Errorf("opening rtnetlink: %w", err)
-	}
-	return &Handle{nl: nl, raw: raw}, nil
+	return &Handle{nl: nl}, nil
 }
 
-// Close closes the handle and the socket.
-func (h *Handle) Close() {
-	h.nl.Close()
-	unix.Close(h.raw)
-}
-
-// loAddr adds (RTM_NEWADDR, exclusively) or deletes (RTM_DELADDR) the
-// address a on lo, as the netlink handle's AddrAdd and AddrDel do: the
-// local and peer address both a, IFA_F_NODAD, scope universe. The kernel's
-// error is returned as its errno (EEXIST, EADDRNOTAVAIL, ...).
-func (h *Handle) loAddr(typ uint16, a netip.Prefix) error {
-	ip := a.Addr().AsSlice()
-	fam := uint8(unix.AF_INET6)
-	if a.Addr().Is4() {
-		fam = unix.AF_INET
-	}
-	attr := func(t uint16, v []byte) []byte {
-		b := make([]byte, unix.SizeofRtAttr, unix.SizeofRtAttr+len(v)+3)
-		binary.NativeEndian.PutUint16(b[0:], uint16(unix.SizeofRtAttr+len(v)))
-		binary.NativeEndian.PutUint16(b[2:], t)
-		b = append(b, v...)
-		for len(b)%unix.NLMSG_ALIGNTO != 0 {
-			b = append(b, 0)
-		}
-		return b
-	}
-	flags := uint16(unix.NLM_F_REQUEST | unix.NLM_F_ACK)
-	if typ == unix.RTM_NEWADDR {
-		flags |= unix.NLM_F_CREATE | unix.NLM_F_EXCL
-	}
-	h.seq++
-	msg := make([]byte, unix.NLMSG_HDRLEN, 64)
-	msg = append(msg, fam, uint8(a.Bits()), unix.IFA_F_NODAD, unix.RT_SCOPE_UNIVERSE, 0, 0, 0, 0)
-	binary.NativeEndian.PutUint32(msg[unix.NLMSG_HDRLEN+4:], loIndex)
-	msg = append(msg, attr(unix.IFA_LOCAL, ip)...)
-	msg = append(msg, attr(unix.IFA_ADDRESS, ip)...)
-	binary.NativeEndian.PutUint32(msg[0:], uint32(len(msg)))
-	binary.NativeEndian.PutUint16(msg[4:], typ)
-	binary.NativeEndian.PutUint16(msg[6:], flags)
-	binary.NativeEndian.PutUint32(msg[8:], h.seq)
-	if err := unix.Sendto(h.raw, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return err
-	}
-	buf := make([]byte, 4096)
-	for {
-		n, _, err := unix.Recvfrom(h.raw, buf, 0)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		for b := buf[:n]; len(b) >= unix.NLMSG_HDRLEN; {
-			l := int(binary.NativeEndian.Uint32(b[0:]))
-			if l < unix.NLMSG_HDRLEN || l > len(b) {
-				return fmt.Errorf("malformed netlink message (length %d of %d bytes)", l, len(b))
-			}
-			m := b[:l]
-			b = b[min(len(b), (l+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1)):]
-			if binary.NativeEndian.Uint32(m[8:]) != h.seq || binary.NativeEndian.Uint16(m[4:]) != unix.NLMSG_ERROR {
-				continue
-			}
-			if len(m) < unix.NLMSG_HDRLEN+4 {
-				return errors.New("netlink error message without an error code")
-			}
-			if e := int32(binary.NativeEndian.Uint32(m[unix.NLMSG_HDRLEN:])); e < 0 {
-				return unix.Errno(-e)
-			}
-			return nil
-		}
-	}
-}
+// Close closes the handle.
+func (h *Handle) Close() { h.nl.Close() }
 
 // Apply programs p's policy routes and loopback addresses. What it
 // adds is undone if a later step fails. With reapply, routes and addresses
@@ -203,16 +111,10 @@ func ApplyVia(h *Handle, ns int, p redirect.Plan, reapply bool) error {
 	if err := hostns.RefuseFd(ns, "of the policy routes"); err != nil {
 		return err
 	}
-	return applyWith(h.nl, h, p, reapply)
+	return apply(h.nl, p, reapply)
 }
 
-func apply(h *netlink.Handle, p redirect.Plan, reapply bool) error {
-	return applyWith(h, nil, p, reapply)
-}
-
-// applyWith is Apply through h, lo's addresses through raw when there is
-// one.
-func applyWith(h *netlink.Handle, raw *Handle, p redirect.Plan, reapply bool) (err error) {
+func apply(h *netlink.Handle, p redirect.Plan, reapply bool) (err error) {
 	var undo []func() error
 	defer func() {
 		if err != nil {
@@ -249,17 +151,11 @@ func applyWith(h *netlink.Handle, raw *Handle, p redirect.Plan, reapply bool) (e
 		}
 	}
 	for _, a := range p.LoopbackAddrs {
-		add := func() error { return raw.loAddr(unix.RTM_NEWADDR, a) }
-		del := func() error { return raw.loAddr(unix.RTM_DELADDR, a) }
-		if raw == nil {
-			addr := &netlink.Addr{IPNet: prefixNet(a), Flags: unix.IFA_F_NODAD}
-			add = func() error { return h.AddrAdd(lo, addr) }
-			del = func() error { return h.AddrDel(lo, addr) }
-		}
-		if err := add(); err != nil && !errors.Is(err, unix.EEXIST) {
+		addr := &netlink.Addr{IPNet: prefixNet(a), Flags: unix.IFA_F_NODAD}
+		if err := h.AddrAdd(lo, addr); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("adding %s to lo: %w", a, err)
 		} else if err == nil {
-			undo = append(undo, del)
+			undo = append(undo, func() error { return h.AddrDel(lo, addr) })
 		}
 	}
 	if !reapply {

@@ -3,7 +3,7 @@
 // and IP_TRANSPARENT (to accept connections a TPROXY rule delivers to a
 // socket that does not own the destination address).
 //
-// It is shared by the real-traffic lab (internal/netlab) and the stand-in
+// It is shared by the real-traffic lab (netlab) and the stand-in
 // proxy the cluster end-to-end test runs in place of Envoy, so both read
 // original destinations the same way. It owns no sockets and never logs.
 package sockopt

@@ -18,8 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/e2e/cluster/standin"
-	"github.com/nftmesh/nftmesh/internal/netlab"
 	"github.com/nftmesh/nftmesh/iptables"
+	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"

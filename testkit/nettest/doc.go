@@ -1,5 +1,5 @@
 // Package nettest holds backends to Istio's semantics with real traffic. On
-// top of internal/netlab's topology, listeners and probes it owns the
+// top of netlab's topology, listeners and probes it owns the
 // expected landing of every probe per scenario, derived from a model of
 // Istio's iptables chains (nat OUTPUT/ISTIO_OUTPUT for local senders, nat
 // PREROUTING/ISTIO_INBOUND or the TPROXY mangle chains for what arrives),

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/netlab"
+	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )

@@ -3,7 +3,7 @@ package nettest
 import (
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/netlab"
+	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )

@@ -12,7 +12,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/netlab"
+	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 )

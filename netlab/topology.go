@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -243,33 +242,6 @@ func handleAt(path string) (*netlink.Handle, error) {
 	return h, nil
 }
 
-// addVeth creates the veth pair name/peer in the namespace at nsPath, the
-// peer end moved straight into the namespace peerFd refers to. It sends the
-// request the netlink library's LinkAdd sends for a netlink.Veth with
-// nothing but the names and the peer's namespace set (transmit queue
-// lengths 0 included), built from the library's message primitives:
-// LinkAdd links the library's encoder of every link kind (135 KB) into
-// every binary that links netlab, the redirect CLI's among them, whose
-// every run maps and unmaps those pages.
-func addVeth(nsPath, name, peer string, peerFd int) error {
-	return inNetns(nsPath, nil, func() error {
-		req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
-		req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
-		req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
-		req.AddData(nl.NewRtAttr(unix.IFLA_TXQLEN, nl.Uint32Attr(0)))
-		info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
-		info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("veth"))
-		end := info.AddRtAttr(nl.IFLA_INFO_DATA, nil).AddRtAttr(nl.VETH_INFO_PEER, nil)
-		nl.NewIfInfomsgChild(end, unix.AF_UNSPEC)
-		end.AddRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(peer))
-		end.AddRtAttr(unix.IFLA_TXQLEN, nl.Uint32Attr(0))
-		end.AddRtAttr(unix.IFLA_NET_NS_FD, nl.Uint32Attr(uint32(peerFd)))
-		req.AddData(info)
-		_, err := req.Execute(unix.NETLINK_ROUTE, 0)
-		return err
-	})
-}
-
 func (t *Topology) wire() error {
 	pod, err := handleAt(t.PodNetnsPath())
 	if err != nil {
@@ -300,7 +272,12 @@ func (t *Topology) wire() error {
 
 	// Created from inside the pod namespace, with the peer end moved straight
 	// into the peer namespace: the root namespace never sees either end.
-	if err := addVeth(t.PodNetnsPath(), t.PodIface, t.PeerIface, int(peerNS)); err != nil {
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: t.PodIface},
+		PeerName:      t.PeerIface,
+		PeerNamespace: netlink.NsFd(int(peerNS)),
+	}
+	if err := pod.LinkAdd(veth); err != nil {
 		return fmt.Errorf("adding veth %s/%s: %w", t.PodIface, t.PeerIface, err)
 	}
 
