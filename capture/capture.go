@@ -81,8 +81,10 @@ type Options struct {
 	// Backend is auto (the default when empty), nftables or iptables-legacy.
 	Backend string
 	// RunDir holds the per-namespace lock files (the agent run dir, shared
-	// by the plugin, the agent and the CLI). Empty: DefaultRunDir, or a
-	// temp dir when that cannot be created.
+	// by the plugin, the agent and the CLI: runs serialize only with runs
+	// of the same run dir). Empty: DefaultRunDir, or a directory of this
+	// user's in the temp dir when that cannot be created. It must be a
+	// directory only its owner (this user or root) can write (see lockDir).
 	RunDir string
 	// Locked, when set, is called once the namespace's lock is held,
 	// before anything there is read or written. A short-lived front end
