@@ -103,13 +103,12 @@ func openPrivateDir(dir string) (int, error) {
 		return -1, fmt.Errorf("directory %s: not a directory of its own", dir)
 	}
 	pfd, err := unix.Open(parent, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ENOENT) {
-		pfd, err = openPrivateDir(parent)
-	}
-	if err != nil {
-		if errors.As(err, new(*insecureDirError)) {
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		if pfd, err = openPrivateDir(parent); err != nil {
 			return -1, err
 		}
+	case err != nil:
 		return -1, fmt.Errorf("opening directory %s: %w", parent, err)
 	}
 	defer unix.Close(pfd)
