@@ -304,6 +304,11 @@ func (pl *Pipeline) Remove(ctx context.Context, n *Netns, o Options) (Removal, e
 		}
 	}
 	out, err := remove(ctx, bs, path)
+	for i := range out {
+		if out[i].Unread != "" && path != n.Path {
+			out[i].Unread = strings.ReplaceAll(out[i].Unread, path, n.Path)
+		}
+	}
 	if err != nil {
 		return out, unpin(err, path, n)
 	}
