@@ -81,8 +81,10 @@ type Options struct {
 	// Backend is auto (the default when empty), nftables or iptables-legacy.
 	Backend string
 	// RunDir holds the per-namespace lock files (the agent run dir, shared
-	// by the plugin, the agent and the CLI). Empty: DefaultRunDir, or a
-	// temp dir when that cannot be created.
+	// by the plugin, the agent and the CLI: runs serialize only with runs
+	// of the same run dir). Empty: DefaultRunDir, or a directory of this
+	// user's in the temp dir when that cannot be created. It must be a
+	// directory only its owner (this user or root) can write (see lockDir).
 	RunDir string
 	// Locked, when set, is called once the namespace's lock is held,
 	// before anything there is read or written. A short-lived front end
@@ -241,6 +243,10 @@ func (pl *Pipeline) List(ctx context.Context, n *Netns, o Options) (redirect.Pla
 type Removed struct {
 	Backend string   // nftables, iptables-legacy, or "routes" for the shared part
 	What    []string // e.g. "table inet nftmesh (12 rules in 5 chains, 3 sets)"
+	// Unread, when set, is why what was there could not be read before it
+	// was removed by name (a counter or a kind of set nftmesh does not
+	// write, added by someone else): What then names only what went.
+	Unread string
 }
 
 // Removal is what Remove did; empty when there was nothing of ours.
@@ -254,6 +260,9 @@ func (r Removal) String() string {
 	parts := make([]string, len(r))
 	for i, x := range r {
 		parts[i] = x.Backend + ": " + strings.Join(x.What, ", ")
+		if x.Unread != "" {
+			parts[i] += " (removed unread: " + x.Unread + ")"
+		}
 	}
 	return "removed " + strings.Join(parts, "; ")
 }
@@ -295,6 +304,11 @@ func (pl *Pipeline) Remove(ctx context.Context, n *Netns, o Options) (Removal, e
 		}
 	}
 	out, err := remove(ctx, bs, path)
+	for i := range out {
+		if out[i].Unread != "" && path != n.Path {
+			out[i].Unread = strings.ReplaceAll(out[i].Unread, path, n.Path)
+		}
+	}
 	if err != nil {
 		return out, unpin(err, path, n)
 	}
@@ -329,7 +343,19 @@ func remove(ctx context.Context, bs []redirect.Backend, path string) (Removal, e
 	for i, b := range bs {
 		live, err := b.List(ctx, path)
 		if err != nil {
-			return out, fmt.Errorf("listing %s rules before removing them: %w", b.Name(), err)
+			// What cannot be read (a counter, a timeout set, a verdict map
+			// someone added to our table; a target in our chain we do
+			// not decode) is ours all the same, and a DEL that fails on
+			// it would keep the pod Terminating for good: the backend's
+			// Remove deletes its objects by name, without reading them,
+			// routes included. The listing error goes with the Removal.
+			if rerr := b.Remove(ctx, path); rerr != nil {
+				return out, errors.Join(fmt.Errorf("listing %s rules before removing them: %w", b.Name(), err),
+					fmt.Errorf("removing %s rules without listing them: %w", b.Name(), rerr))
+			}
+			remover = b
+			out = append(out, Removed{Backend: b.Name(), What: []string{unreadRules(b.Name())}, Unread: err.Error()})
+			continue
 		}
 		if i == 0 {
 			// Routes and ::6 are listed by every backend: the first
@@ -371,6 +397,14 @@ func ourRoutes(p redirect.Plan) []string {
 		out = append(out, redirect.InboundPassthroughV6.Addr().String()+" on lo")
 	}
 	return out
+}
+
+// unreadRules names what a backend's Remove deletes by name.
+func unreadRules(backend string) string {
+	if backend == NFTables {
+		return "table inet " + nft.TableName + " and our policy routes"
+	}
+	return "our chains and tagged rules, and our policy routes"
 }
 
 func describeRules(backend string, p redirect.Plan) string {

@@ -3,7 +3,7 @@ package capture
 import (
 	"context"
 	"errors"
-	"github.com/nftmesh/nftmesh/internal/hostns"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -69,10 +72,11 @@ func TestApplyConcurrent(t *testing.T) {
 	}
 }
 
-// TestLock: a namespace is locked on its own inode: a second holder, by
-// another path to the same namespace, waits and gives up when its context
-// ends, gets the lock once the first lets go, and no file is written
-// anywhere for it.
+// TestLock: a namespace is locked on a file in the run dir's lock
+// directory named by its identity: a second holder, by another path to the
+// same namespace, waits and gives up when its context ends, and gets the
+// lock once the first lets go (the first holder's namespace descriptor may
+// go meanwhile).
 func TestLock(t *testing.T) {
 	dir := t.TempDir()
 	n, err := OpenForReading("/proc/self/ns/net")
@@ -90,12 +94,15 @@ func TestLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	want := filepath.Join(dir, lockSubdir, fmt.Sprintf("netns-%d-%d.lock", n.ID.Dev, n.ID.Ino))
+	if st, err := os.Lstat(want); err != nil || !st.Mode().IsRegular() || st.Mode().Perm() != 0o600 {
+		t.Fatalf("lock file %s: %v, %v; want a 0600 file", want, st, err)
+	}
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	if _, err := lockNetns(short, dir, other, "own"); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "another nftmesh run") {
 		t.Fatalf("second lock while held: %v", err)
 	}
-	// The holder's own descriptor may go: the lock has its own.
 	n.Close()
 	got := make(chan *netnsLock)
 	go func() {
@@ -116,9 +123,9 @@ func TestLock(t *testing.T) {
 	if l2 == nil {
 		return
 	}
-	defer l2.unlock(false)
-	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
-		t.Errorf("locking a namespace wrote %v in the run dir", entries)
+	l2.unlock(true)
+	if _, err := os.Lstat(want); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("lock file after an unlock that removes it: %v", err)
 	}
 }
 
@@ -167,25 +174,147 @@ func TestLockStub(t *testing.T) {
 // (parents too, mode 0700), taken as it is when present, and a file in its
 // place is an error naming it.
 func TestLockDir(t *testing.T) {
-	run := filepath.Join(t.TempDir(), "a", "b")
-	dir, err := lockDir(run)
+	base := t.TempDir()
+	run := filepath.Join(base, "a", "b")
+	fd, dir, err := lockDir(run)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := os.Stat(dir)
-	if err != nil || !st.IsDir() || st.Mode().Perm() != 0o700 || dir != filepath.Join(run, lockSubdir) {
-		t.Fatalf("lockDir(%s) = %s (%v, %v), want a 0700 directory %s", run, dir, st, err, filepath.Join(run, lockSubdir))
+	unix.Close(fd)
+	if dir != filepath.Join(run, lockSubdir) {
+		t.Fatalf("lockDir(%s) = %s, want %s", run, dir, filepath.Join(run, lockSubdir))
 	}
-	if again, err := lockDir(run); err != nil || again != dir {
+	for _, d := range []string{filepath.Join(base, "a"), run, dir} {
+		if st, err := os.Lstat(d); err != nil || !st.IsDir() || st.Mode().Perm() != 0o700 {
+			t.Fatalf("%s: %v, %v; want a 0700 directory", d, st, err)
+		}
+	}
+	fd, again, err := lockDir(run)
+	if err != nil || again != dir {
 		t.Fatalf("lockDir on an existing directory = %s, %v", again, err)
 	}
+	unix.Close(fd)
 	file := t.TempDir()
 	if err := os.WriteFile(filepath.Join(file, lockSubdir), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lockDir(file); err == nil || !strings.Contains(err.Error(), lockSubdir) {
+	if _, _, err := lockDir(file); err == nil || !strings.Contains(err.Error(), lockSubdir) {
 		t.Fatalf("lockDir with a file in the way = %v, want an error naming it", err)
 	}
+}
+
+// TestLockDirRefused: a lock directory, run dir or created parent that
+// another user could write, or a symlink in its place, is refused with an
+// error naming it and why, and nothing is locked; so is a temp-dir fallback
+// (/tmp/nftmesh-<uid>) made ahead of us. Before the fix, each was used.
+func TestLockDirRefused(t *testing.T) {
+	ctx := context.Background()
+	stub := hostns.Stub("stub", hostns.ID{Dev: 4, Ino: 78})
+	mkdir := func(t *testing.T, path string, mode os.FileMode) {
+		t.Helper()
+		if err := os.MkdirAll(path, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		root  bool // needs root (chown)
+		setup func(t *testing.T, base string) (runDir string)
+		bad   string // the path refused, relative to base
+		why   string
+	}{
+		{name: "world-writable lock dir", bad: "run/" + lockSubdir, why: "others can write", setup: func(t *testing.T, base string) string {
+			mkdir(t, filepath.Join(base, "run", lockSubdir), 0o777)
+			return filepath.Join(base, "run")
+		}},
+		{name: "group-writable run dir", bad: "run", why: "group or others can write", setup: func(t *testing.T, base string) string {
+			mkdir(t, filepath.Join(base, "run"), 0o770)
+			return filepath.Join(base, "run")
+		}},
+		{name: "symlink for the lock dir", bad: "run/" + lockSubdir, why: "is a symlink", setup: func(t *testing.T, base string) string {
+			mkdir(t, filepath.Join(base, "elsewhere"), 0o700)
+			mkdir(t, filepath.Join(base, "run"), 0o700)
+			if err := os.Symlink(filepath.Join(base, "elsewhere"), filepath.Join(base, "run", lockSubdir)); err != nil {
+				t.Fatal(err)
+			}
+			return filepath.Join(base, "run")
+		}},
+		{name: "symlink for the run dir", bad: "run", why: "is a symlink", setup: func(t *testing.T, base string) string {
+			mkdir(t, filepath.Join(base, "elsewhere"), 0o700)
+			if err := os.Symlink(filepath.Join(base, "elsewhere"), filepath.Join(base, "run")); err != nil {
+				t.Fatal(err)
+			}
+			return filepath.Join(base, "run")
+		}},
+		{name: "lock dir of another user", root: true, bad: "run/" + lockSubdir, why: "owned by uid 65534", setup: func(t *testing.T, base string) string {
+			mkdir(t, filepath.Join(base, "run", lockSubdir), 0o700)
+			if err := os.Chown(filepath.Join(base, "run", lockSubdir), 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+			return filepath.Join(base, "run")
+		}},
+		{name: "temp-dir fallback made by another user", root: true, bad: fmt.Sprintf("nftmesh-%d", os.Geteuid()), why: "owned by uid 65534", setup: func(t *testing.T, base string) string {
+			// The default run dir cannot be made (a file is in the way):
+			// the lock directory falls back to $TMPDIR/nftmesh-<uid>,
+			// which another user made first.
+			noDefaultRunDir(t, base)
+			mkdir(t, filepath.Join(base, fmt.Sprintf("nftmesh-%d", os.Geteuid())), 0o700)
+			if err := os.Chown(filepath.Join(base, fmt.Sprintf("nftmesh-%d", os.Geteuid())), 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+			return ""
+		}},
+		{name: "world-writable temp-dir fallback", bad: fmt.Sprintf("nftmesh-%d", os.Geteuid()), why: "others can write", setup: func(t *testing.T, base string) string {
+			noDefaultRunDir(t, base)
+			mkdir(t, filepath.Join(base, fmt.Sprintf("nftmesh-%d", os.Geteuid())), 0o777)
+			return ""
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.root && os.Geteuid() != 0 {
+				t.Skip("needs root: makes a directory owned by another user")
+			}
+			base := t.TempDir()
+			runDir := tc.setup(t, base)
+			l, err := lockNetns(ctx, runDir, stub, "stub")
+			if err == nil {
+				l.unlock(true)
+				t.Fatalf("locked in %s", tc.bad)
+			}
+			var insecure *insecureDirError
+			if !errors.As(err, &insecure) || !strings.Contains(err.Error(), filepath.Join(base, tc.bad)+":") || !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("lock = %v, want a refusal of %s that says it %s", err, filepath.Join(base, tc.bad), tc.why)
+			}
+		})
+	}
+	// A usable fallback is made private.
+	base := t.TempDir()
+	noDefaultRunDir(t, base)
+	l, err := lockNetns(ctx, "", stub, "stub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.unlock(true)
+	if st, err := os.Lstat(filepath.Join(base, fmt.Sprintf("nftmesh-%d", os.Geteuid()))); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("temp-dir fallback: %v, %v; want a 0700 directory", st, err)
+	}
+}
+
+// noDefaultRunDir makes the default run dir impossible to create (a file
+// is in its way) and the temp dir base, for the rest of t: the lock
+// directory falls back to base/nftmesh-<uid>.
+func noDefaultRunDir(t *testing.T, base string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(base, "file"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := defaultRunDir
+	t.Cleanup(func() { defaultRunDir = d })
+	defaultRunDir = filepath.Join(base, "file", "run")
+	t.Setenv("TMPDIR", base)
 }
 
 func ipnetns(t *testing.T, path, stdin string, args ...string) string {

@@ -115,16 +115,27 @@ func LinuxVia(path string, fd int) *Pipeline {
 	go func() {
 		defer close(k.addrs.done)
 		defer unix.Close(dup)
+		// This goroutine is outside the caller's recover: a panic here
+		// would end the agent with every call in flight. It fails this
+		// call's address list instead, and so the call.
+		defer func() {
+			if p := recover(); p != nil {
+				k.addrs.list, k.addrs.err = nil, fmt.Errorf("listing addresses of netns %s: panic: %v", path, p)
+			}
+		}()
 		n, err := hostns.OpenFD(dup, path)
 		if err != nil {
 			k.addrs.err = fmt.Errorf("listing addresses: %w", err)
 			return
 		}
 		defer n.Close()
-		k.addrs.list, k.addrs.err = netnsaddr.ListIn(n, path)
+		k.addrs.list, k.addrs.err = listAddrsIn(n, path)
 	}()
 	return New(k)
 }
+
+// listAddrsIn is netnsaddr.ListIn; tests replace it to make it panic.
+var listAddrsIn = netnsaddr.ListIn
 
 // addrsResult is the address list LinuxVia started.
 type addrsResult struct {

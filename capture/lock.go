@@ -14,9 +14,7 @@ import (
 )
 
 // DefaultRunDir is the agent run dir of a default install, where the lock
-// files of stub namespaces go when no run dir is given (a real namespace is
-// locked on its own inode, so every process queues on it whatever its run
-// dir).
+// files go when no run dir is given.
 const DefaultRunDir = "/var/run/nftmesh"
 
 // lockSubdir holds one lock file per network namespace.
@@ -27,71 +25,169 @@ const lockSubdir = "netns-locks"
 // runs, the agent's repair, the CLI), so two runs never interleave their
 // reads and writes in one namespace.
 //
-// A namespace opened from the kernel is locked on its own nsfs inode: every
-// open of one namespace, by any path and in any process, reaches the same
-// inode, so nothing has to be created, named or cleaned up, and no disk is
-// written (a full or slow run dir cannot fail or delay a pod's start). A
-// stub namespace of the in-memory kernel has no descriptor: it is locked on
-// a file named by its identity in the run dir.
+// The lock is a file named by the namespace's identity (the device and
+// inode of its nsfs file) in the run dir's lock directory, which only its
+// owner (root) can write: every path to one namespace shares one lock, and
+// no other user can hold it. The namespace file itself is not locked: it is
+// world-readable, and a flock needs only a descriptor, so any local user
+// could hold that one and wedge every verb on the pod. Processes share the
+// lock only when they share the run dir (the plugin, the agent and the CLI
+// default to DefaultRunDir).
+//
+// DEL, the namespace's last verb, removes the file. One left by a namespace
+// that went without a DEL stays, harmless: it is an empty file nobody holds,
+// and the kernel reuses namespace inode numbers (the lowest free one), so
+// the next namespace given that number takes it over; there are never more
+// of them than namespace numbers in use at once.
 type netnsLock struct {
-	path string // the lock file; "" for a namespace's own inode
+	dir  int    // the lock directory, held open: the file is unlinked through it
+	name string // the lock file's name in dir
+	path string // its path, for errors
 	fd   int
 }
 
-// lockDir is where the lock files live: runDir's subdirectory, or when no
-// run dir was configured, DefaultRunDir's, falling back to the temp dir if
-// that cannot be created (a CLI run on a machine without the agent).
-func lockDir(runDir string) (string, error) {
+// lockDir opens the directory the lock files live in: runDir's
+// subdirectory, or when no run dir was configured, DefaultRunDir's, falling
+// back to one under the temp dir if that cannot be created (a CLI run on a
+// machine without the agent, as a user who cannot write /var/run). Missing
+// directories are created (mode 0700); each one from the run dir down, and
+// any missing parent created, must be a directory owned by this user or
+// root that nobody else can write, reached without following a symlink: a
+// directory another user made or can write (a /tmp/nftmesh-<uid> made
+// ahead of us) is refused, as its lock files could be held or replaced.
+func lockDir(runDir string) (fd int, path string, err error) {
 	if runDir != "" {
-		dir := filepath.Join(runDir, lockSubdir)
-		if err := ensureDir(dir); err != nil {
-			return "", fmt.Errorf("creating the netns lock directory: %w", err)
+		return openLockDir(runDir)
+	}
+	fd, path, err = openLockDir(defaultRunDir)
+	if errors.As(err, new(*insecureDirError)) {
+		return -1, "", err
+	}
+	if err == nil {
+		// A user other than root cannot use root's (a CLI run on a
+		// namespace its own user namespace owns, on a node with the agent).
+		var st unix.Stat_t
+		if euid := os.Geteuid(); euid == 0 || unix.Fstat(fd, &st) == nil && st.Uid == uint32(euid) {
+			return fd, path, nil
 		}
-		return dir, nil
+		unix.Close(fd)
 	}
-	dir := filepath.Join(DefaultRunDir, lockSubdir)
-	if err := ensureDir(dir); err == nil {
-		return dir, nil
-	}
-	dir = filepath.Join(os.TempDir(), fmt.Sprintf("nftmesh-%d", os.Geteuid()), lockSubdir)
-	if err := ensureDir(dir); err != nil {
-		return "", fmt.Errorf("creating the netns lock directory: %w", err)
-	}
-	return dir, nil
+	return openLockDir(filepath.Join(os.TempDir(), fmt.Sprintf("nftmesh-%d", os.Geteuid())))
 }
 
-// ensureDir makes dir exist as a directory. It exists on every verb but a
-// node's first, so one stat answers; only a missing one pays MkdirAll's
-// walk up the path. Anything else there (a file, a dangling symlink) is
-// left to MkdirAll to report.
-func ensureDir(dir string) error {
-	var st unix.Stat_t
-	if unix.Stat(dir, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
-		return nil
+// defaultRunDir is DefaultRunDir; tests point it elsewhere.
+var defaultRunDir = DefaultRunDir
+
+// openLockDir opens runDir's lock subdirectory (see lockDir).
+func openLockDir(runDir string) (int, string, error) {
+	run, err := openPrivateDir(filepath.Clean(runDir))
+	if err != nil {
+		return -1, "", fmt.Errorf("opening the netns lock directory: %w", err)
 	}
-	return os.MkdirAll(dir, 0o700)
+	defer unix.Close(run)
+	path := filepath.Join(runDir, lockSubdir)
+	fd, err := openPrivateAt(run, lockSubdir, path)
+	if err != nil {
+		return -1, "", fmt.Errorf("opening the netns lock directory: %w", err)
+	}
+	return fd, path, nil
+}
+
+// openPrivateDir opens dir (an O_PATH descriptor), creating it and its
+// missing parents, and checks it and the parents it created (see
+// checkPrivate). The parents that exist are taken as they are (/var/run,
+// /tmp): dir's own check is what keeps other users out.
+func openPrivateDir(dir string) (int, error) {
+	parent, name := filepath.Dir(dir), filepath.Base(dir)
+	if parent == dir {
+		return -1, fmt.Errorf("directory %s: not a directory of its own", dir)
+	}
+	pfd, err := unix.Open(parent, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		if pfd, err = openPrivateDir(parent); err != nil {
+			return -1, err
+		}
+	case err != nil:
+		return -1, fmt.Errorf("opening directory %s: %w", parent, err)
+	}
+	defer unix.Close(pfd)
+	return openPrivateAt(pfd, name, dir)
+}
+
+// openPrivateAt opens the directory name in dirfd (path names it in
+// errors), creating it with mode 0700 when missing, without following a
+// symlink, and checks it (see checkPrivate).
+func openPrivateAt(dirfd int, name, path string) (int, error) {
+	const flags = unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, err := unix.Openat(dirfd, name, flags, 0)
+	if errors.Is(err, unix.ENOENT) {
+		// Every verb but a node's first finds it: only then a mkdir.
+		if err := unix.Mkdirat(dirfd, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+			return -1, fmt.Errorf("creating directory %s: %w", path, err)
+		}
+		fd, err = unix.Openat(dirfd, name, flags, 0)
+	}
+	if err != nil {
+		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+			// A symlink, or a file: its lstat says which.
+			var st unix.Stat_t
+			if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+				return -1, &insecureDirError{path: path, why: "is a " + fileKind(st.Mode) + ", not a directory"}
+			}
+		}
+		return -1, fmt.Errorf("opening directory %s: %w", path, err)
+	}
+	if err := checkPrivate(fd, path); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// checkPrivate checks that fd is a directory owned by this user or root
+// that neither its group nor others can write.
+func checkPrivate(fd int, path string) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("checking directory %s: %w", path, err)
+	}
+	euid := uint32(os.Geteuid())
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return &insecureDirError{path: path, why: "is a " + fileKind(st.Mode) + ", not a directory"}
+	case st.Uid != euid && st.Uid != 0:
+		return &insecureDirError{path: path, why: fmt.Sprintf("is owned by uid %d, not %d or root", st.Uid, euid)}
+	case st.Mode&0o022 != 0:
+		return &insecureDirError{path: path, why: fmt.Sprintf("has mode %#o: its group or others can write it", st.Mode&0o7777)}
+	}
+	return nil
+}
+
+// insecureDirError refuses a lock directory, or one of its parents, that
+// another user could write: that user could hold the lock files (wedging
+// every verb on a pod) or put others in their place.
+type insecureDirError struct{ path, why string }
+
+func (e *insecureDirError) Error() string {
+	return fmt.Sprintf("refusing directory %s: it %s (another user could hold or replace the netns lock files; use a run dir only this user can write)", e.path, e.why)
+}
+
+func fileKind(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		return "symlink"
+	case unix.S_IFREG:
+		return "regular file"
+	case unix.S_IFDIR:
+		return "directory"
+	}
+	return fmt.Sprintf("file of mode %#o", mode&unix.S_IFMT)
 }
 
 // lockNetns takes the lock of namespace n, waiting until ctx is done.
 func lockNetns(ctx context.Context, runDir string, n *hostns.Netns, what string) (*netnsLock, error) {
-	if n.Fd() >= 0 {
-		return lockInode(ctx, n.Fd(), what)
-	}
 	return lockFile(ctx, runDir, n.ID, what)
-}
-
-// lockInode flocks the namespace's own inode through a duplicate of fd
-// (its own reference: the caller may close or hand over fd meanwhile).
-func lockInode(ctx context.Context, fd int, what string) (*netnsLock, error) {
-	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("locking netns %s: %w", what, err)
-	}
-	if err := flockWait(ctx, dup, what, "another nftmesh run holds it"); err != nil {
-		unix.Close(dup)
-		return nil, err
-	}
-	return &netnsLock{fd: dup}, nil
 }
 
 // flockWait takes an exclusive flock on fd, polling with backoff until ctx
@@ -115,40 +211,45 @@ func flockWait(ctx context.Context, fd int, what, holder string) error {
 	}
 }
 
-// lockFile locks the file standing for the namespace id in the run dir.
-// The file is named by the namespace's device and inode, so every path to
-// one namespace (bind mount, /proc/PID/ns/net, symlink) shares one lock.
+// lockFile locks the file standing for the namespace id in the run dir's
+// lock directory. The file is named by the namespace's device and inode,
+// so every path to one namespace (bind mount, /proc/PID/ns/net, symlink)
+// shares one lock.
 func lockFile(ctx context.Context, runDir string, id hostns.ID, what string) (*netnsLock, error) {
-	dir, err := lockDir(runDir)
+	dir, dirPath, err := lockDir(runDir)
 	if err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, fmt.Sprintf("netns-%d-%d.lock", id.Dev, id.Ino))
+	name := fmt.Sprintf("netns-%d-%d.lock", id.Dev, id.Ino)
+	path := filepath.Join(dirPath, name)
 	for {
-		fd, err := unix.Open(path, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+		fd, err := unix.Openat(dir, name, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 		if err != nil {
+			unix.Close(dir)
 			return nil, fmt.Errorf("opening the lock file %s of netns %s: %w", path, what, err)
 		}
 		if err := flockWait(ctx, fd, what, "another nftmesh run holds "+path); err != nil {
 			unix.Close(fd)
+			unix.Close(dir)
 			return nil, err
 		}
 		// A holder that removed the file (DEL, the namespace's last verb)
 		// leaves us locking an unlinked inode: start over on the new file.
 		var held, named unix.Stat_t
-		if unix.Fstat(fd, &held) == nil && unix.Stat(path, &named) == nil && held.Dev == named.Dev && held.Ino == named.Ino {
-			return &netnsLock{path: path, fd: fd}, nil
+		if unix.Fstat(fd, &held) == nil && unix.Fstatat(dir, name, &named, unix.AT_SYMLINK_NOFOLLOW) == nil && held.Dev == named.Dev && held.Ino == named.Ino {
+			return &netnsLock{dir: dir, name: name, path: path, fd: fd}, nil
 		}
 		unix.Close(fd)
 	}
 }
 
-// unlock releases the lock; with remove, a lock file goes first (the
+// unlock releases the lock; with remove, the lock file goes first (the
 // namespace is going away), so later runs start on a new file.
 func (l *netnsLock) unlock(remove bool) {
-	if remove && l.path != "" {
-		_ = os.Remove(l.path)
+	if remove {
+		_ = unix.Unlinkat(l.dir, l.name, 0)
 	}
 	_ = unix.Flock(l.fd, unix.LOCK_UN)
 	unix.Close(l.fd)
+	unix.Close(l.dir)
 }

@@ -294,6 +294,13 @@ func TestFakeCheck(t *testing.T) {
 	if _, err := pl.Check(ctx, n, p, o); err == nil || redirect.IsDrift(err) {
 		t.Errorf("Check with an unreadable namespace = %v, want a non-drift error", err)
 	}
+	// What the reader does not decode of ours is drift, saying what.
+	f, pl, o = fake(t)
+	f.Install(podNS, capture.NFTables, p)
+	f.FailList("", redirect.Unreadable(errors.New("set seen: address set without the interval flag")))
+	if _, err := pl.Check(ctx, open(t, pl, podNS), p, o); !redirect.IsDrift(err) || !strings.Contains(err.Error(), "nftmesh does not write: listing nftables rules in netns "+podNS+": set seen") {
+		t.Errorf("Check with content the reader does not decode = %v, want drift naming it", err)
+	}
 }
 
 // TestFakeRemove: Remove with auto takes ours out of every backend that
@@ -367,6 +374,37 @@ func TestFakeRemove(t *testing.T) {
 		}
 		if d := f.Dump(podNS); d != "" {
 			t.Errorf("left:\n%s", d)
+		}
+	})
+	t.Run("unreadable", func(t *testing.T) {
+		// What a backend cannot read of ours is removed by name all the
+		// same, the Removal saying so; then the next backend.
+		f, pl, o := fake(t)
+		f.Install(podNS, capture.NFTables, scenarios.MustPlan(t, "tproxy"))
+		f.Install(podNS, capture.Legacy, scenarios.MustPlan(t, "defaults"))
+		f.FailList(capture.NFTables, redirect.Unreadable(errors.New("set seen: address set without the interval flag")))
+		removal, err := pl.Remove(ctx, open(t, pl, podNS), o)
+		if err != nil || len(removal) != 2 || removal[0].Backend != capture.NFTables || !strings.Contains(removal[0].Unread, "set seen") || removal[1].Backend != capture.Legacy || removal[1].Unread != "" {
+			t.Fatalf("Remove = %+v, %v; want nftables removed unread, then legacy", removal, err)
+		}
+		if !strings.Contains(removal.String(), "removed unread: listing nftables rules in netns "+podNS+": set seen") {
+			t.Errorf("Removal = %q, want the listing error", removal)
+		}
+		if d := f.Dump(podNS); d != "" {
+			t.Errorf("left:\n%s", d)
+		}
+		if l := locks(o); len(l) != 0 {
+			t.Errorf("lock files left after a successful Remove: %v", l)
+		}
+	})
+	t.Run("unreadable and failure", func(t *testing.T) {
+		f, pl, o := fake(t)
+		f.Install(podNS, capture.NFTables, scenarios.MustPlan(t, "defaults"))
+		f.FailList(capture.NFTables, errors.New("EPERM"))
+		f.FailRemove(capture.NFTables, errors.New("EBUSY"))
+		_, err := pl.Remove(ctx, open(t, pl, podNS), o)
+		if err == nil || !strings.Contains(err.Error(), "EPERM") || !strings.Contains(err.Error(), "removing nftables rules without listing them") || !strings.Contains(err.Error(), "EBUSY") {
+			t.Fatalf("Remove = %v, want both errors", err)
 		}
 	})
 	t.Run("failure", func(t *testing.T) {

@@ -253,14 +253,15 @@ func (b *Backend) List(ctx context.Context, netns string) (redirect.Plan, error)
 			}
 			dt, err := t.decodeOurs()
 			if err != nil {
-				return redirect.Plan{}, fmt.Errorf("listing rules in netns %s: %s table %s: %w", netns, fam, name, err)
+				return redirect.Plan{}, fmt.Errorf("listing rules in netns %s: %s table %s: %w", netns, fam, name, redirect.Unreadable(err))
 			}
 			byFam[fam] = append(byFam[fam], dt)
 		}
 	}
 	p, err := raise(byFam)
 	if err != nil {
-		return p, fmt.Errorf("listing rules in netns %s: %w", netns, err)
+		// Our rules, decoded, that do not form what nftmesh writes.
+		return p, fmt.Errorf("listing rules in netns %s: %w", netns, redirect.Unreadable(err))
 	}
 	if p.Routes, p.LoopbackAddrs, err = listRoutes(netns); err != nil {
 		return p, fmt.Errorf("listing rules in netns %s: %w", netns, err)

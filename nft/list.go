@@ -48,6 +48,23 @@ func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
 	}
 	table := &nftables.Table{Name: b.table, Family: nftables.TableFamilyINet}
 
+	// nftmesh writes no stateful objects: one there (a named counter or
+	// quota someone added) makes the table not one of ours as written.
+	objs, err := cc.GetNamedObjects(table)
+	if err != nil {
+		return fmt.Errorf("listing objects: %w", err)
+	}
+	if len(objs) > 0 {
+		if no, ok := objs[0].(*nftables.NamedObj); ok {
+			kind := map[nftables.ObjType]string{nftables.ObjTypeCounter: "counter", nftables.ObjTypeQuota: "quota", nftables.ObjTypeLimit: "limit"}[no.Type]
+			if kind == "" {
+				kind = fmt.Sprintf("of type %d", no.Type)
+			}
+			return redirect.Unreadable(fmt.Errorf("object %s %s: nftmesh writes no objects", kind, no.Name))
+		}
+		return redirect.Unreadable(fmt.Errorf("an object %T: nftmesh writes no objects", objs[0]))
+	}
+
 	sets, err := cc.GetSets(table)
 	if err != nil {
 		return fmt.Errorf("listing sets: %w", err)
@@ -61,18 +78,18 @@ func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
 		}
 		if s.Anonymous {
 			if s.KeyType.Name != nftables.TypeInetService.Name {
-				return fmt.Errorf("anonymous set %s of type %s is not ours", s.Name, s.KeyType.Name)
+				return redirect.Unreadable(fmt.Errorf("anonymous set %s of type %s is not ours", s.Name, s.KeyType.Name))
 			}
 			ports, err := decodePorts(elems)
 			if err != nil {
-				return fmt.Errorf("anonymous set %s: %w", s.Name, err)
+				return redirect.Unreadable(fmt.Errorf("anonymous set %s: %w", s.Name, err))
 			}
 			anon[s.Name] = ports
 			continue
 		}
 		ds, err := decodeSet(s, elems)
 		if err != nil {
-			return fmt.Errorf("set %s: %w", s.Name, err)
+			return redirect.Unreadable(fmt.Errorf("set %s: %w", s.Name, err))
 		}
 		kinds[ds.Name] = ds.Kind
 		p.Sets = append(p.Sets, ds)
@@ -89,19 +106,19 @@ func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
 		}
 		tn, cn, err := splitChainName(c.Name)
 		if err != nil {
-			return err
+			return redirect.Unreadable(err)
 		}
 		rc := redirect.Chain{Name: cn}
 		if c.Hooknum != nil {
 			if rc.Hook, err = decodeHook(*c.Hooknum); err != nil {
-				return fmt.Errorf("chain %s: %w", c.Name, err)
+				return redirect.Unreadable(fmt.Errorf("chain %s: %w", c.Name, err))
 			}
 			if c.Priority != nil {
 				rc.Priority = int32(*c.Priority)
 			}
 			rc.Type = redirect.ChainType(c.Type)
 			if c.Policy != nil && *c.Policy != nftables.ChainPolicyAccept {
-				return fmt.Errorf("chain %s: policy %d, ours are accept", c.Name, *c.Policy)
+				return redirect.Unreadable(fmt.Errorf("chain %s: policy %d, ours are accept", c.Name, *c.Policy))
 			}
 		}
 		ti := slices.IndexFunc(p.Tables, func(t redirect.Table) bool { return t.Name == tn })
@@ -125,13 +142,13 @@ func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
 	for _, lr := range rules {
 		at, ok := idx[lr.chain]
 		if !ok {
-			return fmt.Errorf("rule handle %d in unknown chain %s", lr.handle, lr.chain)
+			return redirect.Unreadable(fmt.Errorf("rule handle %d in unknown chain %s", lr.handle, lr.chain))
 		}
 		t := &p.Tables[at[0]]
 		d := ruleDecoder{table: t.Name, es: lr.exprs, anon: anon, sets: kinds}
 		r, err := d.decode()
 		if err != nil {
-			return fmt.Errorf("decoding chain %s rule handle %d: %w", lr.chain, lr.handle, err)
+			return redirect.Unreadable(fmt.Errorf("decoding chain %s rule handle %d: %w", lr.chain, lr.handle, err))
 		}
 		t.Chains[at[1]].Rules = append(t.Chains[at[1]].Rules, r)
 	}

@@ -11,6 +11,8 @@ import (
 	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/redirect"
 )
 
 // This file is where the backend goes beneath google/nftables' public API,
@@ -172,14 +174,17 @@ func dumpRules(conn *netlink.Conn, table string) ([]liveRule, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dumping rules of table %s: %w", table, err)
 	}
+	// What the kernel answered but we cannot parse (an expression nftmesh
+	// does not write) is content, not a failure to read: see
+	// redirect.UnreadableError.
 	out := make([]liveRule, 0, len(msgs))
 	for _, m := range msgs {
 		if len(m.Data) < 4 {
-			return nil, fmt.Errorf("short rule message (%d bytes)", len(m.Data))
+			return nil, redirect.Unreadable(fmt.Errorf("short rule message (%d bytes)", len(m.Data)))
 		}
 		r, err := parseRule(m.Data[4:])
 		if err != nil {
-			return nil, err
+			return nil, redirect.Unreadable(err)
 		}
 		out = append(out, r)
 	}

@@ -53,9 +53,39 @@ func IsDrift(err error) bool {
 	return errors.As(err, &d)
 }
 
-// CheckAgainst is the Check every backend can share: List, then Diff.
+// UnreadableError is a List error for a backend's own objects (nftmesh's
+// table, its chains) that hold what the backend's reader does not decode: a
+// counter, a set or map of a kind nftmesh does not write, a target or match
+// it does not use. nftmesh never writes such things, so the objects are not
+// as any plan made them: Check reports them as drift, and Remove deletes
+// the objects by name all the same. Failing to read at all (a socket
+// error, permission) is not one.
+type UnreadableError struct{ Err error }
+
+func (e *UnreadableError) Error() string { return e.Err.Error() }
+func (e *UnreadableError) Unwrap() error { return e.Err }
+
+// Unreadable wraps err, when not nil, in an *UnreadableError.
+func Unreadable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &UnreadableError{Err: err}
+}
+
+// IsUnreadable reports whether err is (or wraps) an *UnreadableError.
+func IsUnreadable(err error) bool {
+	var u *UnreadableError
+	return errors.As(err, &u)
+}
+
+// CheckAgainst is the Check every backend can share: List, then Diff. What
+// List cannot decode of ours is drift, its one line saying what.
 func CheckAgainst(ctx context.Context, b Backend, netns string, want Plan) error {
 	got, err := b.List(ctx, netns)
+	if IsUnreadable(err) {
+		return &DriftError{Lines: []string{"+ what nftmesh does not write: " + err.Error()}}
+	}
 	if err != nil {
 		return err
 	}

@@ -217,7 +217,8 @@ func kind(mode uint32, fsType int64) string {
 // locked, and the runtime ends it with the goroutine instead of running
 // other goroutines in the wrong namespace. fn must not start goroutines
 // that expect to run in n. When n is the namespace the process started in,
-// fn runs on the caller's goroutine: every unlocked thread is in n.
+// fn runs on the caller's goroutine: every unlocked thread is in n. A panic
+// in fn is returned as Do's error.
 func (n *Netns) Do(fn func() error) error {
 	if selfErr == nil && n.ID == self {
 		// n is where this process started (a command run inside the
@@ -243,7 +244,7 @@ func (n *Netns) Do(fn func() error) error {
 			errc <- fmt.Errorf("entering netns %s: %w", n.Path, err)
 			return
 		}
-		ferr := fn()
+		ferr := callGuarded(fn)
 		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
 			// Left locked: the thread dies with this goroutine.
 			errc <- errors.Join(ferr, fmt.Errorf("leaving netns %s: %w", n.Path, err))
@@ -253,6 +254,19 @@ func (n *Netns) Do(fn func() error) error {
 		errc <- ferr
 	}()
 	return <-errc
+}
+
+// callGuarded runs fn, a panic in it turned into its error: Do's goroutine
+// is outside its caller's recover, and a panic there would end the process
+// (the agent, with every call in flight) instead of failing one call. The
+// thread then goes back to its namespace as after any error.
+func callGuarded(fn func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return fn()
 }
 
 // Refuse returns an error wrapping ErrOwnNetns when n is this process's
