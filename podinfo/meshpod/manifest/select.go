@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -9,7 +10,9 @@ import (
 	"os"
 	"strings"
 
-	"github.com/nftmesh/nftmesh/internal/yamljson"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
@@ -43,44 +46,30 @@ func ReadManifestData(path string) ([]byte, error) {
 
 // SelectPod finds the one Pod a manifest stream describes and returns its
 // document (JSON or YAML, as found). The stream may hold several documents
-// separated by "---" lines (kubectl's rule), and List or PodList objects
-// (`kubectl get pods -o yaml`); every Pod in them is a candidate. name
-// ("NAME" or "NAMESPACE/NAME") picks one; without it there must be exactly
-// one. Anything else is an error listing what was found, never a silent
-// choice of the first.
+// separated by "---" lines (kubectl's rule and reader), and List or PodList
+// objects (`kubectl get pods -o yaml`); every Pod in them is a candidate.
+// name ("NAME" or "NAMESPACE/NAME") picks one; without it there must be
+// exactly one. Anything else is an error listing what was found, never a
+// silent choice of the first.
 //
 // A stream of one document that is not a Pod keeps the single-manifest
 // errors (no kind, wrong kind, wrong apiVersion).
 func SelectPod(data []byte, name string) ([]byte, error) {
-	return selectPod(data, name, decodeHead)
-}
-
-// decodeHead decodes what SelectPod reads of a document. The head's fields
-// are strings read as they are written: sigs.k8s.io/yaml's Unmarshal,
-// which this replaces, turns numbers and booleans into text only for
-// fields it finds directly in the target struct, not for an embedded
-// struct's, so plain JSON decoding of the converted document reads what
-// it read.
-func decodeHead(doc []byte, v any) error {
-	j, err := yamljson.ToJSON(doc)
+	docs, err := splitDocuments(data)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return json.Unmarshal(j, v)
-}
-
-// selectPod is SelectPod with the head decoder as a parameter, so that
-// tests can run it with sigs.k8s.io/yaml's.
-func selectPod(data []byte, name string, decode func([]byte, any) error) ([]byte, error) {
-	docs := splitDocuments(data)
 	var pods []candidate
 	var others []string
-	for _, doc := range docs {
+	for i, doc := range docs {
 		var head struct {
 			typeHead
 			Items []json.RawMessage `json:"items"`
 		}
-		if err := decode(doc, &head); err != nil {
+		if err := yaml.Unmarshal(doc, &head); err != nil {
+			if len(docs) > 1 {
+				return nil, fmt.Errorf("decoding manifest document %d: %w", i+1, err)
+			}
 			return nil, fmt.Errorf("decoding manifest: %w", err)
 		}
 		switch {
@@ -217,46 +206,28 @@ func withKind(item json.RawMessage, apiVersion string) (json.RawMessage, error) 
 	return json.Marshal(obj)
 }
 
-// splitDocuments splits a YAML stream at "---" lines (three dashes at the
-// start of a line, then only white space), as kubectl reads files, and
-// drops documents that hold nothing but white space and comments. A stream
-// with no document at all is one empty document, so that the decoder says
-// what is missing.
-func splitDocuments(data []byte) [][]byte {
+// splitDocuments splits a YAML stream into its documents with kubectl's
+// reader (apimachinery's YAMLReader: "---" lines), and drops documents
+// that hold nothing (white space and comments). A stream with no document
+// at all is one empty document, so that the decoder says what is missing.
+func splitDocuments(data []byte) ([][]byte, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	var docs [][]byte
-	start := 0
-	flush := func(end int) {
-		if doc := data[start:end]; !blank(doc) {
-			docs = append(docs, doc)
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
 		}
+		if err != nil {
+			return nil, fmt.Errorf("splitting manifest documents: %w", err)
+		}
+		if j, err := yaml.YAMLToJSON(doc); err == nil && string(j) == "null" {
+			continue
+		}
+		docs = append(docs, doc)
 	}
-	for i := 0; i < len(data); {
-		end := bytes.IndexByte(data[i:], '\n')
-		next := len(data)
-		if end >= 0 {
-			next = i + end + 1
-		}
-		line := data[i:next]
-		if rest, ok := bytes.CutPrefix(line, []byte("---")); ok && len(bytes.TrimSpace(rest)) == 0 {
-			flush(i)
-			start = next
-		}
-		i = next
-	}
-	flush(len(data))
 	if len(docs) == 0 {
-		return [][]byte{data}
+		return [][]byte{data}, nil
 	}
-	return docs
-}
-
-// blank reports whether a YAML document has only white space and comments.
-func blank(doc []byte) bool {
-	for _, line := range bytes.Split(doc, []byte("\n")) {
-		line = bytes.TrimSpace(line)
-		if len(line) > 0 && line[0] != '#' {
-			return false
-		}
-	}
-	return true
+	return docs, nil
 }
