@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -24,7 +23,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftmesh/nftmesh/internal/netlab"
-	"github.com/nftmesh/nftmesh/internal/oneproc"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -48,9 +46,6 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	// The plugin runs with GOMAXPROCS 1 (internal/oneproc, which main
-	// imports); its tests run with the CPUs the runtime chose.
-	runtime.GOMAXPROCS(oneproc.Procs)
 	os.Exit(runTests(m))
 }
 
