@@ -166,6 +166,21 @@ var commands = []struct {
 	{"inspect", newInspectCmd},
 	{"clean", newCleanCmd},
 	{"demo", newDemoCmd},
+	{"version", newVersionCmd},
+}
+
+// newVersionCmd prints what --version prints: the version, the toolchain
+// and the platform (version.Line).
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print redirect's version, Go toolchain and platform",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), version.Line("redirect"))
+			return err
+		},
+	}
 }
 
 // newRoot is the whole command tree.
