@@ -167,17 +167,8 @@ lint: staticcheck
 	@# The front runs on every pod start before anything else: beyond the
 	@# runtime, os and syscalls it links only the socket's wire format. No
 	@# JSON, fmt, network package, logger, netlink or CNI library.
-	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni | grep -E '^(encoding/json|fmt|net|log|log/slog|context|github\.com/.*)$$' | grep -v -E '^github\.com/nftmesh/nftmesh/(internal/(cnisock|oneproc)|cmd/nftmesh-cni)$$' || true); \
+	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni | grep -E '^(encoding/json|fmt|net|log|log/slog|context|github\.com/.*)$$' | grep -v -E '^github\.com/nftmesh/nftmesh/(internal/cnisock|cmd/nftmesh-cni)$$' || true); \
 	  if [ -n "$$bad" ]; then echo "the nftmesh-cni front links more than it may:"; echo "$$bad"; exit 1; fi
-	@# redirect apply is a whole process compared with nft -f: nothing it
-	@# links may bring the crypto packages (their inits run in every run).
-	@bad=$$($(GO) list -deps ./cmd/redirect | grep -E '^crypto/' || true); \
-	  if [ -n "$$bad" ]; then echo "redirect links crypto packages:"; echo "$$bad"; exit 1; fi
-	@# Nor a YAML library (go.yaml.in/yaml/v2's init compiles regular
-	@# expressions): --pod manifests are read by internal/yamljson, which has
-	@# no init. regexp itself stays: cobra brings it.
-	@bad=$$($(GO) list -deps ./cmd/redirect | grep -E '^(sigs\.k8s\.io/yaml.*|go\.yaml\.in/.*|gopkg\.in/yaml.*)$$' || true); \
-	  if [ -n "$$bad" ]; then echo "redirect links a YAML library:"; echo "$$bad"; exit 1; fi
 	@# Only the capture pipeline drives the kernel backends: every front end
 	@# (plugin, CLI, repair) goes through it, so every write is guarded and
 	@# locked. Tests may import a backend; no other package may.

@@ -23,10 +23,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/zerologr"
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/inplace"
@@ -34,7 +36,6 @@ import (
 	"github.com/nftmesh/nftmesh/installer/pluginlog"
 	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/internal/version"
-	"github.com/nftmesh/nftmesh/internal/zklog"
 )
 
 // Exit codes: 2 is bad configuration, found before any host file is touched.
@@ -241,10 +242,16 @@ func repairClient(cfg *installer.Config) (kubernetes.Interface, error) {
 // text unless told to write JSON).
 // agentLogger is the agent's logger at level, which client-go's klog
 // output (watch errors, throttling notices) also goes to, in the same
-// format, instead of plain klog lines on the same stderr.
+// format and with "logger":"client-go", instead of plain klog lines on the
+// same stderr (which a log pipeline cannot parse). zerologr maps logr's
+// V(0) to info and V(1) to debug; klog's own verbosity (0) still drops
+// V(1) and up first.
 func agentLogger(w io.Writer, format string, level zerolog.Level) zerolog.Logger {
 	log := newLogger(w, format).Level(level)
-	zklog.Route(log)
+	// ContextualLogger: klog.Background() and FromContext (client-go's
+	// contextual logging) return this logger itself, so that WithName
+	// extends "logger" instead of klog adding a second "logger" key.
+	klog.SetLoggerWithOptions(zerologr.New(&log).WithName("client-go"), klog.ContextualLogger(true))
 	return log
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -333,5 +334,98 @@ func TestKlogIntoAgentLog(t *testing.T) {
 	klog.Error("throttled")
 	if line := txt.String(); strings.Count(line, "\n") != 1 || !strings.Contains(line, "ERR throttled") || !strings.Contains(line, "logger=client-go") {
 		t.Errorf("text line %q", line)
+	}
+}
+
+// TestKlogStructured: klog entries of every kind client-go emits come out
+// as the agent's JSON lines with their fields (structured values, the
+// error, a contextual logger's name and values), nothing reaches stderr.
+func TestKlogStructured(t *testing.T) {
+	t.Cleanup(klog.ClearLogger)
+	var buf bytes.Buffer
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stderr
+	os.Stderr = w
+	done := make(chan string)
+	go func() { b, _ := io.ReadAll(r); done <- string(b) }()
+	agentLogger(&buf, "json", zerolog.InfoLevel)
+	klog.ErrorS(errors.New("unexpected EOF"), "Unexpected error when reading response body", "url", "https://api/pods")
+	klog.Errorf("plain %s", "errorf")
+	klog.Warning("a warning")
+	klog.InfoS("structured info", "count", 3)
+	klog.V(4).Info("too detailed")
+	klog.Background().WithName("reflector").WithValues("type", "Pod").Info("contextual")
+	klog.Flush()
+	os.Stderr = old
+	w.Close()
+	if stderr := <-done; stderr != "" {
+		t.Errorf("klog still wrote to stderr: %q", stderr)
+	}
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("not a JSON line: %q", l)
+		}
+		if m["component"] != "nftmesh-agent" || !strings.HasPrefix(fmt.Sprint(m["logger"]), "client-go") {
+			t.Errorf("line without the agent's fields: %q", l)
+		}
+		lines = append(lines, m)
+	}
+	want := []map[string]any{
+		{"level": "error", "message": "Unexpected error when reading response body", "error": "unexpected EOF", "url": "https://api/pods"},
+		{"level": "error", "message": "plain errorf"},
+		{"level": "info", "message": "a warning"},
+		{"level": "info", "message": "structured info", "count": float64(3)},
+		{"level": "info", "message": "contextual", "type": "Pod", "logger": "client-go/reflector"},
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), buf.String())
+	}
+	for i, w := range want {
+		for k, v := range w {
+			if lines[i][k] != v {
+				t.Errorf("line %d: %s = %v, want %v", i, k, lines[i][k], v)
+			}
+		}
+	}
+}
+
+// TestKlogLevels: what reaches the agent's log follows its level. klog's
+// own functions keep klog's verbosity (0: klog.V(1) is dropped); a
+// contextual logger's V(1) is debug (logr's mapping, zerologr's), shown at
+// --log-level debug only, and V(2) and up (trace) never.
+func TestKlogLevels(t *testing.T) {
+	t.Cleanup(klog.ClearLogger)
+	for _, tc := range []struct {
+		level zerolog.Level
+		want  []string
+	}{
+		{zerolog.DebugLevel, []string{"v0", "v1", "e"}},
+		{zerolog.InfoLevel, []string{"v0", "e"}},
+		{zerolog.ErrorLevel, []string{"e"}},
+		{zerolog.Disabled, nil},
+	} {
+		var buf bytes.Buffer
+		agentLogger(&buf, "json", tc.level)
+		klog.Background().Info("v0")
+		klog.Background().V(1).Info("v1")
+		klog.Background().V(2).Info("v2: trace, below debug")
+		klog.V(1).Info("klog.V(1): klog's verbosity drops it")
+		klog.Error("e")
+		klog.Flush()
+		var got []string
+		for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+			var m struct{ Message string }
+			if l != "" && json.Unmarshal([]byte(l), &m) == nil {
+				got = append(got, m.Message)
+			}
+		}
+		if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("level %v: logged %q, want %q", tc.level, got, tc.want)
+		}
 	}
 }

@@ -26,7 +26,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/cnisock"
-	_ "github.com/nftmesh/nftmesh/internal/oneproc" // GOMAXPROCS 1 from package initialisation
 )
 
 // StandaloneName is the companion the front runs when the agent does not

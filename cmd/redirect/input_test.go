@@ -60,7 +60,7 @@ func TestCLIManifestInput(t *testing.T) {
 		{"two documents", []string{"render", "--pod", multi}, "", exitUsage, []string{multi, "2 Pods", `"shop/web-a"`, `"shop/web-bb"`, "by name"}},
 		{"two documents, --name", []string{"render", "--pod", multi, "--name", "web-bb"}, "", exitOK, []string{"192.0.2.6"}},
 		{"two documents, --name ns/name", []string{"render", "--pod", multi, "--name", "shop/web-a"}, "", exitOK, []string{"192.0.2.5"}},
-		{"two documents, unknown --name", []string{"render", "--pod", multi, "--name", "web-c"}, "", exitUsage, []string{`no Pod named "web-c"`, `"shop/web-a"`}},
+		{"two documents, unknown --name", []string{"render", "--pod", multi, "--name", "web-c"}, "", exitUsage, []string{`no Pod or workload named "web-c"`, `"shop/web-a"`}},
 		{"a List", []string{"validate", "--pod", list}, "", exitUsage, []string{"2 Pods", `"bank/web-bb"`}},
 		{"a List, --name", []string{"validate", "--pod", list, "--name", "bank/web-bb"}, "", exitOK, []string{"pod bank/web-bb"}},
 		{"standard input", []string{"render", "--pod", "-"}, meshPodDoc("shop", "web-a"), exitOK, []string{"192.0.2.5"}},
@@ -156,5 +156,89 @@ func TestCLIApplyNeedsInput(t *testing.T) {
 	}
 	if err := nft.New().Check(ctx, ns, want); err != nil {
 		t.Fatalf("apply --defaults did not install the default capture: %v", err)
+	}
+}
+
+// TestCLIWorkloadInput: --pod (-f) reads what users have: istioctl
+// kube-inject output (documents: a ServiceAccount, a Service, the injected
+// Deployment), a CronJob's template, and a file of several workloads
+// refused naming each unless --name picks one, by NAME or KIND/NAME.
+// Before, each was "no Pod in the manifest".
+func TestCLIWorkloadInput(t *testing.T) {
+	injected := filepath.Join("..", "..", "testdata", "istio", "injected")
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	product, err := os.ReadFile(filepath.Join(injected, "productpage.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reviews, err := os.ReadFile(filepath.Join(injected, "reviews.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	both := write("bookinfo.yaml", string(product)+"\n---\n"+string(reviews))
+	cron := write("cron.yaml", `apiVersion: batch/v1
+kind: CronJob
+metadata: {name: nightly, namespace: shop}
+spec:
+  schedule: "0 3 * * *"
+  jobTemplate:
+    spec:
+      template:
+        metadata:
+          annotations:
+            sidecar.istio.io/status: '{}'
+            traffic.sidecar.istio.io/excludeOutboundIPRanges: 198.51.100.0/24
+        spec:
+          containers:
+          - name: istio-proxy
+            args: [proxy, sidecar]
+`)
+	noTemplate := write("bare.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: bare}\nspec: {replicas: 1}\n")
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		code    int
+		mention []string
+	}{
+		{"kube-inject output", []string{"validate", "-f", filepath.Join(injected, "exclude-cidrs.yaml")}, exitOK, []string{"ok: Deployment ", "203.0.113.0/24"}},
+		{"kube-inject output, rules", []string{"render", "-f", filepath.Join(injected, "productpage.yaml")}, exitOK, []string{"15001"}},
+		{"kube-inject output left alone", []string{"render", "-f", filepath.Join(injected, "no-inject.yaml")}, exitNotInMesh, []string{"not in the mesh"}},
+		{"CronJob", []string{"validate", "-f", cron}, exitOK, []string{"ok: CronJob shop/nightly", "198.51.100.0/24"}},
+		{"two workloads", []string{"render", "-f", both}, exitUsage, []string{both, `Deployment "productpage-v1"`, `Deployment "reviews-v1"`, "choose one by name"}},
+		{"two workloads, --name", []string{"validate", "-f", both, "--name", "reviews-v1"}, exitOK, []string{"ok: Deployment /reviews-v1"}},
+		{"two workloads, --name KIND/NAME", []string{"validate", "-f", both, "--name", "deployment/productpage-v1"}, exitOK, []string{"ok: Deployment /productpage-v1"}},
+		{"a workload without a template", []string{"render", "-f", noTemplate}, exitUsage, []string{noTemplate, `Deployment "bare"`, "spec.template"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(t, tc.args...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d (stderr %q)", code, tc.code, errOut)
+			}
+			text := out + errOut
+			for _, m := range tc.mention {
+				if !strings.Contains(text, m) {
+					t.Errorf("output %.600q does not mention %q", text, m)
+				}
+			}
+		})
+	}
+}
+
+// TestCLIVersionCommand: `redirect version` prints what --version prints.
+func TestCLIVersionCommand(t *testing.T) {
+	code, out, errOut := runCLI(t, "version")
+	_, want, _ := runCLI(t, "--version")
+	if code != exitOK || out != want || errOut != "" {
+		t.Errorf("version: exit %d, stdout %q, stderr %q; want %q", code, out, errOut, want)
+	}
+	if code, _, errOut := runCLI(t, "version", "extra"); code != exitUsage || !strings.Contains(errOut, "extra") {
+		t.Errorf("version extra: exit %d, stderr %q", code, errOut)
 	}
 }

@@ -4,7 +4,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nftmesh/nftmesh/capture"
-	_ "github.com/nftmesh/nftmesh/internal/oneproc"
 	"github.com/nftmesh/nftmesh/internal/phase"
 	"github.com/nftmesh/nftmesh/internal/version"
 )
@@ -68,18 +66,6 @@ func failure(err error) error {
 	return &exitError{exitFailure, err}
 }
 
-// main runs with GOMAXPROCS 1 (internal/oneproc). A verb runs for
-// milliseconds, one goroutine at a time (the netns entries hand over to one
-// another): with a second P the runtime wakes an idle thread at every
-// goroutine it starts or readies, which finds nothing to do. On a loaded
-// machine each of those waits for a CPU and the exit waits for all of them
-// (measured on an apply: 35 instead of 60 voluntary context switches, wall
-// 6.9 instead of 7.8 ms p50). oneproc sets GOMAXPROCS to 1 during package
-// initialisation, before the first goroutines start: set from main
-// instead, it cost a stop-the-world of 0.2-0.3 ms median on a loaded
-// machine (whole apply 7.10 -> 6.18 ms p50, 300 rounds interleaved).
-// Nothing a verb does runs in parallel: the nftables batch, thousands of
-// set elements included, is written on one goroutine (nft/wire.go).
 func main() {
 	phase.Mark("main")
 	code := run(os.Args[1:], os.Stdout, os.Stderr)
@@ -98,59 +84,7 @@ func main() {
 const phasesEnv = "REDIRECT_PHASES"
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if code, ok := runDirect(args, stdout, stderr); ok {
-		return code
-	}
-	return runTree(newRootFor(args), args, stdout, stderr)
-}
-
-// direct reports whether runDirect may run the command name: one that
-// takes flags only (cobra.NoArgs) and acts on nothing but its flags, the
-// context and its output streams. trace takes arguments; demo is
-// interactive. (A switch: a map would be built in every run's inits.)
-func direct(name string) bool {
-	switch name {
-	case "render", "validate", "apply", "inspect", "clean":
-		return true
-	}
-	return false
-}
-
-// runDirect runs a command whose arguments are its own flags and nothing
-// else (no help, no version, no argument, no flag it does not know, nothing
-// pflag refuses) without cobra's machinery: the command's flag set parses
-// them and its RunE runs, with what cobra would run first (the root's
-// PersistentPreRun) and the same error handling after. That is what cobra
-// does for such a command line, less its own work around it (building the
-// root and its help and version flags, finding the command, its hooks):
-// tens of microseconds of a process compared whole with nft -f. Anything
-// else reports ok == false having printed and done nothing, and the
-// command tree runs it (TestCLIDirectSameOutput).
-func runDirect(args []string, stdout, stderr io.Writer) (code int, ok bool) {
-	if len(args) == 0 || !direct(args[0]) {
-		return 0, false
-	}
-	var build func() *cobra.Command
-	for _, c := range commands {
-		if c.name == args[0] {
-			build = c.build
-		}
-	}
-	cmd := build()
-	fs := cmd.Flags()
-	fs.Usage = func() {} // -h: pflag would print usage, cobra's tree does
-	if err := fs.Parse(args[1:]); err != nil || fs.NArg() > 0 {
-		return 0, false
-	}
-	cmd.SetContext(context.Background())
-	cmd.SetOut(stdout)
-	cmd.SetErr(stderr)
-	warnDeprecated(cmd, nil)
-	return exitCode(cmd, cmd.RunE(cmd, nil), stderr), true
-}
-
-// runTree runs args with the command tree root.
-func runTree(root *cobra.Command, args []string, stdout, stderr io.Writer) int {
+	root := newRoot()
 	root.SetArgs(args)
 	root.SetOut(versionWriter{stdout, root.DisplayName() + " version " + root.Version + "\n"})
 	root.SetErr(stderr)
@@ -219,9 +153,8 @@ func rootHint(err error, euid int) string {
 	return ""
 }
 
-// commands are the root's commands by name, built on demand (see
-// newRootFor). Their names are those of their Use lines
-// (TestCLICommandNames).
+// commands are the root's commands by name. Their names are those of
+// their Use lines (TestCLICommandNames).
 var commands = []struct {
 	name  string
 	build func() *cobra.Command
@@ -233,21 +166,25 @@ var commands = []struct {
 	{"inspect", newInspectCmd},
 	{"clean", newCleanCmd},
 	{"demo", newDemoCmd},
+	{"version", newVersionCmd},
+}
+
+// newVersionCmd prints what --version prints: the version, the toolchain
+// and the platform (version.Line).
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print redirect's version, Go toolchain and platform",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), version.Line("redirect"))
+			return err
+		},
+	}
 }
 
 // newRoot is the whole command tree.
-func newRoot() *cobra.Command { return newRootFor(nil) }
-
-// newRootFor is the command tree a run with args needs. When args start
-// with one of the commands' names, cobra can reach no other command: the
-// root holds that one alone, without cobra's completion command, and the
-// run does not pay for registering the flags of the others (a tenth of a
-// millisecond in a process that lives a few: apply is compared whole with
-// nft -f). Whatever else args hold (nothing, --help, help, completion,
-// __complete for the shell, a flag first, an unknown command and its
-// suggestions) gets the whole tree. What a command prints, and its exit
-// codes, are the same either way (TestCLIOneCommandTreeSameOutput).
-func newRootFor(args []string) *cobra.Command {
+func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "redirect",
 		Short: "Render, apply, inspect and remove nftmesh sidecar capture rules",
@@ -261,23 +198,10 @@ the nftmesh CNI plugin does, without Kubernetes and without any iptables or nft 
 		SilenceErrors:    true,
 		PersistentPreRun: warnDeprecated,
 	}
-	one := false
 	for _, c := range commands {
-		if len(args) > 0 && args[0] == c.name {
-			root.AddCommand(c.build())
-			root.CompletionOptions.DisableDefaultCmd = true
-			one = true
-			break
-		}
+		root.AddCommand(c.build())
 	}
-	if !one {
-		for _, c := range commands {
-			root.AddCommand(c.build())
-		}
-		// Flag completion is asked for by the shell as __complete ...:
-		// never by a run that starts with a command's name.
-		registerCompletions(root)
-	}
+	registerCompletions(root)
 	for _, c := range root.Commands() {
 		// The exit codes are the same for every command: the root's help
 		// holds the one table, each command's help points at it.

@@ -4,18 +4,12 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/internal/oneproc"
 	"github.com/nftmesh/nftmesh/redirect"
 )
-
-// The CLI runs with GOMAXPROCS 1 (internal/oneproc, which main imports);
-// its tests run with the CPUs the runtime chose, as any package's.
-func init() { runtime.GOMAXPROCS(oneproc.Procs) }
 
 func runCLI(t testing.TB, args ...string) (int, string, string) {
 	var out, errb bytes.Buffer

@@ -38,8 +38,8 @@ type specFlags struct {
 }
 
 func (f *specFlags) register(fs *pflag.FlagSet) {
-	fs.StringVarP(&f.pod, "pod", "f", "", "Pod manifest (YAML or JSON; - reads standard input) to take the spec from, as the CNI plugin would")
-	fs.StringVar(&f.name, "name", "", "with --pod: the Pod to take when the manifest holds several (documents or a List), as NAME or NAMESPACE/NAME")
+	fs.StringVarP(&f.pod, "pod", "f", "", "manifest file (YAML or JSON; - reads standard input) of a Pod, or of a workload whose pod template to read ("+manifest.WorkloadKinds+"; istioctl kube-inject output too), to take the spec from as the CNI plugin would")
+	fs.StringVar(&f.name, "name", "", "with --pod: the Pod or workload to take when the manifest holds several (documents or a List), as NAME, NAMESPACE/NAME or KIND/NAME")
 	fs.StringArrayVarP(&f.annotations, "annotation", "a", nil, "pod annotation `key=value` (repeatable), e.g. traffic.sidecar.istio.io/excludeOutboundIPRanges=10.0.0.0/8")
 	fs.BoolVar(&f.ipv6, "ipv6", false, "also capture IPv6 and add ::6/128 to lo; with --netns the default is decided from the namespace's addresses as Istio does")
 	fs.BoolVar(&f.dualStack, "dual-stack", false, "the sidecar is dual-stack (ISTIO_DUAL_STACK=true): with --netns, capture IPv6 whenever the namespace has an IPv6 address, not only when its first address is IPv6")
@@ -59,26 +59,26 @@ func (f *specFlags) requireInput(fs *pflag.FlagSet) {
 // stdin is where --pod - reads the manifest from.
 var stdin io.Reader = os.Stdin
 
-// readPod reads the --pod manifest (a file, or standard input for "-") and
-// picks the Pod --name names.
-func (f *specFlags) readPod() (*meshpod.Pod, error) {
+// readPod reads the --pod manifest (a file, or standard input for "-"):
+// the Pod or workload --name names.
+func (f *specFlags) readPod() (manifest.Object, error) {
 	if f.pod != "-" {
-		pod, err := manifest.ReadManifestNamed(f.pod, f.name)
+		o, err := manifest.ReadWorkload(f.pod, f.name)
 		if errors.Is(err, fs.ErrNotExist) && outputFormats[f.pod] {
 			// -f was the format flag before it became kubectl's file flag.
 			err = fmt.Errorf("%w (-f is the Pod manifest, as in kubectl; the output format is -o %s)", err, f.pod)
 		}
-		return pod, err
+		return o, err
 	}
 	data, err := manifest.ReadCapped(stdin, "from standard input")
 	if err != nil {
-		return nil, err
+		return manifest.Object{}, err
 	}
-	pod, err := manifest.ParseManifestNamed(data, f.name)
+	o, err := manifest.ParseWorkload(data, f.name)
 	if err != nil {
-		return nil, fmt.Errorf("reading pod manifest from standard input: %w", err)
+		return manifest.Object{}, fmt.Errorf("reading pod manifest from standard input: %w", err)
 	}
-	return pod, nil
+	return o, nil
 }
 
 // resolved is the outcome of reading the spec flags.
@@ -117,12 +117,13 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 				return resolved{}, usageErr("--%s cannot be combined with --pod: the manifest's istio-proxy container decides it", name)
 			}
 		}
-		pod, err := f.readPod()
+		o, err := f.readPod()
 		if err != nil {
 			return resolved{}, usageErr("%v", err)
 		}
+		pod := o.Pod
 		in, reason, spec, err := meshpod.Decide(pod)
-		subject := fmt.Sprintf("pod %s/%s", pod.Namespace, pod.Name)
+		subject := o.Subject()
 		warnings := redirect.UnknownAnnotationWarnings(pod.Annotations)
 		if err != nil {
 			return resolved{subject: subject, warnings: warnings}, usageErr("%w", err) // podinfo names the pod

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -23,7 +22,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/nftmesh/nftmesh/internal/oneproc"
 	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
@@ -48,9 +46,6 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	// The plugin runs with GOMAXPROCS 1 (internal/oneproc, which main
-	// imports); its tests run with the CPUs the runtime chose.
-	runtime.GOMAXPROCS(oneproc.Procs)
 	os.Exit(runTests(m))
 }
 

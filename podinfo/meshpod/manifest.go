@@ -12,25 +12,53 @@ import (
 // sends them. Other fields are ignored, as a
 // non-strict decode of a corev1.Pod ignores unknown ones.
 type manifest struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Metadata   struct {
-		Name        string            `json:"name"`
-		Namespace   string            `json:"namespace"`
-		UID         string            `json:"uid"`
-		Labels      map[string]string `json:"labels"`
-		Annotations map[string]string `json:"annotations"`
-	} `json:"metadata"`
+	APIVersion string    `json:"apiVersion"`
+	Kind       string    `json:"kind"`
+	Metadata   podMeta   `json:"metadata"`
+	Spec       podSpec   `json:"spec"`
+	Status     podStatus `json:"status"`
+}
+
+type podMeta struct {
+	Name        string            `json:"name"`
+	Namespace   string            `json:"namespace"`
+	UID         string            `json:"uid"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+type podSpec struct {
+	InitContainers []manifestContainer `json:"initContainers"`
+	Containers     []manifestContainer `json:"containers"`
+}
+
+type podStatus struct {
+	PodIP  string `json:"podIP"`
+	PodIPs []struct {
+		IP string `json:"ip"`
+	} `json:"podIPs"`
+}
+
+// podTemplate is a workload's pod template (the fields are named types,
+// not embedded, so that sigs.k8s.io/yaml's guided decode reaches them:
+// an unquoted `sidecar.istio.io/inject: true` reads as text).
+type podTemplate struct {
+	Metadata podMeta `json:"metadata"`
+	Spec     podSpec `json:"spec"`
+}
+
+// workload is where a workload keeps its pod template: spec.template
+// (Deployment, StatefulSet, DaemonSet, ReplicaSet, Job) or
+// spec.jobTemplate.spec.template (CronJob).
+type workload struct {
 	Spec struct {
-		InitContainers []manifestContainer `json:"initContainers"`
-		Containers     []manifestContainer `json:"containers"`
+		Template    *podTemplate `json:"template"`
+		JobTemplate *struct {
+			Spec struct {
+				Template *podTemplate `json:"template"`
+			} `json:"spec"`
+		} `json:"jobTemplate"`
 	} `json:"spec"`
-	Status struct {
-		PodIP  string `json:"podIP"`
-		PodIPs []struct {
-			IP string `json:"ip"`
-		} `json:"podIPs"`
-	} `json:"status"`
 }
 
 type manifestContainer struct {
@@ -64,6 +92,31 @@ func DecodeManifest(data []byte, unmarshal func([]byte, any) error) (*Pod, error
 	case m.APIVersion != "" && m.APIVersion != "v1":
 		return nil, fmt.Errorf("manifest apiVersion is %s (want v1)", quote.Value(m.APIVersion))
 	}
+	return m.pod(), nil
+}
+
+// DecodeTemplate decodes the pod template of a workload document with
+// unmarshal: spec.template, or with jobTemplate (a CronJob's)
+// spec.jobTemplate.spec.template. The Pod has the template's metadata;
+// its namespace and name are the caller's to fill in when the template
+// leaves them out (they are the workload's). A document without a
+// template is an error naming the field.
+func DecodeTemplate(data []byte, jobTemplate bool, unmarshal func([]byte, any) error) (*Pod, error) {
+	var w workload
+	if err := unmarshal(data, &w); err != nil {
+		return nil, fmt.Errorf("decoding pod template: %w", err)
+	}
+	t, field := w.Spec.Template, "spec.template"
+	if jobTemplate {
+		t, field = nil, "spec.jobTemplate.spec.template"
+		if w.Spec.JobTemplate != nil {
+			t = w.Spec.JobTemplate.Spec.Template
+		}
+	}
+	if t == nil {
+		return nil, fmt.Errorf("no pod template: %s is missing", field)
+	}
+	m := manifest{Metadata: t.Metadata, Spec: t.Spec}
 	return m.pod(), nil
 }
 

@@ -1,11 +1,19 @@
+// Package manifest reads Pod manifests, YAML or JSON, as kubectl prints and
+// reads them (sigs.k8s.io/yaml, documents split as kubectl splits a file),
+// into the capture decision's view of a pod (package meshpod). It owns
+// reading files and choosing a Pod among several documents; it does not
+// decide anything about capture.
 package manifest
 
 import (
-	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 
-	"github.com/nftmesh/nftmesh/internal/yamljson"
+	"sigs.k8s.io/yaml"
+
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // ReadManifest reads the one Pod of a manifest file, YAML or JSON (see
@@ -32,11 +40,6 @@ func ParseManifest(data []byte) (*meshpod.Pod, error) { return ParseManifestName
 
 // ParseManifestNamed decodes the Pod called name from a manifest stream.
 func ParseManifestNamed(data []byte, name string) (*meshpod.Pod, error) {
-	if name == "" {
-		if pod, ok := parseLonePod(data); ok {
-			return pod, nil
-		}
-	}
 	data, err := SelectPod(data, name)
 	if err != nil {
 		return nil, err
@@ -44,43 +47,80 @@ func ParseManifestNamed(data []byte, name string) (*meshpod.Pod, error) {
 	return meshpod.DecodeManifest(data, unmarshalYAML)
 }
 
-// unmarshalYAML decodes YAML as sigs.k8s.io/yaml's Unmarshal does
-// (numbers and booleans bound for string fields become their text) without
-// linking a YAML library whose initialisation every run of the CLI would
-// pay.
-func unmarshalYAML(b []byte, v any) error { return yamljson.Unmarshal(b, v) }
-
-// parseLonePod decodes a stream of one Pod document with one YAML parse
-// where the general path (SelectPod reading each document's head, then the
-// decoder) takes two, half of an apply --pod's time. ok is false, and the
-// general path decides and reports, unless the result is provably the
-// same:
-//
-//   - unmarshalYAML converts YAML to JSON guided by the target's field
-//     types, turning a number or boolean bound for a string field into a
-//     string, then decodes the JSON. SelectPod's head gets no such
-//     conversion (decodeHead decodes the unguided JSON), so decoding the
-//     JSON of yamljson.ToJSON into the same head gives what SelectPod's
-//     decode gives.
-//   - The Pod decoded from that unguided JSON is the guided decode's Pod
-//     whenever it decodes: the guide changes only a number or boolean
-//     bound for a string field, which fails the unguided decode.
-func parseLonePod(data []byte) (*meshpod.Pod, bool) {
-	docs := splitDocuments(data)
-	if len(docs) != 1 {
-		return nil, false
-	}
-	j, err := yamljson.ToJSON(docs[0])
-	if err != nil {
-		return nil, false
-	}
-	var head struct {
-		typeHead
-		Items []json.RawMessage `json:"items"`
-	}
-	if json.Unmarshal(j, &head) != nil || head.Kind == "List" || head.Kind == "PodList" {
-		return nil, false
-	}
-	pod, err := meshpod.DecodeManifest(j, json.Unmarshal)
-	return pod, err == nil
+// Object is what a workload reader chose from a manifest: the Pod, or a
+// workload's pod template read as a pod of the workload's namespace and
+// name (the template's own name and namespace, when it has them, win).
+type Object struct {
+	Pod  *meshpod.Pod
+	Kind string // Pod, or a workload kind (WorkloadKinds)
+	// Namespace and Name are the object's own (a workload's, not its
+	// template's).
+	Namespace, Name string
 }
+
+// Subject names the object in messages: "pod NAMESPACE/NAME", or for a
+// workload "Deployment NAMESPACE/NAME".
+func (o Object) Subject() string {
+	kind := o.Kind
+	if kind == "Pod" {
+		kind = "pod"
+	}
+	return kind + " " + o.Namespace + "/" + o.Name
+}
+
+// ReadWorkload reads the Pod or workload called name ("" for the only one;
+// see ParseWorkload) from a manifest file.
+func ReadWorkload(path, name string) (Object, error) {
+	data, err := ReadManifestData(path)
+	if err != nil {
+		return Object{}, err
+	}
+	o, err := ParseWorkload(data, name)
+	if err != nil {
+		return Object{}, fmt.Errorf("reading pod manifest %s: %w", path, err)
+	}
+	return o, nil
+}
+
+// ParseWorkload reads what users have: a Pod, or the pod template of a
+// Deployment, StatefulSet, DaemonSet, ReplicaSet, Job (spec.template) or
+// CronJob (spec.jobTemplate.spec.template), as written or as `istioctl
+// kube-inject` prints it. The stream is read as SelectPod reads it
+// (documents, Lists), other kinds (Services, ServiceAccounts) skipped;
+// name ("NAME", "NAMESPACE/NAME" or "KIND/NAME") picks among several, and
+// without it there must be exactly one. Errors name the document, the
+// kind and the field.
+func ParseWorkload(data []byte, name string) (Object, error) {
+	c, err := selectObject(data, name, true)
+	if err != nil {
+		return Object{}, err
+	}
+	o := Object{Kind: c.head.Kind, Namespace: c.head.Metadata.Namespace, Name: c.head.Metadata.Name}
+	if c.head.Kind == "Pod" {
+		if o.Pod, err = meshpod.DecodeManifest(c.data, unmarshalYAML); err != nil {
+			return Object{}, fmt.Errorf("%s: %w", c, err)
+		}
+		return o, nil
+	}
+	if v := c.head.APIVersion; v != "" {
+		group, _, _ := strings.Cut(v, "/")
+		if !strings.Contains(v, "/") || !slices.Contains(workloadGroups[c.head.Kind], group) {
+			return Object{}, fmt.Errorf("%s: apiVersion is %s (want %s/v1)", c, quote.Value(v), workloadGroups[c.head.Kind][0])
+		}
+	}
+	if o.Pod, err = meshpod.DecodeTemplate(c.data, c.head.Kind == "CronJob", unmarshalYAML); err != nil {
+		return Object{}, fmt.Errorf("%s: %w", c, err)
+	}
+	if o.Pod.Namespace == "" {
+		o.Pod.Namespace = o.Namespace
+	}
+	if o.Pod.Name == "" {
+		o.Pod.Name = o.Name
+	}
+	return o, nil
+}
+
+// unmarshalYAML is sigs.k8s.io/yaml's Unmarshal: YAML (or JSON) into the
+// json tags, a number or boolean bound for a string field read as its
+// text (an unquoted `sidecar.istio.io/inject: true`).
+func unmarshalYAML(b []byte, v any) error { return yaml.Unmarshal(b, v) }

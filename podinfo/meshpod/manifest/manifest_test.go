@@ -1,6 +1,8 @@
 package manifest
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -25,6 +27,25 @@ func TestParseManifestBadInput(t *testing.T) {
 				t.Errorf("ParseManifest = %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestParseManifestSamples: every sample pod reads (its Pod, or the only
+// document that is one), and YAML scalars bound for strings read as their
+// text, as kubectl reads them: an unquoted `sidecar.istio.io/inject: true`
+// is the annotation "true".
+func TestParseManifestSamples(t *testing.T) {
+	eachSamplePod(t, func(name string, data []byte) {
+		if _, err := ParseManifest(data); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	})
+	p, err := ParseManifest([]byte("kind: Pod\nmetadata:\n  annotations:\n    sidecar.istio.io/inject: true\n    a: 1\n    b: 1.5\n  labels: {v: yes}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Annotations["sidecar.istio.io/inject"] != "true" || p.Annotations["a"] != "1" || p.Annotations["b"] != "1.5" || p.Labels["v"] != "true" {
+		t.Errorf("scalars bound for strings: annotations %v, labels %v", p.Annotations, p.Labels)
 	}
 }
 
@@ -54,4 +75,21 @@ func FuzzParseManifest(f *testing.F) {
 			}
 		}
 	})
+}
+
+// eachSamplePod calls f with the name and content of every sample pod
+// manifest in testdata/pods.
+func eachSamplePod(t *testing.T, f func(name string, data []byte)) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("..", "..", "..", "testdata", "pods", "*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no sample pods: %v", err)
+	}
+	for _, name := range files {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(name, data)
+	}
 }

@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -9,7 +10,9 @@ import (
 	"os"
 	"strings"
 
-	"github.com/nftmesh/nftmesh/internal/yamljson"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
@@ -43,45 +46,59 @@ func ReadManifestData(path string) ([]byte, error) {
 
 // SelectPod finds the one Pod a manifest stream describes and returns its
 // document (JSON or YAML, as found). The stream may hold several documents
-// separated by "---" lines (kubectl's rule), and List or PodList objects
-// (`kubectl get pods -o yaml`); every Pod in them is a candidate. name
-// ("NAME" or "NAMESPACE/NAME") picks one; without it there must be exactly
-// one. Anything else is an error listing what was found, never a silent
-// choice of the first.
+// separated by "---" lines (kubectl's rule and reader), and List or PodList
+// objects (`kubectl get pods -o yaml`); every Pod in them is a candidate.
+// name ("NAME", "NAMESPACE/NAME" or "Pod/NAME") picks one; without it
+// there must be exactly one. Anything else is an error listing what was
+// found, never a silent choice of the first.
 //
 // A stream of one document that is not a Pod keeps the single-manifest
 // errors (no kind, wrong kind, wrong apiVersion).
 func SelectPod(data []byte, name string) ([]byte, error) {
-	return selectPod(data, name, decodeHead)
-}
-
-// decodeHead decodes what SelectPod reads of a document. The head's fields
-// are strings read as they are written: sigs.k8s.io/yaml's Unmarshal,
-// which this replaces, turns numbers and booleans into text only for
-// fields it finds directly in the target struct, not for an embedded
-// struct's, so plain JSON decoding of the converted document reads what
-// it read.
-func decodeHead(doc []byte, v any) error {
-	j, err := yamljson.ToJSON(doc)
+	c, err := selectObject(data, name, false)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return json.Unmarshal(j, v)
+	return c.data, nil
 }
 
-// selectPod is SelectPod with the head decoder as a parameter, so that
-// tests can run it with sigs.k8s.io/yaml's.
-func selectPod(data []byte, name string, decode func([]byte, any) error) ([]byte, error) {
-	docs := splitDocuments(data)
-	var pods []candidate
+// workloadGroups are the kinds that hold a pod template, with the API
+// group each belongs to (extensions: Deployments, DaemonSets and
+// ReplicaSets of old manifests, same template).
+var workloadGroups = map[string][]string{
+	"Deployment":  {"apps", "extensions"},
+	"StatefulSet": {"apps"},
+	"DaemonSet":   {"apps", "extensions"},
+	"ReplicaSet":  {"apps", "extensions"},
+	"Job":         {"batch"},
+	"CronJob":     {"batch"},
+}
+
+// WorkloadKinds names the kinds besides Pod whose pod template the
+// workload readers take, for help texts.
+const WorkloadKinds = "Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob"
+
+// selectObject finds the one object of a manifest stream that name picks
+// (see SelectPod): a Pod, or with workloads also an object of
+// workloadGroups' kinds.
+func selectObject(data []byte, name string, workloads bool) (candidate, error) {
+	docs, err := splitDocuments(data)
+	if err != nil {
+		return candidate{}, err
+	}
+	var found []candidate
 	var others []string
-	for _, doc := range docs {
-		var head struct {
-			typeHead
-			Items []json.RawMessage `json:"items"`
+	for d, doc := range docs {
+		where := ""
+		if len(docs) > 1 {
+			where = fmt.Sprintf("document %d", d+1)
 		}
-		if err := decode(doc, &head); err != nil {
-			return nil, fmt.Errorf("decoding manifest: %w", err)
+		// One struct, no embedding: sigs.k8s.io/yaml reads a number or
+		// boolean bound for a string field as its text (`name: 1234`) only
+		// in fields it finds directly in the target.
+		var head typeHead
+		if err := yaml.Unmarshal(doc, &head); err != nil {
+			return candidate{}, fmt.Errorf("decoding manifest%s: %w", prefixed(" ", where), err)
 		}
 		switch {
 		case head.Kind == "List" || head.Kind == "PodList":
@@ -91,58 +108,64 @@ func selectPod(data []byte, name string, decode func([]byte, any) error) ([]byte
 			for i, item := range head.Items {
 				var ih typeHead
 				if err := json.Unmarshal(item, &ih); err != nil {
-					return nil, fmt.Errorf("decoding %s item %d: %w", head.Kind, i, err)
+					return candidate{}, fmt.Errorf("decoding manifest%s: %s item %d: %w", prefixed(" ", where), head.Kind, i, err)
 				}
 				if head.Kind == "PodList" && ih.Kind == "" {
 					// A PodList's items carry no kind of their own.
 					ih.Kind, ih.APIVersion = "Pod", head.APIVersion
 					var err error
 					if item, err = withKind(item, ih.APIVersion); err != nil {
-						return nil, fmt.Errorf("decoding %s item %d: %w", head.Kind, i, err)
+						return candidate{}, fmt.Errorf("decoding manifest%s: %s item %d: %w", prefixed(" ", where), head.Kind, i, err)
 					}
 				}
-				if ih.Kind == "Pod" {
-					pods = append(pods, candidate{ih, item})
+				c := candidate{ih, item, strings.TrimPrefix(fmt.Sprintf("%s, %s item %d", where, head.Kind, i), ", ")}
+				if c.wanted(workloads) {
+					found = append(found, c)
 				} else {
 					others = append(others, ih.describe())
 				}
 			}
-		case head.Kind == "Pod" || len(docs) == 1:
-			// A lone document goes to the decoder, which says what is wrong
-			// with it (no kind, another kind, another apiVersion).
-			pods = append(pods, candidate{head.typeHead, doc})
+		case len(docs) == 1 && !workloads, (&candidate{head: head}).wanted(workloads):
+			// A lone document goes to the Pod decoder, which says what is
+			// wrong with it (no kind, another kind, another apiVersion).
+			found = append(found, candidate{head, doc, where})
 		default:
 			others = append(others, head.describe())
 		}
 	}
-	if len(docs) == 1 && len(pods) == 1 && name == "" {
-		return pods[0].doc, nil
+	if len(docs) == 1 && len(found) == 1 && name == "" {
+		return found[0], nil
 	}
 	var match []candidate
-	for _, p := range pods {
-		if name == "" || p.matches(name) {
-			match = append(match, p)
+	for _, c := range found {
+		if name == "" || c.matches(name) {
+			match = append(match, c)
 		}
+	}
+	what, kinds := "Pod", ""
+	if workloads {
+		what, kinds = "Pod or workload", " ("+WorkloadKinds+")"
 	}
 	switch {
 	case len(match) == 1:
-		return match[0].doc, nil
-	case len(pods) == 0:
-		found := "nothing"
+		return match[0], nil
+	case len(found) == 0:
+		f := "nothing"
 		if len(others) > 0 {
-			found = listOf(others)
+			f = listOf(others)
 		}
-		return nil, fmt.Errorf("no Pod in the manifest (found %s)", found)
+		return candidate{}, fmt.Errorf("no %s%s in the manifest (found %s)", what, kinds, f)
 	case name == "":
-		return nil, fmt.Errorf("the manifest holds %d Pods (%s): choose one by name", len(pods), podList(pods))
+		return candidate{}, fmt.Errorf("the manifest holds %s (%s): choose one by name (NAME, NAMESPACE/NAME or KIND/NAME)", count(found), candidateList(found))
 	case len(match) == 0:
-		return nil, fmt.Errorf("no Pod named %s in the manifest (found %s)", quote.Value(name), podList(pods))
+		return candidate{}, fmt.Errorf("no %s named %s in the manifest (found %s)", what, quote.Value(name), candidateList(found))
 	default:
-		return nil, fmt.Errorf("%d Pods are named %s (%s): choose one as NAMESPACE/NAME", len(match), quote.Value(name), podList(match))
+		return candidate{}, fmt.Errorf("%s are named %s (%s): choose one as NAMESPACE/NAME or KIND/NAME", count(match), quote.Value(name), candidateList(match))
 	}
 }
 
-// typeHead is what SelectPod reads of each object.
+// typeHead is what the selection reads of each object (and of a List,
+// its items).
 type typeHead struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
@@ -150,6 +173,7 @@ type typeHead struct {
 		Name      string `json:"name"`
 		Namespace string `json:"namespace"`
 	} `json:"metadata"`
+	Items []json.RawMessage `json:"items"`
 }
 
 func (h typeHead) ref() string {
@@ -170,25 +194,68 @@ func (h typeHead) describe() string {
 	return quote.TextN(kind, 64) + " " + quote.Value(h.ref())
 }
 
+// candidate is an object the selection may choose: its head, its data
+// (YAML or JSON), and where in the stream it is ("document 2", "List
+// item 0"; "" for a lone document).
 type candidate struct {
-	head typeHead
-	doc  []byte
+	head  typeHead
+	data  []byte
+	where string
 }
 
+// wanted reports whether c is a Pod, or with workloads a workload kind.
+func (c *candidate) wanted(workloads bool) bool {
+	if c.head.Kind == "Pod" {
+		return true
+	}
+	_, ok := workloadGroups[c.head.Kind]
+	return workloads && ok
+}
+
+// matches reports whether name ("NAME", "NAMESPACE/NAME" or "KIND/NAME",
+// the kind in any case) names c.
 func (c candidate) matches(name string) bool {
-	if ns, n, ok := strings.Cut(name, "/"); ok {
-		return c.head.Metadata.Namespace == ns && c.head.Metadata.Name == n
+	if first, n, ok := strings.Cut(name, "/"); ok {
+		return n == c.head.Metadata.Name && (first == c.head.Metadata.Namespace || strings.EqualFold(first, c.head.Kind))
 	}
 	return c.head.Metadata.Name == name
+}
+
+// String names c for errors: its kind and NAMESPACE/NAME, and where it is
+// in the stream.
+func (c candidate) String() string { return c.head.describe() + prefixed(" ", "("+c.where+")") }
+
+// prefixed is p+s, or "" when s is empty or "()".
+func prefixed(p, s string) string {
+	if s == "" || s == "()" {
+		return ""
+	}
+	return p + s
 }
 
 // maxListed bounds how many objects an error lists.
 const maxListed = 10
 
-func podList(pods []candidate) string {
-	refs := make([]string, len(pods))
-	for i, p := range pods {
-		refs[i] = quote.Value(p.head.ref())
+// count is "2 Pods", or with other kinds among them "3 objects".
+func count(cs []candidate) string {
+	for _, c := range cs {
+		if c.head.Kind != "Pod" {
+			return fmt.Sprintf("%d objects", len(cs))
+		}
+	}
+	return fmt.Sprintf("%d Pods", len(cs))
+}
+
+// candidateList lists cs for an error: Pods by their reference alone
+// ("shop/web") when all are Pods, else each with its kind.
+func candidateList(cs []candidate) string {
+	all := count(cs) == fmt.Sprintf("%d Pods", len(cs))
+	refs := make([]string, len(cs))
+	for i, c := range cs {
+		refs[i] = quote.Value(c.head.ref())
+		if !all {
+			refs[i] = c.head.describe()
+		}
 	}
 	return listOf(refs)
 }
@@ -217,46 +284,28 @@ func withKind(item json.RawMessage, apiVersion string) (json.RawMessage, error) 
 	return json.Marshal(obj)
 }
 
-// splitDocuments splits a YAML stream at "---" lines (three dashes at the
-// start of a line, then only white space), as kubectl reads files, and
-// drops documents that hold nothing but white space and comments. A stream
-// with no document at all is one empty document, so that the decoder says
-// what is missing.
-func splitDocuments(data []byte) [][]byte {
+// splitDocuments splits a YAML stream into its documents with kubectl's
+// reader (apimachinery's YAMLReader: "---" lines), and drops documents
+// that hold nothing (white space and comments). A stream with no document
+// at all is one empty document, so that the decoder says what is missing.
+func splitDocuments(data []byte) ([][]byte, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	var docs [][]byte
-	start := 0
-	flush := func(end int) {
-		if doc := data[start:end]; !blank(doc) {
-			docs = append(docs, doc)
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
 		}
+		if err != nil {
+			return nil, fmt.Errorf("splitting manifest documents: %w", err)
+		}
+		if j, err := yaml.YAMLToJSON(doc); err == nil && string(j) == "null" {
+			continue
+		}
+		docs = append(docs, doc)
 	}
-	for i := 0; i < len(data); {
-		end := bytes.IndexByte(data[i:], '\n')
-		next := len(data)
-		if end >= 0 {
-			next = i + end + 1
-		}
-		line := data[i:next]
-		if rest, ok := bytes.CutPrefix(line, []byte("---")); ok && len(bytes.TrimSpace(rest)) == 0 {
-			flush(i)
-			start = next
-		}
-		i = next
-	}
-	flush(len(data))
 	if len(docs) == 0 {
-		return [][]byte{data}
+		return [][]byte{data}, nil
 	}
-	return docs
-}
-
-// blank reports whether a YAML document has only white space and comments.
-func blank(doc []byte) bool {
-	for _, line := range bytes.Split(doc, []byte("\n")) {
-		line = bytes.TrimSpace(line)
-		if len(line) > 0 && line[0] != '#' {
-			return false
-		}
-	}
-	return true
+	return docs, nil
 }

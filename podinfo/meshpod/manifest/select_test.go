@@ -51,7 +51,7 @@ func TestSelectPod(t *testing.T) {
 		{name: "List without pods", data: list("List", `{"kind":"Service","metadata":{"name":"s"}}`), err: []string{"no Pod", `Service "s"`}},
 		{name: "empty List", data: list("List"), err: []string{"no Pod", "an empty List"}},
 		{name: "PodList items carry no kind", data: list("PodList", `{"metadata":{"name":"web-a","namespace":"shop"}}`), want: "shop/web-a"},
-		{name: "List item not an object", data: list("List", "3"), err: []string{"decoding List item 0"}},
+		{name: "List item not an object", data: list("List", "3"), err: []string{"decoding manifest", "List item 0"}},
 		{name: "lone document of another kind goes to the decoder", data: "kind: Deployment\n", err: []string{`kind is "Deployment"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
