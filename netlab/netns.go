@@ -55,6 +55,17 @@ func onThread(discard bool, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		if discard && unix.Gettid() == unix.Getpid() {
+			// The process's main thread is never destroyed: the runtime
+			// parks it for good instead, still in fn's namespace and with
+			// fn's identity, and /proc/self (which names the main thread)
+			// would then show that namespace as the process's. Keep it
+			// locked here, so the thread the work moves to is another.
+			err := onThread(discard, fn)
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
 		orig, err := netns.Get()
 		if err != nil {
 			runtime.UnlockOSThread()
