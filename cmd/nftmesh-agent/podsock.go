@@ -32,7 +32,11 @@ type podSocket struct {
 	cni    *cniplugin.Server
 	pods   cache.SharedIndexInformer
 	ownRun bool // the informer is ours to run (not the repair controller's)
-	log    zerolog.Logger
+	// inspectLn answers `redirect inspect NAMESPACE/NAME` (inspectsock.go),
+	// finding namespaces through the host's /proc at procDir.
+	inspectLn *agentsock.Listener
+	procDir   string
+	log       zerolog.Logger
 
 	mu      sync.Mutex
 	apiDown bool // the last list or watch call of our own informer failed
@@ -98,6 +102,11 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 		return nil, err
 	}
 	s.ln = ln
+	if s.inspectLn, err = agentsock.ListenAt(cfg.AgentRunDir, agentsock.InspectSocketName); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	s.procDir = cfg.Repair.HostProc
 	answers := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "nftmesh", Subsystem: "agent_socket", Name: "requests_total",
 		Help: "Plugin pod lookups on the agent's socket, by outcome (found, unknown, refused, bad_request, write_error).",
@@ -160,6 +169,11 @@ func (s *podSocket) run(ctx context.Context) error {
 	if s.ownRun {
 		go s.pods.RunWithContext(ctx)
 	}
+	go func() {
+		if err := agentsock.ServeInspect(ctx, s.inspectLn, rootPeer, s.inspectPod(s.procDir)); err != nil {
+			s.log.Warn().Err(err).Msg("the inspect socket stopped")
+		}
+	}()
 	from := "the repair controller's pod watch"
 	if s.ownRun {
 		from = "its own watch of the node's pods"

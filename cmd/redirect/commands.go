@@ -166,14 +166,29 @@ func newInspectCmd() *cobra.Command {
 	var sf specFlags
 	var netns, backend, output, runDir string
 	cmd := &cobra.Command{
-		Use:   "inspect --netns PATH [-f FILE | --annotation k=v ...]",
-		Short: "Show the capture rules live in a network namespace, or their drift from a pod's plan (root)",
-		Long: `Without a spec, prints what nftmesh installed there. With --pod or --annotation,
-compares the live rules with what that pod should have, prints the differences
-("-" expected but missing, "+" present but unexpected) and exits 3 when they differ;
-with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drift"}.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Use:   "inspect (NAMESPACE/NAME | --netns PATH [-f FILE | --annotation k=v ...])",
+		Short: "Show the capture rules live in a pod's network namespace, or their drift from its plan (root)",
+		Long: `With NAMESPACE/NAME, asks the nftmesh agent on this node for that pod and its
+network namespace (on the node as root, or in the agent's container through
+kubectl exec; any repair mode) and compares the live rules with what the pod
+should have. With --netns and no spec, prints what nftmesh installed there;
+with --pod or --annotation, compares the live rules with what that pod should
+have. Differences are printed ("-" expected but missing, "+" present but
+unexpected) with exit 3; with -o json as {"schemaVersion", "netns", "subject",
+"backend", "inSync", "drift"}.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if netns != "" || sf.pod != "" || len(sf.annotations) > 0 {
+					return usageErr("inspect %s asks the agent for the pod: --netns, --pod and --annotation do not go with it", quote.Value(args[0]))
+				}
+				path, done, err := askAgent(cmd, args[0], runDir, &sf)
+				if err != nil {
+					return err
+				}
+				defer done()
+				netns = path
+			}
 			if err := checkTarget(&netns, backend); err != nil {
 				return err
 			}
@@ -187,7 +202,7 @@ with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync", "drif
 			defer done()
 			opts := capture.Options{Backend: backend, RunDir: runDir}
 			w := cmd.OutOrStdout()
-			if sf.pod == "" && len(sf.annotations) == 0 {
+			if !sf.hasPod() && len(sf.annotations) == 0 {
 				live, name, err := pipeline.List(ctx, ns, opts)
 				if err != nil {
 					return failure(fmt.Errorf("reading capture rules in %s: %w", netns, err))

@@ -35,7 +35,13 @@ type specFlags struct {
 	dropInvalid bool
 	uids        string
 	gids        string
+	// live, when set, is the pod read from the agent (inspect
+	// NAMESPACE/NAME) in place of a --pod manifest.
+	live *manifest.Object
 }
+
+// hasPod says whether the spec comes from a pod: a manifest or a live one.
+func (f *specFlags) hasPod() bool { return f.pod != "" || f.live != nil }
 
 func (f *specFlags) register(fs *pflag.FlagSet) {
 	fs.StringVarP(&f.pod, "pod", "f", "", "manifest file (YAML or JSON; - reads standard input) of a Pod, or of a workload whose pod template to read ("+manifest.WorkloadKinds+"; istioctl kube-inject output too), to take the spec from as the CNI plugin would")
@@ -62,6 +68,9 @@ var stdin io.Reader = os.Stdin
 // readPod reads the --pod manifest (a file, or standard input for "-"):
 // the Pod or workload --name names.
 func (f *specFlags) readPod() (manifest.Object, error) {
+	if f.live != nil {
+		return *f.live, nil
+	}
 	if f.pod != "-" {
 		o, err := manifest.ReadWorkload(f.pod, f.name)
 		if errors.Is(err, fs.ErrNotExist) && outputFormats[f.pod] {
@@ -103,12 +112,12 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 	switch {
 	case f.name != "" && f.pod == "":
 		return resolved{}, usageErr("--name picks a Pod from the --pod manifest: give --pod too")
-	case f.defaults && (f.pod != "" || len(f.annotations) > 0):
+	case f.defaults && (f.hasPod() || len(f.annotations) > 0):
 		return resolved{}, usageErr("--defaults cannot be combined with --pod or --annotation: it stands for a pod without capture annotations")
-	case f.needInput && f.pod == "" && len(f.annotations) == 0 && !f.defaults:
+	case f.needInput && !f.hasPod() && len(f.annotations) == 0 && !f.defaults:
 		return resolved{}, usageErr("no capture settings given: use --pod FILE, --annotation key=value, or --defaults for Istio's default capture")
 	}
-	if f.pod != "" {
+	if f.hasPod() {
 		if len(f.annotations) > 0 {
 			return resolved{}, usageErr("--pod and --annotation cannot be combined: put the annotations in the manifest")
 		}
