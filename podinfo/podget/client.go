@@ -146,6 +146,10 @@ func New(cfg *rest.Config, o Options) (*Client, error) {
 	cfg.QPS, cfg.Burst, cfg.RateLimiter = -1, 0, nil
 	cfg.Timeout = 0
 	cfg.WarningHandler = rest.NoWarnings{}
+	// One GET per process: HTTP/2's connection set-up buys nothing here
+	// (interleaved standalone ADDs against a local TLS stand-in, 60 each at
+	// load ~17: CPU p50 39.6 vs 44.4 ms with h2 offered).
+	cfg.NextProtos = []string{"http/1.1"}
 	guard := kubeconf.Guard(maxBody)
 	if wrap := cfg.WrapTransport; wrap != nil {
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return wrap(guard(rt)) }
