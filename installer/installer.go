@@ -21,7 +21,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/nftmesh/nftmesh/installer/metrics"
-	"github.com/nftmesh/nftmesh/podinfo"
 
 	"github.com/nftmesh/nftmesh/installer/conflist"
 )
@@ -529,13 +528,13 @@ func (in *Installer) reconcile(ctx context.Context, dirty parts) (wrote bool, re
 		if err != nil {
 			return wrote, metrics.ResultKubeconfig, err
 		}
+		// An older plugin kept its TLS session tickets beside the
+		// kubeconfig; none are written now, and an upgrade leaves none.
+		if err := removeLegacyTLSSessions(in.cfg.AgentRunDir); err != nil {
+			in.log.Warn().Err(err).Msg("removing an older plugin's TLS session files")
+		}
 		if w {
 			wrote = true
-			// A session resumed under the old kubeconfig's CA must not
-			// outlive it (the file names hash the CA; this drops leftovers).
-			if err := podinfo.RemoveTLSSessions(in.cfg.AgentRunDir); err != nil {
-				in.log.Warn().Err(err).Msg("removing the plugin's old TLS sessions")
-			}
 			in.log.Info().Str("file", in.cfg.KubeconfigPath()).Str("server", in.cfg.KubeAPIServer).Msg("wrote the plugin's kubeconfig")
 		}
 	}
@@ -932,8 +931,8 @@ func (in *Installer) Cleanup() error {
 		if err := os.Remove(cfg.KubeconfigPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("removing kubeconfig: %w", err))
 		}
-		if err := podinfo.RemoveTLSSessions(cfg.AgentRunDir); err != nil {
-			errs = append(errs, fmt.Errorf("removing the plugin's TLS sessions: %w", err))
+		if err := removeLegacyTLSSessions(cfg.AgentRunDir); err != nil {
+			errs = append(errs, fmt.Errorf("removing an older plugin's TLS session files: %w", err))
 		}
 	}
 	for _, d := range cfg.CNIBinDirs {

@@ -22,7 +22,6 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/testkit/cnitest"
 
 	"github.com/nftmesh/nftmesh/installer/metrics"
@@ -227,6 +226,40 @@ func (h *host) assertInstalled(t *testing.T, cfg *Config) {
 	}
 }
 
+// TestUpgradeRemovesLegacyTLSSessions: TLS session files an older plugin
+// kept in the run dir are removed when the agent starts, also when the
+// kubeconfig it finds is already the one it would write (an upgrade with
+// the same token and CA). Before, they stayed until the kubeconfig changed.
+func TestUpgradeRemovesLegacyTLSSessions(t *testing.T) {
+	for _, src := range cnitest.RealWorld(t) {
+		if filepath.Ext(src) != ".conflist" {
+			continue
+		}
+		h := newHost(t)
+		h.put(t, filepath.Base(src), 0o640)
+		cfg := h.config(t)
+		kc, err := RenderKubeconfig(cfg.KubeAPIServer, cfg.ServiceAccountDir, cfg.KubeCAFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(h.run, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(cfg.KubeconfigPath(), kc, KubeconfigMode); err != nil {
+			t.Fatal(err)
+		}
+		session := filepath.Join(h.run, legacyTLSSessionPrefix+"0123abcd")
+		if err := os.WriteFile(session, []byte("ticket"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		a := startAgent(t, cfg)
+		a.waitReady(t)
+		assertGone(t, session)
+		return
+	}
+	t.Fatal("no real-world conflist")
+}
+
 func TestRunChainedRealWorldAndCleanup(t *testing.T) {
 	for _, src := range cnitest.RealWorld(t) {
 		if filepath.Ext(src) != ".conflist" {
@@ -261,8 +294,8 @@ func TestRunChainedRealWorldAndCleanup(t *testing.T) {
 				t.Errorf("token %q", kc.AuthInfos[PluginName].Token)
 			}
 
-			// A TLS session the plugin kept goes with the kubeconfig.
-			session := filepath.Join(h.run, podinfo.SessionFilePrefix+"0123")
+			// An older plugin's TLS session file goes with the kubeconfig.
+			session := filepath.Join(h.run, legacyTLSSessionPrefix+"0123")
 			if err := os.WriteFile(session, []byte("x"), 0o600); err != nil {
 				t.Fatal(err)
 			}

@@ -63,3 +63,25 @@ func syncKubeconfig(path string, want []byte) (bool, error) {
 	}
 	return true, nil
 }
+
+// legacyTLSSessionPrefix starts the names of the files in which plugins
+// before the switch to client-go kept their TLS session with the API
+// server (a resumption secret). The plugin writes none now; the agent
+// removes those an upgrade left behind.
+const legacyTLSSessionPrefix = "tls-session-"
+
+// removeLegacyTLSSessions deletes the plugin's old TLS session files in dir
+// (the agent's run dir).
+func removeLegacyTLSSessions(dir string) error {
+	matches, err := filepath.Glob(filepath.Join(dir, legacyTLSSessionPrefix+"*"))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range matches {
+		if err := os.Remove(m); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -2,7 +2,6 @@ package podinfo
 
 import (
 	"github.com/nftmesh/nftmesh/podinfo/cniconf"
-	"github.com/nftmesh/nftmesh/podinfo/podget"
 )
 
 // The plugin config and CNI_ARGS live in package cniconf, which the plugin
@@ -39,11 +38,3 @@ func ParseConfig(stdin []byte) (*Config, error) { return cniconf.ParseConfig(std
 
 // ParseK8sArgs reads CNI_ARGS (see cniconf).
 func ParseK8sArgs(cniArgs string) (K8sArgs, error) { return cniconf.ParseK8sArgs(cniArgs) }
-
-// SessionFilePrefix starts the names of the plugin's TLS session files in
-// the agent's run dir (see podget).
-const SessionFilePrefix = podget.SessionFilePrefix
-
-// RemoveTLSSessions deletes the plugin's TLS session files in dir (see
-// podget).
-func RemoveTLSSessions(dir string) error { return podget.RemoveTLSSessions(dir) }

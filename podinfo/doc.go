@@ -5,11 +5,10 @@
 // and reads Pod manifests, for the Go code that holds corev1 objects (the
 // agent's repair, tests).
 //
-// The plugin's own pieces live in packages that import nothing from
-// Kubernetes, so its process starts without client-go's initialisation:
-// podinfo/cniconf (plugin config, CNI_ARGS; re-exported here),
-// podinfo/podget (the pod GET, failing closed, with TLS session
-// resumption) and podinfo/agentsock (asking the node agent first).
+// The plugin's own pieces: podinfo/cniconf (plugin config, CNI_ARGS;
+// re-exported here), podinfo/podget (the pod GET through client-go,
+// failing closed, when the node agent does not answer) and
+// podinfo/agentsock (asking the node agent first).
 //
 // It does not program anything: backends apply the Plan built from the Spec,
 // and internal/cniplugin wires the pieces and logs. Nothing here logs.

@@ -35,6 +35,7 @@ import (
 	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/installer/pluginlog"
 	"github.com/nftmesh/nftmesh/installer/repair"
+	"github.com/nftmesh/nftmesh/internal/kubeconf"
 	"github.com/nftmesh/nftmesh/internal/version"
 )
 
@@ -222,6 +223,9 @@ func repairClient(cfg *installer.Config) (kubernetes.Interface, error) {
 		BearerTokenFile: filepath.Join(cfg.ServiceAccountDir, "token"),
 		TLSClientConfig: rest.TLSClientConfig{CAFile: ca},
 		UserAgent:       "nftmesh-agent",
+		// No credential in an error or log line (a proxy that echoes the
+		// request in its error page), no redirect followed with the token.
+		WrapTransport: kubeconf.Guard(0),
 		// Pods in protobuf, as Kubernetes' own node components read them:
 		// decoding the node's pod list from JSON allocated several times
 		// the objects' size at once, and that peak is the agent's RSS.

@@ -361,7 +361,7 @@ func TestAgentRestartMidBurst(t *testing.T) {
 
 // BenchmarkPluginAddAgent alternates mesh ADDs (whole plugin process, fresh
 // netns each) answered by the agent's socket with ADDs that read the pod
-// from the API themselves (another run dir, no agent; TLS session kept), so
+// from the API themselves (another run dir, no agent), so
 // the two paths are compared in one interleaved loop. It reports each
 // path's p50 and the plugin's API reads on the agent path (want 0).
 //

@@ -11,8 +11,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/nftmesh/nftmesh/podinfo"
-
 	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
@@ -42,60 +40,6 @@ func BenchmarkPluginAdd(b *testing.B) {
 		}
 		reportPercentiles(b, times)
 	})
-}
-
-// BenchmarkPluginAddTLS alternates mesh ADDs with and without a kept TLS
-// session (the session files removed before every other ADD), so the gain
-// of resumption is a ratio from one interleaved loop.
-//
-//	go test -run '^$' -bench BenchmarkPluginAddTLS -benchtime=200x ./internal/cniplugin
-func BenchmarkPluginAddTLS(b *testing.B) {
-	needEnv(b)
-	runDir := agentRunDir(b, env.token)
-	netnss := make([]string, b.N)
-	pods := make([]*corev1.Pod, b.N)
-	for i := range netnss {
-		_, netnss[i] = nstest.New(b, "cni-bench-")
-		pods[i] = createPod(b, env.api, loadPod(b, "injected.yaml"))
-	}
-	conf := directConf(b, "1.0.0", runDir, prevResultV4("1.0.0", "198.51.100.30/24"), map[string]any{"backend": "nftables"})
-	var full, resumed []time.Duration
-	time.Sleep(time.Second)
-	b.ResetTimer()
-	for i := range b.N {
-		cold := i%2 == 0
-		if cold {
-			b.StopTimer()
-			if err := podinfo.RemoveTLSSessions(runDir); err != nil {
-				b.Fatal(err)
-			}
-			b.StartTimer()
-		}
-		id := "ctr-" + nstest.RandHex(6)
-		start := time.Now()
-		out, stderr, err := execPlugin("ADD", netnss[i], id, cniArgsFor(pods[i], id), conf)
-		d := time.Since(start)
-		if err != nil {
-			b.Fatalf("ADD: %v\n%s\n%s", err, out, stderr)
-		}
-		if cold {
-			full = append(full, d)
-		} else {
-			resumed = append(resumed, d)
-		}
-	}
-	b.StopTimer()
-	if len(full) == 0 || len(resumed) == 0 {
-		return
-	}
-	med := func(v []time.Duration) float64 {
-		slices.Sort(v)
-		return float64(v[len(v)/2].Microseconds()) / 1000
-	}
-	f, r := med(full), med(resumed)
-	b.ReportMetric(f, "full-p50-ms")
-	b.ReportMetric(r, "resumed-p50-ms")
-	b.ReportMetric(r/f, "resumed/full")
 }
 
 func benchAdd(b *testing.B, file, backend string) {
@@ -131,7 +75,7 @@ func benchAdd(b *testing.B, file, backend string) {
 }
 
 // reportLookup adds the median in-process time of the pod lookup
-// (kubeconfig, client, TLS, GET) and of the whole verb, from the plugin's
+// (kubeconfig, client, TLS handshake, GET) and of the whole verb, from the plugin's
 // own decision lines: what remains of an ADD is process start and exit.
 func reportLookup(b *testing.B, logFile string) {
 	data, err := os.ReadFile(logFile)
@@ -139,20 +83,15 @@ func reportLookup(b *testing.B, logFile string) {
 		b.Fatalf("plugin log: %v", err)
 	}
 	var lookup, total []float64
-	resumed := 0
 	for _, line := range strings.Split(string(data), "\n") {
 		var e struct {
 			Decision string  `json:"decision"`
 			Lookup   float64 `json:"lookup_ms"`
 			Duration float64 `json:"duration_ms"`
-			Resumed  bool    `json:"tls_resumed"`
 		}
 		if json.Unmarshal([]byte(line), &e) == nil && e.Decision != "" {
 			lookup = append(lookup, e.Lookup)
 			total = append(total, e.Duration)
-			if e.Resumed {
-				resumed++
-			}
 		}
 	}
 	if len(lookup) == 0 {
@@ -161,7 +100,6 @@ func reportLookup(b *testing.B, logFile string) {
 	med := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
 	b.ReportMetric(med(lookup), "lookup-p50-ms")
 	b.ReportMetric(med(total), "inproc-p50-ms")
-	b.ReportMetric(float64(resumed)/float64(len(lookup)), "tls-resumed")
 }
 
 func reportPercentiles(b *testing.B, times []time.Duration) {

@@ -1,42 +1,33 @@
 package cniplugin
 
-// The CNI protocol's entry: which verb, its environment, the config on
-// stdin, the version checks, and errors printed as JSON. It follows the CNI
-// library's skel package rule for rule (an equivalence test runs both on
-// the same inputs), without what skel costs every run of a short-lived
-// plugin: a regular expression compiled at start-up, the config decoded
-// three times, and a second look at CNI_NETNS after the verb (this plugin
-// refuses its own namespace by identity before it touches anything).
+// The CNI protocol's entry. The plugin's own process (Main) is the CNI
+// library's skel itself. The agent, which runs many calls at once, each
+// with the environment and stdio the front handed it, cannot use skel
+// (skel reads the process's own environment and stdio); dispatch is skel's
+// sequence for such a call, built from the library's own rules
+// (utils.Validate*, version.ConfigDecoder, version.Reconciler), proven
+// equal to skel by TestDispatchMatchesSkel and its fuzz target. It leaves
+// out skel's second look at CNI_NETNS after ADD and DEL: the plugin refuses
+// its own namespace by identity before it touches anything.
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/utils"
 	cniversion "github.com/containernetworking/cni/pkg/version"
 )
 
-// cmdArgs is one invocation's CNI_* values and config (skel.CmdArgs' fields).
-type cmdArgs struct {
-	ContainerID   string
-	Netns         string
-	IfName        string
-	Args          string
-	Path          string
-	NetnsOverride string
-	StdinData     []byte
-}
+// cmdArgs is one invocation's CNI_* values and config.
+type cmdArgs = skel.CmdArgs
 
-// verbFunc runs one CNI verb.
-type verbFunc func(*cmdArgs) error
-
-// verbs are the plugin's verb functions by CNI_COMMAND.
-type verbs struct{ Add, Check, Del, GC, Status verbFunc }
-
-// cniEnv is what dispatch reads of the process: its environment and stdio.
+// cniEnv is what dispatch reads of a call: its environment and stdio.
 type cniEnv struct {
 	getenv func(string) string
 	stdin  io.Reader
@@ -44,7 +35,8 @@ type cniEnv struct {
 	stderr io.Writer
 }
 
-// Which CNI_* variables each verb requires (CNI_COMMAND always is).
+// Which CNI_* variables each verb requires (CNI_COMMAND always is), as
+// skel has them.
 var requiredFor = map[string][]string{
 	"ADD":    {"CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"},
 	"CHECK":  {"CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"},
@@ -56,72 +48,38 @@ var requiredFor = map[string][]string{
 // envOrder is the order skel reads (and reports missing) variables in.
 var envOrder = []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH", "CNI_NETNS_OVERRIDE"}
 
-// dispatch runs one CNI command: the verb's function, or VERSION, or the
+// verbSince is the lowest config version each newer verb exists in.
+var verbSince = map[string]string{"CHECK": "0.4.0", "GC": "1.1.0", "STATUS": "1.1.0"}
+
+// dispatch runs one CNI call: the verb's function, or VERSION, or the
 // about text when there is no command. The error it returns is what the
 // plugin prints on stdout before exiting 1.
-func dispatch(e cniEnv, funcs verbs, versions cniversion.PluginInfo, about string) *types.Error {
-	cmd := e.getenv("CNI_COMMAND")
-	vals := map[string]string{}
-	var missing []string
-	for _, name := range envOrder {
-		v := e.getenv(name)
-		vals[name] = v
-		required := name == "CNI_COMMAND" || contains(requiredFor[cmd], name)
-		switch {
-		case v == "" && required:
-			missing = append(missing, name)
-		case v != "" && required && name == "CNI_CONTAINERID":
-			if err := validContainerID(v); err != nil {
-				return err
-			}
-		case v != "" && required && name == "CNI_IFNAME":
-			if err := validIfName(v); err != nil {
-				return err
-			}
-		}
-	}
-	if len(missing) > 0 {
-		if cmd == "" && about != "" {
+func dispatch(e cniEnv, funcs skel.CNIFuncs, versions cniversion.PluginInfo, about string) *types.Error {
+	cmd, args, err := readCall(e)
+	if err != nil {
+		if err.Code == types.ErrInvalidEnvironmentVariables && e.getenv("CNI_COMMAND") == "" && about != "" {
 			fmt.Fprintln(e.stderr, about)
 			fmt.Fprintf(e.stderr, "CNI protocol versions supported: %s\n", strings.Join(versions.SupportedVersions(), ", "))
 			return nil
 		}
-		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("required env variables [%s] missing", strings.Join(missing, ",")), "")
+		return err
 	}
-	if cmd == "VERSION" {
+	fn := map[string]func(*cmdArgs) error{"ADD": funcs.Add, "CHECK": funcs.Check, "DEL": funcs.Del, "GC": funcs.GC, "STATUS": funcs.Status}[cmd]
+	switch {
+	case cmd == "VERSION":
 		if err := versions.Encode(e.stdout); err != nil {
 			return types.NewError(types.ErrIOFailure, err.Error(), "")
 		}
 		return nil
-	}
-	stdin, err := io.ReadAll(e.stdin)
-	if err != nil {
-		return types.NewError(types.ErrIOFailure, fmt.Sprintf("error reading from stdin: %v", err), "")
-	}
-	if _, known := requiredFor[cmd]; !known {
-		// skel reads and checks the config before it looks at the verb.
-		if _, terr := configHead(stdin, false); terr != nil {
-			return terr
-		}
+	case requiredFor[cmd] == nil:
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("unknown CNI_COMMAND: %v", cmd), "")
 	}
-	head, terr := configHead(stdin, true)
-	if terr != nil {
-		return terr
+	confVersion, verr := (&cniversion.ConfigDecoder{}).Decode(args.StdinData)
+	if verr != nil {
+		return types.NewError(types.ErrDecodingFailure, verr.Error(), "")
 	}
-	args := &cmdArgs{
-		ContainerID:   vals["CNI_CONTAINERID"],
-		Netns:         vals["CNI_NETNS"],
-		IfName:        vals["CNI_IFNAME"],
-		Args:          vals["CNI_ARGS"],
-		Path:          vals["CNI_PATH"],
-		NetnsOverride: vals["CNI_NETNS_OVERRIDE"],
-		StdinData:     stdin,
-	}
-	fn := map[string]verbFunc{"ADD": funcs.Add, "CHECK": funcs.Check, "DEL": funcs.Del, "GC": funcs.GC, "STATUS": funcs.Status}[cmd]
-	// The lowest config version each verb exists in.
-	if since := map[string]string{"CHECK": "0.4.0", "GC": "1.1.0", "STATUS": "1.1.0"}[cmd]; since != "" {
-		ok, err := cniversion.GreaterThanOrEqualTo(head.version, since)
+	if min := verbSince[cmd]; min != "" {
+		ok, err := cniversion.GreaterThanOrEqualTo(confVersion, min)
 		if err != nil {
 			return types.NewError(types.ErrDecodingFailure, err.Error(), "")
 		}
@@ -130,7 +88,7 @@ func dispatch(e cniEnv, funcs verbs, versions cniversion.PluginInfo, about strin
 		}
 		supported := false
 		for _, v := range versions.SupportedVersions() {
-			ge, err := cniversion.GreaterThanOrEqualTo(v, head.version)
+			ge, err := cniversion.GreaterThanOrEqualTo(v, confVersion)
 			if err != nil {
 				return types.NewError(types.ErrDecodingFailure, err.Error(), "")
 			}
@@ -143,9 +101,8 @@ func dispatch(e cniEnv, funcs verbs, versions cniversion.PluginInfo, about strin
 			return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("plugin version does not allow %s", cmd), "")
 		}
 	}
-	if !contains(versions.SupportedVersions(), head.version) {
-		return types.NewError(types.ErrIncompatibleCNIVersion, "incompatible CNI versions",
-			fmt.Sprintf("config is %q, plugin supports %q", head.version, versions.SupportedVersions()))
+	if verr := (&cniversion.Reconciler{}).Check(confVersion, versions); verr != nil {
+		return types.NewError(types.ErrIncompatibleCNIVersion, "incompatible CNI versions", verr.Details())
 	}
 	if fn == nil {
 		return nil
@@ -160,107 +117,58 @@ func dispatch(e cniEnv, funcs verbs, versions cniversion.PluginInfo, about strin
 	return nil
 }
 
-// header is what the protocol layer reads of the config.
-type header struct{ name, version string }
-
-// configHead decodes the config's name and cniVersion ("0.1.0" when
-// absent) and checks the name, as skel does before any verb. One decode
-// when the config is well formed; a malformed one is decoded the way skel
-// does it, field by field, so the error is the one skel would give (and
-// without withVersion, for a verb skel does not know, only the name is).
-func configHead(stdin []byte, withVersion bool) (header, *types.Error) {
-	var h struct {
-		Name       string `json:"name"`
-		CNIVersion string `json:"cniVersion"`
+// readCall reads the call's CNI_* variables, checks those its verb needs,
+// reads stdin and checks the config's network name, as skel does.
+func readCall(e cniEnv) (string, *cmdArgs, *types.Error) {
+	cmd := e.getenv("CNI_COMMAND")
+	vals := map[string]string{}
+	var missing []string
+	for _, name := range envOrder {
+		v := e.getenv(name)
+		vals[name] = v
+		required := name == "CNI_COMMAND" || slices.Contains(requiredFor[cmd], name)
+		var terr *types.Error
+		switch {
+		case v == "" && required:
+			missing = append(missing, name)
+		case v != "" && required && name == "CNI_CONTAINERID":
+			terr = utils.ValidateContainerID(v)
+		case v != "" && required && name == "CNI_IFNAME":
+			terr = utils.ValidateInterfaceName(v)
+		}
+		if terr != nil {
+			return "", nil, terr
+		}
 	}
-	if err := json.Unmarshal(stdin, &h); err != nil {
-		var n struct {
+	if len(missing) > 0 {
+		return "", nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("required env variables [%s] missing", strings.Join(missing, ",")), "")
+	}
+	var stdin []byte
+	if cmd != "VERSION" {
+		var err error
+		if stdin, err = io.ReadAll(e.stdin); err != nil {
+			return "", nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("error reading from stdin: %v", err), "")
+		}
+		var conf struct {
 			Name string `json:"name"`
 		}
-		if err := json.Unmarshal(stdin, &n); err != nil {
-			return header{}, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("error unmarshall network config: %v", err), "")
+		if err := json.Unmarshal(stdin, &conf); err != nil {
+			return "", nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("error unmarshall network config: %v", err), "")
 		}
-		if terr := checkNetworkName(n.Name); terr != nil || !withVersion {
-			return header{}, terr
+		if conf.Name == "" {
+			return "", nil, types.NewError(types.ErrInvalidNetworkConfig, "missing network name", "")
 		}
-		var v struct {
-			CNIVersion string `json:"cniVersion"`
-		}
-		if err := json.Unmarshal(stdin, &v); err != nil {
-			return header{}, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decoding version from network config: %v", err), "")
-		}
-		h.Name, h.CNIVersion = n.Name, v.CNIVersion
-	} else if terr := checkNetworkName(h.Name); terr != nil {
-		return header{}, terr
-	}
-	if h.CNIVersion == "" {
-		h.CNIVersion = "0.1.0"
-	}
-	return header{name: h.Name, version: h.CNIVersion}, nil
-}
-
-func checkNetworkName(name string) *types.Error {
-	if name == "" {
-		return types.NewError(types.ErrInvalidNetworkConfig, "missing network name", "")
-	}
-	if !validName(name) {
-		return types.NewError(types.ErrInvalidNetworkConfig, "invalid characters found in network name", name)
-	}
-	return nil
-}
-
-// validName: a letter or digit, then letters, digits, '_', '.' or '-'
-// (the CNI rule for container IDs and network names).
-func validName(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if !alnum && (i == 0 || c != '_' && c != '.' && c != '-') {
-			return false
+		if terr := utils.ValidateNetworkName(conf.Name); terr != nil {
+			return "", nil, terr
 		}
 	}
-	return true
-}
-
-func validContainerID(id string) *types.Error {
-	if !validName(id) {
-		return types.NewError(types.ErrInvalidEnvironmentVariables, "invalid characters in containerID", id)
-	}
-	return nil
-}
-
-// maxIfName is the longest interface name the kernel takes (IFNAMSIZ-1).
-const maxIfName = 15
-
-func validIfName(name string) *types.Error {
-	switch {
-	case len(name) > maxIfName:
-		return types.NewError(types.ErrInvalidEnvironmentVariables, "interface name is too long", fmt.Sprintf("interface name should be less than %d characters", maxIfName+1))
-	case name == "." || name == "..":
-		return types.NewError(types.ErrInvalidEnvironmentVariables, "interface name is . or ..", "")
-	}
-	for _, r := range name {
-		if r == '/' || r == ':' || isSpace(r) {
-			return types.NewError(types.ErrInvalidEnvironmentVariables, "interface name contains / or : or whitespace characters", "")
-		}
-	}
-	return nil
-}
-
-// isSpace is unicode.IsSpace without the unicode tables.
-func isSpace(r rune) bool {
-	switch r {
-	case '\t', '\n', '\v', '\f', '\r', ' ', 0x85, 0xA0, 0x1680, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000:
-		return true
-	}
-	return r >= 0x2000 && r <= 0x200a
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
+	return cmd, &cmdArgs{
+		ContainerID:   vals["CNI_CONTAINERID"],
+		Netns:         vals["CNI_NETNS"],
+		IfName:        vals["CNI_IFNAME"],
+		Args:          vals["CNI_ARGS"],
+		Path:          vals["CNI_PATH"],
+		NetnsOverride: vals["CNI_NETNS_OVERRIDE"],
+		StdinData:     stdin,
+	}, nil
 }

@@ -32,12 +32,12 @@ func errString(e *types.Error) string {
 // their call (and return verbErr).
 func viaDispatch(vars map[string]string, stdin []byte, verbErr error) outcome {
 	var o outcome
-	rec := func(name string) verbFunc {
+	rec := func(name string) func(*cmdArgs) error {
 		return func(a *cmdArgs) error { o.called, o.args = name, *a; return verbErr }
 	}
 	var out, errb bytes.Buffer
 	e := dispatch(cniEnv{getenv: func(k string) string { return vars[k] }, stdin: bytes.NewReader(stdin), stdout: &out, stderr: &errb},
-		verbs{Add: rec("ADD"), Check: rec("CHECK"), Del: rec("DEL"), GC: rec("GC"), Status: rec("STATUS")}, supportedVersions, "about nftmesh-cni")
+		skel.CNIFuncs{Add: rec("ADD"), Check: rec("CHECK"), Del: rec("DEL"), GC: rec("GC"), Status: rec("STATUS")}, supportedVersions, "about nftmesh-cni")
 	o.stdout, o.stderr, o.err = out.String(), errb.String(), errString(e)
 	return o
 }
@@ -48,7 +48,7 @@ func viaSkel(t testing.TB, vars map[string]string, stdin []byte, verbErr error) 
 	var o outcome
 	rec := func(name string) func(*skel.CmdArgs) error {
 		return func(a *skel.CmdArgs) error {
-			o.called, o.args = name, cmdArgs{ContainerID: a.ContainerID, Netns: a.Netns, IfName: a.IfName, Args: a.Args, Path: a.Path, NetnsOverride: a.NetnsOverride, StdinData: a.StdinData}
+			o.called, o.args = name, *a
 			return verbErr
 		}
 	}

@@ -7,7 +7,10 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/go-logr/logr"
+	"k8s.io/klog/v2"
 
+	"github.com/nftmesh/nftmesh/internal/zklog"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/podinfo/podget"
@@ -55,6 +58,23 @@ func (inv *invocation) askAgent(ctx context.Context) *meshpod.Pod {
 	return a.Pod
 }
 
+// routeClientLogs sends client-go's klog lines into the run's log (JSON,
+// with the run's fields) at log level debug, and drops them otherwise: what
+// they say of a failed GET (a connection closed mid-answer, retried) the
+// run's one decision line says too. Only the plugin's own process asks the
+// API server (in the agent a miss declines the call), so the process-wide
+// klog setting is the run's.
+func routeClientLogs(inv *invocation) {
+	if inv.r.env.Ask != nil {
+		return
+	}
+	if inv.conf.LogLevel == "debug" {
+		zklog.Route(inv.log)
+		return
+	}
+	klog.SetLogger(logr.Discard())
+}
+
 // getPod reads the pod from the API server within timeout (failing
 // closed) and returns its decision fields or the CNI error.
 func (inv *invocation) getPod(ctx context.Context, timeout time.Duration) (*meshpod.Pod, *types.Error) {
@@ -64,7 +84,8 @@ func (inv *invocation) getPod(ctx context.Context, timeout time.Duration) (*mesh
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: kubeconfig %s is missing (is the nftmesh agent running on this node?)", inv.podRef(), inv.conf.Kubeconfig),
 			serr.Error())
 	}
-	client, cerr := podget.NewFromFile(inv.conf.Kubeconfig, podget.Options{SessionDir: inv.conf.AgentRunDir})
+	routeClientLogs(inv)
+	client, cerr := podget.NewFromFile(inv.conf.Kubeconfig, podget.Options{})
 	if cerr != nil {
 		return nil, types.NewError(CodePodLookup,
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: invalid kubeconfig", inv.podRef()), cerr.Error())
@@ -77,10 +98,6 @@ func (inv *invocation) getPod(ctx context.Context, timeout time.Duration) (*mesh
 		}
 		return nil, types.NewError(code,
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s (failing closed)", inv.podRef()), gerr.Error())
-	}
-	inv.tlsResumed = client.TLSResumed()
-	if werr := client.SessionWriteErr(); werr != nil {
-		inv.log.Debug().Err(werr).Msg("keeping the TLS session for the next run failed (costs a full handshake next time)")
 	}
 	if inv.k8s.PodUID != "" && pod.UID != inv.k8s.PodUID {
 		return nil, types.NewError(types.ErrTryAgainLater,

@@ -250,3 +250,45 @@ func TestChainHugeAnnotation(t *testing.T) {
 	assertNoRules(t, nsPath)
 	_ = h.del(cl, rt)
 }
+
+// TestAddNeverShowsTheToken: an API server (or a proxy) that echoes the
+// request, Authorization header included, in a non-JSON error page fails
+// ADD without the token in the CNI error, on stderr or in the log file. The
+// kubeconfig is YAML, as kubectl writes it (before, any YAML kubeconfig
+// failed every ADD with "not a JSON kubeconfig", and the echoed token was
+// in the CNI error).
+func TestAddNeverShowsTheToken(t *testing.T) {
+	const token = "eyJhbGciOiJSUzI1NiJ9.dG9wLXNlY3JldA.c2lnbmF0dXJl"
+	pod := injectedPod(t)
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusForbidden)
+		fmt.Fprintf(w, "<html>proxy says no to %s with Authorization: %s</html>", r.URL.Path, r.Header.Get("Authorization"))
+	}))
+	t.Cleanup(srv.Close)
+	runDir := t.TempDir()
+	kc := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: %s\nusers:\n- name: u\n  user:\n    token: %s\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n", srv.URL, token)
+	if err := os.WriteFile(filepath.Join(runDir, "kubeconfig"), []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout string
+	var cerr *types.Error
+	stderr := captureStderr(t, func() { stdout, cerr, _ = addVia(t, runDir, cniArgsFor(pod, "ctr-1")) })
+	if cerr == nil || cerr.Code != CodePodLookup || !strings.Contains(cerr.Error(), "proxy says no") || !strings.Contains(cerr.Error(), "Forbidden, HTTP 403") {
+		t.Fatalf("ADD error %v, want the lookup's code and the page (redacted)", cerr)
+	}
+	if n.Load() == 0 {
+		t.Fatal("no request reached the API server: the YAML kubeconfig was not read")
+	}
+	logged, err := os.ReadFile(filepath.Join(runDir, LogFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, text := range map[string]string{"CNI error": cerr.Error(), "stdout": stdout, "stderr": stderr, "log file": string(logged)} {
+		if strings.Contains(text, token) || strings.Contains(text, "dG9wLXNlY3JldA") {
+			t.Errorf("%s holds the token:\n%s", what, text)
+		}
+	}
+}

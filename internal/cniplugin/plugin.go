@@ -87,13 +87,10 @@ type invocation struct {
 	// lookupPath is where the pod came from: lookupAgent or lookupAPI;
 	// agentMiss says why the agent did not answer, when it did not.
 	lookupPath, agentMiss string
-	// tlsResumed: the API lookup resumed a kept TLS session (no full
-	// handshake).
-	tlsResumed bool
-	args       *cmdArgs
-	conf       *cniconf.Config
-	k8s        cniconf.K8sArgs
-	log        zerolog.Logger
+	args                  *cmdArgs
+	conf                  *cniconf.Config
+	k8s                   cniconf.K8sArgs
+	log                   zerolog.Logger
 	// record takes the decision line when log's level hides it.
 	record zerolog.Logger
 }
@@ -156,9 +153,6 @@ func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
 		e = e.Str("lookup", inv.lookupPath).Float64("lookup_ms", inv.lookupMS)
 		if inv.agentMiss != "" {
 			e = e.Str("agent_miss", inv.agentMiss)
-		}
-		if inv.lookupPath == lookupAPI {
-			e = e.Bool("tls_resumed", inv.tlsResumed)
 		}
 	}
 	return e

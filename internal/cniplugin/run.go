@@ -36,6 +36,7 @@ import (
 	"os"
 	"runtime/debug"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	cniversion "github.com/containernetworking/cni/pkg/version"
 
@@ -118,8 +119,21 @@ func Main() {
 		fmt.Println(version.Line("nftmesh-cni"))
 		return
 	}
-	status, _ := Run(osEnv())
-	os.Exit(status)
+	if err := skelMain(); err != nil {
+		// The CNI protocol: the error as JSON on stdout, exit status 1.
+		if perr := err.Print(); perr != nil {
+			fmt.Fprintln(os.Stderr, "nftmesh-cni: writing the error to stdout:", perr)
+		}
+		os.Exit(1)
+	}
+}
+
+// skelMain runs the process's own call through the CNI library's skel,
+// which reads it from the process's environment and stdio. skel also looks
+// at CNI_NETNS once more after ADD and DEL (the plugin has refused its own
+// namespace before it touched anything: one more open and fstat).
+func skelMain() *types.Error {
+	return skel.PluginMainFuncsWithError(cniFuncs(), supportedVersions, about())
 }
 
 // osEnv is the process's own call.
@@ -150,8 +164,8 @@ func (r *run) decline() error {
 	return errDeclined
 }
 
-func (r *run) funcs() verbs {
-	return verbs{
+func (r *run) funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{
 		Add:    r.guard("ADD", r.cmdAdd),
 		Del:    r.guard("DEL", r.cmdDel),
 		Check:  r.guard("CHECK", r.cmdCheck),
@@ -161,7 +175,7 @@ func (r *run) funcs() verbs {
 }
 
 // cniFuncs are the verbs of a call from the process's own environment.
-func cniFuncs() verbs { return (&run{env: osEnv()}).funcs() }
+func cniFuncs() skel.CNIFuncs { return (&run{env: osEnv()}).funcs() }
 
 // pipeline is the call's kernel.
 func (r *run) pipeline() *capture.Pipeline {

@@ -18,9 +18,9 @@ import (
 	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 
-// runSkel drives the plugin in-process through its real dispatcher (the
-// version checks for CHECK/STATUS/GC included), with CNI_* env and stdin,
-// and returns what it printed on stdout.
+// runSkel drives the plugin in-process as its own process runs it (the CNI
+// library's skel, with the version checks for CHECK/STATUS/GC), with CNI_*
+// env and stdin, and returns what it printed on stdout.
 func runSkel(t *testing.T, vars map[string]string, stdin []byte) (string, *types.Error) {
 	t.Helper()
 	for _, k := range []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH", "CNI_NETNS_OVERRIDE"} {
@@ -39,7 +39,7 @@ func runSkel(t *testing.T, vars map[string]string, stdin []byte) (string, *types
 	go func() { b, _ := io.ReadAll(outR); outc <- b }()
 	oldIn, oldOut := os.Stdin, os.Stdout
 	os.Stdin, os.Stdout = inR, outW
-	cerr := dispatch(cniEnv{getenv: os.Getenv, stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}, cniFuncs(), supportedVersions, "nftmesh-cni test")
+	cerr := skelMain()
 	if cerr != nil {
 		// The real main prints the error JSON; do the same to check it.
 		_ = cerr.Print()

@@ -1,4 +1,6 @@
-// Package kubeconf encodes kubeconfig files as the plugin reads them.
+// Package kubeconf holds what nftmesh's Kubernetes API clients share: the
+// kubeconfig file the agent writes for the plugin (JSON) and Guard, the
+// transport wrapper that keeps credentials out of errors and logs.
 package kubeconf
 
 import (
@@ -12,9 +14,9 @@ import (
 )
 
 // JSON encodes cfg as a kubeconfig file in JSON, which kubectl and
-// client-go read like the YAML form: the plugin reads it with the standard
-// library's JSON decoder, so it links no YAML parser (whose start-up work
-// every plugin run would pay).
+// client-go (so the plugin) read like the YAML form. It stays JSON because
+// plugins before the switch to client-go read only JSON: during an upgrade
+// the old standalone plugin may still run beside the new agent.
 func JSON(cfg clientcmdapi.Config) ([]byte, error) {
 	y, err := clientcmd.Write(cfg)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
@@ -70,6 +71,27 @@ func TestGetPod(t *testing.T) {
 	_, err = c.GetPod(ctx, "shop", "missing", "", 5*time.Second)
 	if err == nil || Retryable(err) || !strings.Contains(err.Error(), "not found") || time.Since(start) > time.Second {
 		t.Fatalf("missing pod: err = %v after %v, want not found at once", err, time.Since(start))
+	}
+
+	// The same kubeconfig in YAML, as kubectl writes it: before, every
+	// lookup with it failed with "not a JSON kubeconfig".
+	raw, err := clientcmd.LoadFromFile(reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	yamlPath := filepath.Join(dir, "reader.yaml")
+	if err := clientcmd.WriteToFile(*raw, yamlPath); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(yamlPath); len(b) == 0 || b[0] == '{' {
+		t.Fatalf("not a YAML kubeconfig:\n%s", b)
+	}
+	yc, err := NewFromFile(yamlPath, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := yc.GetPod(ctx, "shop", "web-1", "", 5*time.Second); err != nil || got.Name != "web-1" {
+		t.Fatalf("with the YAML kubeconfig: %+v, %v", got, err)
 	}
 
 	dc, err := NewFromFile(denied, Options{})

@@ -1,0 +1,237 @@
+package kubeconf
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// Guard wraps the innermost transport of a client-go client (rest.Config's
+// WrapTransport), where requests already carry their credentials, so that
+// whatever the client makes of an answer cannot hold them:
+//
+//   - An error answer (not 2xx) is read (up to MaxErrorBody) and every
+//     credential of the request in it is replaced by "[redacted]": an API
+//     server or a proxy in front of it may echo the request, Authorization
+//     header included, in an error page, and client-go puts the page into
+//     its error, which ends up in CNI errors (kubelet events) and logs. So
+//     are Warning headers, which client-go logs.
+//   - A redirect (3xx) is not followed: client-go would send the bearer
+//     token to wherever it points. It is an error naming the code and where
+//     it pointed (RedirectError), not an empty message.
+//   - With maxBody > 0, a 2xx answer longer than maxBody fails with
+//     ErrAnswerTooLarge once that many bytes have come, instead of growing
+//     the client's memory until the deadline (client-go reads an answer
+//     whole, without a bound). Watches need 0.
+func Guard(maxBody int64) func(http.RoundTripper) http.RoundTripper {
+	return func(rt http.RoundTripper) http.RoundTripper { return &guard{next: rt, maxBody: maxBody} }
+}
+
+// MaxErrorBody bounds what Guard reads of an error answer: client-go quotes
+// at most 2 KiB of an unstructured one, and a Status is far smaller.
+const MaxErrorBody = 1 << 20
+
+// ErrAnswerTooLarge: an answer went over Guard's bound.
+var ErrAnswerTooLarge = errors.New("the API server's answer is too large")
+
+// RedirectError is a 3xx answer, which Guard does not follow.
+type RedirectError struct {
+	Code     int
+	Location string // where it pointed, without credentials or query
+}
+
+func (e *RedirectError) Error() string {
+	if e.Location == "" {
+		return fmt.Sprintf("the API server answered with a redirect (HTTP %d) and no Location; redirects are not followed", e.Code)
+	}
+	return fmt.Sprintf("the API server answered with a redirect (HTTP %d) to %s; redirects are not followed (the credentials are for this server only)", e.Code, e.Location)
+}
+
+type guard struct {
+	next    http.RoundTripper
+	maxBody int64
+}
+
+func (g *guard) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := g.next.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	secrets := RequestSecrets(req)
+	if w := resp.Header.Values("Warning"); len(w) > 0 {
+		for i := range w {
+			w[i] = Redact(w[i], secrets...)
+		}
+	}
+	switch {
+	case resp.StatusCode >= 300 && resp.StatusCode < 400:
+		resp.Body.Close()
+		return nil, &RedirectError{Code: resp.StatusCode, Location: Redact(safeLocation(resp.Header.Get("Location")), secrets...)}
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		body, rerr := io.ReadAll(io.LimitReader(resp.Body, MaxErrorBody))
+		resp.Body.Close()
+		if rerr != nil {
+			return nil, fmt.Errorf("reading the API server's HTTP %d answer: %w", resp.StatusCode, rerr)
+		}
+		body = []byte(Redact(string(body), secrets...))
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		resp.ContentLength = int64(len(body))
+		resp.Header.Del("Content-Length")
+	case g.maxBody > 0:
+		resp.Body = &capped{r: resp.Body, left: g.maxBody, max: g.maxBody}
+	}
+	return resp, nil
+}
+
+// capped is a body that fails once more than its bound has been read.
+type capped struct {
+	r    io.ReadCloser
+	left int64
+	max  int64
+}
+
+func (c *capped) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		// One more byte tells a body of exactly the bound from a longer one.
+		var one [1]byte
+		if n, err := c.r.Read(one[:]); n == 0 {
+			return 0, err
+		}
+		return 0, fmt.Errorf("%w: over %d bytes", ErrAnswerTooLarge, c.max)
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	return n, err
+}
+
+func (c *capped) Close() error { return c.r.Close() }
+
+// safeLocation is a Location header without user info, query or fragment
+// (which may carry tokens), bounded.
+func safeLocation(loc string) string {
+	u, err := url.Parse(loc)
+	if err != nil {
+		return "(an unparsable Location)"
+	}
+	u.User, u.RawQuery, u.Fragment, u.RawFragment, u.ForceQuery = nil, "", "", "", false
+	s := u.String()
+	if len(s) > 256 {
+		s = s[:256] + "..."
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+// RequestSecrets are the credentials req carries: its Authorization and
+// Proxy-Authorization values whole, their credentials alone, and for basic
+// auth the password.
+func RequestSecrets(req *http.Request) []string {
+	var out []string
+	for _, h := range []string{"Authorization", "Proxy-Authorization"} {
+		for _, v := range req.Header.Values(h) {
+			out = append(out, v)
+			scheme, cred, ok := strings.Cut(v, " ")
+			if !ok {
+				continue
+			}
+			cred = strings.TrimSpace(cred)
+			out = append(out, cred)
+			if strings.EqualFold(scheme, "Basic") {
+				if dec, err := base64.StdEncoding.DecodeString(cred); err == nil {
+					out = append(out, string(dec))
+					if _, pass, ok := strings.Cut(string(dec), ":"); ok {
+						out = append(out, pass)
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Redacted replaces a credential.
+const Redacted = "[redacted]"
+
+// minSecret: shorter secrets are not replaced where they stand alone (a
+// one-letter "token" would blank every such letter); after "Bearer " they
+// still are.
+const minSecret = 6
+
+// Redact returns s with every secret (at least minSecret bytes long) and
+// whatever follows "Bearer " or "Basic " (any case) replaced by Redacted.
+func Redact(s string, secrets ...string) string {
+	for _, sec := range secrets {
+		if len(sec) >= minSecret {
+			s = strings.ReplaceAll(s, sec, Redacted)
+		}
+	}
+	return redactSchemes(s)
+}
+
+// redactSchemes replaces the credential after each "bearer " or "basic "
+// (any case): a token of another request echoed in an answer.
+func redactSchemes(s string) string {
+	var b strings.Builder
+	rest := s
+	for {
+		i, n := schemeAt(rest)
+		if i < 0 {
+			break
+		}
+		j := i + n
+		for j < len(rest) && tokenChar(rest[j]) {
+			j++
+		}
+		b.WriteString(rest[:i+n])
+		if j > i+n && rest[i+n:j] != Redacted {
+			b.WriteString(Redacted)
+		} else {
+			b.WriteString(rest[i+n : j])
+		}
+		rest = rest[j:]
+	}
+	if b.Len() == 0 {
+		return s
+	}
+	b.WriteString(rest)
+	return b.String()
+}
+
+// schemeAt finds the first "bearer " or "basic " in s, any case, and
+// returns its index and length (-1 when there is none).
+func schemeAt(s string) (int, int) {
+	l := asciiLower(s)
+	best, n := -1, 0
+	for _, k := range []string{"bearer ", "basic "} {
+		if i := strings.Index(l, k); i >= 0 && (best < 0 || i < best) {
+			best, n = i, len(k)
+		}
+	}
+	return best, n
+}
+
+// tokenChar: the characters of a bearer token (RFC 6750's b64token) or a
+// basic credential.
+func tokenChar(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+		c == '-' || c == '.' || c == '_' || c == '~' || c == '+' || c == '/' || c == '='
+}
+
+// asciiLower lowers ASCII letters only, so indexes into it are indexes into
+// s (strings.ToLower may change the length of other characters).
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
