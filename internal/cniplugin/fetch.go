@@ -8,9 +8,9 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/go-logr/logr"
+	"github.com/go-logr/zerologr"
 	"k8s.io/klog/v2"
 
-	"github.com/nftmesh/nftmesh/internal/zklog"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/podinfo/podget"
@@ -69,7 +69,8 @@ func routeClientLogs(inv *invocation) {
 		return
 	}
 	if inv.conf.LogLevel == "debug" {
-		zklog.Route(inv.log)
+		l := inv.log
+		klog.SetLoggerWithOptions(zerologr.New(&l).WithName("client-go"), klog.ContextualLogger(true))
 		return
 	}
 	klog.SetLogger(logr.Discard())
