@@ -113,7 +113,11 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 		o.Status, o.Reason = OutcomeBadRequest, err.Error()
 	} else {
 		o.Command = getenv(req.Env, "CNI_COMMAND")
-		reply, o.Status, o.Reason = s.call(ctx, req, fds)
+		cctx, stop := watchHangUp(ctx, c)
+		reply, o.Status, o.Reason = s.call(cctx, req, fds)
+		if stop() {
+			o.Reason = joinReason(o.Reason, "the front hung up")
+		}
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
 	if _, err := c.Write(cnisock.AppendReply(nil, reply)); err != nil {
@@ -132,7 +136,8 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 	}
 	var out, errOut bytes.Buffer
 	e := Env{
-		Getenv: func(k string) string { return getenv(req.Env, k) },
+		Context: ctx,
+		Getenv:  func(k string) string { return getenv(req.Env, k) },
 		Stdin:  bytes.NewReader(req.Stdin),
 		Stdout: &out,
 		Stderr: &errOut,
@@ -168,6 +173,55 @@ func runGuarded(e Env) (code int, err error) {
 		}
 	}()
 	return Run(e)
+}
+
+// watchHangUp returns a context of ctx that ends when the front at the
+// other end of c hangs up (closes its end: killed, or out of its own
+// time), so that a call nobody waits for any more stops at its next wait
+// (the namespace's lock, the pod lookup, the kernel's answer) instead of
+// holding one of the socket's slots to its own timeout. A front that only
+// shuts down its writing half still waits for the reply. stop ends the
+// watch and reports whether the front had hung up.
+func watchHangUp(ctx context.Context, c *net.UnixConn) (context.Context, func() bool) {
+	cctx, cancel := context.WithCancel(ctx)
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return cctx, func() bool { cancel(); return false }
+	}
+	// No read deadline while the call runs: the watch waits as long.
+	_ = c.SetReadDeadline(time.Time{})
+	var hungUp bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Read only waits for the socket to become readable (the runtime's
+		// poller; no thread held) and calls the function again; it reads
+		// nothing. POLLHUP: the peer's end is closed, which a half-close
+		// (POLLRDHUP alone) or bytes sent after the request are not.
+		_ = raw.Read(func(fd uintptr) bool {
+			p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+			if n, err := unix.Poll(p, 0); err == nil && n > 0 && p[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0 {
+				hungUp = true
+				cancel()
+				return true
+			}
+			return false
+		})
+	}()
+	return cctx, func() bool {
+		// A deadline in the past ends the wait in Read.
+		_ = c.SetReadDeadline(time.Unix(1, 0))
+		<-done
+		cancel()
+		return hungUp
+	}
+}
+
+func joinReason(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
 }
 
 func getenv(env []string, key string) string {
