@@ -135,7 +135,7 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 	s.cniLn = cniLn
 	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "nftmesh", Subsystem: "agent_socket", Name: "cni_calls_total",
-		Help: "CNI calls the nftmesh-cni front handed to the agent, by outcome (ok, error, declined, refused, bad_request, write_error).",
+		Help: "CNI calls the nftmesh-cni front handed to the agent, by outcome (ok, error, declined, busy, refused, bad_request, write_error).",
 	}, []string{"outcome"})
 	if m != nil {
 		m.Registry.MustRegister(calls)

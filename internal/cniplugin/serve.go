@@ -17,6 +17,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -45,6 +46,7 @@ const (
 	OutcomeRefused    = "refused"     // the peer is not root
 	OutcomeBadRequest = "bad_request" // unreadable request or descriptors
 	OutcomeWriteError = "write_error" // the reply could not be sent
+	OutcomeBusy       = "busy"        // declined: over the bytes-in-flight budget
 )
 
 // Server runs the calls handed over.
@@ -58,7 +60,43 @@ type Server struct {
 	AllowUID uint32
 	// Observe, when set, is told each connection's outcome.
 	Observe func(ServeOutcome)
+	// MaxBytesInFlight bounds the request bytes of the calls being read or
+	// run, across all connections; zero is DefaultMaxBytesInFlight.
+	MaxBytesInFlight int64
+
+	inFlight atomic.Int64
 }
+
+// DefaultMaxBytesInFlight is the request bytes the agent holds at once:
+// a call's config is one to a few kilobytes, so the socket's 256 calls at
+// once fit many times over, while calls at cnisock.MaxRequest fit 32 at
+// once. What a call costs beyond its request (the config decoded, the
+// plugin's result) is a few times its size: the budget keeps the agent
+// tens of MiB from the chart's memory limit whatever the fronts send
+// (TestServeMemoryBound measures it). A call over the budget is declined
+// at once, before its body is read: the front then runs the standalone
+// plugin, as when the agent is busy.
+const DefaultMaxBytesInFlight = 2 << 20
+
+// reserve takes n bytes of the budget; false when they are not left.
+func (s *Server) reserve(n int64) bool {
+	limit := s.MaxBytesInFlight
+	if limit <= 0 {
+		limit = DefaultMaxBytesInFlight
+	}
+	for {
+		cur := s.inFlight.Load()
+		if cur+n > limit {
+			return false
+		}
+		if s.inFlight.CompareAndSwap(cur, cur+n) {
+			return true
+		}
+	}
+}
+
+// errOverBudget: the request's bytes are not in the budget now.
+var errOverBudget = errors.New("over the agent's budget of request bytes in flight")
 
 // Bounds of one connection.
 const (
@@ -102,16 +140,20 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Now().Add(readTimeout))
-	req, fds, err := readRequest(c)
+	req, fds, size, err := s.readRequest(c)
+	defer s.inFlight.Add(-size)
 	defer func() {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
 	}()
 	reply := cnisock.Reply{Status: cnisock.StatusDeclined}
-	if err != nil {
+	switch {
+	case errors.Is(err, errOverBudget):
+		o.Status, o.Reason = OutcomeBusy, err.Error()
+	case err != nil:
 		o.Status, o.Reason = OutcomeBadRequest, err.Error()
-	} else {
+	default:
 		o.Command = getenv(req.Env, "CNI_COMMAND")
 		cctx, stop := watchHangUp(ctx, c)
 		reply, o.Status, o.Reason = s.call(cctx, req, fds)
@@ -138,9 +180,9 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 	e := Env{
 		Context: ctx,
 		Getenv:  func(k string) string { return getenv(req.Env, k) },
-		Stdin:  bytes.NewReader(req.Stdin),
-		Stdout: &out,
-		Stderr: &errOut,
+		Stdin:   bytes.NewReader(req.Stdin),
+		Stdout:  &out,
+		Stderr:  &errOut,
 		Ask: func(r agentsock.Request) (agentsock.Answer, error) {
 			return agentsock.Lookup(ctx, s.Resolver, r), nil
 		},
@@ -233,24 +275,28 @@ func getenv(env []string, key string) string {
 	return ""
 }
 
-// readRequest reads one request frame and the descriptors sent with it.
-// Descriptors are returned (to be closed) even with an error.
-func readRequest(c *net.UnixConn) (cnisock.Request, []int, error) {
-	var fds []int
+// readRequest reads one request frame and the descriptors sent with it,
+// once its size is reserved in the budget; reserved is what to give back
+// (0 when nothing was). Descriptors are returned (to be closed) even with
+// an error.
+func (s *Server) readRequest(c *net.UnixConn) (req cnisock.Request, fds []int, reserved int64, err error) {
 	var hdr [cnisock.HeaderLen]byte
 	if err := readMsgFull(c, hdr[:], &fds); err != nil {
-		return cnisock.Request{}, fds, err
+		return req, fds, 0, err
 	}
 	size, err := cnisock.BodyLen(hdr, cnisock.RequestMagic)
 	if err != nil {
-		return cnisock.Request{}, fds, err
+		return req, fds, 0, err
+	}
+	if !s.reserve(int64(size)) {
+		return req, fds, 0, fmt.Errorf("request of %d bytes: %w", size, errOverBudget)
 	}
 	body := make([]byte, size)
 	if err := readMsgFull(c, body, &fds); err != nil {
-		return cnisock.Request{}, fds, err
+		return req, fds, int64(size), err
 	}
-	req, err := cnisock.ParseRequest(body)
-	return req, fds, err
+	req, err = cnisock.ParseRequest(body)
+	return req, fds, int64(size), err
 }
 
 // readMsgFull fills b from c, collecting the descriptors that come along.

@@ -2,12 +2,17 @@ package cniplugin
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"io"
 	"net"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
@@ -133,3 +138,148 @@ func TestServeStopsWhenTheFrontHangsUp(t *testing.T) {
 	}
 }
 
+// floodFrame is an ADD for pod whose config is padded with prevResult
+// routes (each one decoded into its own objects) to size bytes of frame.
+func floodFrame(t testing.TB, nsPath, runDir string, pod *corev1.Pod, size int) []byte {
+	t.Helper()
+	id := "ctr-" + nstest.RandHex(6)
+	env := []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=" + id, "CNI_NETNS=" + nsPath, "CNI_IFNAME=eth0",
+		"CNI_ARGS=" + cniArgsFor(pod, id), "CNI_PATH=/opt/cni/bin"}
+	frame := func(n int) []byte {
+		prev := prevResultV4("1.0.0", "198.51.100.40/24")
+		routes := make([]any, n)
+		for i := range routes {
+			routes[i] = map[string]any{"dst": "10.0.0.0/8"}
+		}
+		prev["routes"] = routes
+		b, err := cnisock.AppendRequest(nil, cnisock.Request{Env: env, Stdin: directConf(t, "1.0.0", runDir, prev, nil)})
+		if err != nil {
+			return nil
+		}
+		return b
+	}
+	lo, hi := 0, size
+	for lo < hi { // the most routes that fit
+		mid := (lo + hi + 1) / 2
+		if b := frame(mid); b != nil && len(b) <= size {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return frame(lo)
+}
+
+// TestServeMemoryBound: a flood of calls at the largest request the agent
+// reads, all held at once, keeps the agent's heap bounded: the calls
+// beyond its budget of bytes in flight are declined at once (the front
+// runs them itself), and a request over the limit is not read at all.
+func TestServeMemoryBound(t *testing.T) {
+	nstest.NeedRoot(t)
+	pod := loadPod(t, "injected.yaml")
+	pod.UID = "uid-flood"
+	const conns = 200 // under the socket's 256 connections at once
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	entered := make(chan struct{}, conns)
+	release := make(chan struct{})
+	srv := &Server{AllowUID: agentsock.PeerUID, Resolver: agentsock.ResolverFunc(func(ctx context.Context, _ agentsock.Request) agentsock.Answer {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return agentsock.Unknown("flood")
+	}), Observe: func(o ServeOutcome) {
+		mu.Lock()
+		outcomes[o.Status]++
+		mu.Unlock()
+	}}
+	runDir := serveWith(t, srv)
+	_, nsPath := nstest.New(t, "cni-flood-")
+	nsFD := openPath(t, nsPath)
+	frame := floodFrame(t, nsPath, runDir, pod, cnisock.MaxRequest)
+	if len(frame) < cnisock.MaxRequest*9/10 {
+		t.Fatalf("flood frame of %d bytes", len(frame))
+	}
+
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var cs []*net.UnixConn
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	for range conns {
+		cs = append(cs, dialCNI(t, runDir, frame, nsFD))
+	}
+	// Every call is either held in the resolver or declined as busy.
+	busy := func() int { mu.Lock(); defer mu.Unlock(); return outcomes[OutcomeBusy] }
+	held := 0
+	deadline := time.After(60 * time.Second)
+	for held+busy() < conns {
+		select {
+		case <-entered:
+			held++
+		case <-deadline:
+			t.Fatalf("after 60 s: %d calls held, %v", held, outcomes)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	runtime.GC()
+	var during runtime.MemStats
+	runtime.ReadMemStats(&during)
+	grew := int64(during.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d calls of %d bytes: %d held, %d declined as busy; live heap grew %.1f MiB",
+		conns, len(frame), held, busy(), float64(grew)/(1<<20))
+	if held == 0 || busy() == 0 {
+		t.Errorf("%d held, %d busy: want the budget to hold some and decline the rest", held, busy())
+	}
+	if limit := int64(DefaultMaxBytesInFlight) / int64(len(frame)); int64(held) > limit {
+		t.Errorf("%d calls held, the budget allows %d", held, limit)
+	}
+	if grew > 64<<20 {
+		t.Errorf("live heap grew %.1f MiB with the flood held; want at most 64 MiB", float64(grew)/(1<<20))
+	}
+	close(release)
+	for _, c := range cs {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		var hdr [cnisock.HeaderLen]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			t.Fatalf("a flooded call got no reply: %v", err)
+		}
+	}
+	// The budget is given back: a call runs again.
+	if n := srv.inFlight.Load(); n != 0 {
+		t.Errorf("%d bytes still counted in flight after every call ended", n)
+	}
+
+	// A request over the limit: declined from its header, body unread.
+	big := make([]byte, cnisock.HeaderLen, cnisock.HeaderLen+cnisock.MaxRequest+1)
+	copy(big, cnisock.RequestMagic[:])
+	binary.BigEndian.PutUint32(big[4:], cnisock.MaxRequest+1)
+	big = append(big, make([]byte, cnisock.MaxRequest+1)...)
+	before2 := outcomes[OutcomeBadRequest]
+	c := dialCNI(t, runDir, big[:cnisock.HeaderLen])
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var hdr [cnisock.HeaderLen]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		t.Fatalf("an oversized request got no reply: %v", err)
+	}
+	deadline2 := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := outcomes[OutcomeBadRequest]
+		mu.Unlock()
+		if n == before2+1 {
+			break
+		}
+		if time.Now().After(deadline2) {
+			t.Fatalf("an oversized request was not refused as a bad request: %v", outcomes)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

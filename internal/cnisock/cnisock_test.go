@@ -207,10 +207,10 @@ func TestBadFrames(t *testing.T) {
 	if _, err := BodyLen(hdr(ReplyMagic, 1), RequestMagic); !errors.Is(err, ErrMagic) {
 		t.Errorf("reply magic as a request: %v", err)
 	}
-	if _, err := BodyLen(hdr(RequestMagic, MaxFrame+1), RequestMagic); !errors.Is(err, ErrTooBig) {
+	if _, err := BodyLen(hdr(RequestMagic, MaxRequest+1), RequestMagic); !errors.Is(err, ErrTooBig) {
 		t.Errorf("oversized frame: %v", err)
 	}
-	if _, err := AppendRequest(nil, Request{Stdin: make([]byte, MaxFrame)}); !errors.Is(err, ErrTooBig) {
+	if _, err := AppendRequest(nil, Request{Stdin: make([]byte, MaxRequest)}); !errors.Is(err, ErrTooBig) {
 		t.Errorf("oversized request: %v", err)
 	}
 	if _, err := AppendRequest(nil, Request{Env: make([]string, MaxEnv+1)}); !errors.Is(err, ErrTooMany) {
