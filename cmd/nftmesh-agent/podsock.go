@@ -140,7 +140,14 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 	if m != nil {
 		m.Registry.MustRegister(calls)
 	}
-	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, Observe: func(o cniplugin.ServeOutcome) {
+	// A caller's capabilities are read in the node's PID namespace: the
+	// host's /proc as repair in place mounts it (the chart grants the
+	// capabilities calls need only with it), else this process's own.
+	procDir := cfg.Repair.HostProc
+	if procDir == "" {
+		procDir = "/proc"
+	}
+	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, ProcDir: procDir, Observe: func(o cniplugin.ServeOutcome) {
 		calls.WithLabelValues(o.Status).Inc()
 		var e *zerolog.Event
 		switch o.Status {

@@ -43,7 +43,7 @@ const (
 	OutcomeOK         = "ok"          // the plugin exited 0
 	OutcomeError      = "error"       // the plugin exited 1 (a CNI error)
 	OutcomeDeclined   = "declined"    // left to the standalone plugin
-	OutcomeRefused    = "refused"     // the peer is not root
+	OutcomeRefused    = "refused"     // the peer is not root with CAP_NET_ADMIN
 	OutcomeBadRequest = "bad_request" // unreadable request or descriptors
 	OutcomeWriteError = "write_error" // the reply could not be sent
 	OutcomeBusy       = "busy"        // declined: over the bytes-in-flight budget
@@ -58,6 +58,10 @@ type Server struct {
 	Resolver agentsock.Resolver
 	// AllowUID is the only peer uid served (agentsock.PeerUID: root).
 	AllowUID uint32
+	// ProcDir is a proc file system of the node's PID namespace, where a
+	// peer's capabilities are read (agentsock.CheckAdminPeer); empty is
+	// /proc, for an agent in that namespace.
+	ProcDir string
 	// Observe, when set, is told each connection's outcome.
 	Observe func(ServeOutcome)
 	// MaxBytesInFlight bounds the request bytes of the calls being read or
@@ -137,6 +141,17 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 		if err != nil {
 			o.Reason = err.Error()
 		}
+		return
+	}
+	// Root is not enough: a call changes a namespace's rules, which takes
+	// CAP_NET_ADMIN in the initial user namespace (a root container
+	// stripped of it, or root of its own user namespace, is refused).
+	procDir := s.ProcDir
+	if procDir == "" {
+		procDir = "/proc"
+	}
+	if err := agentsock.CheckAdminPeer(c, procDir); err != nil {
+		o.Status, o.Reason = OutcomeRefused, err.Error()
 		return
 	}
 	_ = c.SetReadDeadline(time.Now().Add(readTimeout))

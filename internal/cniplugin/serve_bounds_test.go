@@ -4,9 +4,14 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -281,5 +286,100 @@ func TestServeMemoryBound(t *testing.T) {
 			t.Fatalf("an oversized request was not refused as a bad request: %v", outcomes)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// frontEnv makes the test binary a front: it sends the frame in the file
+// the variable names (with no descriptor) to the CNI socket in the run dir
+// of frontDirEnv, and prints "reply" with the status, or "no reply".
+const (
+	frontEnv    = "NFTMESH_TEST_FRONT_FRAME"
+	frontDirEnv = "NFTMESH_TEST_FRONT_RUN_DIR"
+)
+
+func frontMain() int {
+	frame, err := os.ReadFile(os.Getenv(frontEnv))
+	if err != nil {
+		fmt.Println(err)
+		return 2
+	}
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: cnisock.Path(os.Getenv(frontDirEnv)), Net: "unix"})
+	if err != nil {
+		fmt.Println(err)
+		return 2
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(frame); err != nil {
+		fmt.Println("no reply:", err)
+		return 0
+	}
+	var hdr [cnisock.HeaderLen]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		fmt.Println("no reply:", err)
+		return 0
+	}
+	n, _ := cnisock.BodyLen(hdr, cnisock.ReplyMagic)
+	body := make([]byte, n)
+	_, _ = io.ReadFull(c, body)
+	r, err := cnisock.ParseReply(body)
+	fmt.Println("reply", r.Status, err)
+	return 0
+}
+
+// TestServeRefusesRootWithoutNetAdmin: root is not enough to have the agent
+// run a call: a root front without CAP_NET_ADMIN in its effective set, or
+// root of a user namespace of its own, gets no reply and nothing runs;
+// root with its capabilities has its call run.
+func TestServeRefusesRootWithoutNetAdmin(t *testing.T) {
+	nstest.NeedRoot(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcomes := make(chan ServeOutcome, 1)
+	srv := &Server{AllowUID: agentsock.PeerUID, Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
+		return agentsock.Unknown("not here")
+	}), Observe: func(o ServeOutcome) { outcomes <- o }}
+	runDir := serveWith(t, srv)
+	// A call without a namespace: a STATUS, which a refused peer must
+	// not get run either.
+	frame, err := cnisock.AppendRequest(nil, cnisock.Request{Env: []string{"CNI_COMMAND=STATUS", "CNI_PATH=/opt/cni/bin"},
+		Stdin: directConf(t, "1.1.0", runDir, nil, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "frame")
+	if err := os.WriteFile(file, frame, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		wrap []string
+		want string // the outcome
+	}{
+		{"root with its capabilities", nil, OutcomeOK},
+		{"root without any capability", []string{"setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--"}, OutcomeRefused},
+		{"root of its own user namespace", []string{"unshare", "--user", "--map-root-user", "--"}, OutcomeRefused},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append(append([]string{}, tt.wrap...), self)
+			cmd := exec.Command(args[0], args[1:]...)
+			cmd.Env = []string{frontEnv + "=" + file, frontDirEnv + "=" + runDir}
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("front: %v %s", err, out)
+			}
+			o := <-outcomes
+			if o.Status == OutcomeError {
+				o.Status = OutcomeOK // run: its CNI error is not the point
+			}
+			if o.Status != tt.want {
+				t.Fatalf("outcome %+v, want %s (front: %s)", o, tt.want, out)
+			}
+			if replied := strings.HasPrefix(string(out), "reply"); replied != (tt.want != OutcomeRefused) {
+				t.Fatalf("front printed %q", out)
+			}
+		})
 	}
 }
