@@ -63,7 +63,10 @@ func (s *podSocket) apiCalled(ctx context.Context, err error) {
 // watch for both: the repair controller's when it sees every pod of the
 // node, else the socket's own (the chart grants the agent list and watch
 // of pods whatever the repair set-up).
-func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl *repair.Controller, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
+//
+// The CNI calls the front hands over are run only while hostNetns is nil:
+// the host's network namespace is then registered to be refused.
+func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl *repair.Controller, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
 	node := cfg.NodeName
 	if node == "" {
 		node = cfg.Repair.NodeName
@@ -127,6 +130,14 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 			Msg("not running the plugin's CNI calls (the front runs the standalone plugin): this container lacks capabilities they need")
 		return s, nil
 	}
+	if err := hostNetns(); err != nil {
+		// A call names its namespace; the host's must be refused, and is
+		// told from a pod's only once registered.
+		_ = os.Remove(cnisock.Path(cfg.AgentRunDir))
+		s.log.Info().Err(err).
+			Msg("not running the plugin's CNI calls (the front runs the standalone plugin): the host's network namespace is not known")
+		return s, nil
+	}
 	cniLn, err := agentsock.ListenAt(cfg.AgentRunDir, cnisock.SocketName)
 	if err != nil {
 		ln.Close()
@@ -147,7 +158,7 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 	if procDir == "" {
 		procDir = "/proc"
 	}
-	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, ProcDir: procDir, Observe: func(o cniplugin.ServeOutcome) {
+	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, ProcDir: procDir, HostNetns: hostNetns, Observe: func(o cniplugin.ServeOutcome) {
 		calls.WithLabelValues(o.Status).Inc()
 		var e *zerolog.Event
 		switch o.Status {

@@ -58,6 +58,11 @@ type Server struct {
 	Resolver agentsock.Resolver
 	// AllowUID is the only peer uid served (agentsock.PeerUID: root).
 	AllowUID uint32
+	// HostNetns is nil once the host's network namespace is registered to
+	// be refused (capture.AddHostNetns), else why it is not; the host's is
+	// then not told from a pod's, and every call is declined. A nil
+	// HostNetns declines every call too.
+	HostNetns func() error
 	// ProcDir is a proc file system of the node's PID namespace, where a
 	// peer's capabilities are read (agentsock.CheckAdminPeer); empty is
 	// /proc, for an agent in that namespace.
@@ -185,6 +190,9 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 // call runs one well-formed request.
 func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (reply cnisock.Reply, status, reason string) {
 	declined := cnisock.Reply{Status: cnisock.StatusDeclined}
+	if err := s.hostNetns(); err != nil {
+		return declined, OutcomeDeclined, err.Error()
+	}
 	// The namespace comes as the one descriptor exactly when the call
 	// names one.
 	netns := getenv(req.Env, "CNI_NETNS")
@@ -219,6 +227,20 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 		reply.Status, status = cnisock.StatusError, OutcomeError
 	}
 	return reply, status, ""
+}
+
+// errHostNetnsUnknown: the server was given no HostNetns.
+var errHostNetnsUnknown = errors.New("the host's network namespace is not known to the agent")
+
+// hostNetns is nil when the host's network namespace is known.
+func (s *Server) hostNetns() error {
+	if s.HostNetns == nil {
+		return errHostNetnsUnknown
+	}
+	if err := s.HostNetns(); err != nil {
+		return fmt.Errorf("%w: %w", errHostNetnsUnknown, err)
+	}
+	return nil
 }
 
 // runGuarded runs a call; a panic outside the verbs' own guard declines

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +27,10 @@ import (
 
 // The tests in this file need root (a throw-away netns to pass) but no API
 // server: the agent's server runs with a resolver of their own.
+
+// hostKnown stands for the agent's registration of the host's network
+// namespace: in tests, the host's is the test's own, refused anyway.
+func hostKnown() error { return nil }
 
 // serveWith serves the CNI socket in a fresh run dir with srv (RunDir and
 // AllowUID filled in) until the test ends, and returns the run dir.
@@ -82,7 +87,19 @@ func TestServeStopsWhenTheFrontHangsUp(t *testing.T) {
 	entered := make(chan struct{}, 1)
 	ends := make(chan ended, 1)
 	outcomes := make(chan ServeOutcome, 1)
-	srv := &Server{AllowUID: agentsock.PeerUID, Resolver: agentsock.ResolverFunc(func(ctx context.Context, _ agentsock.Request) agentsock.Answer {
+	// halfClosed: the second part's resolver, which waits a little
+	// and reports whether its call was cancelled meanwhile.
+	var halfClosed atomic.Bool
+	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: agentsock.ResolverFunc(func(ctx context.Context, _ agentsock.Request) agentsock.Answer {
+		if halfClosed.Load() {
+			select {
+			case <-ctx.Done():
+				ends <- ended{ctx.Err(), time.Now()}
+			case <-time.After(300 * time.Millisecond):
+				ends <- ended{nil, time.Now()}
+			}
+			return agentsock.Unknown("not here")
+		}
 		entered <- struct{}{}
 		<-ctx.Done()
 		ends <- ended{ctx.Err(), time.Now()}
@@ -116,15 +133,7 @@ func TestServeStopsWhenTheFrontHangsUp(t *testing.T) {
 	assertNoRules(t, nsPath)
 
 	// Half-closed: the front still reads; its call is not cancelled.
-	srv.Resolver = agentsock.ResolverFunc(func(ctx context.Context, _ agentsock.Request) agentsock.Answer {
-		select {
-		case <-ctx.Done():
-			ends <- ended{ctx.Err(), time.Now()}
-		case <-time.After(300 * time.Millisecond):
-			ends <- ended{nil, time.Now()}
-		}
-		return agentsock.Unknown("not here")
-	})
+	halfClosed.Store(true)
 	c = dialCNI(t, runDir, callFrame(t, "ADD", nsPath, runDir, pod), openPath(t, nsPath))
 	defer c.Close()
 	if err := c.CloseWrite(); err != nil {
@@ -188,7 +197,7 @@ func TestServeMemoryBound(t *testing.T) {
 	outcomes := map[string]int{}
 	entered := make(chan struct{}, conns)
 	release := make(chan struct{})
-	srv := &Server{AllowUID: agentsock.PeerUID, Resolver: agentsock.ResolverFunc(func(ctx context.Context, _ agentsock.Request) agentsock.Answer {
+	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: agentsock.ResolverFunc(func(ctx context.Context, _ agentsock.Request) agentsock.Answer {
 		entered <- struct{}{}
 		select {
 		case <-release:
@@ -266,7 +275,9 @@ func TestServeMemoryBound(t *testing.T) {
 	copy(big, cnisock.RequestMagic[:])
 	binary.BigEndian.PutUint32(big[4:], cnisock.MaxRequest+1)
 	big = append(big, make([]byte, cnisock.MaxRequest+1)...)
+	mu.Lock()
 	before2 := outcomes[OutcomeBadRequest]
+	mu.Unlock()
 	c := dialCNI(t, runDir, big[:cnisock.HeaderLen])
 	defer c.Close()
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -338,7 +349,7 @@ func TestServeRefusesRootWithoutNetAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	outcomes := make(chan ServeOutcome, 1)
-	srv := &Server{AllowUID: agentsock.PeerUID, Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
+	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
 		return agentsock.Unknown("not here")
 	}), Observe: func(o ServeOutcome) { outcomes <- o }}
 	runDir := serveWith(t, srv)
@@ -380,6 +391,50 @@ func TestServeRefusesRootWithoutNetAdmin(t *testing.T) {
 			if replied := strings.HasPrefix(string(out), "reply"); replied != (tt.want != OutcomeRefused) {
 				t.Fatalf("front printed %q", out)
 			}
+		})
+	}
+}
+
+// TestServeDeclinesWithoutTheHostNetns: until the host's network namespace
+// is registered to be refused (the agent reads it through the host's /proc),
+// the agent cannot tell it from a pod's, and declines every call, however
+// well formed, without running anything; once it is known, the same call
+// runs.
+func TestServeDeclinesWithoutTheHostNetns(t *testing.T) {
+	nstest.NeedRoot(t)
+	pod := loadPod(t, "injected.yaml")
+	pod.UID = "uid-hostns"
+	found := foundAnswer(t, pod)
+	for _, tt := range []struct {
+		name string
+		host func() error
+		want string
+	}{
+		{"not registered", func() error { return errors.New("registering /host/proc/1/ns/net: permission denied") }, OutcomeDeclined},
+		{"no registration given", nil, OutcomeDeclined},
+		{"registered", hostKnown, OutcomeOK},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			outcomes := make(chan ServeOutcome, 1)
+			asked := false
+			srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: tt.host, Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
+				asked = true
+				return found
+			}), Observe: func(o ServeOutcome) { outcomes <- o }}
+			runDir := serveWith(t, srv)
+			_, nsPath := nstest.New(t, "cni-hostns-")
+			r, ok := handOver(t, runDir, callFrame(t, "ADD", nsPath, runDir, pod), openPath(t, nsPath))
+			o := <-outcomes
+			if o.Status != tt.want {
+				t.Fatalf("outcome %+v (reply status %d, %v), want %s", o, r.Status, ok, tt.want)
+			}
+			if tt.want == OutcomeOK {
+				return
+			}
+			if !ok || r.Status != cnisock.StatusDeclined || asked {
+				t.Fatalf("reply %+v (%v), pod asked for: %v; want declined before anything ran", r, ok, asked)
+			}
+			assertNoRules(t, nsPath)
 		})
 	}
 }
