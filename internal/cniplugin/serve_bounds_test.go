@@ -1,6 +1,7 @@
 package cniplugin
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -467,17 +469,41 @@ func BenchmarkFrontAddAgent(b *testing.B) {
 	for i := range netns {
 		_, netns[i] = nstest.New(b, "cni-fbench-")
 	}
-	var times []time.Duration
+	// NFTMESH_BENCH_FRONT_B: another build of the front (with its
+	// standalone companion beside it), run alternately with this one;
+	// b-p50-ms and b/a compare the two in one interleaved loop.
+	bins := []string{env.pluginBin}
+	if other := os.Getenv("NFTMESH_BENCH_FRONT_B"); other != "" {
+		bins = append(bins, other)
+	}
+	times := make([][]time.Duration, len(bins))
 	b.ResetTimer()
 	for i := range b.N {
 		id := "ctr-" + nstest.RandHex(6)
+		k := i % len(bins)
+		cmd := exec.Command(bins[k])
+		cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=" + id, "CNI_NETNS=" + netns[i], "CNI_IFNAME=eth0",
+			"CNI_ARGS=" + cniArgsFor(pod, id), "CNI_PATH=" + filepath.Dir(bins[k])}
+		cmd.Stdin = bytes.NewReader(conf)
+		var out, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &stderr
 		start := time.Now()
-		out, stderr, err := execPlugin("ADD", netns[i], id, cniArgsFor(pod, id), conf)
-		times = append(times, time.Since(start))
-		if err != nil || !strings.Contains(string(stderr), `"ran_by":"agent"`) {
-			b.Fatalf("ADD: %v\n%s\n%s", err, out, stderr)
+		err := cmd.Run()
+		times[k] = append(times[k], time.Since(start))
+		if err != nil || !strings.Contains(stderr.String(), `"ran_by":"agent"`) {
+			b.Fatalf("ADD by %s: %v\n%s\n%s", bins[k], err, out.String(), stderr.String())
 		}
 	}
 	b.StopTimer()
-	reportPercentiles(b, times)
+	reportPercentiles(b, times[0])
+	if len(bins) > 1 && len(times[1]) > 0 {
+		p50 := func(v []time.Duration) float64 {
+			v = slices.Clone(v)
+			slices.Sort(v)
+			return float64(v[len(v)/2].Microseconds()) / 1000
+		}
+		a, o := p50(times[0]), p50(times[1])
+		b.ReportMetric(o, "b-p50-ms")
+		b.ReportMetric(a/o, "a/b")
+	}
 }

@@ -5,10 +5,9 @@
 // and what the plugin wrote on stdout and stderr, or "declined" (run the
 // standalone plugin instead).
 //
-// The front is a process of milliseconds whose start-up is the cost being
-// cut, so the format is a few length-prefixed byte strings, encoded and
-// decoded by hand, and this package imports nothing that initialises
-// anything.
+// The frame is a few length-prefixed byte strings (the config travels as
+// the runtime wrote it); the front reads the config's agent_run_dir with
+// encoding/json, as the plugin does (RunDir).
 //
 // A frame is a 4-byte magic, a big-endian uint32 length, and that many
 // bytes. A request's body: a uint32 count of "NAME=value" strings, each a
