@@ -5,9 +5,8 @@
 //
 // It owns the wire format (one length-prefixed JSON request and one answer
 // per connection, both bounded, encoding/json over a net.UnixConn), the
-// client the plugin uses, and the
-// server the agent runs, with the socket's place and permissions and the
-// peer check (root only, by SO_PEERCRED). It imports nothing from
+// client the plugin uses, and the server the agent runs, with the socket's
+// place and permissions and the peer check (root only, by SO_PEERCRED). It imports nothing from
 // Kubernetes, so the plugin that links it pays no client-go start-up: the
 // agent side supplies answers through the Resolver interface (see
 // podinfo/agentsock/cachesource).
