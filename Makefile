@@ -134,55 +134,11 @@ lint: staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GOBIN)/staticcheck ./...
-	@# The model (redirect/ and its subpackages) is pure: of this module it
-	@# imports only itself (no internal/ helper, backend or pipeline), and
-	@# nothing that talks to a kernel or to Kubernetes.
-	@bad=$$($(GO) list -deps ./redirect/... | grep -E '^github.com/nftmesh/nftmesh/' | grep -v -E '^github.com/nftmesh/nftmesh/redirect(/|$$)' || true); \
-	  if [ -n "$$bad" ]; then echo "the model (redirect/...) imports from outside the model:"; echo "$$bad"; exit 1; fi
-	@bad=$$($(GO) list -deps ./redirect/... | grep -E 'nftables|netlink|k8s.io|vishvananda|golang.org/x/sys|containernetworking' || true); \
-	  if [ -n "$$bad" ]; then echo "the model (redirect/...) imports kernel or Kubernetes packages:"; echo "$$bad"; exit 1; fi
-	@# Product code never execs a binary (testkit/kubetest starts etcd and
-	@# kube-apiserver, testkit/usernstest a user-namespaced holder process: test
-	@# helpers imported only by tests).
-	@bad=$$(grep -rln 'exec.Command' --include='*.go' cmd nft iptables redirect podinfo installer internal capture netlab | grep -v -e '_test.go' -e '^testkit/kubetest/' -e '^testkit/usernstest/' || true); \
-	  if [ -n "$$bad" ]; then echo "exec in product code:"; echo "$$bad"; exit 1; fi
-	@# No binary carries the test kit, the end-to-end tests or capture's
-	@# in-memory kernel.
-	@bad=$$($(GO) list -deps ./cmd/... | grep -E '^github.com/nftmesh/nftmesh/((testkit|e2e)(/|$$)|capture/capturetest$$)' || true); \
-	  if [ -n "$$bad" ]; then echo "a binary imports the test kit, e2e or capture/capturetest:"; echo "$$bad"; exit 1; fi
-	@# Nor does any product package, linked into a binary today or not.
-	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep -E 'nftmesh/nftmesh/((testkit|e2e)/|capture/capturetest( |$$))' | cut -d: -f1 | \
-	  grep -v -E '^github.com/nftmesh/nftmesh/((testkit|e2e)/|capture/capturetest$$)' || true); \
-	  if [ -n "$$bad" ]; then echo "product code imports the test kit, e2e or capture/capturetest:"; echo "$$bad"; exit 1; fi
-	@# The front (nftmesh-cni) is a new process on every pod start and Go
-	@# initialises every linked package first: it links no Kubernetes client
-	@# package, net/http, YAML or regexp (its own rule below is stricter still).
-	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni | grep -E '^(k8s\.io/.*|.*klog.*|.*logr.*|net/http|regexp|mime|sigs\.k8s\.io/yaml|go\.yaml\.in/.*|gopkg\.in/yaml.*)$$' || true); \
-	  if [ -n "$$bad" ]; then echo "the nftmesh-cni front links Kubernetes client or slow-start packages:"; echo "$$bad"; exit 1; fi
-	@# The standalone plugin runs only when the agent is down or declines: it
-	@# reads the pod with client-go's rest client and clientcmd (podinfo/podget)
-	@# and may use the CNI library's skel. It still links neither the typed
-	@# clientset nor the API types (k8s.io/api: every group's scheme is
-	@# initialised at start, milliseconds of every fallback ADD).
-	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni-standalone | grep -E '^(k8s\.io/client-go/kubernetes(/.*)?|k8s\.io/api/.*)$$' || true); \
-	  if [ -n "$$bad" ]; then echo "nftmesh-cni-standalone links the typed clientset or the API types:"; echo "$$bad"; exit 1; fi
-	@# The front runs on every pod start before anything else: beyond the
-	@# runtime, os and syscalls it links only the socket's wire format. No
-	@# JSON, fmt, network package, logger, netlink or CNI library.
-	@bad=$$($(GO) list -deps ./cmd/nftmesh-cni | grep -E '^(encoding/json|fmt|net|log|log/slog|context|github\.com/.*)$$' | grep -v -E '^github\.com/nftmesh/nftmesh/(internal/cnisock|cmd/nftmesh-cni)$$' || true); \
-	  if [ -n "$$bad" ]; then echo "the nftmesh-cni front links more than it may:"; echo "$$bad"; exit 1; fi
-	@# Only the capture pipeline drives the kernel backends: every front end
-	@# (plugin, CLI, repair) goes through it, so every write is guarded and
-	@# locked. Tests may import a backend; no other package may.
-	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep -E 'nftmesh/(nft|iptables)( |$$)' | cut -d: -f1 | \
-	  grep -v -x 'github.com/nftmesh/nftmesh/capture' || true); \
-	  if [ -n "$$bad" ]; then echo "imports a kernel backend directly (use package capture):"; echo "$$bad"; exit 1; fi
-	@# The agent's library points one way: installer/ (install, conflist
-	@# watch and restore) may use its job packages (conflist, repair,
-	@# inplace, pluginlog, metrics); none of them imports installer back.
-	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' ./installer/... | grep -E 'nftmesh/installer( |$$)' | cut -d: -f1 | \
-	  grep -v -x 'github.com/nftmesh/nftmesh/installer' || true); \
-	  if [ -n "$$bad" ]; then echo "a package below installer/ imports installer:"; echo "$$bad"; exit 1; fi
+	@# The import and exec rules (the layers, the pure model, no test kit in
+	@# product code, only capture drives the backends, what the plugin's
+	@# front and standalone binary may link, no exec in product code): one Go
+	@# test over the import graph, each rule named in lint/imports_test.go.
+	$(GO) test -count=1 ./lint/
 
 update-golden:
 	UPDATE_GOLDEN=1 $(GO) test -count=1 -run 'Golden' ./...

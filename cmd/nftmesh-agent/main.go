@@ -84,6 +84,11 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	}
 	var repairCtl *repair.Controller
 	var repairer repair.PodRepairer
+	// The host's network namespace is known (registered to be refused)
+	// only through the host's /proc that repair in place reads.
+	hostNetns := func() error {
+		return errors.New("the host's network namespace is read only with repair in place (its host /proc)")
+	}
 	if cfg.Repair.Mode() == repair.InPlace {
 		// The installer library imports no backend: in-place repair is
 		// wired in here.
@@ -99,7 +104,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 				Msg("invalid repair configuration; nothing was changed on the host")
 			return exitConfig
 		}
-		repairer = r
+		repairer, hostNetns = r, r.HostNetns
 	}
 	// One API client for the repair controller and the pod socket.
 	client, clientErr := repairClient(cfg)
@@ -115,7 +120,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	}
 	// Without the socket the plugin reads pods from the API itself, so a
 	// socket that cannot be set up costs speed, not pod starts.
-	sock, err := newPodSocket(cfg, client, repairCtl, log, m)
+	sock, err := newPodSocket(cfg, client, repairCtl, hostNetns, log, m)
 	if err != nil {
 		log.Error().Err(err).Msg("setting up the pod socket; the plugin reads pods from the API itself")
 		sock = nil

@@ -67,7 +67,10 @@ func (s *podSocket) apiCalled(ctx context.Context, err error) {
 // watch for both: the repair controller's when it sees every pod of the
 // node, else the socket's own (the chart grants the agent list and watch
 // of pods whatever the repair set-up).
-func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl *repair.Controller, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
+//
+// The CNI calls the front hands over are run only while hostNetns is nil:
+// the host's network namespace is then registered to be refused.
+func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl *repair.Controller, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
 	node := cfg.NodeName
 	if node == "" {
 		node = cfg.Repair.NodeName
@@ -136,6 +139,14 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 			Msg("not running the plugin's CNI calls (the front runs the standalone plugin): this container lacks capabilities they need")
 		return s, nil
 	}
+	if err := hostNetns(); err != nil {
+		// A call names its namespace; the host's must be refused, and is
+		// told from a pod's only once registered.
+		_ = os.Remove(cnisock.Path(cfg.AgentRunDir))
+		s.log.Info().Err(err).
+			Msg("not running the plugin's CNI calls (the front runs the standalone plugin): the host's network namespace is not known")
+		return s, nil
+	}
 	cniLn, err := agentsock.ListenAt(cfg.AgentRunDir, cnisock.SocketName)
 	if err != nil {
 		ln.Close()
@@ -144,12 +155,19 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 	s.cniLn = cniLn
 	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "nftmesh", Subsystem: "agent_socket", Name: "cni_calls_total",
-		Help: "CNI calls the nftmesh-cni front handed to the agent, by outcome (ok, error, declined, refused, bad_request, write_error).",
+		Help: "CNI calls the nftmesh-cni front handed to the agent, by outcome (ok, error, declined, busy, refused, bad_request, write_error).",
 	}, []string{"outcome"})
 	if m != nil {
 		m.Registry.MustRegister(calls)
 	}
-	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, Observe: func(o cniplugin.ServeOutcome) {
+	// A caller's capabilities are read in the node's PID namespace: the
+	// host's /proc as repair in place mounts it (the chart grants the
+	// capabilities calls need only with it), else this process's own.
+	procDir := cfg.Repair.HostProc
+	if procDir == "" {
+		procDir = "/proc"
+	}
+	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, ProcDir: procDir, HostNetns: hostNetns, Observe: func(o cniplugin.ServeOutcome) {
 		calls.WithLabelValues(o.Status).Inc()
 		var e *zerolog.Event
 		switch o.Status {

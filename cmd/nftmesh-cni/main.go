@@ -12,8 +12,8 @@
 // looks the pod up and programs the rules itself, as a plugin without an
 // agent does. Either way the call fails closed.
 //
-// The front does as little as a process can: no JSON decoder, no network
-// package, nothing that initialises anything beyond the runtime.
+// The front does little: it reads the config's agent_run_dir (encoding/json),
+// and speaks the socket with a few system calls.
 //
 //go:debug updatemaxprocs=0
 package main

@@ -37,6 +37,9 @@ type Options struct {
 type Repairer struct {
 	opts Options
 	skip podinfo.Config
+	// hostErr is why the host's network namespace could not be
+	// registered (nil: it is refused like the caller's own).
+	hostErr error
 }
 
 var _ repair.PodRepairer = (*Repairer)(nil)
@@ -55,8 +58,9 @@ func New(opts Options) (*Repairer, error) {
 	}
 	// The host's namespace as this agent sees it (its own /proc is its
 	// pod's): refused like the caller's own. Without SYS_PTRACE it cannot
-	// be read; FindNetns then cannot see it either.
-	_ = capture.AddHostNetns(filepath.Join(opts.ProcDir, "1", "ns", "net"))
+	// be read; FindNetns then cannot see it either, and repair goes on,
+	// but the agent runs no CNI call for the front (HostNetns).
+	hostErr := capture.AddHostNetns(filepath.Join(opts.ProcDir, "1", "ns", "net"))
 	if opts.Pipeline == nil {
 		opts.Pipeline = capture.Linux()
 	}
@@ -65,10 +69,17 @@ func New(opts Options) (*Repairer, error) {
 		opts.Find = func(uid string, ips []netip.Addr) (Netns, error) { return FindNetns(procDir, uid, ips) }
 	}
 	return &Repairer{
-		opts: opts,
-		skip: podinfo.Config{ExcludeNamespaces: opts.ExcludeNamespaces, PodNamespace: opts.PodNamespace},
+		opts:    opts,
+		skip:    podinfo.Config{ExcludeNamespaces: opts.ExcludeNamespaces, PodNamespace: opts.PodNamespace},
+		hostErr: hostErr,
 	}, nil
 }
+
+// HostNetns is nil when New registered the host's network namespace (its
+// PID 1's, through ProcDir) to be refused like the caller's own, else why
+// it could not. Only then may the agent run a CNI call whose namespace a
+// caller passes: the host's must never be programmed.
+func (r *Repairer) HostNetns() error { return r.hostErr }
 
 // PodIPs returns the pod's IPs from its status (podIPs, else podIP).
 func PodIPs(pod *corev1.Pod) ([]netip.Addr, error) {

@@ -134,7 +134,7 @@ func startAgent(t testing.TB, runDir string) *agent {
 		t.Fatal(err)
 	}
 	a.ran = map[string]int{}
-	calls := &Server{RunDir: runDir, Resolver: src, AllowUID: agentsock.PeerUID, Observe: func(o ServeOutcome) {
+	calls := &Server{RunDir: runDir, Resolver: src, AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Observe: func(o ServeOutcome) {
 		a.mu.Lock()
 		a.ran[o.Status]++
 		a.mu.Unlock()

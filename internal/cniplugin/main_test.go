@@ -53,6 +53,9 @@ func runTests(m *testing.M) int {
 	if os.Getenv(standinEnv) != "" {
 		return standinMain()
 	}
+	if os.Getenv(frontEnv) != "" {
+		return frontMain()
+	}
 	flag.Parse()
 	if testing.Short() {
 		env.skip = "-short: needs root, the kube-apiserver build and the reference plugins"

@@ -293,7 +293,7 @@ func (r *run) cmdAdd(args *cmdArgs) error {
 		inv.decided("skip", reason)
 		return inv.printPrevResult()
 	}
-	ctx := context.Background()
+	ctx := r.ctx()
 	ns, plan, reason, err := inv.netnsAndPlan(ctx, false)
 	if err != nil {
 		return err
@@ -338,7 +338,7 @@ func (r *run) cmdCheck(args *cmdArgs) error {
 		inv.decided("skip", reason)
 		return nil
 	}
-	ctx := context.Background()
+	ctx := r.ctx()
 	ns, plan, reason, err := inv.netnsAndPlan(ctx, true)
 	if err != nil {
 		return err
@@ -408,7 +408,7 @@ func (r *run) cmdDel(args *cmdArgs) error {
 		return inv.fail(netnsError(args.Netns, err))
 	}
 	defer ns.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+	ctx, cancel := context.WithTimeout(r.ctx(), applyTimeout)
 	defer cancel()
 	// From every backend that holds ours, whatever the config names now:
 	// rules an earlier backend setting left would make the next ADD in

@@ -29,6 +29,7 @@
 package cniplugin
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,6 +70,10 @@ type Env struct {
 	// Phases writes where the process's time went into the decision line
 	// at log level debug: only a process of its own has such marks.
 	Phases bool
+	// Context, when set, bounds the call: the agent cancels it when the
+	// front that handed the call over hangs up. Nil is no bound but the
+	// verbs' own timeouts.
+	Context context.Context
 }
 
 // ErrDeclined is Run's answer when the call must run elsewhere (the
@@ -176,6 +181,14 @@ func (r *run) funcs() skel.CNIFuncs {
 
 // cniFuncs are the verbs of a call from the process's own environment.
 func cniFuncs() skel.CNIFuncs { return (&run{env: osEnv()}).funcs() }
+
+// ctx is the call's context.
+func (r *run) ctx() context.Context {
+	if r.env.Context != nil {
+		return r.env.Context
+	}
+	return context.Background()
+}
 
 // pipeline is the call's kernel.
 func (r *run) pipeline() *capture.Pipeline {

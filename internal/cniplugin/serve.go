@@ -17,6 +17,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -42,9 +43,10 @@ const (
 	OutcomeOK         = "ok"          // the plugin exited 0
 	OutcomeError      = "error"       // the plugin exited 1 (a CNI error)
 	OutcomeDeclined   = "declined"    // left to the standalone plugin
-	OutcomeRefused    = "refused"     // the peer is not root
+	OutcomeRefused    = "refused"     // the peer is not root with CAP_NET_ADMIN
 	OutcomeBadRequest = "bad_request" // unreadable request or descriptors
 	OutcomeWriteError = "write_error" // the reply could not be sent
+	OutcomeBusy       = "busy"        // declined: over the bytes-in-flight budget
 )
 
 // Server runs the calls handed over.
@@ -56,9 +58,54 @@ type Server struct {
 	Resolver agentsock.Resolver
 	// AllowUID is the only peer uid served (agentsock.PeerUID: root).
 	AllowUID uint32
+	// HostNetns is nil once the host's network namespace is registered to
+	// be refused (capture.AddHostNetns), else why it is not; the host's is
+	// then not told from a pod's, and every call is declined. A nil
+	// HostNetns declines every call too.
+	HostNetns func() error
+	// ProcDir is a proc file system of the node's PID namespace, where a
+	// peer's capabilities are read (agentsock.CheckAdminPeer); empty is
+	// /proc, for an agent in that namespace.
+	ProcDir string
 	// Observe, when set, is told each connection's outcome.
 	Observe func(ServeOutcome)
+	// MaxBytesInFlight bounds the request bytes of the calls being read or
+	// run, across all connections; zero is DefaultMaxBytesInFlight.
+	MaxBytesInFlight int64
+
+	inFlight atomic.Int64
 }
+
+// DefaultMaxBytesInFlight is the request bytes the agent holds at once:
+// a call's config is one to a few kilobytes, so the socket's 256 calls at
+// once fit many times over, while calls at cnisock.MaxRequest fit 32 at
+// once. What a call costs beyond its request (the config decoded, the
+// plugin's result) is a few times its size: the budget keeps the agent
+// tens of MiB from the chart's memory limit whatever the fronts send
+// (TestServeMemoryBound measures it). A call over the budget is declined
+// at once, before its body is read: the front then runs the standalone
+// plugin, as when the agent is busy.
+const DefaultMaxBytesInFlight = 2 << 20
+
+// reserve takes n bytes of the budget; false when they are not left.
+func (s *Server) reserve(n int64) bool {
+	limit := s.MaxBytesInFlight
+	if limit <= 0 {
+		limit = DefaultMaxBytesInFlight
+	}
+	for {
+		cur := s.inFlight.Load()
+		if cur+n > limit {
+			return false
+		}
+		if s.inFlight.CompareAndSwap(cur, cur+n) {
+			return true
+		}
+	}
+}
+
+// errOverBudget: the request's bytes are not in the budget now.
+var errOverBudget = errors.New("over the agent's budget of request bytes in flight")
 
 // Bounds of one connection.
 const (
@@ -101,19 +148,38 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 		}
 		return
 	}
+	// Root is not enough: a call changes a namespace's rules, which takes
+	// CAP_NET_ADMIN in the initial user namespace (a root container
+	// stripped of it, or root of its own user namespace, is refused).
+	procDir := s.ProcDir
+	if procDir == "" {
+		procDir = "/proc"
+	}
+	if err := agentsock.CheckAdminPeer(c, procDir); err != nil {
+		o.Status, o.Reason = OutcomeRefused, err.Error()
+		return
+	}
 	_ = c.SetReadDeadline(time.Now().Add(readTimeout))
-	req, fds, err := readRequest(c)
+	req, fds, size, err := s.readRequest(c)
+	defer s.inFlight.Add(-size)
 	defer func() {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
 	}()
 	reply := cnisock.Reply{Status: cnisock.StatusDeclined}
-	if err != nil {
+	switch {
+	case errors.Is(err, errOverBudget):
+		o.Status, o.Reason = OutcomeBusy, err.Error()
+	case err != nil:
 		o.Status, o.Reason = OutcomeBadRequest, err.Error()
-	} else {
+	default:
 		o.Command = getenv(req.Env, "CNI_COMMAND")
-		reply, o.Status, o.Reason = s.call(ctx, req, fds)
+		cctx, stop := watchHangUp(ctx, c)
+		reply, o.Status, o.Reason = s.call(cctx, req, fds)
+		if stop() {
+			o.Reason = joinReason(o.Reason, "the front hung up")
+		}
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
 	if _, err := c.Write(cnisock.AppendReply(nil, reply)); err != nil {
@@ -124,6 +190,9 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 // call runs one well-formed request.
 func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (reply cnisock.Reply, status, reason string) {
 	declined := cnisock.Reply{Status: cnisock.StatusDeclined}
+	if err := s.hostNetns(); err != nil {
+		return declined, OutcomeDeclined, err.Error()
+	}
 	// The namespace comes as the one descriptor exactly when the call
 	// names one.
 	netns := getenv(req.Env, "CNI_NETNS")
@@ -132,10 +201,11 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 	}
 	var out, errOut bytes.Buffer
 	e := Env{
-		Getenv: func(k string) string { return getenv(req.Env, k) },
-		Stdin:  bytes.NewReader(req.Stdin),
-		Stdout: &out,
-		Stderr: &errOut,
+		Context: ctx,
+		Getenv:  func(k string) string { return getenv(req.Env, k) },
+		Stdin:   bytes.NewReader(req.Stdin),
+		Stdout:  &out,
+		Stderr:  &errOut,
 		Ask: func(r agentsock.Request) (agentsock.Answer, error) {
 			return agentsock.Lookup(ctx, s.Resolver, r), nil
 		},
@@ -159,6 +229,20 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 	return reply, status, ""
 }
 
+// errHostNetnsUnknown: the server was given no HostNetns.
+var errHostNetnsUnknown = errors.New("the host's network namespace is not known to the agent")
+
+// hostNetns is nil when the host's network namespace is known.
+func (s *Server) hostNetns() error {
+	if s.HostNetns == nil {
+		return errHostNetnsUnknown
+	}
+	if err := s.HostNetns(); err != nil {
+		return fmt.Errorf("%w: %w", errHostNetnsUnknown, err)
+	}
+	return nil
+}
+
 // runGuarded runs a call; a panic outside the verbs' own guard declines
 // it (the standalone plugin then answers the runtime).
 func runGuarded(e Env) (code int, err error) {
@@ -170,6 +254,55 @@ func runGuarded(e Env) (code int, err error) {
 	return Run(e)
 }
 
+// watchHangUp returns a context of ctx that ends when the front at the
+// other end of c hangs up (closes its end: killed, or out of its own
+// time), so that a call nobody waits for any more stops at its next wait
+// (the namespace's lock, the pod lookup, the kernel's answer) instead of
+// holding one of the socket's slots to its own timeout. A front that only
+// shuts down its writing half still waits for the reply. stop ends the
+// watch and reports whether the front had hung up.
+func watchHangUp(ctx context.Context, c *net.UnixConn) (context.Context, func() bool) {
+	cctx, cancel := context.WithCancel(ctx)
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return cctx, func() bool { cancel(); return false }
+	}
+	// No read deadline while the call runs: the watch waits as long.
+	_ = c.SetReadDeadline(time.Time{})
+	var hungUp bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Read only waits for the socket to become readable (the runtime's
+		// poller; no thread held) and calls the function again; it reads
+		// nothing. POLLHUP: the peer's end is closed, which a half-close
+		// (POLLRDHUP alone) or bytes sent after the request are not.
+		_ = raw.Read(func(fd uintptr) bool {
+			p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+			if n, err := unix.Poll(p, 0); err == nil && n > 0 && p[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0 {
+				hungUp = true
+				cancel()
+				return true
+			}
+			return false
+		})
+	}()
+	return cctx, func() bool {
+		// A deadline in the past ends the wait in Read.
+		_ = c.SetReadDeadline(time.Unix(1, 0))
+		<-done
+		cancel()
+		return hungUp
+	}
+}
+
+func joinReason(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
 func getenv(env []string, key string) string {
 	for _, kv := range env {
 		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
@@ -179,24 +312,28 @@ func getenv(env []string, key string) string {
 	return ""
 }
 
-// readRequest reads one request frame and the descriptors sent with it.
-// Descriptors are returned (to be closed) even with an error.
-func readRequest(c *net.UnixConn) (cnisock.Request, []int, error) {
-	var fds []int
+// readRequest reads one request frame and the descriptors sent with it,
+// once its size is reserved in the budget; reserved is what to give back
+// (0 when nothing was). Descriptors are returned (to be closed) even with
+// an error.
+func (s *Server) readRequest(c *net.UnixConn) (req cnisock.Request, fds []int, reserved int64, err error) {
 	var hdr [cnisock.HeaderLen]byte
 	if err := readMsgFull(c, hdr[:], &fds); err != nil {
-		return cnisock.Request{}, fds, err
+		return req, fds, 0, err
 	}
 	size, err := cnisock.BodyLen(hdr, cnisock.RequestMagic)
 	if err != nil {
-		return cnisock.Request{}, fds, err
+		return req, fds, 0, err
+	}
+	if !s.reserve(int64(size)) {
+		return req, fds, 0, fmt.Errorf("request of %d bytes: %w", size, errOverBudget)
 	}
 	body := make([]byte, size)
 	if err := readMsgFull(c, body, &fds); err != nil {
-		return cnisock.Request{}, fds, err
+		return req, fds, int64(size), err
 	}
-	req, err := cnisock.ParseRequest(body)
-	return req, fds, err
+	req, err = cnisock.ParseRequest(body)
+	return req, fds, int64(size), err
 }
 
 // readMsgFull fills b from c, collecting the descriptors that come along.

@@ -5,10 +5,9 @@
 // and what the plugin wrote on stdout and stderr, or "declined" (run the
 // standalone plugin instead).
 //
-// The front is a process of milliseconds whose start-up is the cost being
-// cut, so the format is a few length-prefixed byte strings, encoded and
-// decoded by hand, and this package imports nothing that initialises
-// anything.
+// The frame is a few length-prefixed byte strings (the config travels as
+// the runtime wrote it); the front reads the config's agent_run_dir with
+// encoding/json, as the plugin does (RunDir).
 //
 // A frame is a 4-byte magic, a big-endian uint32 length, and that many
 // bytes. A request's body: a uint32 count of "NAME=value" strings, each a
@@ -28,11 +27,16 @@ const SocketName = "cni.sock"
 // Path is the socket's path for the agent_run_dir runDir.
 func Path(runDir string) string { return runDir + "/agent-sock/" + SocketName }
 
-// Frame limits: a config with a primary's prevResult is kilobytes; a
-// call bigger than MaxFrame runs in the standalone plugin instead.
+// Frame limits. A request is a call's variables and its config: a real
+// config with a primary's prevResult (a pod's interfaces, addresses,
+// routes and DNS) is one to a few kilobytes, so MaxRequest leaves a margin
+// of tens; a call bigger than that runs in the standalone plugin instead,
+// and the agent reads no more. A reply (MaxFrame) is what the agent's
+// plugin printed: the prevResult again, re-encoded.
 const (
-	HeaderLen = 8
-	MaxFrame  = 4 << 20
+	HeaderLen  = 8
+	MaxRequest = 64 << 10
+	MaxFrame   = 4 << 20
 	// MaxEnv bounds the variables of one request (the CNI protocol has
 	// seven).
 	MaxEnv = 32
@@ -59,7 +63,7 @@ const (
 // Errors of a malformed frame.
 var (
 	ErrMagic     = errors.New("not a frame of this protocol (bad magic)")
-	ErrTooBig    = errors.New("frame longer than " + strconv.Itoa(MaxFrame) + " bytes")
+	ErrTooBig    = errors.New("frame longer than its limit (" + strconv.Itoa(MaxRequest) + " bytes for a request, " + strconv.Itoa(MaxFrame) + " for a reply)")
 	ErrTruncated = errors.New("frame body ends early")
 	ErrTrailing  = errors.New("bytes after the frame's last field")
 	ErrTooMany   = errors.New("more than " + strconv.Itoa(MaxEnv) + " variables")
@@ -81,7 +85,7 @@ type Reply struct {
 }
 
 // AppendRequest appends r's frame to b. A request that does not fit in
-// MaxFrame or has too many variables is an error.
+// MaxRequest or has too many variables is an error.
 func AppendRequest(b []byte, r Request) ([]byte, error) {
 	if len(r.Env) > MaxEnv {
 		return b, ErrTooMany
@@ -90,7 +94,7 @@ func AppendRequest(b []byte, r Request) ([]byte, error) {
 	for _, e := range r.Env {
 		n += 4 + len(e)
 	}
-	if n > MaxFrame {
+	if n > MaxRequest {
 		return b, ErrTooBig
 	}
 	b = append(b, RequestMagic[:]...)
@@ -121,13 +125,16 @@ func AppendReply(b []byte, r Reply) []byte {
 }
 
 // BodyLen checks a frame's header against magic and returns its body's
-// length.
+// length, at most MaxRequest for a request and MaxFrame for a reply.
 func BodyLen(hdr [HeaderLen]byte, magic [4]byte) (int, error) {
 	if [4]byte(hdr[:4]) != magic {
 		return 0, ErrMagic
 	}
-	n := u32(hdr[4:])
-	if n > MaxFrame {
+	n, limit := u32(hdr[4:]), uint32(MaxFrame)
+	if magic == RequestMagic {
+		limit = MaxRequest
+	}
+	if n > limit {
 		return 0, ErrTooBig
 	}
 	return int(n), nil

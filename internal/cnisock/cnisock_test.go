@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"path"
 	"strings"
 	"testing"
 
@@ -32,8 +31,10 @@ func TestRunDir(t *testing.T) {
 		{"nested keys are not the config's", `{"prevResult":{"agent_run_dir":"/evil"},"x":[{"agent_run_dir":"/evil"}]}`, DefaultRunDir, true},
 		{"escaped quote hides no key", `{"a":"x\",\"agent_run_dir\":\"/evil","b":1}`, DefaultRunDir, true},
 		{"simple escapes", `{"agent_run_dir":"/run/a\/b\tc"}`, "/run/a/b\tc", true},
-		{"\\u escape stays as written", `{"agent_run_dir":"/run/\u0078"}`, `/run/\u0078`, true},
-		{"\\u-escaped key is not ours", `{"agent\u005frun_dir":"/evil"}`, DefaultRunDir, true},
+		{"\\u escape", `{"agent_run_dir":"/run/\u0078"}`, `/run/x`, true},
+		{"\\u-escaped key is the key, as the plugin reads it", `{"agent\u005frun_dir":"/r"}`, "/r", true},
+		{"keys match in any case, as the plugin reads them", `{"AGENT_RUN_DIR":"/r"}`, "/r", true},
+		{"twice: the last, as the plugin reads it", `{"agent_run_dir":"/a","agent_run_dir":"/b"}`, "/b", true},
 		{"whitespace everywhere", " \n{ \"agent_run_dir\" :\t\"/r\" , \"n\" : [ 1 , -2.5e+3 , true , false , null , { } , [ ] ] } \r\n", "/r", true},
 		{"numbers", `{"a":0,"b":-0.5,"c":1E9,"d":12e-3}`, DefaultRunDir, true},
 		{"empty object", `{}`, DefaultRunDir, true},
@@ -42,9 +43,6 @@ func TestRunDir(t *testing.T) {
 		{"not an object", `["agent_run_dir"]`, "", false},
 		{"relative", `{"agent_run_dir":"run/x"}`, "", false},
 		{"not a string", `{"agent_run_dir":5}`, "", false},
-		{"not UTF-8", "{\"agent_run_dir\":\"/\x9e\"}", "", false},
-		{"twice", `{"agent_run_dir":"/a","agent_run_dir":"/a"}`, "", false},
-		{"alias twice", `{"cni_agent_run_dir":"/a","cni_agent_run_dir":"/b"}`, "", false},
 		{"trailing comma", `{"a":1,}`, "", false},
 		{"trailing data", `{"a":1} x`, "", false},
 		{"two objects", `{}{}`, "", false},
@@ -60,7 +58,7 @@ func TestRunDir(t *testing.T) {
 		{"short \\u", `{"a":"\u12"}`, "", false},
 		{"missing colon", `{"a" 1}`, "", false},
 		{"key not a string", `{a:1}`, "", false},
-		{"deep", `{"a":` + strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1) + `}`, "", false},
+		{"deep", `{"a":` + strings.Repeat("[", 20000) + strings.Repeat("]", 20000) + `}`, "", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, ok := RunDir([]byte(tt.config))
@@ -71,10 +69,8 @@ func TestRunDir(t *testing.T) {
 	}
 }
 
-// FuzzRunDir: RunDir never panics, takes only valid JSON, and where it
-// gives a run dir, the plugin's own config decoding gives the same one
-// (or, for a config the plugin refuses, one that follows the same rules on
-// exact keys).
+// FuzzRunDir: RunDir never panics, takes only valid JSON objects, and
+// wherever the plugin takes the config it reads the same run dir.
 func FuzzRunDir(f *testing.F) {
 	for _, s := range []string{
 		`{"cniVersion":"1.0.0","name":"k8s","type":"nftmesh-cni","agent_run_dir":"/run/x"}`,
@@ -82,6 +78,7 @@ func FuzzRunDir(f *testing.F) {
 		`{"a":[{"b":"\"agent_run_dir\""}],"agent_run_dir":"/x/../y"}`,
 		`{"AGENT_RUN_DIR":"/z"}`,
 		`{"agent\u005frun_dir":"/z"}`,
+		"{\"agent_run_dir\":\"/\x9e\"}",
 	} {
 		f.Add([]byte(s))
 	}
@@ -93,55 +90,10 @@ func FuzzRunDir(f *testing.F) {
 		if !json.Valid(config) {
 			t.Fatalf("RunDir took invalid JSON %q (gave %q)", config, got)
 		}
-		var top map[string]json.RawMessage
-		if err := json.Unmarshal(config, &top); err != nil {
-			t.Fatalf("RunDir took %q, not an object: %v", config, err)
-		}
-		// The same rules on the decoded object (exact keys).
-		want := DefaultRunDir
-		pick := func(k string) (string, bool) {
-			raw, there := top[k]
-			if !there {
-				return "", false
-			}
-			var v string
-			if err := json.Unmarshal(raw, &v); err != nil {
-				t.Fatalf("RunDir took %q: %s is not a string", config, k)
-			}
-			return v, true
-		}
-		v, there := pick("agent_run_dir")
-		if !there {
-			v, _ = pick("cni_agent_run_dir")
-		}
-		if v != "" {
-			want = path.Clean(v)
-		}
-		if strings.Contains(string(config), `\u`) {
-			// Kept as written by RunDir: only check what it decodes alike.
-			return
-		}
-		if got != want {
-			t.Fatalf("RunDir(%q) = %q, decoding gives %q", config, got, want)
-		}
-		// Where the plugin takes the config, it reads the same dir.
-		if c, err := cniconf.ParseConfig(config); err == nil && !caseVariants(top) && c.AgentRunDir != got {
+		if c, err := cniconf.ParseConfig(config); err == nil && c.AgentRunDir != got {
 			t.Fatalf("RunDir(%q) = %q, the plugin reads %q", config, got, c.AgentRunDir)
 		}
 	})
-}
-
-// caseVariants reports whether a key differs from one RunDir reads only in
-// case (encoding/json matches keys without regard to case).
-func caseVariants(top map[string]json.RawMessage) bool {
-	for k := range top {
-		for _, ours := range []string{"agent_run_dir", "cni_agent_run_dir"} {
-			if k != ours && strings.EqualFold(k, ours) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func TestRequestRoundTrip(t *testing.T) {
@@ -207,10 +159,10 @@ func TestBadFrames(t *testing.T) {
 	if _, err := BodyLen(hdr(ReplyMagic, 1), RequestMagic); !errors.Is(err, ErrMagic) {
 		t.Errorf("reply magic as a request: %v", err)
 	}
-	if _, err := BodyLen(hdr(RequestMagic, MaxFrame+1), RequestMagic); !errors.Is(err, ErrTooBig) {
+	if _, err := BodyLen(hdr(RequestMagic, MaxRequest+1), RequestMagic); !errors.Is(err, ErrTooBig) {
 		t.Errorf("oversized frame: %v", err)
 	}
-	if _, err := AppendRequest(nil, Request{Stdin: make([]byte, MaxFrame)}); !errors.Is(err, ErrTooBig) {
+	if _, err := AppendRequest(nil, Request{Stdin: make([]byte, MaxRequest)}); !errors.Is(err, ErrTooBig) {
 		t.Errorf("oversized request: %v", err)
 	}
 	if _, err := AppendRequest(nil, Request{Env: make([]string, MaxEnv+1)}); !errors.Is(err, ErrTooMany) {

@@ -119,42 +119,9 @@ func TestAskDeadlineWhole(t *testing.T) {
 	}
 }
 
-// TestConnTimeoutAlone: the kernel's socket timeouts alone (no ctx to
-// shut the socket down) bound a read, including one resumed after data
-// trickled in.
-func TestConnTimeoutAlone(t *testing.T) {
-	needRoot(t)
-	path := rawServer(t, func(c net.Conn) {
-		readReq(c)
-		_, _ = c.Write(binary.BigEndian.AppendUint32(nil, 1000))
-		for range 100 {
-			if _, err := c.Write([]byte{' '}); err != nil {
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	})
-	c, err := dial(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.close()
-	c.deadline = time.Now().Add(200 * time.Millisecond)
-	if err := c.writeAll(encodeRequest(goodRequest())); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	_, err = c.readFrame(MaxAnswer, "answer")
-	if !errors.Is(err, errTimeout) {
-		t.Fatalf("readFrame = %v, want errTimeout", err)
-	}
-	if took := time.Since(start); took > time.Second {
-		t.Fatalf("readFrame took %v past a 200ms deadline", took)
-	}
-}
-
 // TestAskBacklogFull: an agent that stopped accepting (its backlog full)
-// makes connect wait for the deadline at most.
+// is given up on at once (the plugin asks the API server), within the
+// deadline at most.
 func TestAskBacklogFull(t *testing.T) {
 	needRoot(t)
 	path := filepath.Join(t.TempDir(), "full.sock")
@@ -186,23 +153,26 @@ func TestAskBacklogFull(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, err = Ask(ctx, path, goodRequest())
-	if !errors.Is(err, errTimeout) || !strings.Contains(err.Error(), "connecting") {
-		t.Fatalf("Ask = %v, want a timeout connecting", err)
+	if err == nil || !strings.Contains(err.Error(), "connecting") {
+		t.Fatalf("Ask = %v, want an error connecting", err)
 	}
-	if took := time.Since(start); took < 150*time.Millisecond || took > time.Second {
+	if took := time.Since(start); took > time.Second {
 		t.Fatalf("Ask took %v for a 200ms deadline", took)
 	}
 }
 
-// TestEncodeRequest: the hand-written request is byte for byte what
-// encoding/json writes for it.
+// TestEncodeRequest: the request's frame is its length and what
+// encoding/json writes for it (as every plugin so far has sent it).
 func TestEncodeRequest(t *testing.T) {
 	req := goodRequest()
 	want, err := json.Marshal(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := encodeRequest(req)
+	got, err := encodeRequest(req)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if string(got[4:]) != string(want) || binary.BigEndian.Uint32(got) != uint32(len(want)) {
 		t.Fatalf("encodeRequest = %q, want %q after its length", got, want)
 	}

@@ -4,9 +4,9 @@
 // it keeps for its node, so a pod start costs the control plane nothing.
 //
 // It owns the wire format (one length-prefixed JSON request and one answer
-// per connection, both bounded), the client the plugin uses, and the
-// server the agent runs, with the socket's place and permissions and the
-// peer check (root only, by SO_PEERCRED). It imports nothing from
+// per connection, both bounded, encoding/json over a net.UnixConn), the
+// client the plugin uses, and the server the agent runs, with the socket's
+// place and permissions and the peer check (root only, by SO_PEERCRED). It imports nothing from
 // Kubernetes, so the plugin that links it pays no client-go start-up: the
 // agent side supplies answers through the Resolver interface (see
 // podinfo/agentsock/cachesource).
@@ -20,7 +20,9 @@
 package agentsock
 
 import (
+	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -248,4 +250,59 @@ func readErr(need int, what string, err error) error {
 		return fmt.Errorf("reading %s length: %w", what, err)
 	}
 	return fmt.Errorf("reading %s of %d bytes: %w", what, need-4, err)
+}
+
+// firstRead is the buffer of a frame's first read, which holds a usual
+// answer whole.
+const firstRead = 16 << 10
+
+// appendFrame is v's JSON as one frame of at most max bytes.
+func appendFrame(v any, max int) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > max {
+		return nil, fmt.Errorf("frame of %d bytes is over the %d-byte limit", len(b), max)
+	}
+	return append(binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(b)), uint32(len(b))), b...), nil
+}
+
+// encodeAnswer is a as one frame of at most max bytes.
+func encodeAnswer(a Answer, max int) ([]byte, error) { return appendFrame(a, max) }
+
+// encodeRequest is req as one frame (a valid request is far below
+// MaxRequest).
+func encodeRequest(req Request) ([]byte, error) { return appendFrame(req, MaxRequest) }
+
+// decodeStrict decodes b into v: unknown fields and trailing data are
+// errors, so one message has one meaning; the error quotes b, bounded.
+func decodeStrict(b []byte, v any, what string) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return fmt.Errorf("decoding %s %s: %w", what, quote.Value(string(b)), err)
+	}
+	if len(bytes.TrimSpace(b[d.InputOffset():])) > 0 {
+		return fmt.Errorf("decoding %s %s: trailing data after the JSON value", what, quote.Value(string(b)))
+	}
+	return nil
+}
+
+// decodeAnswer decodes an answer's JSON.
+func decodeAnswer(b []byte) (Answer, error) {
+	var a Answer
+	if err := decodeStrict(b, &a, "answer"); err != nil {
+		return Answer{}, err
+	}
+	return a, nil
+}
+
+// decodeRequest decodes a request's JSON.
+func decodeRequest(b []byte) (Request, error) {
+	var r Request
+	if err := decodeStrict(b, &r, "request"); err != nil {
+		return Request{}, err
+	}
+	return r, nil
 }

@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(serverEnv); path != "" {
 		oneShotServer(path)
 	}
+	if path := os.Getenv(dialEnv); path != "" {
+		dialAndWait(path)
+	}
 	if path := os.Getenv(clientEnv); path != "" {
 		a, err := Ask(context.Background(), path, goodRequest())
 		if err != nil {

@@ -1,0 +1,148 @@
+package agentsock
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrPeerNotAdmin is wrapped by CheckAdminPeer's errors: the process at the
+// other end of the socket does not hold CAP_NET_ADMIN in the node's
+// initial user namespace (or it cannot be told that it does).
+var ErrPeerNotAdmin = errors.New("peer does not hold CAP_NET_ADMIN in the initial user namespace")
+
+// CheckAdminPeer checks that the process at the other end of c holds
+// CAP_NET_ADMIN in its effective set and lives in the node's initial user
+// namespace: what it takes to change a network namespace's rules itself.
+// A root process whose capabilities were dropped (a root container given a
+// hostPath to the run dir) or that is root only in a user namespace of its
+// own is refused.
+//
+// procDir is a proc file system of the node's PID namespace ("/proc" for an
+// agent in it, else the host's /proc mounted in the agent's container):
+// the peer is read there. The peer is identified by a pidfd the kernel takes at connect
+// time (SO_PEERPIDFD), so a peer that exits and whose PID is reused is
+// never mistaken for the new process: its PID in procDir's namespace comes
+// from the pidfd's fdinfo, and the pidfd still naming a live process after
+// its /proc files were read proves they were its. A kernel without
+// SO_PEERPIDFD (before 6.5) gets a pidfd for the SO_PEERCRED PID instead,
+// which narrows the race to the time between connect and that open.
+func CheckAdminPeer(c *net.UnixConn, procDir string) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	pidfd, credPID := -1, int32(0)
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		var cred *unix.Ucred
+		if cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); serr != nil {
+			serr = fmt.Errorf("reading SO_PEERCRED: %w", serr)
+			return
+		}
+		credPID = cred.Pid
+		pidfd, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+		if errors.Is(serr, unix.ENOPROTOOPT) && credPID > 0 {
+			pidfd, serr = unix.PidfdOpen(int(credPID), 0)
+		}
+		if serr != nil {
+			serr = fmt.Errorf("opening a pidfd of the peer (pid %d): %w", credPID, serr)
+		}
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("%w: %w", ErrPeerNotAdmin, serr)
+	}
+	defer unix.Close(pidfd)
+	pid, err := pidfdPID(procDir, pidfd)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrPeerNotAdmin, err)
+	}
+	if err := checkAdmin(procDir, pid); err != nil {
+		return fmt.Errorf("%w: peer pid %d: %w", ErrPeerNotAdmin, pid, err)
+	}
+	// The pidfd's process is alive, so the PID read was still its own.
+	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
+		return fmt.Errorf("%w: peer pid %d exited while it was checked: %w", ErrPeerNotAdmin, pid, err)
+	}
+	return nil
+}
+
+// pidfdPID is the PID of pidfd's process in procDir's PID namespace, from
+// the descriptor's fdinfo there (0: not in that namespace; -1: exited).
+func pidfdPID(procDir string, pidfd int) (int, error) {
+	path := filepath.Join(procDir, "self", "fdinfo", strconv.Itoa(pidfd))
+	v, err := procField(path, "Pid")
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(v)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("reading %s: Pid %q is not a number", path, v)
+	case pid == -1:
+		return 0, errors.New("the peer has exited")
+	case pid <= 0:
+		return 0, fmt.Errorf("the peer is not in the PID namespace of %s", procDir)
+	}
+	return pid, nil
+}
+
+// checkAdmin checks that pid holds CAP_NET_ADMIN in its effective set, in
+// the initial user namespace.
+func checkAdmin(procDir string, pid int) error {
+	dir := filepath.Join(procDir, strconv.Itoa(pid))
+	v, err := procField(filepath.Join(dir, "status"), "CapEff")
+	if err != nil {
+		return err
+	}
+	eff, err := strconv.ParseUint(v, 16, 64)
+	if err != nil {
+		return fmt.Errorf("reading %s/status: CapEff %q is not hexadecimal", dir, v)
+	}
+	if eff&(1<<unix.CAP_NET_ADMIN) == 0 {
+		return fmt.Errorf("CAP_NET_ADMIN is not in its effective set (CapEff %s)", v)
+	}
+	var own unix.Stat_t
+	if err := unix.Stat(filepath.Join(dir, "ns", "user"), &own); err != nil {
+		return fmt.Errorf("reading its user namespace: %w", err)
+	}
+	if own.Ino != initUserNSIno {
+		return fmt.Errorf("it is in user namespace %d, not the initial one (its capabilities hold only there)", own.Ino)
+	}
+	return nil
+}
+
+// initUserNSIno is the inode number of the initial user namespace's nsfs
+// file, fixed by the kernel (PROC_USER_INIT_INO); the namespaces created
+// later are numbered from 0xF0000000 up. (PID 1's ns/user would say the
+// same, but reading it takes ptrace access to PID 1, which a container
+// may be denied whatever its capabilities.)
+const initUserNSIno = 0xEFFFFFFD
+
+// procField is the value of the "name:" line of a /proc file.
+func procField(path, name string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && k == name {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", fmt.Errorf("reading %s: %w", path, err)
+	}
+	return "", fmt.Errorf("reading %s: no %s line", path, name)
+}
