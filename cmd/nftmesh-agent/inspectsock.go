@@ -56,14 +56,9 @@ func (s *podSocket) inspectPod(procDir string) agentsock.InspectFunc {
 	}
 }
 
-// rootPeer lets only root peers ask.
-func rootPeer(c *net.UnixConn) error {
-	uid, err := agentsock.PeerUIDOf(c)
-	if err != nil {
-		return err
-	}
-	if uid != agentsock.PeerUID {
-		return fmt.Errorf("peer uid %d is not root", uid)
-	}
-	return nil
+// adminPeer lets only a peer ask that could open the namespace itself:
+// root with CAP_NET_ADMIN in the node's initial user namespace, as the CNI
+// socket requires (agentsock.CheckAdminPeer), read through the host's /proc.
+func adminPeer(procDir string) func(*net.UnixConn) error {
+	return func(c *net.UnixConn) error { return agentsock.CheckAdminPeer(c, procDir) }
 }

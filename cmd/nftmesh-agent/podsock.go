@@ -188,7 +188,7 @@ func (s *podSocket) run(ctx context.Context) error {
 		go s.pods.RunWithContext(ctx)
 	}
 	go func() {
-		if err := agentsock.ServeInspect(ctx, s.inspectLn, rootPeer, s.inspectPod(s.procDir)); err != nil {
+		if err := agentsock.ServeInspect(ctx, s.inspectLn, adminPeer(s.procDir), s.inspectPod(s.procDir)); err != nil {
 			s.log.Warn().Err(err).Msg("the inspect socket stopped")
 		}
 	}()
