@@ -13,7 +13,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/installer/conflist"
 	"github.com/nftmesh/nftmesh/installer/repair"
-	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
@@ -34,7 +34,7 @@ const DefaultStandaloneConfName = "YYY-nftmesh-cni.conf"
 var LogFormats = []string{"json", "text"}
 
 // Backends the plugin understands, by the names its config takes.
-var Backends = []string{podinfo.BackendAuto, podinfo.BackendNftables, podinfo.BackendIptablesLegacy}
+var Backends = []string{cniconf.BackendAuto, cniconf.BackendNftables, cniconf.BackendIptablesLegacy}
 
 // Config is the agent's whole configuration. Paths are as the agent sees
 // them (inside the DaemonSet pod: /host/...), except AgentRunDir, which the
@@ -75,7 +75,7 @@ type Config struct {
 }
 
 // KubeconfigPath is where the plugin finds its kubeconfig.
-func (c *Config) KubeconfigPath() string { return filepath.Join(c.AgentRunDir, podinfo.KubeconfigName) }
+func (c *Config) KubeconfigPath() string { return filepath.Join(c.AgentRunDir, cniconf.KubeconfigName) }
 
 // ConfigError is bad configuration: the flag, where its value came from,
 // the value and why it is wrong.
@@ -131,7 +131,7 @@ func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
 	fs.StringVar(&c.CNIConfFileName, "cni-conf-file-name", "", "CNI config file to use instead of discovering the primary one (standalone: the file to write)")
 	fs.BoolVar(&c.Chained, "chained", true, "insert into the primary CNI config (false: write a standalone config for Multus)")
 	fs.StringVar(&c.NetworkName, "cni-network-name", PluginName, "standalone only: the config's network name, which Multus matches against the NetworkAttachmentDefinition pods reference")
-	fs.StringVar(&c.AgentRunDir, "agent-run-dir", podinfo.DefaultAgentRunDir, "run dir shared with the plugin (kubeconfig, state, logs); same path on host and in the pod")
+	fs.StringVar(&c.AgentRunDir, "agent-run-dir", cniconf.DefaultAgentRunDir, "run dir shared with the plugin (kubeconfig, state, logs); same path on host and in the pod")
 	fs.StringVar(&c.PluginBinary, "plugin-binary", "/opt/cni/bin/"+PluginName, "the "+PluginName+" binary to install; its companion "+StandaloneName+" is taken from the same directory")
 	fs.StringVar(&c.ServiceAccountDir, "service-account-dir", "/var/run/secrets/kubernetes.io/serviceaccount", "service-account dir with token and ca.crt for the plugin's kubeconfig (empty: write no kubeconfig)")
 	fs.StringVar(&c.KubeAPIServer, "kube-api-server", "", "API server URL for the plugin (default from KUBERNETES_SERVICE_HOST/PORT)")
@@ -187,10 +187,10 @@ func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
 			{name: "FORCE_IPTABLES_BINARY", conv: func(v string) (string, error) {
 				switch v {
 				case "legacy":
-					return podinfo.BackendIptablesLegacy, nil
+					return cniconf.BackendIptablesLegacy, nil
 				case "nft":
 					// iptables-nft rules are nftables rules; our netlink backend writes those directly.
-					return podinfo.BackendNftables, nil
+					return cniconf.BackendNftables, nil
 				}
 				return "", fmt.Errorf("want legacy or nft")
 			}},
@@ -200,7 +200,7 @@ func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
 					return "", err
 				}
 				if b {
-					return podinfo.BackendNftables, nil
+					return cniconf.BackendNftables, nil
 				}
 				return "", nil // false leaves the backend to other sources
 			}},

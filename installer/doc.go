@@ -19,7 +19,7 @@
 // installer/inplace (repair in place through the capture pipeline),
 // installer/pluginlog (the plugin's log and decision records) and
 // installer/metrics (Prometheus series, health and readiness endpoints).
-// The plugin's conflist entry is podinfo.PluginConf, which the plugin
+// The plugin's conflist entry is cniconf.PluginConf, which the plugin
 // reads.
 //
 // It does not program any capture rules and imports no backend. Functions

@@ -1,7 +1,7 @@
 package installer
 
 import (
-	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 )
 
 // StandaloneCNIVersion is the cniVersion of the standalone file; 0.3.1 is
@@ -11,12 +11,12 @@ const StandaloneCNIVersion = "0.3.1"
 // PluginConf returns our entry for this configuration, in the wire form the
 // plugin reads. In a list the cniVersion comes from the list, so it is only
 // set for the standalone file.
-func (c *Config) PluginConf() podinfo.PluginConf {
+func (c *Config) PluginConf() cniconf.PluginConf {
 	str := func(s string) *string { return &s }
-	pc := podinfo.PluginConf{
+	pc := cniconf.PluginConf{
 		Name: PluginName,
 		Type: PluginName,
-		PluginSettings: podinfo.PluginSettings{
+		PluginSettings: cniconf.PluginSettings{
 			LogLevel:          str(c.LogLevel.String()),
 			ExcludeNamespaces: append([]string{}, c.ExcludeNamespaces...),
 			PodNamespace:      c.PodNamespace,

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 )
 
 // The entry the agent writes is read back by the plugin's own parser with
@@ -21,7 +21,7 @@ func TestPluginConfRoundTrip(t *testing.T) {
 	if string(b) != want {
 		t.Errorf("entry\n got %s\nwant %s", b, want)
 	}
-	pc, err := podinfo.ParseConfig(b)
+	pc, err := cniconf.ParseConfig(b)
 	if err != nil {
 		t.Fatal(err)
 	}

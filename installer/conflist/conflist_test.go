@@ -10,7 +10,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 	"github.com/nftmesh/nftmesh/testkit/cnitest"
 )
 
@@ -19,7 +19,7 @@ var testConfDir = cnitest.ConfDir()
 // testEntry is an entry as the agent writes it.
 func testEntry() json.RawMessage {
 	str := func(s string) *string { return &s }
-	return podinfo.PluginConf{Name: PluginName, Type: PluginName, PluginSettings: podinfo.PluginSettings{
+	return cniconf.PluginConf{Name: PluginName, Type: PluginName, PluginSettings: cniconf.PluginSettings{
 		LogLevel: str("info"), ExcludeNamespaces: []string{"kube-system"}, AgentRunDir: str("/var/run/nftmesh"),
 		Kubeconfig: str("/var/run/nftmesh/kubeconfig"), Backend: str("auto"), APITimeout: str("30s"),
 	}}.JSON()

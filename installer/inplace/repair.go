@@ -12,6 +12,7 @@ import (
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 )
 
 // Options configure a Repairer with the values the plugin on this node uses,
@@ -36,7 +37,7 @@ type Options struct {
 // Repairer implements repair.PodRepairer.
 type Repairer struct {
 	opts Options
-	skip podinfo.Config
+	skip cniconf.Config
 	// hostErr is why the host's network namespace could not be
 	// registered (nil: it is refused like the caller's own).
 	hostErr error
@@ -70,7 +71,7 @@ func New(opts Options) (*Repairer, error) {
 	}
 	return &Repairer{
 		opts:    opts,
-		skip:    podinfo.Config{ExcludeNamespaces: opts.ExcludeNamespaces, PodNamespace: opts.PodNamespace},
+		skip:    cniconf.Config{ExcludeNamespaces: opts.ExcludeNamespaces, PodNamespace: opts.PodNamespace},
 		hostErr: hostErr,
 	}, nil
 }
@@ -110,7 +111,7 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (repair.Repor
 	if pod.Spec.HostNetwork {
 		return rep, fmt.Errorf("%w: host network pod", repair.ErrNotNeeded)
 	}
-	if why := r.skip.SkipBeforeLookup(podinfo.K8sArgs{PodNamespace: pod.Namespace, PodName: pod.Name}); why != "" {
+	if why := r.skip.SkipBeforeLookup(cniconf.K8sArgs{PodNamespace: pod.Namespace, PodName: pod.Name}); why != "" {
 		return rep, fmt.Errorf("%w: %s", repair.ErrNotNeeded, why)
 	}
 	// The namespace is looked for only for a pod in the mesh: its

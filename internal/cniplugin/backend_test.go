@@ -9,7 +9,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
-	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 	"github.com/nftmesh/nftmesh/redirect"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"
@@ -28,8 +28,8 @@ func TestChainBackends(t *testing.T) {
 		want    redirect.Backend
 		other   redirect.Backend
 	}{
-		{podinfo.BackendAuto, nft.New(), iptables.New()},
-		{podinfo.BackendIptablesLegacy, iptables.New(), nft.New()},
+		{cniconf.BackendAuto, nft.New(), iptables.New()},
+		{cniconf.BackendIptablesLegacy, iptables.New(), nft.New()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.backend, func(t *testing.T) {
@@ -38,7 +38,7 @@ func TestChainBackends(t *testing.T) {
 			cl := h.conflist(t, "1.0.0", map[string]any{"backend": tt.backend})
 			rt := cnitest.RuntimeConf(pod, nsPath, "ctr-")
 			if _, err := h.add(cl, rt); err != nil {
-				if tt.backend == podinfo.BackendIptablesLegacy && strings.Contains(err.Error(), "legacy") {
+				if tt.backend == cniconf.BackendIptablesLegacy && strings.Contains(err.Error(), "legacy") {
 					t.Skipf("kernel without legacy x_tables: %v", err)
 				}
 				t.Fatalf("ADD: %v", err)
@@ -75,7 +75,7 @@ func TestLogFileCapped(t *testing.T) {
 	if err := os.Truncate(path, maxLogSize+1); err != nil {
 		t.Fatal(err)
 	}
-	conf, err := podinfo.ParseConfig([]byte(`{"agent_run_dir":"` + dir + `"}`))
+	conf, err := cniconf.ParseConfig([]byte(`{"agent_run_dir":"` + dir + `"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

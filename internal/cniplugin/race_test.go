@@ -12,6 +12,7 @@ import (
 	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 
@@ -35,9 +36,9 @@ func TestConcurrentAddsSameNetns(t *testing.T) {
 			const rounds = 40
 			succeeded := 0
 			for i := range rounds {
-				backend := podinfo.BackendNftables
+				backend := cniconf.BackendNftables
 				if i%2 == 1 {
-					backend = podinfo.BackendAuto
+					backend = cniconf.BackendAuto
 				}
 				n := raceRound(t, runDir, pod, backend, i%10 == 0)
 				succeeded += n

@@ -10,7 +10,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
-	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 	"github.com/nftmesh/nftmesh/testkit/usernstest"
 
 	"github.com/nftmesh/nftmesh/testkit/cnitest"
@@ -28,7 +28,7 @@ func TestChainUsernsPod(t *testing.T) {
 	}
 	h := newHost(t, env.api, env.token)
 	ctx := context.Background()
-	for i, backend := range []string{podinfo.BackendAuto, podinfo.BackendIptablesLegacy} {
+	for i, backend := range []string{cniconf.BackendAuto, cniconf.BackendIptablesLegacy} {
 		t.Run(backend, func(t *testing.T) {
 			pod := createPod(t, env.api, loadPod(t, "injected.yaml"))
 			ns, err := usernstest.New("cni-userns-", uint32(3_200_000+i*usernstest.Size))
@@ -39,7 +39,7 @@ func TestChainUsernsPod(t *testing.T) {
 			cl := h.conflist(t, "1.0.0", map[string]any{"backend": backend})
 			rt := cnitest.RuntimeConf(pod, ns.Path, "ctr-")
 			_, err = h.add(cl, rt)
-			if backend == podinfo.BackendIptablesLegacy {
+			if backend == cniconf.BackendIptablesLegacy {
 				var cerr *types.Error
 				if !errors.As(err, &cerr) || cerr.Code != CodeBackendUnsupported {
 					t.Fatalf("ADD = %v, want CNI error code %d", err, CodeBackendUnsupported)
