@@ -139,7 +139,7 @@ func TestSelect(t *testing.T) {
 }
 
 func sel(ctx context.Context, name, netnsPath string) (redirect.Backend, string, error) {
-	n, err := OpenForReading(netnsPath)
+	n, err := Linux().OpenForReading(netnsPath)
 	if err != nil {
 		return nil, "", err
 	}

@@ -22,11 +22,11 @@ func BenchmarkApply(b *testing.B) {
 		b.StopTimer()
 		path := freshNetns(b)
 		b.StartTimer()
-		n, err := Open(path)
+		n, err := Linux().Open(path)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := Apply(ctx, n, p, o); err != nil {
+		if _, err := Linux().Apply(ctx, n, p, o); err != nil {
 			b.Fatal(err)
 		}
 		n.Close()

@@ -61,12 +61,6 @@ func (pl *Pipeline) OpenForReading(path string) (*Netns, error) { return pl.k.Op
 // kernel's order, what IPv6 capture is decided from (see Plan).
 func (pl *Pipeline) Addrs(path string) ([]netip.Addr, error) { return pl.k.Addrs(path) }
 
-// Open is Linux().Open.
-func Open(path string) (*Netns, error) { return linux.Open(path) }
-
-// OpenForReading is Linux().OpenForReading.
-func OpenForReading(path string) (*Netns, error) { return linux.OpenForReading(path) }
-
 // AllowOwnNetns lets the caller's own namespace be programmed (`redirect
 // apply --allow-own-netns`); PID 1's and registered host namespaces stay
 // refused.
@@ -314,26 +308,6 @@ func (pl *Pipeline) Remove(ctx context.Context, n *Netns, o Options) (Removal, e
 	}
 	removed = true
 	return out, nil
-}
-
-// Apply is Linux().Apply.
-func Apply(ctx context.Context, n *Netns, p redirect.Plan, o Options) (Applied, error) {
-	return linux.Apply(ctx, n, p, o)
-}
-
-// Check is Linux().Check.
-func Check(ctx context.Context, n *Netns, p redirect.Plan, o Options) (string, error) {
-	return linux.Check(ctx, n, p, o)
-}
-
-// List is Linux().List.
-func List(ctx context.Context, n *Netns, o Options) (redirect.Plan, string, error) {
-	return linux.List(ctx, n, o)
-}
-
-// Remove is Linux().Remove.
-func Remove(ctx context.Context, n *Netns, o Options) (Removal, error) {
-	return linux.Remove(ctx, n, o)
 }
 
 func remove(ctx context.Context, bs []redirect.Backend, path string) (Removal, error) {

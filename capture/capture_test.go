@@ -23,7 +23,7 @@ import (
 
 func open(t *testing.T, path string) *Netns {
 	t.Helper()
-	n, err := Open(path)
+	n, err := Linux().Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,14 +50,14 @@ func TestApplyConcurrent(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					n, err := Open(path)
+					n, err := Linux().Open(path)
 					if err != nil {
 						errs[j] = err
 						return
 					}
 					defer n.Close()
 					<-start
-					_, errs[j] = Apply(ctx, n, p, o)
+					_, errs[j] = Linux().Apply(ctx, n, p, o)
 				}()
 			}
 			close(start)
@@ -79,12 +79,12 @@ func TestApplyConcurrent(t *testing.T) {
 // go meanwhile).
 func TestLock(t *testing.T) {
 	dir := t.TempDir()
-	n, err := OpenForReading("/proc/self/ns/net")
+	n, err := Linux().OpenForReading("/proc/self/ns/net")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	other, err := OpenForReading("/proc/thread-self/ns/net")
+	other, err := Linux().OpenForReading("/proc/thread-self/ns/net")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +362,7 @@ func TestRemoveEveryBackend(t *testing.T) {
 
 	n := open(t, path)
 	o := Options{RunDir: t.TempDir()}
-	rem, err := Remove(ctx, n, o)
+	rem, err := Linux().Remove(ctx, n, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,7 +384,7 @@ func TestRemoveEveryBackend(t *testing.T) {
 	if !strings.Contains(ipnetns(t, path, "", "nft", "list", "tables"), "table ip other") {
 		t.Errorf("the foreign nftables table was removed")
 	}
-	again, err := Remove(ctx, n, o)
+	again, err := Linux().Remove(ctx, n, o)
 	if err != nil || len(again) != 0 || again.String() != "nothing to remove" {
 		t.Errorf("second Remove = %q, %v; want nothing to remove", again, err)
 	}
@@ -407,9 +407,9 @@ func TestRemoveNamedBackend(t *testing.T) {
 	if err := iptables.New().Apply(ctx, path, p); err != nil {
 		t.Fatal(err)
 	}
-	rem, err := Remove(ctx, open(t, path), Options{Backend: Legacy, RunDir: t.TempDir()})
+	rem, err := Linux().Remove(ctx, open(t, path), Options{Backend: Legacy, RunDir: t.TempDir()})
 	if err != nil || len(rem) != 1 || rem[0].Backend != Legacy {
-		t.Fatalf("Remove(iptables-legacy) = %v, %v", rem, err)
+		t.Fatalf("Linux().Remove(iptables-legacy) = %v, %v", rem, err)
 	}
 	if err := nft.New().Check(ctx, path, p); err != nil {
 		t.Errorf("the nftables rules were touched: %v", err)
@@ -429,16 +429,16 @@ func TestFailedApplyKeepsEarlierRules(t *testing.T) {
 	// while encoding, before anything is sent.
 	bad := good
 	bad.Tables = append([]redirect.Table{{Name: "nosuchtable", Chains: []redirect.Chain{{Name: "x"}}}}, good.Tables...)
-	if _, err := Apply(ctx, n, bad, o); err == nil {
+	if _, err := Linux().Apply(ctx, n, bad, o); err == nil {
 		t.Fatal("Apply of a broken plan succeeded")
 	}
 	if left, err := nft.New().List(ctx, path); err != nil || !left.Empty() {
 		t.Fatalf("a failed first Apply left rules (%v)", err)
 	}
-	if _, err := Apply(ctx, n, good, o); err != nil {
+	if _, err := Linux().Apply(ctx, n, good, o); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Apply(ctx, n, bad, o); err == nil {
+	if _, err := Linux().Apply(ctx, n, bad, o); err == nil {
 		t.Fatal("Apply of a broken plan succeeded")
 	}
 	if err := nft.New().Check(ctx, path, good); err != nil {
@@ -455,15 +455,15 @@ func TestOpenRefusals(t *testing.T) {
 		t.Skip("mkfifo:", err)
 	}
 	for _, p := range []string{fifo, dir, "/dev/null"} {
-		_, err := Open(p)
+		_, err := Linux().Open(p)
 		var ne *NotNetnsError
 		if !errors.As(err, &ne) || !strings.Contains(err.Error(), p) {
-			t.Errorf("Open(%s) = %v", p, err)
+			t.Errorf("Linux().Open(%s) = %v", p, err)
 		}
 	}
 	if os.Geteuid() == 0 {
-		if _, err := Open("/proc/self/ns/net"); !errors.Is(err, ErrHostNetns) {
-			t.Errorf("Open(own netns) = %v, want ErrHostNetns", err)
+		if _, err := Linux().Open("/proc/self/ns/net"); !errors.Is(err, ErrHostNetns) {
+			t.Errorf("Linux().Open(own netns) = %v, want ErrHostNetns", err)
 		}
 	}
 }

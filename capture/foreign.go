@@ -39,9 +39,6 @@ func (pl *Pipeline) Foreign(ctx context.Context, n *Netns) ([]string, error) {
 	return append(out, nf...), nil
 }
 
-// Foreign is Linux().Foreign.
-func Foreign(ctx context.Context, n *Netns) ([]string, error) { return linux.Foreign(ctx, n) }
-
 // ForeignError is Foreign's finding as an error, for the verbs that must
 // not report a pod in sync while another installer's capture is there.
 type ForeignError struct {

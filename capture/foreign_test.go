@@ -22,7 +22,7 @@ func TestForeign(t *testing.T) {
 	}
 	ctx := context.Background()
 	clean := freshNetns(t)
-	if got, err := Foreign(ctx, open(t, clean)); err != nil || len(got) != 0 {
+	if got, err := Linux().Foreign(ctx, open(t, clean)); err != nil || len(got) != 0 {
 		t.Fatalf("fresh netns: %q, %v", got, err)
 	}
 
@@ -30,7 +30,7 @@ func TestForeign(t *testing.T) {
 	if err := iptables.New().Apply(ctx, path, scenarios.MustPlan(t, "defaults")); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := Foreign(ctx, open(t, path)); err != nil || len(got) != 0 {
+	if got, err := Linux().Foreign(ctx, open(t, path)); err != nil || len(got) != 0 {
 		t.Fatalf("only our legacy rules: %q, %v", got, err)
 	}
 	ipnetns(t, path, "", "ip6tables-legacy", "-t", "mangle", "-N", "ISTIO_DIVERT")
@@ -38,7 +38,7 @@ func TestForeign(t *testing.T) {
 	ipnetns(t, path, "", "iptables-nft", "-t", "nat", "-N", "ISTIO_OUTPUT")
 	ipnetns(t, path, "", "iptables-nft", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-j", "ISTIO_OUTPUT")
 	ipnetns(t, path, "table inet istio-proxy-nat {\n chain prerouting {\n  type nat hook prerouting priority dstnat; policy accept;\n }\n}\n", "nft", "-f", "-")
-	got, err := Foreign(ctx, open(t, path))
+	got, err := Linux().Foreign(ctx, open(t, path))
 	if err != nil {
 		t.Fatal(err)
 	}

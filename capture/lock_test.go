@@ -64,8 +64,8 @@ func TestLockNotHeldByOthers(t *testing.T) {
 			t.Fatalf("%s while nobody holds a flock on %s: %v", name, path, err)
 		}
 	}
-	verb("Apply", func(ctx context.Context) error { _, err := Apply(ctx, n, p, o); return err })
-	verb("Check", func(ctx context.Context) error { _, err := Check(ctx, n, p, o); return err })
+	verb("Apply", func(ctx context.Context) error { _, err := Linux().Apply(ctx, n, p, o); return err })
+	verb("Check", func(ctx context.Context) error { _, err := Linux().Check(ctx, n, p, o); return err })
 	// Our own lock file is out of nobody's reach.
 	locks, _ := filepath.Glob(filepath.Join(runDir, lockSubdir, "*.lock"))
 	if len(locks) != 1 {
@@ -75,7 +75,7 @@ func TestLockNotHeldByOthers(t *testing.T) {
 		t.Fatalf("nobody holds the lock file %s", locks[0])
 	}
 	verb("Remove", func(ctx context.Context) error {
-		r, err := Remove(ctx, n, o)
+		r, err := Linux().Remove(ctx, n, o)
 		if err == nil && len(r) == 0 {
 			t.Errorf("Remove after Apply removed nothing")
 		}

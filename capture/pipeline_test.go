@@ -188,7 +188,7 @@ func TestFakeHostGuard(t *testing.T) {
 		t.Skip(err)
 	}
 	if _, err := pl.Open("/run/netns/host"); !errors.Is(err, capture.ErrHostNetns) {
-		t.Fatalf("Open(host) = %v, want ErrHostNetns", err)
+		t.Fatalf("Linux().Open(host) = %v, want ErrHostNetns", err)
 	}
 	n, err := pl.OpenForReading("/run/netns/host")
 	if err != nil {
@@ -196,19 +196,19 @@ func TestFakeHostGuard(t *testing.T) {
 	}
 	p := scenarios.MustPlan(t, "defaults")
 	if _, err := pl.Apply(ctx, n, p, o); !errors.Is(err, capture.ErrHostNetns) {
-		t.Errorf("Apply(host) = %v, want ErrHostNetns", err)
+		t.Errorf("Linux().Apply(host) = %v, want ErrHostNetns", err)
 	}
 	if _, err := pl.Check(ctx, n, p, o); !errors.Is(err, capture.ErrHostNetns) {
-		t.Errorf("Check(host) = %v, want ErrHostNetns", err)
+		t.Errorf("Linux().Check(host) = %v, want ErrHostNetns", err)
 	}
 	if _, err := pl.Remove(ctx, n, o); !errors.Is(err, capture.ErrHostNetns) {
-		t.Errorf("Remove(host) = %v, want ErrHostNetns", err)
+		t.Errorf("Linux().Remove(host) = %v, want ErrHostNetns", err)
 	}
 	if c := f.Calls(); len(c) != 0 {
 		t.Errorf("backends were called for the host's namespace: %v", c)
 	}
 	if _, err := pl.Open("/run/netns/missing"); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("Open(missing) = %v, want ErrNotExist", err)
+		t.Errorf("Linux().Open(missing) = %v, want ErrNotExist", err)
 	}
 }
 
@@ -428,7 +428,7 @@ func TestFakeForeign(t *testing.T) {
 	f, pl, _ := fake(t)
 	n := open(t, pl, podNS)
 	if got, err := pl.Foreign(ctx, n); err != nil || len(got) != 0 {
-		t.Fatalf("Foreign(clean) = %v, %v", got, err)
+		t.Fatalf("Linux().Foreign(clean) = %v, %v", got, err)
 	}
 	f.SetForeign(podNS, capturetest.Foreign{LegacyChains: []string{"ipv4 nat ISTIO_OUTPUT"}, NFTables: []string{"nftables table inet istio-proxy-nat"}})
 	got, err := pl.Foreign(ctx, n)
@@ -563,6 +563,6 @@ func TestFakeLockedHook(t *testing.T) {
 	defer host.Close()
 	o.Locked = func() { t.Error("Locked called for a verb refused before the lock") }
 	if _, err := pl.Apply(ctx, host, p, o); !errors.Is(err, capture.ErrHostNetns) {
-		t.Fatalf("Apply(host) = %v, want ErrHostNetns", err)
+		t.Fatalf("Linux().Apply(host) = %v, want ErrHostNetns", err)
 	}
 }

@@ -33,12 +33,12 @@ func TestPluginDelNotWedged(t *testing.T) {
 	}
 	_, path := nstest.New(t, "wedge-")
 	runDir := t.TempDir()
-	n, err := capture.Open(path)
+	n, err := capture.Linux().Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	if _, err := capture.Apply(context.Background(), n, scenarios.MustPlan(t, "defaults"), capture.Options{Backend: capture.NFTables, RunDir: runDir}); err != nil {
+	if _, err := capture.Linux().Apply(context.Background(), n, scenarios.MustPlan(t, "defaults"), capture.Options{Backend: capture.NFTables, RunDir: runDir}); err != nil {
 		t.Fatal(err)
 	}
 	nstest.Run(t, path, "add set inet nftmesh seen { type ipv4_addr; flags timeout; }\n", "nft", "-f", "-")

@@ -42,7 +42,7 @@ func addUnreadable(t *testing.T, backend, input string) (string, *Netns, Options
 	}
 	n := open(t, path)
 	o := Options{Backend: backend, RunDir: t.TempDir()}
-	if _, err := Apply(context.Background(), n, scenarios.MustPlan(t, "defaults"), o); err != nil {
+	if _, err := Linux().Apply(context.Background(), n, scenarios.MustPlan(t, "defaults"), o); err != nil {
 		t.Fatal(err)
 	}
 	if backend == NFTables {
@@ -50,7 +50,7 @@ func addUnreadable(t *testing.T, backend, input string) (string, *Netns, Options
 	} else {
 		ipnetns(t, path, "", append([]string{"iptables-legacy", "-w"}, strings.Fields(input)...)...)
 	}
-	if _, _, err := List(context.Background(), n, o); !redirect.IsUnreadable(err) {
+	if _, _, err := Linux().List(context.Background(), n, o); !redirect.IsUnreadable(err) {
 		t.Fatalf("List after adding %q = %v, want an unreadable table", input, err)
 	}
 	return path, n, o
@@ -67,7 +67,7 @@ func TestRemoveUnreadable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			path, n, o := addUnreadable(t, tc.backend, tc.input)
 			o.Backend = Auto
-			r, err := Remove(context.Background(), n, o)
+			r, err := Linux().Remove(context.Background(), n, o)
 			if err != nil {
 				t.Fatalf("Remove: %v", err)
 			}
@@ -82,7 +82,7 @@ func TestRemoveUnreadable(t *testing.T) {
 					t.Errorf("iptables-legacy-save after Remove:\n%s", out)
 				}
 			}
-			if r, err := Remove(context.Background(), n, o); err != nil || len(r) != 0 {
+			if r, err := Linux().Remove(context.Background(), n, o); err != nil || len(r) != 0 {
 				t.Errorf("second Remove = %v, %v; want nothing to remove", r, err)
 			}
 		})
@@ -97,15 +97,15 @@ func TestCheckUnreadable(t *testing.T) {
 	for _, tc := range unreadable {
 		t.Run(tc.name, func(t *testing.T) {
 			_, n, o := addUnreadable(t, tc.backend, tc.input)
-			_, err := Check(context.Background(), n, p, o)
+			_, err := Linux().Check(context.Background(), n, p, o)
 			var d *redirect.DriftError
 			if !errors.As(err, &d) || len(d.Lines) != 1 || !strings.Contains(d.Lines[0], "nftmesh does not write") || !strings.Contains(d.Lines[0], tc.why) {
 				t.Fatalf("Check = %v, want drift naming %q", err, tc.why)
 			}
-			if _, err := Apply(context.Background(), n, p, o); err != nil {
+			if _, err := Linux().Apply(context.Background(), n, p, o); err != nil {
 				t.Fatalf("re-Apply: %v", err)
 			}
-			if _, err := Check(context.Background(), n, p, o); err != nil {
+			if _, err := Linux().Check(context.Background(), n, p, o); err != nil {
 				t.Fatalf("Check after the re-Apply: %v", err)
 			}
 		})

@@ -58,7 +58,7 @@ func TestUserNamespaced(t *testing.T) {
 		{uns.Path, true},
 		{"/proc/" + strconv.Itoa(uns.PID()) + "/ns/net", true},
 	} {
-		n, err := OpenForReading(c.path)
+		n, err := Linux().OpenForReading(c.path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -106,7 +106,7 @@ func TestUsernsSelect(t *testing.T) {
 	t.Run("explicit iptables-legacy refused", func(t *testing.T) {
 		ns := usernsNetns(t)
 		n := open(t, ns.Path)
-		_, err := Apply(ctx, n, defaultPlan(t), Options{Backend: Legacy, RunDir: t.TempDir()})
+		_, err := Linux().Apply(ctx, n, defaultPlan(t), Options{Backend: Legacy, RunDir: t.TempDir()})
 		if !errors.Is(err, ErrUserNamespaced) {
 			t.Fatalf("Apply with iptables-legacy: err = %v, want ErrUserNamespaced", err)
 		}
@@ -115,7 +115,7 @@ func TestUsernsSelect(t *testing.T) {
 				t.Errorf("error %q does not mention %q", err, w)
 			}
 		}
-		if _, err := Check(ctx, n, defaultPlan(t), Options{Backend: Legacy, RunDir: t.TempDir()}); !errors.Is(err, ErrUserNamespaced) {
+		if _, err := Linux().Check(ctx, n, defaultPlan(t), Options{Backend: Legacy, RunDir: t.TempDir()}); !errors.Is(err, ErrUserNamespaced) {
 			t.Errorf("Check with iptables-legacy: err = %v, want ErrUserNamespaced", err)
 		}
 		if pr, err := iptables.Probe(ns.Path); err != nil || pr.Ours || pr.NatOrMangleRules {
@@ -191,7 +191,7 @@ func TestUsernsTraffic(t *testing.T) {
 			if uns, err := UserNamespaced(n); err != nil || !uns {
 				t.Fatalf("pod netns user-namespaced: %t %v, want true", uns, err)
 			}
-			res, err := Apply(context.Background(), n, plan, Options{Backend: Auto, RunDir: t.TempDir()})
+			res, err := Linux().Apply(context.Background(), n, plan, Options{Backend: Auto, RunDir: t.TempDir()})
 			if err != nil {
 				t.Fatalf("Apply (auto): %v", err)
 			}

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod/manifest"
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -21,15 +22,15 @@ func TestHugeValuesBounded(t *testing.T) {
 		want []string
 	}{
 		{"plugin config backend", func() error {
-			_, err := ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"n","type":"nftmesh-cni","backend":"` + huge + `"}`))
+			_, err := cniconf.ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"n","type":"nftmesh-cni","backend":"` + huge + `"}`))
 			return err
 		}, []string{`"backend"`, `"zzz`, cut}},
 		{"plugin config log level", func() error {
-			_, err := ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"n","type":"nftmesh-cni","log_level":"` + huge + `"}`))
+			_, err := cniconf.ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"n","type":"nftmesh-cni","log_level":"` + huge + `"}`))
 			return err
 		}, []string{`"log_level"`, cut}},
 		{"CNI_ARGS pair", func() error {
-			_, err := ParseK8sArgs("K8S_POD_NAME=web;" + huge)
+			_, err := cniconf.ParseK8sArgs("K8S_POD_NAME=web;" + huge)
 			return err
 		}, []string{"CNI_ARGS", `"zzz`, cut}},
 		{"pod annotation", func() error {

@@ -83,14 +83,14 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 		return failure(err)
 	}
 	plan := d.Plan
-	ns, err := capture.Open(topo.PodNetnsPath())
+	ns, err := capture.Linux().Open(topo.PodNetnsPath())
 	if err != nil {
 		return failure(err)
 	}
 	defer ns.Close()
 	opts := capture.Options{Backend: capture.NFTables}
 	start := time.Now()
-	res, err := capture.Apply(ctx, ns, plan, opts)
+	res, err := capture.Linux().Apply(ctx, ns, plan, opts)
 	if err != nil {
 		return failure(fmt.Errorf("applying the capture rules: %w", err))
 	}
@@ -146,7 +146,7 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 	}
 	tw.Flush()
 	if !keep {
-		if _, err := capture.Remove(ctx, ns, opts); err != nil {
+		if _, err := capture.Linux().Remove(ctx, ns, opts); err != nil {
 			return failure(fmt.Errorf("removing the capture rules: %w", err))
 		}
 	}
