@@ -80,7 +80,7 @@ test: build image kube-binaries pilot-agent helm host-nft lint
 	$(GO) test -count=1 -timeout 40m ./...
 	@# The agent runs the plugin's calls concurrently, in one process: its
 	@# socket's tests again under the race detector.
-	$(GO) test -count=1 -race -run 'TestServe|TestAgent' ./internal/cniplugin/
+	$(GO) test -count=1 -race -run 'TestServe|TestAgent' ./cniplugin/
 	$(MAKE) fuzz
 
 ## test-unit: the tests that need neither root nor the apiserver build.
@@ -105,7 +105,7 @@ bench: build $(CACHE)/istio-cni $(APISERVER)
 	$(SETTLE)
 	$(GO) test -run '^$$' -bench WholeProcess -benchtime 200x ./cmd/redirect/
 	$(SETTLE)
-	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./internal/cniplugin/
+	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./cniplugin/
 	$(SETTLE)
 	$(GO) test -run '^$$' -bench 'Version|PluginAlone|AgentUp' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
 	$(SETTLE)
@@ -145,7 +145,7 @@ update-golden:
 
 ## fuzz: every Fuzz target for FUZZTIME each (CI: 10s; by hand: FUZZTIME=5m).
 fuzz:
-	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft iptables redirect podinfo installer internal e2e capture netlab
+	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft iptables redirect podinfo installer internal e2e capture netlab cniplugin
 
 ## host-nft: Debian's nft of HOST_NFT_SUITES in .cache/hostnft/<suite>/ (test-only readers).
 host-nft:

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/internal/cniplugin"
+	"github.com/nftmesh/nftmesh/cniplugin"
 	"github.com/nftmesh/nftmesh/testkit/nstest"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )

@@ -11,5 +11,5 @@
 // podinfo/agentsock (asking the node agent first).
 //
 // It does not program anything: backends apply the Plan built from the Spec,
-// and internal/cniplugin wires the pieces and logs. Nothing here logs.
+// and cniplugin wires the pieces and logs. Nothing here logs.
 package podinfo

@@ -15,10 +15,10 @@ import (
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/installer/repair"
-	"github.com/nftmesh/nftmesh/internal/cniplugin"
+	"github.com/nftmesh/nftmesh/cniplugin"
 	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
-	"github.com/nftmesh/nftmesh/podinfo/agentsock/cachesource"
+	"github.com/nftmesh/nftmesh/installer/podcache"
 )
 
 // podSocket is the agent's answer to the plugin's pod lookups: the socket
@@ -96,7 +96,7 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 	}
 	// Until the watch has listed the node's pods, and for a pod it has not
 	// brought within the bounded wait, the agent reads the pod once.
-	src := cachesource.New(s.pods.GetIndexer(), s.pods.HasSynced, cachesource.APIGetter(client))
+	src := podcache.New(s.pods.GetIndexer(), s.pods.HasSynced, podcache.APIGetter(client))
 	if _, err := s.pods.AddEventHandler(src.Handler()); err != nil {
 		return nil, fmt.Errorf("registering the pod socket's handler: %w", err)
 	}

@@ -1,5 +1,5 @@
 // Command nftmesh-cni-standalone is nftmesh's whole chained CNI plugin in
-// one process (package internal/cniplugin): it looks the pod up, decides
+// one process (package cniplugin): it looks the pod up, decides
 // and programs the capture rules itself. The nftmesh-cni front process runs
 // it (execve, same environment and config) whenever the node agent does not
 // take a call; run on its own it is a complete CNI plugin.
@@ -7,7 +7,7 @@
 //go:debug updatemaxprocs=0
 package main
 
-import "github.com/nftmesh/nftmesh/internal/cniplugin"
+import "github.com/nftmesh/nftmesh/cniplugin"
 
 // The //go:debug line above keeps the runtime from starting the goroutine
 // (and thread) that re-reads the cgroup's CPU limit while the process runs:

@@ -1,6 +1,6 @@
 // Command nftmesh-cni is what the CNI conflist names: a front process that
 // hands the whole CNI call to the node agent, which runs nftmesh's plugin
-// (internal/cniplugin) in its own warm process with the pod from its
+// (cniplugin) in its own warm process with the pod from its
 // informer, and prints what the plugin printed. The call's CNI_* variables
 // and config go over the agent's root-only unix socket, the pod's network
 // namespace as a descriptor beside them.

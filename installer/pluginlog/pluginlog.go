@@ -28,7 +28,7 @@ import (
 )
 
 // FileName is the file in the agent run dir the plugin appends its
-// JSON log lines to (internal/cniplugin's LogFileName; the plugin renames it to
+// JSON log lines to (cniplugin's LogFileName; the plugin renames it to
 // FileName+".1" when it grows past its cap).
 const FileName = "nftmesh-cni.log"
 
@@ -318,7 +318,7 @@ func (p *Follower) emit(line []byte) {
 }
 
 // RecordOnlyField marks a plugin decision line written below the
-// plugin's log level (internal/cniplugin's RecordOnlyField): counted and timed,
+// plugin's log level (cniplugin's RecordOnlyField): counted and timed,
 // never printed.
 const RecordOnlyField = "record_only"
 

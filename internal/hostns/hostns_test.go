@@ -41,7 +41,7 @@ func TestRefuse(t *testing.T) {
 	AllowOwn = false
 	// PID 1's namespace is refused even with AllowOwn, through a symlink
 	// too. (Where PID 1 cannot be looked at, as in some sandboxes, the
-	// stand-in host test in internal/cniplugin covers it.)
+	// stand-in host test in cniplugin covers it.)
 	if _, err := os.Stat("/proc/1/ns/net"); err != nil {
 		t.Logf("skipping the PID 1 cases: %v", err)
 	} else {

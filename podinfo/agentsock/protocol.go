@@ -9,7 +9,7 @@
 // place and permissions and the peer check (root only, by SO_PEERCRED). It imports nothing from
 // Kubernetes, so the plugin that links it pays no client-go start-up: the
 // agent side supplies answers through the Resolver interface (see
-// podinfo/agentsock/cachesource).
+// installer/podcache).
 //
 // An answer is either the fields of the pod the in-mesh decision reads
 // (podinfo/meshpod.Pod) for exactly the UID asked about, or "unknown".

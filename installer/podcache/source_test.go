@@ -1,4 +1,4 @@
-package cachesource
+package podcache
 
 import (
 	"context"

@@ -31,7 +31,7 @@ import (
 	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
-	"github.com/nftmesh/nftmesh/podinfo/agentsock/cachesource"
+	"github.com/nftmesh/nftmesh/installer/podcache"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"
@@ -116,9 +116,9 @@ func startAgent(t testing.TB, runDir string) *agent {
 	t.Helper()
 	a := &agent{}
 	client := env.api.Client()
-	pods := cachesource.NodeInformer(client, testNode)
-	get := cachesource.APIGetter(client)
-	src := cachesource.New(pods.GetIndexer(), pods.HasSynced, func(ctx context.Context, ns, name string) (*corev1.Pod, error) {
+	pods := podcache.NodeInformer(client, testNode)
+	get := podcache.APIGetter(client)
+	src := podcache.New(pods.GetIndexer(), pods.HasSynced, func(ctx context.Context, ns, name string) (*corev1.Pod, error) {
 		a.gets.Add(1)
 		return get(ctx, ns, name)
 	})
@@ -365,7 +365,7 @@ func TestAgentRestartMidBurst(t *testing.T) {
 // the two paths are compared in one interleaved loop. It reports each
 // path's p50 and the plugin's API reads on the agent path (want 0).
 //
-//	go test -run '^$' -bench BenchmarkPluginAddAgent -benchtime=100x ./internal/cniplugin
+//	go test -run '^$' -bench BenchmarkPluginAddAgent -benchtime=100x ./cniplugin
 func BenchmarkPluginAddAgent(b *testing.B) {
 	needEnv(b)
 	withAgent, reads := countingRunDir(b)

@@ -21,7 +21,7 @@ import (
 // prevResult). Run with -benchtime=200x for the 200-pod figure; it reports
 // p50 and p99 per ADD besides the mean.
 //
-//	go test -run '^$' -bench BenchmarkPluginAdd -benchtime=200x ./internal/cniplugin
+//	go test -run '^$' -bench BenchmarkPluginAdd -benchtime=200x ./cniplugin
 func BenchmarkPluginAdd(b *testing.B) {
 	b.Run("mesh", func(b *testing.B) { benchAdd(b, "injected.yaml", "nftables") })
 	b.Run("mesh-auto", func(b *testing.B) { benchAdd(b, "injected.yaml", "auto") })

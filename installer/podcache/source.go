@@ -1,4 +1,4 @@
-// Package cachesource answers the plugin's socket questions (package
+// Package podcache answers the plugin's socket questions (package
 // agentsock) from the agent's node-scoped pod informer. It owns when an
 // answer may be given: only for the very UID asked about. A pod the
 // informer has not seen yet (created a moment ago) is waited for on the
@@ -8,7 +8,7 @@
 // It does not own the informer: the agent shares the one its repair
 // controller runs (one watch per node), and hands in its store, a sync
 // check, and a getter for the one read.
-package cachesource
+package podcache
 
 import (
 	"context"

@@ -451,7 +451,7 @@ func TestServeDeclinesWithoutTheHostNetns(t *testing.T) {
 // root only, so the front's own cost (what it links and initialises) can
 // be compared where the API server is not built.
 //
-//	go test -run '^$' -bench BenchmarkFrontAddAgent -benchtime=100x ./internal/cniplugin
+//	go test -run '^$' -bench BenchmarkFrontAddAgent -benchtime=100x ./cniplugin
 func BenchmarkFrontAddAgent(b *testing.B) {
 	nstest.NeedRoot(b)
 	if env.pluginBin == "" {

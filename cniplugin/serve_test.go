@@ -265,7 +265,7 @@ func TestServeOnlyAllowedPeer(t *testing.T) {
 // pod into a fresh netns: from the front's connect to its reply, in
 // process (the front's own start-up and exit are not in it).
 //
-//	go test -run '^$' -bench BenchmarkServeADD -benchtime=200x ./internal/cniplugin
+//	go test -run '^$' -bench BenchmarkServeADD -benchtime=200x ./cniplugin
 func BenchmarkServeADD(b *testing.B) {
 	needEnv(b)
 	runDir, _ := countingRunDir(b)
