@@ -28,10 +28,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/nftmesh/nftmesh/installer/podcache"
 	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
-	"github.com/nftmesh/nftmesh/installer/podcache"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"

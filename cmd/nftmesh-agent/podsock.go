@@ -12,13 +12,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/nftmesh/nftmesh/cniplugin"
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/metrics"
+	"github.com/nftmesh/nftmesh/installer/podcache"
 	"github.com/nftmesh/nftmesh/installer/repair"
-	"github.com/nftmesh/nftmesh/cniplugin"
 	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
-	"github.com/nftmesh/nftmesh/installer/podcache"
 )
 
 // podSocket is the agent's answer to the plugin's pod lookups: the socket
