@@ -417,8 +417,9 @@ func TestPlatformsAndIstioValuesOnRealAPIServer(t *testing.T) {
 
 	out := helmDo("install", "-f", filepath.Join("testdata", "istio-cni-values.yaml"))
 	// The notes name what nothing reads (the other charts' globals, and
-	// cniNetnsDir, which Istio mounts in ambient mode only) and the image.
-	for _, want := range []string{"global.meshID", "global.istioNamespace", "cniNetnsDir", "Image: registry.example.com/mirror/nftmesh-agent:1.2.3-debug"} {
+	// cniNetnsDir, which Istio mounts in ambient mode only, and Istio's
+	// image values) and nftmesh's image, which Istio's values never pick.
+	for _, want := range []string{"global.meshID", "global.istioNamespace", "cniNetnsDir", "hub, image, tag, variant (Istio's install-cni image", "Image: " + defaultImage} {
 		if !strings.Contains(out, want) {
 			t.Errorf("install notes lack %q:\n%s", want, out)
 		}

@@ -8,7 +8,7 @@ import (
 )
 
 // `make chart VERSION=...` packages the chart with that appVersion, and the
-// DaemonSet then runs the image of the same version unless image.tag says
+// DaemonSet then runs the image of the same version unless nftmesh.image.tag says
 // otherwise: `make image` and `make chart` from one checkout fit together.
 func TestMakeChartStampsTheVersion(t *testing.T) {
 	helmBin := helm(t)
@@ -38,8 +38,8 @@ func TestMakeChartStampsTheVersion(t *testing.T) {
 		want string
 	}{
 		{nil, `image: "ghcr.io/nftmesh/nftmesh:` + version + `"`},
-		{[]string{"--set", "image.repository=localhost/nftmesh"}, `image: "localhost/nftmesh:` + version + `"`},
-		{[]string{"--set", "image.tag=v1.0.0"}, `image: "ghcr.io/nftmesh/nftmesh:v1.0.0"`},
+		{[]string{"--set", "nftmesh.image.repository=localhost/nftmesh"}, `image: "localhost/nftmesh:` + version + `"`},
+		{[]string{"--set", "nftmesh.image.tag=v1.0.0"}, `image: "ghcr.io/nftmesh/nftmesh:v1.0.0"`},
 	} {
 		out, err := runHelm(t, append([]string{"template", "nftmesh", pkgs[0], "--namespace", "nftmesh-system"}, tc.args...)...)
 		if err != nil {
