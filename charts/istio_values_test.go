@@ -564,3 +564,38 @@ func TestReadmeListsEveryValue(t *testing.T) {
 		t.Errorf("README has no row for %v", missing)
 	}
 }
+
+// istiod's untaint controller (pilot.taint.enabled) lifts a node's
+// cni.istio.io/not-ready taint only for a ready pod labelled
+// k8s-app: istio-cni-node: the agent's pods carry it by default, next to
+// the user's labels (Istio's stock podLabels: {} included), and only an
+// explicit null removes it. The selector stays as it was (immutable).
+func TestUntaintControllerLabel(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want map[string]string
+		not  []string
+	}{
+		{nil, map[string]string{"k8s-app": "istio-cni-node"}, nil},
+		{[]string{"-f", filepath.Join("testdata", "istio-stock-values.yaml")}, map[string]string{"k8s-app": "istio-cni-node"}, nil},
+		{[]string{"--set", "podLabels.team=mesh"}, map[string]string{"k8s-app": "istio-cni-node", "team": "mesh"}, nil},
+		{[]string{"--set", "cni.podLabels.team=mesh"}, map[string]string{"k8s-app": "istio-cni-node", "team": "mesh"}, nil},
+		{[]string{"--set", "podLabels.k8s-app=null", "--set", "podLabels.team=mesh"}, map[string]string{"team": "mesh"}, []string{"k8s-app"}},
+	} {
+		ds := render(t, tc.args...).ds(t)
+		labels := ds.Spec.Template.Labels
+		for k, v := range tc.want {
+			if labels[k] != v {
+				t.Errorf("%v: pod label %s=%q, want %q (labels %v)", tc.args, k, labels[k], v, labels)
+			}
+		}
+		for _, k := range tc.not {
+			if _, ok := labels[k]; ok {
+				t.Errorf("%v: pod label %s still there", tc.args, k)
+			}
+		}
+		if _, ok := ds.Spec.Selector.MatchLabels["k8s-app"]; ok {
+			t.Errorf("%v: k8s-app in the selector: %v", tc.args, ds.Spec.Selector.MatchLabels)
+		}
+	}
+}
