@@ -467,3 +467,73 @@ func TestPlatformsAndIstioValuesOnRealAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The OpenShift hand-over of the NetworkAttachmentDefinition both charts
+// create, as docs/migrate-from-istio-cni.md gives it: beside Istio's
+// release, nftmesh's installs only with networkAttachmentDefinition.create=false;
+// Istio's uninstall leaves the object once it is marked keep; nftmesh's
+// release then adopts it. The object is never deleted on the way (its UID
+// stays), so injected pods that reference it always find it.
+func TestNetworkAttachmentDefinitionHandOverOnRealAPIServer(t *testing.T) {
+	helm(t)
+	s := kubetest.Start(t)
+	ctx := context.Background()
+	admin := s.Client()
+	kc := filepath.Join(t.TempDir(), "admin.kubeconfig")
+	if err := s.WriteKubeconfig(kc, s.AdminToken()); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.CoreV1().RESTClient().Post().AbsPath("/apis/apiextensions.k8s.io/v1/customresourcedefinitions").
+		SetHeader("Content-Type", "application/json").Body([]byte(nadCRD)).Do(ctx).Error(); err != nil {
+		t.Fatalf("creating the NetworkAttachmentDefinition CRD: %v", err)
+	}
+	const path = "/apis/k8s.cni.cncf.io/v1/namespaces/default/network-attachment-definitions/istio-cni"
+	get := func() (*metav1.PartialObjectMetadata, error) {
+		o := &metav1.PartialObjectMetadata{}
+		err := admin.CoreV1().RESTClient().Get().AbsPath(path).Do(ctx).Into(o)
+		return o, err
+	}
+	eventually(t, "the CRD served", func() bool {
+		err := admin.CoreV1().RESTClient().Get().AbsPath("/apis/k8s.cni.cncf.io/v1/namespaces/default/network-attachment-definitions").Do(ctx).Error()
+		return err == nil
+	})
+	h := func(args ...string) error {
+		_, err := runHelm(t, append(args, "--kubeconfig", kc)...)
+		return err
+	}
+	if err := h("install", "istio-cni", filepath.Join("testdata", "istio-cni-nad"), "--namespace", "istio-system", "--create-namespace"); err != nil {
+		t.Fatal(err)
+	}
+	before, err := get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	install := []string{"install", "nftmesh", chartDir, "--namespace", agentNS, "--create-namespace", "--set", "platform=openshift"}
+	// The conflict the hand-over avoids.
+	if err := h(install...); err == nil || !strings.Contains(err.Error(), "istio-cni") {
+		t.Fatalf("nftmesh's release took Istio's NetworkAttachmentDefinition: %v", err)
+	}
+	_ = h("uninstall", "nftmesh", "--namespace", agentNS)
+	if err := h(append(install, "--set", "networkAttachmentDefinition.create=false")...); err != nil {
+		t.Fatalf("beside Istio's release: %v", err)
+	}
+	// kubectl annotate net-attach-def istio-cni -n default helm.sh/resource-policy=keep
+	// (and the ownership of nftmesh's release, which the adopting upgrade needs).
+	patch := `{"metadata":{"annotations":{"helm.sh/resource-policy":"keep","meta.helm.sh/release-name":"nftmesh","meta.helm.sh/release-namespace":"` + agentNS + `"},"labels":{"app.kubernetes.io/managed-by":"Helm"}}}`
+	if err := admin.CoreV1().RESTClient().Patch(types.MergePatchType).AbsPath(path).Body([]byte(patch)).Do(ctx).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h("uninstall", "istio-cni", "--namespace", "istio-system"); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := get(); err != nil || o.UID != before.UID {
+		t.Fatalf("Istio's uninstall removed the NetworkAttachmentDefinition: %v", err)
+	}
+	if err := h("upgrade", "nftmesh", chartDir, "--namespace", agentNS, "--reuse-values", "--set", "networkAttachmentDefinition.create=true"); err != nil {
+		t.Fatalf("adopting the NetworkAttachmentDefinition: %v", err)
+	}
+	o, err := get()
+	if err != nil || o.UID != before.UID || o.Labels["app.kubernetes.io/name"] != "nftmesh-agent" || o.Annotations["meta.helm.sh/release-name"] != "nftmesh" {
+		t.Fatalf("after the adopting upgrade: %v %+v", err, o)
+	}
+}

@@ -599,3 +599,25 @@ func TestUntaintControllerLabel(t *testing.T) {
 		}
 	}
 }
+
+// OpenShift: Istio's istio-cni release creates the same
+// NetworkAttachmentDefinition default/istio-cni. nftmesh's release can
+// leave it to that release (create=false) while the agent still names its
+// standalone config after it, and can keep it through its own uninstall.
+func TestNetworkAttachmentDefinitionOwnership(t *testing.T) {
+	r := render(t, "--set", "platform=openshift")
+	if len(r.NADs) != 1 || r.NADs[0].Annotations["helm.sh/resource-policy"] != "" {
+		t.Errorf("default: %+v", r.NADs)
+	}
+	r = render(t, "--set", "platform=openshift", "--set", "networkAttachmentDefinition.create=false")
+	if len(r.NADs) != 0 {
+		t.Errorf("create=false rendered %+v", r.NADs[0].ObjectMeta)
+	}
+	if got := r.agentConfig(t).PluginConf().Name; got != "istio-cni" {
+		t.Errorf("standalone conf name %q without the object, want istio-cni", got)
+	}
+	r = render(t, "--set", "platform=openshift", "--set", "networkAttachmentDefinition.keep=true")
+	if len(r.NADs) != 1 || r.NADs[0].Annotations["helm.sh/resource-policy"] != "keep" {
+		t.Errorf("keep=true: %+v", r.NADs)
+	}
+}
