@@ -621,3 +621,50 @@ func TestNetworkAttachmentDefinitionOwnership(t *testing.T) {
 		t.Errorf("keep=true: %+v", r.NADs)
 	}
 }
+
+// Privileges and resources as an Istio user knows them: Istio's resource
+// defaults (requests only: no memory limit, so no GOMEMLIMIT), a value
+// that adds capabilities (DAC_OVERRIDE, which Istio 1.25 added), and
+// Istio's privileged escape hatch.
+func TestPrivilegesAndResources(t *testing.T) {
+	c := render(t).ds(t).Spec.Template.Spec.Containers[0]
+	if len(c.Resources.Limits) != 0 || c.Resources.Requests.Cpu().Cmp(resource.MustParse("100m")) != 0 || c.Resources.Requests.Memory().Cmp(resource.MustParse("100Mi")) != 0 {
+		t.Errorf("resources %+v, want Istio's: requests 100m/100Mi, no limits", c.Resources)
+	}
+	for _, e := range c.Env {
+		if e.Name == "GOMEMLIMIT" {
+			t.Error("GOMEMLIMIT without a memory limit")
+		}
+	}
+	// A memory limit, when set, is the Go runtime's soft limit too.
+	c = render(t, "--set", "resources.limits.memory=300Mi").ds(t).Spec.Template.Spec.Containers[0]
+	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "GOMEMLIMIT" && e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory"
+	}) {
+		t.Errorf("no GOMEMLIMIT from the memory limit: %+v", c.Env)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want []corev1.Capability
+	}{
+		{[]string{"--set", "addCapabilities[0]=DAC_OVERRIDE"}, []corev1.Capability{"NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE"}},
+		{[]string{"--set", "addCapabilities[0]=DAC_OVERRIDE", "--set", "addCapabilities[1]=NET_ADMIN", "--set", "repair.enabled=false"}, []corev1.Capability{"NET_ADMIN", "DAC_OVERRIDE"}},
+		{[]string{"--set", "cni.addCapabilities[0]=DAC_OVERRIDE", "--set", "backend=nftables"}, []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE"}},
+	} {
+		sc := render(t, tc.args...).ds(t).Spec.Template.Spec.Containers[0].SecurityContext
+		if !slices.Equal(sc.Capabilities.Add, tc.want) || *sc.Privileged {
+			t.Errorf("%v: capabilities %v, want %v", tc.args, sc.Capabilities.Add, tc.want)
+		}
+	}
+	sc := render(t, "--set", "privileged=true").ds(t).Spec.Template.Spec.Containers[0].SecurityContext
+	// The API server refuses privileged with allowPrivilegeEscalation false.
+	if sc.Privileged == nil || !*sc.Privileged || sc.AllowPrivilegeEscalation != nil {
+		t.Errorf("privileged=true: %+v", sc)
+	}
+	for _, bad := range []string{"addCapabilities[0]=CAP_NET_ADMIN", "addCapabilities[0]=dac_override", "privileged=maybe"} {
+		if _, err := runHelm(t, "template", "nftmesh", chartDir, "--set", bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
