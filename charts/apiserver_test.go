@@ -2,6 +2,7 @@ package charts
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -489,9 +490,12 @@ func TestNetworkAttachmentDefinitionHandOverOnRealAPIServer(t *testing.T) {
 	}
 	const path = "/apis/k8s.cni.cncf.io/v1/namespaces/default/network-attachment-definitions/istio-cni"
 	get := func() (*metav1.PartialObjectMetadata, error) {
+		b, err := admin.CoreV1().RESTClient().Get().AbsPath(path).DoRaw(ctx)
+		if err != nil {
+			return nil, err
+		}
 		o := &metav1.PartialObjectMetadata{}
-		err := admin.CoreV1().RESTClient().Get().AbsPath(path).Do(ctx).Into(o)
-		return o, err
+		return o, json.Unmarshal(b, o)
 	}
 	eventually(t, "the CRD served", func() bool {
 		err := admin.CoreV1().RESTClient().Get().AbsPath("/apis/k8s.cni.cncf.io/v1/namespaces/default/network-attachment-definitions").Do(ctx).Error()
