@@ -30,7 +30,18 @@ REVISION          ?= $(shell git rev-parse HEAD 2>/dev/null)
 # source gives the same image.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 ARCH      ?= $(shell $(GO) env GOARCH)
-IMAGE     ?= localhost/nftmesh:$(VERSION)
+# Where `make push` puts the image (REGISTRY/nftmesh) and the chart
+# (REGISTRY/charts/nftmesh). The default repository is the one the chart's
+# nftmesh.image.repository names, so `make image` tags what the chart runs.
+REGISTRY  ?= ghcr.io/nftmesh
+IMAGE_REPO ?= $(REGISTRY)/nftmesh
+IMAGE     ?= $(IMAGE_REPO):$(VERSION)
+# The chart's version follows the release: VERSION without its "v" when
+# that is SemVer (v0.2.0, v0.2.0-3-gabc1234-dirty), else 0.0.0-<VERSION>
+# (a bare commit hash, as git describe gives before the first tag).
+CHART_VERSION ?= $(shell v=$$(echo '$(VERSION)' | sed 's/^v//'); \
+  if echo "$$v" | grep -Eq '^[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.+-]+)?$$'; then echo "$$v"; \
+  else echo "0.0.0-$$v" | tr -c '0-9A-Za-z.\n-' '-'; fi)
 # Static, reproducible binaries: no cgo, no build paths, no build ID or VCS
 # stamp (the version is stamped instead).
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false \
@@ -46,7 +57,7 @@ export NFTMESH_IMAGE := $(IMAGE)
 HOST_NFT_SUITES ?= bookworm trixie
 export NFTMESH_HOST_NFT_DIR := $(abspath $(CACHE)/hostnft)
 
-.PHONY: all build host-nft scale image chart version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-cni istio-manifests standin
+.PHONY: all build host-nft scale image chart push image-ref chart-version version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-cni istio-manifests standin
 
 all: build
 
@@ -65,10 +76,26 @@ image:
 	  --version '$(VERSION)' --revision '$(REVISION)' --created '$(SOURCE_DATE_EPOCH)' --tag '$(IMAGE)' \
 	  --out $(BIN)/nftmesh-image.tar --oci-dir $(BIN)/nftmesh-image.oci
 
-## chart: the Helm chart packaged with appVersion = VERSION (the default image tag).
+## chart: the Helm chart packaged as version CHART_VERSION (from VERSION),
+## appVersion = VERSION (the default image tag): bin/nftmesh-$(CHART_VERSION).tgz.
 chart: $(HELM)
 	@mkdir -p $(BIN)
-	$(HELM) package charts/nftmesh --app-version '$(VERSION)' --destination $(BIN)
+	$(HELM) package charts/nftmesh --version '$(CHART_VERSION)' --app-version '$(VERSION)' --destination $(BIN)
+
+## push: the image to IMAGE (REGISTRY/nftmesh:VERSION) and the chart to
+## REGISTRY/charts/nftmesh:CHART_VERSION (Helm's OCI layout), with
+## go-containerregistry: no Docker, no helm push. Credentials: the Docker
+## config (docker login, crane auth login). `make push REGISTRY=r` pushes
+## the image to r/nftmesh: install with --set nftmesh.image.repository=r/nftmesh.
+push: image chart
+	$(GO) run ./internal/imagebuild/push --oci-dir $(BIN)/nftmesh-image.oci --image '$(IMAGE)' \
+	  --chart $(BIN)/nftmesh-$(CHART_VERSION).tgz --chart-repo '$(REGISTRY)/charts'
+
+image-ref:
+	@echo $(IMAGE)
+
+chart-version:
+	@echo $(CHART_VERSION)
 
 version:
 	@echo $(VERSION)

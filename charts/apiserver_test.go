@@ -2,6 +2,7 @@ package charts
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -417,8 +418,9 @@ func TestPlatformsAndIstioValuesOnRealAPIServer(t *testing.T) {
 
 	out := helmDo("install", "-f", filepath.Join("testdata", "istio-cni-values.yaml"))
 	// The notes name what nothing reads (the other charts' globals, and
-	// cniNetnsDir, which Istio mounts in ambient mode only) and the image.
-	for _, want := range []string{"global.meshID", "global.istioNamespace", "cniNetnsDir", "Image: registry.example.com/mirror/nftmesh-agent:1.2.3-debug"} {
+	// cniNetnsDir, which Istio mounts in ambient mode only, and Istio's
+	// image values) and nftmesh's image, which Istio's values never pick.
+	for _, want := range []string{"global.meshID", "global.istioNamespace", "cniNetnsDir", "hub, image, tag, variant (Istio's install-cni image", "Image: " + defaultImage} {
 		if !strings.Contains(out, want) {
 			t.Errorf("install notes lack %q:\n%s", want, out)
 		}
@@ -464,5 +466,78 @@ func TestPlatformsAndIstioValuesOnRealAPIServer(t *testing.T) {
 	}
 	if _, err := runHelm(t, "uninstall", "nftmesh", "--kubeconfig", kc, "--namespace", agentNS); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The OpenShift hand-over of the NetworkAttachmentDefinition both charts
+// create, as docs/migrate-from-istio-cni.md gives it: beside Istio's
+// release, nftmesh's installs only with networkAttachmentDefinition.create=false;
+// Istio's uninstall leaves the object once it is marked keep; nftmesh's
+// release then adopts it. The object is never deleted on the way (its UID
+// stays), so injected pods that reference it always find it.
+func TestNetworkAttachmentDefinitionHandOverOnRealAPIServer(t *testing.T) {
+	helm(t)
+	s := kubetest.Start(t)
+	ctx := context.Background()
+	admin := s.Client()
+	kc := filepath.Join(t.TempDir(), "admin.kubeconfig")
+	if err := s.WriteKubeconfig(kc, s.AdminToken()); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.CoreV1().RESTClient().Post().AbsPath("/apis/apiextensions.k8s.io/v1/customresourcedefinitions").
+		SetHeader("Content-Type", "application/json").Body([]byte(nadCRD)).Do(ctx).Error(); err != nil {
+		t.Fatalf("creating the NetworkAttachmentDefinition CRD: %v", err)
+	}
+	const path = "/apis/k8s.cni.cncf.io/v1/namespaces/default/network-attachment-definitions/istio-cni"
+	get := func() (*metav1.PartialObjectMetadata, error) {
+		b, err := admin.CoreV1().RESTClient().Get().AbsPath(path).DoRaw(ctx)
+		if err != nil {
+			return nil, err
+		}
+		o := &metav1.PartialObjectMetadata{}
+		return o, json.Unmarshal(b, o)
+	}
+	eventually(t, "the CRD served", func() bool {
+		err := admin.CoreV1().RESTClient().Get().AbsPath("/apis/k8s.cni.cncf.io/v1/namespaces/default/network-attachment-definitions").Do(ctx).Error()
+		return err == nil
+	})
+	h := func(args ...string) error {
+		_, err := runHelm(t, append(args, "--kubeconfig", kc)...)
+		return err
+	}
+	if err := h("install", "istio-cni", filepath.Join("testdata", "istio-cni-nad"), "--namespace", "istio-system", "--create-namespace"); err != nil {
+		t.Fatal(err)
+	}
+	before, err := get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	install := []string{"install", "nftmesh", chartDir, "--namespace", agentNS, "--create-namespace", "--set", "platform=openshift"}
+	// The conflict the hand-over avoids.
+	if err := h(install...); err == nil || !strings.Contains(err.Error(), "istio-cni") {
+		t.Fatalf("nftmesh's release took Istio's NetworkAttachmentDefinition: %v", err)
+	}
+	_ = h("uninstall", "nftmesh", "--namespace", agentNS)
+	if err := h(append(install, "--set", "networkAttachmentDefinition.create=false")...); err != nil {
+		t.Fatalf("beside Istio's release: %v", err)
+	}
+	// kubectl annotate net-attach-def istio-cni -n default helm.sh/resource-policy=keep
+	// (and the ownership of nftmesh's release, which the adopting upgrade needs).
+	patch := `{"metadata":{"annotations":{"helm.sh/resource-policy":"keep","meta.helm.sh/release-name":"nftmesh","meta.helm.sh/release-namespace":"` + agentNS + `"},"labels":{"app.kubernetes.io/managed-by":"Helm"}}}`
+	if err := admin.CoreV1().RESTClient().Patch(types.MergePatchType).AbsPath(path).Body([]byte(patch)).Do(ctx).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h("uninstall", "istio-cni", "--namespace", "istio-system"); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := get(); err != nil || o.UID != before.UID {
+		t.Fatalf("Istio's uninstall removed the NetworkAttachmentDefinition: %v", err)
+	}
+	if err := h("upgrade", "nftmesh", chartDir, "--namespace", agentNS, "--reuse-values", "--set", "networkAttachmentDefinition.create=true"); err != nil {
+		t.Fatalf("adopting the NetworkAttachmentDefinition: %v", err)
+	}
+	o, err := get()
+	if err != nil || o.UID != before.UID || o.Labels["app.kubernetes.io/name"] != "nftmesh-agent" || o.Annotations["meta.helm.sh/release-name"] != "nftmesh" {
+		t.Fatalf("after the adopting upgrade: %v %+v", err, o)
 	}
 }

@@ -2,6 +2,7 @@ package charts
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
 
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/repair"
@@ -48,9 +50,13 @@ func TestIstioValuesFileTakesEffect(t *testing.T) {
 	pod := ds.Spec.Template
 	c := pod.Spec.Containers[0]
 
-	// hub, image, tag, variant, pullPolicy.
-	if c.Image != "registry.example.com/mirror/nftmesh-agent:1.2.3-debug" || c.ImagePullPolicy != corev1.PullAlways {
-		t.Errorf("image %s policy %s", c.Image, c.ImagePullPolicy)
+	// Istio's hub, image, tag and variant name Istio's image: nftmesh's
+	// default runs, and they are listed as ignored. pullPolicy is read.
+	if c.Image != defaultImage || c.ImagePullPolicy != corev1.PullAlways {
+		t.Errorf("image %s policy %s, want %s Always", c.Image, c.ImagePullPolicy, defaultImage)
+	}
+	if got := ds.Annotations["nftmesh.io/ignored-values"]; !strings.Contains(got, "hub, image, tag, variant (Istio's install-cni image") {
+		t.Errorf("ignored values %q", got)
 	}
 	// global.imagePullSecrets (Istio's list of names): on the pod and its
 	// ServiceAccount.
@@ -165,9 +171,9 @@ func TestIstioGlobalValuesTakeEffect(t *testing.T) {
 	r := render(t, "-f", file)
 	ds := r.ds(t)
 	c := ds.Spec.Template.Spec.Containers[0]
-	// global.hub, global.tag; global.variant distroless is the published
-	// image itself (no suffix); global.imagePullPolicy.
-	if c.Image != "registry.example.com/global/nftmesh:9.9.9" || c.ImagePullPolicy != corev1.PullNever {
+	// global.hub, global.tag and global.variant are Istio's image: ignored;
+	// global.imagePullPolicy is read.
+	if c.Image != defaultImage || c.ImagePullPolicy != corev1.PullNever {
 		t.Errorf("image %s policy %s", c.Image, c.ImagePullPolicy)
 	}
 	if got := pullSecretNames(ds.Spec.Template.Spec.ImagePullSecrets); !slices.Equal(got, []string{"global-cred"}) {
@@ -190,12 +196,8 @@ func TestIstioGlobalValuesTakeEffect(t *testing.T) {
 			t.Error("GOMEMLIMIT without a memory limit")
 		}
 	}
-	// A variant other than distroless is appended, as Istio does.
-	if got := render(t, "-f", file, "--set", "global.variant=debug").ds(t).Spec.Template.Spec.Containers[0].Image; got != "registry.example.com/global/nftmesh:9.9.9-debug" {
-		t.Errorf("global.variant debug: %s", got)
-	}
-	// A full reference in image is used as is.
-	if got := render(t, "-f", file, "--set", "image=mirror.example/x/agent@sha256:0123").ds(t).Spec.Template.Spec.Containers[0].Image; got != "mirror.example/x/agent@sha256:0123" {
+	// Nor does Istio's image, even as a full reference.
+	if got := render(t, "-f", file, "--set", "image=mirror.example/x/agent@sha256:0123").ds(t).Spec.Template.Spec.Containers[0].Image; got != defaultImage {
 		t.Errorf("image reference: %s", got)
 	}
 }
@@ -208,14 +210,33 @@ func TestIstioUmbrellaPrefix(t *testing.T) {
 	if hostPath(ds, "cni-bin-dir") != "/var/lib/cni/bin" || !slices.Equal(cfg.ExcludeNamespaces, []string{"kube-system", "monitoring"}) || cfg.LogLevel != zerolog.WarnLevel {
 		t.Errorf("cni.* not applied: bin %s, agent %+v", hostPath(ds, "cni-bin-dir"), cfg)
 	}
-	if got := ds.Spec.Template.Spec.Containers[0].Image; got != "registry.example.com/umbrella/nftmesh:3.0.0" {
+	if got := ds.Spec.Template.Spec.Containers[0].Image; got != defaultImage {
 		t.Errorf("image %s", got)
 	}
 }
 
-// nftmesh's own image names keep working next to Istio's.
+// defaultImage is what the DaemonSet runs unless nftmesh.image says
+// otherwise: the repository `make image` tags, at the chart's appVersion.
+var defaultImage = "ghcr.io/nftmesh/nftmesh:" + chartAppVersion()
+
+func chartAppVersion() string {
+	b, err := os.ReadFile(filepath.Join(chartDir, "Chart.yaml"))
+	if err != nil {
+		panic(err)
+	}
+	var c struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(b, &c); err != nil || c.AppVersion == "" {
+		panic(fmt.Sprintf("Chart.yaml: appVersion %q: %v", c.AppVersion, err))
+	}
+	return c.AppVersion
+}
+
+// nftmesh's image has values of its own, which Istio's never touch.
 func TestOwnImageValues(t *testing.T) {
-	r := render(t, "--set", "image.repository=reg.example/team/nftmesh", "--set", "image.tag=v7", "--set", "image.pullPolicy=Always", "--set", "imagePullSecrets[0].name=own")
+	r := render(t, "--set", "nftmesh.image.repository=reg.example/team/nftmesh", "--set", "nftmesh.image.tag=v7", "--set", "nftmesh.image.pullPolicy=Always",
+		"--set", "imagePullSecrets[0].name=own", "--set", "hub=docker.io/istio", "--set", "tag=1.27.1", "--set", "global.hub=docker.io/istio", "--set", "global.tag=1.27.1")
 	c := r.ds(t).Spec.Template.Spec.Containers[0]
 	if c.Image != "reg.example/team/nftmesh:v7" || c.ImagePullPolicy != corev1.PullAlways {
 		t.Errorf("image %s policy %s", c.Image, c.ImagePullPolicy)
@@ -224,8 +245,17 @@ func TestOwnImageValues(t *testing.T) {
 		t.Errorf("pull secrets %v", got)
 	}
 	def := render(t).ds(t).Spec.Template.Spec.Containers[0]
-	if !strings.HasPrefix(def.Image, "ghcr.io/nftmesh/nftmesh:") || def.ImagePullPolicy != corev1.PullIfNotPresent {
+	if def.Image != defaultImage || def.ImagePullPolicy != corev1.PullIfNotPresent {
 		t.Errorf("default image %s policy %s", def.Image, def.ImagePullPolicy)
+	}
+	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	if got := render(t, "--set", "nftmesh.image.digest="+digest, "--set", "nftmesh.image.tag=v7").ds(t).Spec.Template.Spec.Containers[0].Image; got != "ghcr.io/nftmesh/nftmesh@"+digest {
+		t.Errorf("digest: %s", got)
+	}
+	// The old map form under image is refused with where it went.
+	_, err := runHelm(t, "template", "nftmesh", chartDir, "--set", "image.repository=reg.example/x")
+	if err == nil || !strings.Contains(err.Error(), "moved to nftmesh.image.repository") {
+		t.Errorf("image.repository: %v", err)
 	}
 }
 
@@ -251,7 +281,7 @@ func TestPlatformPrecedenceAndPackagedChart(t *testing.T) {
 		t.Errorf("demo profile memory request %s", got.String())
 	}
 	_, err := runHelm(t, "template", "nftmesh", chartDir, "--set", "platform=gcp")
-	if err == nil || !strings.Contains(err.Error(), `platform "gcp": unknown`) || !strings.Contains(err.Error(), "gke, k3d") {
+	if err == nil || !strings.Contains(err.Error(), `platform=gcp: unknown`) || !strings.Contains(err.Error(), "gke, k3d") {
 		t.Errorf("unknown platform: %v", err)
 	}
 
@@ -277,13 +307,10 @@ func TestPlatformPrecedenceAndPackagedChart(t *testing.T) {
 	}
 }
 
-// Values only Istio's ambient mode uses are refused by the chart with a
-// message saying so, not by the schema.
+// Ambient mode is refused by the chart with a message saying so, not by
+// the schema; its other values are harmless while it is off.
 func TestAmbientValuesRefused(t *testing.T) {
-	for _, set := range []string{
-		"ambient.enabled=true", "profile=ambient", "global.profile=ambient", "ambient.dnsCapture=false",
-		"ambient.shareHostNetworkNamespace=true", "trustedZtunnelNamespace=kube-system",
-	} {
+	for _, set := range []string{"ambient.enabled=true", "profile=ambient", "global.profile=ambient", "cni.ambient.enabled=true"} {
 		t.Run(set, func(t *testing.T) {
 			_, err := runHelm(t, "template", "nftmesh", chartDir, "--set", set)
 			if err == nil {
@@ -299,8 +326,127 @@ func TestAmbientValuesRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "does not write a conflist of its own") {
 		t.Errorf("istioOwnedCNIConfig: %v", err)
 	}
-	if _, err := runHelm(t, "template", "nftmesh", chartDir, "--set", "ambient.enabled=false"); err != nil {
-		t.Errorf("ambient.enabled=false refused: %v", err)
+	for _, set := range []string{"ambient.enabled=false", "ambient.dnsCapture=false", "ambient.shareHostNetworkNamespace=true", "trustedZtunnelNamespace=kube-system", "istioOwnedCNIConfig=false"} {
+		r := render(t, "--set", set)
+		key, _, _ := strings.Cut(set, "=")
+		if strings.HasPrefix(key, "ambient.") {
+			key = "ambient.*"
+		}
+		if got := r.ds(t).Annotations["nftmesh.io/ignored-values"]; !strings.Contains(got, key) {
+			t.Errorf("%s: not listed as ignored: %q", set, got)
+		}
+	}
+}
+
+// Every refused value is named in one message, and helm lint fails on
+// them as install does (lint turns the chart's fail into a log line).
+func TestRefusalsNameEveryKeyAndFailLint(t *testing.T) {
+	args := []string{"--set", "ambient.enabled=true", "--set", "platform=gcp", "--set", "istioOwnedCNIConfig=true", "--set", "image.tag=v1"}
+	keys := []string{"ambient.enabled=true", "platform=gcp", "istioOwnedCNIConfig", "image.repository/image.tag"}
+	_, err := runHelm(t, append([]string{"template", "nftmesh", chartDir}, args...)...)
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, k := range keys {
+		if !strings.Contains(err.Error(), k) {
+			t.Errorf("refusal does not name %s: %v", k, err)
+		}
+	}
+	if !strings.Contains(err.Error(), "refuses 4 value(s)") {
+		t.Errorf("not all at once: %v", err)
+	}
+	out, err := runHelm(t, append([]string{"lint", "--strict", chartDir}, args...)...)
+	if err == nil {
+		t.Fatalf("helm lint passed on refused values:\n%s", out)
+	}
+	for _, k := range keys {
+		if !strings.Contains(out+err.Error(), k) {
+			t.Errorf("lint does not name %s: %s %v", k, out, err)
+		}
+	}
+}
+
+// Values files Istio users have: Istio's own stock values (as `helm show
+// values` prints them, ambient off), an Istio 1.27 user's file, and the
+// 1.20-1.22 layouts. Each lints, renders nftmesh's image, lists Istio's
+// keys as ignored with what replaces them, and maps the old names.
+func TestIstioValuesFilesRenderNftmeshImage(t *testing.T) {
+	for _, tc := range []struct {
+		file    string
+		ignored []string
+		mapped  string
+		check   func(t *testing.T, r *rendered)
+	}{
+		{file: "istio-stock-values.yaml",
+			ignored: []string{"hub, image, tag, variant, global.hub, global.tag, global.variant (Istio's install-cni image; nftmesh's image is nftmesh.image.repository and nftmesh.image.tag)",
+				"cniNetnsDir", "repair.hub", "repair.tag", "ambient.* (ambient mode is off)", "istioOwnedCNIConfig (off)"},
+			check: func(t *testing.T, r *rendered) {
+				// Istio's tolerations and logging come through.
+				if n := len(r.ds(t).Spec.Template.Spec.Tolerations); n != 3 {
+					t.Errorf("%d tolerations, want Istio's 3", n)
+				}
+				if cfg := r.agentConfig(t); cfg.LogFormat != "text" || cfg.Repair.Mode() != repair.InPlace {
+					t.Errorf("agent %+v", cfg)
+				}
+			}},
+		{file: "istio-1.27-user-values.yaml",
+			ignored: []string{"global.hub, global.tag, global.variant (Istio's install-cni image", "ambient.* (ambient mode is off)", "trustedZtunnelNamespace", "global.istioNamespace"},
+			check: func(t *testing.T, r *rendered) {
+				ds := r.ds(t)
+				if hostPath(ds, "cni-bin-dir") != "/var/lib/rancher/k3s/data/cni" || ds.Spec.Template.Labels["team"] != "mesh" {
+					t.Errorf("platform k3s or podLabels lost: %s %v", hostPath(ds, "cni-bin-dir"), ds.Spec.Template.Labels)
+				}
+				if cfg := r.agentConfig(t); !slices.Equal(cfg.ExcludeNamespaces, []string{"kube-system", "istio-system"}) {
+					t.Errorf("excludeNamespaces %v", cfg.ExcludeNamespaces)
+				}
+			}},
+		{file: "istio-1.21-values.yaml",
+			ignored: []string{"hub, image, tag, variant, global.hub, global.tag (Istio's install-cni image", "logLevel (", "use logging.level", "psp_cluster_role (", "enabled (", "pilot (another Istio chart's)", "meshConfig (another Istio chart's)"},
+			mapped:  "rollingMaxUnavailable=2 → updateStrategy.rollingUpdate.maxUnavailable",
+			check: func(t *testing.T, r *rendered) {
+				ds := r.ds(t)
+				if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxUnavailable.IntVal != 2 {
+					t.Errorf("rollingMaxUnavailable not mapped: %+v", ds.Spec.UpdateStrategy)
+				}
+				sc := ds.Spec.Template.Spec.Containers[0].SecurityContext
+				if sc.Privileged == nil || !*sc.Privileged || sc.AllowPrivilegeEscalation != nil {
+					t.Errorf("cni.privileged=true: %+v", sc)
+				}
+				if cfg := r.agentConfig(t); cfg.Repair.Mode() != repair.Delete || !slices.Equal(cfg.ExcludeNamespaces, []string{"istio-system", "kube-system"}) {
+					t.Errorf("cni.* not read: %+v", cfg)
+				}
+			}},
+		{file: "istio-1.22-stock-values.yaml",
+			ignored: []string{"hub, image, tag, variant, global.hub, global.tag, global.variant (Istio's install-cni image", "logLevel ("},
+			mapped:  "rollingMaxUnavailable=1",
+			check: func(t *testing.T, r *rendered) {
+				// cniBinDir "" picks the bin dir as Istio's chart does.
+				if got := hostPath(r.ds(t), "cni-bin-dir"); got != "/opt/cni/bin" {
+					t.Errorf("bin dir %s", got)
+				}
+			}},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			file := filepath.Join("testdata", tc.file)
+			if out, err := runHelm(t, "lint", "--strict", chartDir, "-f", file); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			r := render(t, "-f", file)
+			ds := r.ds(t)
+			if got := ds.Spec.Template.Spec.Containers[0].Image; got != defaultImage {
+				t.Errorf("image %s, want nftmesh's %s", got, defaultImage)
+			}
+			got := ds.Annotations["nftmesh.io/ignored-values"]
+			for _, k := range tc.ignored {
+				if !strings.Contains(got, k) {
+					t.Errorf("ignored values do not list %q:\n%s", k, got)
+				}
+			}
+			if m := ds.Annotations["nftmesh.io/mapped-values"]; !strings.Contains(m, tc.mapped) {
+				t.Errorf("mapped values %q, want %q", m, tc.mapped)
+			}
+			tc.check(t, r)
+		})
 	}
 }
 
@@ -394,7 +540,8 @@ func TestReadmeListsEveryValue(t *testing.T) {
 	}
 	var missing []string
 	row := func(name string) bool {
-		return regexp.MustCompile("(?m)^\\| `" + regexp.QuoteMeta(name) + "(`|\\.)").MatchString(readme)
+		// A row's first cell may name several values.
+		return regexp.MustCompile("(?m)^\\| (`[^`|]*`, )*`" + regexp.QuoteMeta(name) + "(`|\\.)").MatchString(readme)
 	}
 	for name, p := range schema.Definitions.Values.Properties {
 		if name == "_internal_defaults_do_not_set" {
@@ -415,5 +562,109 @@ func TestReadmeListsEveryValue(t *testing.T) {
 	sort.Strings(missing)
 	if len(missing) > 0 {
 		t.Errorf("README has no row for %v", missing)
+	}
+}
+
+// istiod's untaint controller (pilot.taint.enabled) lifts a node's
+// cni.istio.io/not-ready taint only for a ready pod labelled
+// k8s-app: istio-cni-node: the agent's pods carry it by default, next to
+// the user's labels (Istio's stock podLabels: {} included), and only an
+// explicit null removes it. The selector stays as it was (immutable).
+func TestUntaintControllerLabel(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want map[string]string
+		not  []string
+	}{
+		{nil, map[string]string{"k8s-app": "istio-cni-node"}, nil},
+		{[]string{"-f", filepath.Join("testdata", "istio-stock-values.yaml")}, map[string]string{"k8s-app": "istio-cni-node"}, nil},
+		{[]string{"--set", "podLabels.team=mesh"}, map[string]string{"k8s-app": "istio-cni-node", "team": "mesh"}, nil},
+		{[]string{"--set", "cni.podLabels.team=mesh"}, map[string]string{"k8s-app": "istio-cni-node", "team": "mesh"}, nil},
+		{[]string{"--set", "podLabels.k8s-app=null", "--set", "podLabels.team=mesh"}, map[string]string{"team": "mesh"}, []string{"k8s-app"}},
+	} {
+		ds := render(t, tc.args...).ds(t)
+		labels := ds.Spec.Template.Labels
+		for k, v := range tc.want {
+			if labels[k] != v {
+				t.Errorf("%v: pod label %s=%q, want %q (labels %v)", tc.args, k, labels[k], v, labels)
+			}
+		}
+		for _, k := range tc.not {
+			if _, ok := labels[k]; ok {
+				t.Errorf("%v: pod label %s still there", tc.args, k)
+			}
+		}
+		if _, ok := ds.Spec.Selector.MatchLabels["k8s-app"]; ok {
+			t.Errorf("%v: k8s-app in the selector: %v", tc.args, ds.Spec.Selector.MatchLabels)
+		}
+	}
+}
+
+// OpenShift: Istio's istio-cni release creates the same
+// NetworkAttachmentDefinition default/istio-cni. nftmesh's release can
+// leave it to that release (create=false) while the agent still names its
+// standalone config after it, and can keep it through its own uninstall.
+func TestNetworkAttachmentDefinitionOwnership(t *testing.T) {
+	r := render(t, "--set", "platform=openshift")
+	if len(r.NADs) != 1 || r.NADs[0].Annotations["helm.sh/resource-policy"] != "" {
+		t.Errorf("default: %+v", r.NADs)
+	}
+	r = render(t, "--set", "platform=openshift", "--set", "networkAttachmentDefinition.create=false")
+	if len(r.NADs) != 0 {
+		t.Errorf("create=false rendered %+v", r.NADs[0].ObjectMeta)
+	}
+	if got := r.agentConfig(t).PluginConf().Name; got != "istio-cni" {
+		t.Errorf("standalone conf name %q without the object, want istio-cni", got)
+	}
+	r = render(t, "--set", "platform=openshift", "--set", "networkAttachmentDefinition.keep=true")
+	if len(r.NADs) != 1 || r.NADs[0].Annotations["helm.sh/resource-policy"] != "keep" {
+		t.Errorf("keep=true: %+v", r.NADs)
+	}
+}
+
+// Privileges and resources as an Istio user knows them: Istio's resource
+// defaults (requests only: no memory limit, so no GOMEMLIMIT), a value
+// that adds capabilities (DAC_OVERRIDE, which Istio 1.25 added), and
+// Istio's privileged escape hatch.
+func TestPrivilegesAndResources(t *testing.T) {
+	c := render(t).ds(t).Spec.Template.Spec.Containers[0]
+	if len(c.Resources.Limits) != 0 || c.Resources.Requests.Cpu().Cmp(resource.MustParse("100m")) != 0 || c.Resources.Requests.Memory().Cmp(resource.MustParse("100Mi")) != 0 {
+		t.Errorf("resources %+v, want Istio's: requests 100m/100Mi, no limits", c.Resources)
+	}
+	for _, e := range c.Env {
+		if e.Name == "GOMEMLIMIT" {
+			t.Error("GOMEMLIMIT without a memory limit")
+		}
+	}
+	// A memory limit, when set, is the Go runtime's soft limit too.
+	c = render(t, "--set", "resources.limits.memory=300Mi").ds(t).Spec.Template.Spec.Containers[0]
+	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "GOMEMLIMIT" && e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory"
+	}) {
+		t.Errorf("no GOMEMLIMIT from the memory limit: %+v", c.Env)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want []corev1.Capability
+	}{
+		{[]string{"--set", "addCapabilities[0]=DAC_OVERRIDE"}, []corev1.Capability{"NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE"}},
+		{[]string{"--set", "addCapabilities[0]=DAC_OVERRIDE", "--set", "addCapabilities[1]=NET_ADMIN", "--set", "repair.enabled=false"}, []corev1.Capability{"NET_ADMIN", "DAC_OVERRIDE"}},
+		{[]string{"--set", "cni.addCapabilities[0]=DAC_OVERRIDE", "--set", "backend=nftables"}, []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE"}},
+	} {
+		sc := render(t, tc.args...).ds(t).Spec.Template.Spec.Containers[0].SecurityContext
+		if !slices.Equal(sc.Capabilities.Add, tc.want) || *sc.Privileged {
+			t.Errorf("%v: capabilities %v, want %v", tc.args, sc.Capabilities.Add, tc.want)
+		}
+	}
+	sc := render(t, "--set", "privileged=true").ds(t).Spec.Template.Spec.Containers[0].SecurityContext
+	// The API server refuses privileged with allowPrivilegeEscalation false.
+	if sc.Privileged == nil || !*sc.Privileged || sc.AllowPrivilegeEscalation != nil {
+		t.Errorf("privileged=true: %+v", sc)
+	}
+	for _, bad := range []string{"addCapabilities[0]=CAP_NET_ADMIN", "addCapabilities[0]=dac_override", "privileged=maybe"} {
+		if _, err := runHelm(t, "template", "nftmesh", chartDir, "--set", bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
 	}
 }

@@ -31,6 +31,10 @@ const (
 	Path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
+// DefaultRepository is where the nftmesh image is published: the chart's
+// default nftmesh.image.repository and the Makefile's IMAGE_REPO.
+const DefaultRepository = "ghcr.io/nftmesh/nftmesh"
+
 // DefaultSource is the image's org.opencontainers.image.source label.
 const DefaultSource = "https://github.com/nftmesh/nftmesh"
 

@@ -30,39 +30,24 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* The image tag: tag, global.tag, then the chart's appVersion; a variant
-other than distroless (the published image already is) is appended as Istio
-does. */}}
-{{- define "nftmesh.tag" -}}
-{{- $g := .Values.global | default dict -}}
-{{- $tag := "" -}}
-{{- if kindIs "map" .Values.image -}}{{- $tag = .Values.image.tag | default "" | toString -}}{{- end -}}
-{{- $tag = $tag | default (.Values.tag | default "" | toString) | default ($g.tag | default "" | toString) | default .Chart.AppVersion -}}
-{{- $variant := .Values.variant | default $g.variant | default "" -}}
-{{- $tag }}{{ if and $variant (ne $variant "distroless") }}-{{ $variant }}{{ end -}}
-{{- end -}}
-
-{{/* The image reference. image as a string: Istio's image name under hub,
-or used as is when it contains a "/". image as a map: repository (default
-<hub>/nftmesh) and tag. hub defaults to global.hub, then ghcr.io/nftmesh. */}}
+{{/* nftmesh's image: nftmesh.image.repository, with its digest when set,
+else its tag (default: the chart's appVersion, the version `make image`
+tags). Istio's hub, image, tag and variant (and their global forms) name
+Istio's install-cni image and are never read. */}}
 {{- define "nftmesh.image" -}}
-{{- $g := .Values.global | default dict -}}
-{{- $hub := .Values.hub | default $g.hub | default "ghcr.io/nftmesh" | trimSuffix "/" -}}
-{{- $img := .Values.image | default "nftmesh" -}}
-{{- if kindIs "map" $img -}}
-{{- $img.repository | default (printf "%s/nftmesh" $hub) }}:{{ include "nftmesh.tag" . }}
-{{- else if contains "/" $img -}}
-{{- $img }}
+{{- $img := dig "image" dict (.Values.nftmesh | default dict) -}}
+{{- $repo := $img.repository | default "ghcr.io/nftmesh/nftmesh" -}}
+{{- if $img.digest -}}
+{{- $repo }}@{{ $img.digest }}
 {{- else -}}
-{{- $hub }}/{{ $img }}:{{ include "nftmesh.tag" . }}
+{{- $repo }}:{{ $img.tag | default .Chart.AppVersion | toString }}
 {{- end -}}
 {{- end -}}
 
 {{- define "nftmesh.pullPolicy" -}}
 {{- $g := .Values.global | default dict -}}
-{{- $p := .Values.pullPolicy -}}
-{{- if and (not $p) (kindIs "map" .Values.image) -}}{{- $p = .Values.image.pullPolicy -}}{{- end -}}
-{{- $p | default $g.imagePullPolicy | default "IfNotPresent" -}}
+{{- $img := dig "image" dict (.Values.nftmesh | default dict) -}}
+{{- $img.pullPolicy | default .Values.pullPolicy | default $g.imagePullPolicy | default "IfNotPresent" -}}
 {{- end -}}
 
 {{/* imagePullSecrets ([{name}]) and Istio's global.imagePullSecrets (names), as a YAML list. */}}

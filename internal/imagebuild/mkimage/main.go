@@ -5,7 +5,7 @@
 // revision and creation time give the same image, byte for byte.
 //
 //	mkimage --bin-dir bin/image --version v0.2.0 --created $SOURCE_DATE_EPOCH \
-//	    --out bin/nftmesh-image.tar [--oci-dir bin/nftmesh-image.oci] [--tag localhost/nftmesh:v0.2.0]
+//	    --out bin/nftmesh-image.tar [--oci-dir bin/nftmesh-image.oci] [--tag ghcr.io/nftmesh/nftmesh:v0.2.0]
 package main
 
 import (
@@ -41,7 +41,7 @@ func run(args []string, getenv func(string) (string, bool), stdout, stderr io.Wr
 	fs.StringVar(&o.source, "source", imagebuild.DefaultSource, "the source repository, for the source label")
 	fs.StringVar(&o.created, "created", "", "image time and file mtimes, in Unix seconds (default $SOURCE_DATE_EPOCH, else 0)")
 	fs.StringVar(&o.arch, "arch", runtime.GOARCH, "the binaries' GOARCH, the image's architecture")
-	fs.StringVar(&o.tag, "tag", "", "the image's name (default localhost/nftmesh:<version>)")
+	fs.StringVar(&o.tag, "tag", "", "the image's name (default "+imagebuild.DefaultRepository+":<version>)")
 	fs.StringVar(&o.out, "out", "", "the docker-archive tarball to write (required)")
 	fs.StringVar(&o.ociDir, "oci-dir", "", "also write an OCI image layout to this directory (replaced)")
 	if err := fs.Parse(args); err != nil {
@@ -74,7 +74,7 @@ func build(o options, stdout io.Writer) error {
 		return err
 	}
 	if o.tag == "" {
-		o.tag = "localhost/nftmesh:" + o.version
+		o.tag = imagebuild.DefaultRepository + ":" + o.version
 	}
 	var bins imagebuild.Binaries
 	for name, dst := range map[string]*[]byte{

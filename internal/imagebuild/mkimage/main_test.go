@@ -157,7 +157,7 @@ func TestMakeImage(t *testing.T) {
 
 	// The image's tag and labels.
 	archive := filepath.Join(a, "nftmesh-image.tar")
-	tag, err := name.NewTag("localhost/nftmesh:" + version)
+	tag, err := name.NewTag(imagebuild.DefaultRepository + ":" + version)
 	if err != nil {
 		t.Fatal(err)
 	}
