@@ -443,13 +443,13 @@ type repairCase struct {
 var podRead = rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}
 
 var repairCases = []repairCase{
-	{name: "off", set: []string{"repair.enabled=false"}, mode: repair.None, caps: []corev1.Capability{"NET_ADMIN"}},
-	{name: "enabled-no-mode", set: []string{"repair.repairPods=false"}, mode: repair.None, caps: []corev1.Capability{"NET_ADMIN"}},
-	{name: "delete", set: []string{"repair.repairPods=false", "repair.deletePods=true"}, mode: repair.Delete, caps: []corev1.Capability{"NET_ADMIN"}, rules: []rbacv1.PolicyRule{
+	{name: "off", set: []string{"repair.enabled=false"}, mode: repair.None, hostProc: true, caps: []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}},
+	{name: "enabled-no-mode", set: []string{"repair.repairPods=false"}, mode: repair.None, hostProc: true, caps: []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}},
+	{name: "delete", set: []string{"repair.repairPods=false", "repair.deletePods=true"}, mode: repair.Delete, hostProc: true, caps: []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}, rules: []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch", "delete"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
 	}},
-	{name: "label", set: []string{"repair.repairPods=false", "repair.labelPods=true"}, mode: repair.Label, caps: []corev1.Capability{"NET_ADMIN"}, rules: []rbacv1.PolicyRule{
+	{name: "label", set: []string{"repair.repairPods=false", "repair.labelPods=true"}, mode: repair.Label, hostProc: true, caps: []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}, rules: []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},

@@ -649,7 +649,7 @@ func TestPrivilegesAndResources(t *testing.T) {
 		want []corev1.Capability
 	}{
 		{[]string{"--set", "addCapabilities[0]=DAC_OVERRIDE"}, []corev1.Capability{"NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE"}},
-		{[]string{"--set", "addCapabilities[0]=DAC_OVERRIDE", "--set", "addCapabilities[1]=NET_ADMIN", "--set", "repair.enabled=false"}, []corev1.Capability{"NET_ADMIN", "DAC_OVERRIDE"}},
+		{[]string{"--set", "addCapabilities[0]=DAC_OVERRIDE", "--set", "addCapabilities[1]=NET_ADMIN", "--set", "repair.enabled=false"}, []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE"}},
 		{[]string{"--set", "cni.addCapabilities[0]=DAC_OVERRIDE", "--set", "backend=nftables"}, []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE"}},
 	} {
 		sc := render(t, tc.args...).ds(t).Spec.Template.Spec.Containers[0].SecurityContext

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/inplace"
 	"github.com/nftmesh/nftmesh/installer/metrics"
@@ -105,6 +106,14 @@ func run(args []string, getenv func(string) (string, bool)) int {
 			return exitConfig
 		}
 		repairer, hostNetns = r, r.HostNetns
+	} else if cfg.Repair.HostProc != "" {
+		// Every other mode runs the plugin's calls and answers
+		// `redirect inspect` too, when the host's /proc is mounted.
+		err := capture.AddHostNetns(filepath.Join(cfg.Repair.HostProc, "1", "ns", "net"))
+		if err != nil {
+			err = fmt.Errorf("registering the host's network namespace through %s: %w", cfg.Repair.HostProc, err)
+		}
+		hostNetns = func() error { return err }
 	}
 	// One API client for the repair controller and the pod socket.
 	client, clientErr := repairClient(cfg)
