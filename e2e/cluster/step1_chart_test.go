@@ -39,10 +39,9 @@ var (
 // node's CNI directories.
 func helmInstallArgs(c *Cluster) []string {
 	ref, tag, _ := strings.Cut(nftmeshImage, ":")
-	hub, image := filepath.Split(ref)
 	return []string{"install", "nftmesh", filepath.Join(repoDir(), "charts", "nftmesh"),
 		"-n", agentNS, "--create-namespace",
-		"--set", "hub=" + strings.TrimSuffix(hub, "/"), "--set", "image=" + image, "--set", "tag=" + tag, "--set", "pullPolicy=Never",
+		"--set", "nftmesh.image.repository=" + ref, "--set", "nftmesh.image.tag=" + tag, "--set", "pullPolicy=Never",
 		"--set", "cniBinDir=" + c.CNIBinDir, "--set", "cniConfDir=" + c.CNIConfDir,
 		"--wait", "--timeout", "2m"}
 }

@@ -152,7 +152,7 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 	}
 	t0 := time.Now()
 	if _, err := c.Helm(ctx, "upgrade", "nftmesh", filepath.Join(repo, "charts", "nftmesh"), "-n", agentNS,
-		"--reuse-values", "--set", "tag="+newTag, "--wait", "--timeout", "2m"); err != nil {
+		"--reuse-values", "--set", "nftmesh.image.tag="+newTag, "--wait", "--timeout", "2m"); err != nil {
 		t.Fatal(err)
 	}
 	helmTook := time.Since(t0)
