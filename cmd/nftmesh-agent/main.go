@@ -181,6 +181,12 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		sockDone <- nil
 	}
 
+	untaintDone := make(chan struct{})
+	go func() {
+		defer close(untaintDone)
+		untaintNode(ctx, cfg, client, canProgramPods(in, sock), log)
+	}()
+
 	code := exitOK
 	if err := in.Run(ctx); err != nil {
 		log.Error().Err(err).Msg("install loop failed")
@@ -200,6 +206,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	if err := <-sockDone; err != nil {
 		log.Error().Err(err).Msg("pod socket failed; the plugin read pods from the API itself")
 	}
+	<-untaintDone
 	if err := <-plogDone; err != nil {
 		log.Warn().Err(err).Msg("following the plugin log failed; plugin lines stay in " + pluginlog.FileName + " only")
 	}
