@@ -62,6 +62,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		fmt.Fprintln(os.Stdout, version.Line("nftmesh-agent"))
 		return exitOK
 	}
+	start := time.Now()
 	base := newLogger(os.Stderr, "json")
 	cfg, err := installer.ParseConfig(args, getenv)
 	if errors.Is(err, pflag.ErrHelp) {
@@ -101,6 +102,11 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	}
 	// One API client for the repair controller and the pod socket.
 	client, clientErr := repairClient(cfg)
+	events := newPodEvents(cfg, client)
+	defer events.shutdown()
+	if events != nil && repairer != nil {
+		repairer = events.Repairer(repairer)
+	}
 	if cfg.Repair.Mode() != repair.None {
 		err := clientErr
 		if err == nil {
@@ -117,6 +123,9 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	if err != nil {
 		log.Error().Err(err).Msg("setting up the pod socket; the plugin reads pods from the API itself")
 		sock = nil
+	}
+	if sock != nil && events != nil {
+		events.pods = sock.pods.GetIndexer()
 	}
 
 	var servers []*metrics.Server
@@ -163,6 +172,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 
 	// The plugin's log file, surfaced in this process's log (kubectl logs).
 	plog := pluginlog.New(cfg.AgentRunDir, os.Stderr, cfg.LogLevel, m)
+	events.follow(plog)
 	plogDone := make(chan error, 1)
 	go func() { plogDone <- plog.Run(ctx) }()
 
@@ -184,7 +194,9 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	untaintDone := make(chan struct{})
 	go func() {
 		defer close(untaintDone)
-		untaintNode(ctx, cfg, client, canProgramPods(in, sock), log)
+		observeStart(ctx, start, m, sock, canProgramPods(in, sock), func() {
+			untaintNode(ctx, cfg, client, func() error { return nil }, log)
+		})
 	}()
 
 	code := exitOK
