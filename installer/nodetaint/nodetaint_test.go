@@ -126,46 +126,40 @@ func TestRemoveKeepsConcurrentEdit(t *testing.T) {
 }
 
 // RemoveWhenReady does nothing while the agent is not ready, then removes
-// the taint, retrying while the API refuses.
+// the taint; a node that is not there yet (a failed attempt) is retried.
 func TestRemoveWhenReady(t *testing.T) {
 	s := kubetest.Start(t)
 	c := s.Client()
-	newNode(t, c, "node-1", oursNoExecute, maintenance)
-	var ready bool
 	checks := 0
 	readyFn := func() error {
 		checks++
-		if checks == 3 {
-			if got := taintsOf(t, c, "node-1"); len(got) != 2 {
-				t.Errorf("taint removed before ready: %v", got)
-			}
-			ready = true
-		}
-		if !ready {
+		if checks < 3 {
 			return errors.New("not yet")
 		}
 		return nil
 	}
-	// The first attempt is against a node that does not exist yet under
-	// this name: it fails and is retried.
 	u := &Untainter{Client: c, Node: "node-late", Key: DefaultKey}
 	var errs []error
-	done := make(chan Result, 1)
+	created := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	go func() {
-		res, err := u.RemoveWhenReady(ctx, readyFn, 10*time.Millisecond, func(err error) {
-			errs = append(errs, err)
-			if len(errs) == 1 {
-				newNode(t, c, "node-late", oursNoExecute, maintenance)
+	res, err := u.RemoveWhenReady(ctx, readyFn, 10*time.Millisecond, func(err error) {
+		errs = append(errs, err)
+		if len(errs) == 1 {
+			if checks != 3 {
+				t.Errorf("tried after %d readiness checks, want 3", checks)
 			}
-		})
-		if err != nil {
-			t.Error(err)
+			_, cerr := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-late"},
+				Spec: corev1.NodeSpec{Taints: []corev1.Taint{oursNoExecute, maintenance}}}, metav1.CreateOptions{})
+			created <- cerr
 		}
-		done <- res
-	}()
-	res := <-done
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-created; err != nil {
+		t.Fatal(err)
+	}
 	if res.Removed != 1 || len(errs) != 1 {
 		t.Errorf("result %+v, errors %v; want 1 removed after 1 failure", res, errs)
 	}
