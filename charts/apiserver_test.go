@@ -190,7 +190,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 	_, forbidden["get configmap"] = plugin.CoreV1().ConfigMaps(agentNS).Get(ctx, "nftmesh-agent-config", metav1.GetOptions{})
 	_, forbidden["list nodes"] = plugin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	_, forbidden["get namespace"] = plugin.CoreV1().Namespaces().Get(ctx, "shop", metav1.GetOptions{})
-	_, forbidden["create event"] = plugin.CoreV1().Events("shop").Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "e"}, InvolvedObject: corev1.ObjectReference{Namespace: "shop"}}, metav1.CreateOptions{})
+	_, forbidden["update node"] = plugin.CoreV1().Nodes().Update(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, metav1.UpdateOptions{})
 	for what, err := range forbidden {
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("%s with the plugin's RBAC: %v, want forbidden", what, err)

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -82,6 +83,8 @@ type rendered struct {
 	NADs            []*nad
 	Quotas          []*corev1.ResourceQuota
 	NetworkPolicies []*networkingv1.NetworkPolicy
+	Policies        []*admissionregistrationv1.ValidatingAdmissionPolicy
+	PolicyBindings  []*admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	Raw             string
 	ObjectsByKind   map[string]int
 }
@@ -160,6 +163,14 @@ func renderChart(t testing.TB, chart string, args ...string) *rendered {
 			o := &networkingv1.NetworkPolicy{}
 			strictDecode(t, b, o)
 			r.NetworkPolicies = append(r.NetworkPolicies, o)
+		case "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy":
+			o := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+			strictDecode(t, b, o)
+			r.Policies = append(r.Policies, o)
+		case "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding":
+			o := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+			strictDecode(t, b, o)
+			r.PolicyBindings = append(r.PolicyBindings, o)
 		default:
 			t.Fatalf("unexpected object %s %s in the chart", tm.APIVersion, tm.Kind)
 		}

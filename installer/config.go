@@ -72,6 +72,14 @@ type Config struct {
 	FightWindow    time.Duration
 
 	Repair repair.Config
+
+	// RemoveNodeTaint: once the agent can program pods, it removes the
+	// taints with NodeTaintKey from its own node (NodeName).
+	RemoveNodeTaint bool
+	NodeTaintKey    string
+	// PodEvents: Events on pods whose capture failed, was repaired or
+	// drifted.
+	PodEvents bool
 }
 
 // KubeconfigPath is where the plugin finds its kubeconfig.
@@ -162,6 +170,9 @@ func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
 	fs.StringVar(&c.Repair.BrokenPodLabelValue, "repair-broken-pod-label-value", rd.BrokenPodLabelValue, "value of that label")
 	fs.StringVar(&c.Repair.LabelSelectors, "repair-label-selectors", "", "extra label selector for watched pods")
 	fs.StringVar(&c.Repair.FieldSelectors, "repair-field-selectors", "", "extra field selector for watched pods")
+	fs.BoolVar(&c.RemoveNodeTaint, "remove-node-taint", true, "once the plugin can program pods, remove --node-taint-key's taints (every effect) from this node (--node-name)")
+	fs.StringVar(&c.NodeTaintKey, "node-taint-key", "cni.istio.io/not-ready", "the taint a node carries until its CNI capture is ready (Istio's name)")
+	fs.BoolVar(&c.PodEvents, "pod-events", true, "record an Event on a pod whose capture failed, was repaired or drifted")
 	fs.StringVar(&c.Repair.HostProc, "host-proc", rd.HostProc, "the host's /proc as mounted in the agent, where repair in place finds pod network namespaces (/proc outside a cluster)")
 
 	boolish := func(v string) (string, error) {

@@ -41,6 +41,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		Repair: repair.Config{InitContainerName: "istio-validation", InitContainerExitCode: 126,
 			SidecarAnnotation: "sidecar.istio.io/status", BrokenPodLabelKey: "cni.istio.io/uninitialized", BrokenPodLabelValue: "true",
 			HostProc: "/host/proc"},
+		RemoveNodeTaint: true, NodeTaintKey: "cni.istio.io/not-ready", PodEvents: true,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
@@ -173,6 +174,10 @@ func TestParseConfigBadInput(t *testing.T) {
 		{"repair field selector", []string{"--repair-enabled", "--repair-field-selectors", "a=b=c,,=="}, nil, "repair-field-selectors", "a=b=c,,=="},
 		{"host proc empty", []string{"--repair-enabled", "--repair-pods", "--node-name", "n", "--host-proc", ""}, nil, "host-proc", ""},
 		{"repair enabled env", nil, map[string]string{"REPAIR_ENABLED": "si"}, "repair-enabled", "si"},
+		{"taint key", []string{"--node-taint-key", "cni.istio.io/not ready"}, nil, "node-taint-key", "cni.istio.io/not ready"},
+		{"taint key empty", []string{"--node-taint-key="}, nil, "node-taint-key", ""},
+		{"taint key env", nil, map[string]string{"NFTMESH_NODE_TAINT_KEY": "a/b/c"}, "node-taint-key", "a/b/c"},
+		{"remove taint env", nil, map[string]string{"NFTMESH_REMOVE_NODE_TAINT": "sure"}, "remove-node-taint", "sure"},
 		{"repair init name", []string{"--repair-enabled", "--repair-init-container-name", "Not_Valid"}, nil, "repair-init-container-name", "Not_Valid"},
 	}
 	for _, c := range cases {

@@ -33,6 +33,7 @@ func (c *Config) finish(logLevel string, sources map[string]string, getenv func(
 		f.reinstallThrottle,
 		f.apiServer,
 		f.repair,
+		f.nodeTaint,
 	} {
 		if err := step(); err != nil {
 			return err
@@ -330,6 +331,17 @@ func (f *finisher) repair() error {
 	}
 	if r.Mode() == repair.InPlace {
 		return f.absPath("host-proc", &r.HostProc, false)
+	}
+	return nil
+}
+
+// nodeTaint: the key is a taint key Kubernetes accepts (a qualified name).
+func (f *finisher) nodeTaint() error {
+	if !f.c.RemoveNodeTaint {
+		return nil
+	}
+	if errs := validation.IsQualifiedName(f.c.NodeTaintKey); len(errs) > 0 {
+		return f.bad("node-taint-key", f.c.NodeTaintKey, strings.Join(errs, "; "))
 	}
 	return nil
 }

@@ -65,6 +65,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		fmt.Fprintln(os.Stdout, version.Line("nftmesh-agent"))
 		return exitOK
 	}
+	start := time.Now()
 	base := newLogger(os.Stderr, "json")
 	cfg, err := installer.ParseConfig(args, getenv)
 	if errors.Is(err, pflag.ErrHelp) {
@@ -117,6 +118,11 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	}
 	// One API client for the repair controller and the pod socket.
 	client, clientErr := repairClient(cfg)
+	events := newPodEvents(cfg, client)
+	defer events.shutdown()
+	if events != nil && repairer != nil {
+		repairer = events.Repairer(repairer)
+	}
 	if cfg.Repair.Mode() != repair.None {
 		err := clientErr
 		if err == nil {
@@ -133,6 +139,9 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	if err != nil {
 		log.Error().Err(err).Msg("setting up the pod socket; the plugin reads pods from the API itself")
 		sock = nil
+	}
+	if sock != nil && events != nil {
+		events.pods = sock.pods.GetIndexer()
 	}
 
 	var servers []*metrics.Server
@@ -179,6 +188,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 
 	// The plugin's log file, surfaced in this process's log (kubectl logs).
 	plog := pluginlog.New(cfg.AgentRunDir, os.Stderr, cfg.LogLevel, m)
+	events.follow(plog)
 	plogDone := make(chan error, 1)
 	go func() { plogDone <- plog.Run(ctx) }()
 
@@ -196,6 +206,14 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		log.Info().Msg("no pod socket (needs an API client and --node-name): the plugin reads pods from the API itself")
 		sockDone <- nil
 	}
+
+	untaintDone := make(chan struct{})
+	go func() {
+		defer close(untaintDone)
+		observeStart(ctx, start, m, sock, canProgramPods(in, sock), func() {
+			untaintNode(ctx, cfg, client, func() error { return nil }, log)
+		})
+	}()
 
 	code := exitOK
 	if err := in.Run(ctx); err != nil {
@@ -216,6 +234,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	if err := <-sockDone; err != nil {
 		log.Error().Err(err).Msg("pod socket failed; the plugin read pods from the API itself")
 	}
+	<-untaintDone
 	if err := <-plogDone; err != nil {
 		log.Warn().Err(err).Msg("following the plugin log failed; plugin lines stay in " + pluginlog.FileName + " only")
 	}

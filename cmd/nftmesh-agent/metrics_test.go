@@ -74,6 +74,16 @@ func TestAgentServesIstioMetricNames(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(h.conf, "1-k8s.conflist"), src, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The node is born with the not-ready taint (both effects) and another.
+	ctx := context.Background()
+	c := api.Client()
+	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{
+		{Key: "cni.istio.io/not-ready", Effect: corev1.TaintEffectNoSchedule},
+		{Key: "example.com/maintenance", Effect: corev1.TaintEffectNoSchedule},
+		{Key: "cni.istio.io/not-ready", Effect: corev1.TaintEffectNoExecute},
+	}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	health, metrics := freeAddr(t), freeAddr(t)
 	var logs bytes.Buffer
 	cmd := exec.Command(bin, append(h.args(health, metrics), "--kube-api-server", api.Host,
@@ -104,17 +114,43 @@ func TestAgentServesIstioMetricNames(t *testing.T) {
 		`nftmesh_installs_total{result="success"} 1`,
 		`istio_cni_installs_total{result="SUCCESS"} 1`,
 		`nftmesh_install_ready 1`,
-		`istio_cni_install_ready 1`)
+		`istio_cni_install_ready 1`,
+		// Start-up, timed once: until ready, until the pod watch synced.
+		`nftmesh_agent_ready_seconds_count 1`,
+		`nftmesh_agent_pod_watch_sync_seconds_count 1`)
+	// Ready: the agent took its taint off its node, and only its taint.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		n, err := c.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The API server's TaintNodesByCondition admission adds
+		// node.kubernetes.io/not-ready to a new node; that one is the
+		// node lifecycle's, not ours.
+		var left []string
+		for _, tn := range n.Spec.Taints {
+			if !strings.HasPrefix(tn.Key, "node.kubernetes.io/") {
+				left = append(left, tn.Key)
+			}
+		}
+		if len(left) == 1 && left[0] == "example.com/maintenance" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node-1 taints %+v: want only example.com/maintenance", n.Spec.Taints)
+		}
+	}
+	if !strings.Contains(logs.String(), "removed the not-ready taint from this node") {
+		t.Errorf("the agent did not log the taint's removal")
+	}
 
 	// A pod on this node whose validation container failed as Istio's
 	// does when its traffic is not captured: the agent labels it.
-	ctx := context.Background()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "web-1", Namespace: "default",
 			Annotations: map[string]string{"sidecar.istio.io/status": "{}"}},
 		Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "app", Image: "app"}}},
 	}
-	c := api.Client()
 	created, err := c.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

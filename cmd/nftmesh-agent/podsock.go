@@ -105,9 +105,12 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 		return nil, err
 	}
 	s.ln = ln
+	// redirect inspect's socket is a convenience: without it (say, a run
+	// dir whose path is too long for one more socket name) the plugin's
+	// sockets still serve.
 	if s.inspectLn, err = agentsock.ListenAt(cfg.AgentRunDir, agentsock.InspectSocketName); err != nil {
-		ln.Close()
-		return nil, err
+		s.log.Warn().Err(err).Msg("not answering redirect inspect NAMESPACE/NAME")
+		s.inspectLn = nil
 	}
 	s.procDir = cfg.Repair.HostProc
 	answers := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -187,11 +190,13 @@ func (s *podSocket) run(ctx context.Context) error {
 	if s.ownRun {
 		go s.pods.RunWithContext(ctx)
 	}
-	go func() {
-		if err := agentsock.ServeInspect(ctx, s.inspectLn, adminPeer(s.procDir), s.inspectPod(s.procDir)); err != nil {
-			s.log.Warn().Err(err).Msg("the inspect socket stopped")
-		}
-	}()
+	if s.inspectLn != nil {
+		go func() {
+			if err := agentsock.ServeInspect(ctx, s.inspectLn, adminPeer(s.procDir), s.inspectPod(s.procDir)); err != nil {
+				s.log.Warn().Err(err).Msg("the inspect socket stopped")
+			}
+		}()
+	}
 	from := "the repair controller's pod watch"
 	if s.ownRun {
 		from = "its own watch of the node's pods"

@@ -54,6 +54,13 @@ type Metrics struct {
 	// Lookups counts the plugin's pod lookups by where the pod came from:
 	// the node agent's socket or the plugin's own API read.
 	Lookups *prometheus.CounterVec
+	// AddByPath times the plugin's ADD runs by who ran them: the agent
+	// (the call handed over on its socket) or the standalone plugin.
+	AddByPath *prometheus.HistogramVec
+	// AgentReady is the time from the agent's start until it could first
+	// program pods; PodWatchSync until its watch had listed the node's pods.
+	AgentReady   prometheus.Histogram
+	PodWatchSync prometheus.Histogram
 
 	// Istio's names for the same facts, so dashboards and alerts written
 	// for istio-cni keep working: see the istio* methods for the labels.
@@ -144,6 +151,24 @@ func New() *Metrics {
 		Namespace: metricsNamespace, Subsystem: "cni", Name: "pod_lookups_total",
 		Help: "The plugin's pod lookups by CNI command and path: agent (answered on the agent's socket, no API read) or api (the plugin's own GET).",
 	}, []string{"command", "path"})
+	m.AddByPath = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: "cni", Name: "add_duration_by_path_seconds",
+		Help:    "Wall time of the plugin's CNI ADD runs by path: agent (handed over by the nftmesh-cni front on the agent's socket) or standalone (the front ran nftmesh-cni-standalone).",
+		Buckets: buckets,
+	}, []string{"path"})
+	// From 50 ms to about 7 minutes: a start waits on the primary CNI's
+	// config and the API server.
+	startBuckets := prometheus.ExponentialBuckets(0.05, 2, 14)
+	m.AgentReady = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: "agent", Name: "ready_seconds",
+		Help:    "Time from the agent's start until it could first program pods (plugin in the CNI config, pod watch synced, CNI socket listening).",
+		Buckets: startBuckets,
+	})
+	m.PodWatchSync = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: "agent", Name: "pod_watch_sync_seconds",
+		Help:    "Time from the start of the agent's watch of its node's pods until its first list was in the cache.",
+		Buckets: startBuckets,
+	})
 	m.ForeignCapture = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: metricsNamespace, Name: "foreign_capture_plugin",
 		Help: "1 while the CNI config chains another capture plugin (label plugin, e.g. istio-cni) and nftmesh-cni is kept out of it.",
@@ -169,7 +194,7 @@ func New() *Metrics {
 		Help: "Broken pods handled by the repair controller, under Istio's name: type repair, delete or label; result success, skip or fail.",
 	}, []string{"type", "result"})
 	m.Registry.MustRegister(m.Installs, m.Ready, m.Reinserts, m.Fights, m.Repairs, m.PluginEvents,
-		m.ForeignCapture, m.RepairAPIReachable, m.RepairAPIErrors, m.AddDuration, m.LookupDuration, m.Lookups, m.IstioInstalls, m.IstioReady, m.IstioRepairs,
+		m.ForeignCapture, m.RepairAPIReachable, m.RepairAPIErrors, m.AddDuration, m.LookupDuration, m.Lookups, m.AddByPath, m.AgentReady, m.PodWatchSync, m.IstioInstalls, m.IstioReady, m.IstioRepairs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

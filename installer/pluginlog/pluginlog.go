@@ -64,6 +64,22 @@ type Follower struct {
 	// Drained is signalled (non-blocking) after every drain; tests wait on
 	// it instead of sleeping.
 	Drained chan struct{}
+
+	// OnDecision, when set before Run, hears every decision line (the
+	// agent records pod Events from them). It runs on the follower's
+	// goroutine: it must not block.
+	OnDecision func(Decision)
+}
+
+// Decision is one plugin run's decision line, as far as the agent acts on
+// it. The strings come from a file the plugin writes: callers bound them.
+type Decision struct {
+	Command   string // ADD, DEL, CHECK, ...
+	Decision  string // capture, skip, remove, error
+	Namespace string
+	Pod       string
+	RanBy     string // agent or standalone
+	Error     string // the CNI error of a failed run
 }
 
 type fileID struct{ dev, ino uint64 }
@@ -290,11 +306,23 @@ func (p *Follower) emit(line []byte) {
 			rec.lookup = msField(f.raw)
 		case "lookup":
 			_ = json.Unmarshal(f.raw, &rec.lookupPath)
+		case "ran_by":
+			_ = json.Unmarshal(f.raw, &rec.ranBy)
+		case "pod":
+			_ = json.Unmarshal(f.raw, &rec.pod)
+		case "namespace":
+			_ = json.Unmarshal(f.raw, &rec.namespace)
+		case "error":
+			_ = json.Unmarshal(f.raw, &rec.err)
 		case RecordOnlyField:
 			_ = json.Unmarshal(f.raw, &rec.recordOnly)
 		}
 	}
 	p.count(rec)
+	if p.OnDecision != nil && rec.decision != "" {
+		p.OnDecision(Decision{Command: strings.ToUpper(rec.command), Decision: rec.decision,
+			Namespace: rec.namespace, Pod: rec.pod, RanBy: rec.ranBy, Error: rec.err})
+	}
 	e := p.out.WithLevel(level)
 	if e == nil || rec.recordOnly {
 		return // below the agent's level, or below the plugin's
@@ -329,6 +357,7 @@ var (
 	pluginDecisions = []string{"capture", "skip", "remove", "error"}
 	// pluginLookupPaths: where a run's pod came from.
 	pluginLookupPaths = []string{"agent", "api"}
+	pluginRanBy       = []string{"agent", "standalone"}
 )
 
 // record is what the metrics take from a plugin decision line.
@@ -336,6 +365,9 @@ type record struct {
 	command, decision string
 	duration, lookup  float64 // seconds; <0 when the line has none
 	lookupPath        string  // agent or api; "" when the line has none
+	ranBy             string  // agent or standalone; "" when the line has none
+	pod, namespace    string
+	err               string
 	recordOnly        bool
 }
 
@@ -364,6 +396,9 @@ func (p *Follower) count(r record) {
 	p.m.PluginEvents.WithLabelValues(command, r.decision).Inc()
 	if command == "ADD" && r.duration >= 0 {
 		p.m.AddDuration.WithLabelValues(r.decision).Observe(r.duration)
+		if slices.Contains(pluginRanBy, r.ranBy) {
+			p.m.AddByPath.WithLabelValues(r.ranBy).Observe(r.duration)
+		}
 	}
 	if r.lookup >= 0 {
 		p.m.LookupDuration.WithLabelValues(command).Observe(r.lookup)

@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 
 	"github.com/nftmesh/nftmesh/installer/metrics"
@@ -310,5 +314,48 @@ func TestPluginLookupPaths(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(m.Lookups); n != 3 {
 		t.Errorf("%d lookup series, want 3", n)
+	}
+}
+
+// ADD runs are timed by path (ran_by: agent or standalone; anything else,
+// or a line without it, is not counted there), and every decision line,
+// record_only ones included, reaches OnDecision with its pod and error.
+func TestPluginAddByPathAndDecisions(t *testing.T) {
+	var out lockedBuf
+	m := metrics.New()
+	f := New(t.TempDir(), &out, zerolog.InfoLevel, m)
+	var got []Decision
+	f.OnDecision = func(d Decision) { got = append(got, d) }
+	f.consume([]byte(`{"level":"info","command":"ADD","decision":"capture","ran_by":"agent","duration_ms":3,"pod":"web-1","namespace":"shop","message":"ADD capture"}` + "\n" +
+		`{"level":"info","command":"ADD","decision":"capture","ran_by":"agent","duration_ms":5,"record_only":true,"pod":"web-2","namespace":"shop","message":"ADD capture"}` + "\n" +
+		`{"level":"error","command":"ADD","decision":"error","ran_by":"standalone","duration_ms":40,"pod":"web-3","namespace":"shop","error":"applying capture: EPERM","message":"ADD failed"}` + "\n" +
+		`{"level":"info","command":"ADD","decision":"skip","ran_by":"somebody","duration_ms":1,"message":"ADD skip"}` + "\n" +
+		`{"level":"info","command":"DEL","decision":"remove","ran_by":"agent","duration_ms":1,"message":"DEL remove"}` + "\n" +
+		`{"level":"info","message":"no decision here"}` + "\n"))
+	for path, want := range map[string]struct {
+		n   uint64
+		sum float64
+	}{"agent": {2, 0.008}, "standalone": {1, 0.04}} {
+		var pm dto.Metric
+		if err := m.AddByPath.WithLabelValues(path).(prometheus.Histogram).Write(&pm); err != nil {
+			t.Fatal(err)
+		}
+		h := pm.GetHistogram()
+		if h.GetSampleCount() != want.n || math.Abs(h.GetSampleSum()-want.sum) > 1e-9 {
+			t.Errorf("path %s: %d samples, sum %v; want %d, %v", path, h.GetSampleCount(), h.GetSampleSum(), want.n, want.sum)
+		}
+	}
+	if n := testutil.CollectAndCount(m.AddByPath); n != 2 {
+		t.Errorf("%d path series, want 2 (agent, standalone)", n)
+	}
+	want := []Decision{
+		{Command: "ADD", Decision: "capture", Namespace: "shop", Pod: "web-1", RanBy: "agent"},
+		{Command: "ADD", Decision: "capture", Namespace: "shop", Pod: "web-2", RanBy: "agent"},
+		{Command: "ADD", Decision: "error", Namespace: "shop", Pod: "web-3", RanBy: "standalone", Error: "applying capture: EPERM"},
+		{Command: "ADD", Decision: "skip", RanBy: "somebody"},
+		{Command: "DEL", Decision: "remove", RanBy: "agent"},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("decisions\n got %+v\nwant %+v", got, want)
 	}
 }

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/nftmesh/nftmesh/installer"
+	"github.com/nftmesh/nftmesh/installer/metrics"
+	"github.com/nftmesh/nftmesh/installer/pluginlog"
+	"github.com/nftmesh/nftmesh/installer/podevents"
+)
+
+// podEvents is the agent's event recorder, or nil when turned off or
+// without an API client. Pods are looked up in the node's pod watch, once
+// setPods has it.
+type podEvents struct {
+	*podevents.Recorder
+	pods cache.Indexer
+}
+
+func newPodEvents(cfg *installer.Config, client kubernetes.Interface) *podEvents {
+	if !cfg.PodEvents || client == nil {
+		return nil
+	}
+	node := cfg.NodeName
+	if node == "" {
+		node = cfg.Repair.NodeName
+	}
+	e := &podEvents{}
+	e.Recorder = podevents.New(context.Background(), client, node, e.lookup)
+	return e
+}
+
+func (e *podEvents) lookup(namespace, name string) *corev1.Pod {
+	if e.pods == nil {
+		return nil
+	}
+	obj, ok, err := e.pods.GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	p, _ := obj.(*corev1.Pod)
+	return p
+}
+
+// follow records an event for each failed ADD or CHECK in the plugin's log.
+func (e *podEvents) follow(plog *pluginlog.Follower) {
+	if e == nil {
+		return
+	}
+	plog.OnDecision = func(d pluginlog.Decision) {
+		e.Decision(d.Command, d.Decision, d.Namespace, d.Pod, d.RanBy, d.Error)
+	}
+}
+
+func (e *podEvents) shutdown() {
+	if e != nil {
+		e.Shutdown()
+	}
+}
+
+// observeStart times the agent's start: until the pod watch has listed the
+// node's pods, and until the agent can program pods (then it removes the
+// node's not-ready taint). It returns when both are done or ctx ends.
+func observeStart(ctx context.Context, start time.Time, m *metrics.Metrics, sock *podSocket, ready func() error, then func()) {
+	if sock != nil {
+		go func() {
+			if cache.WaitForCacheSync(ctx.Done(), sock.pods.HasSynced) {
+				m.PodWatchSync.Observe(time.Since(start).Seconds())
+			}
+		}()
+	}
+	if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+		return ready() == nil, nil
+	}); err != nil {
+		return
+	}
+	m.AgentReady.Observe(time.Since(start).Seconds())
+	then()
+}

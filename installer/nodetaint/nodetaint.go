@@ -1,0 +1,144 @@
+// Package nodetaint removes the "CNI not ready" taint from the agent's own
+// node once the agent can program pods, so a node born with the taint
+// (cni.istio.io/not-ready, as Istio's node readiness controller and cloud
+// node pools use it) takes pods as soon as their capture is certain,
+// without istiod's untaint controller.
+//
+// It changes one thing: the taints with its key on the node it is given
+// (the agent's own, from the downward API). It never adds a taint and
+// never touches another key; the chart's admission policy refuses the
+// agent any other node or change. It decides nothing about readiness
+// itself: the agent tells it when.
+package nodetaint
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+)
+
+// DefaultKey is the taint Istio's untaint controller removes (Istio 1.31
+// makes its name configurable; this is its default).
+const DefaultKey = "cni.istio.io/not-ready"
+
+// Untainter removes every taint with Key (all effects) from Node.
+type Untainter struct {
+	Client kubernetes.Interface
+	Node   string
+	Key    string
+
+	// beforePatch runs between the read and the patch (tests: an edit
+	// made concurrently by someone else).
+	beforePatch func()
+}
+
+// Remove takes the key's taints off the node and reports how many it
+// removed (0 when there were none, or the node has none left). The patch
+// carries a JSON-patch test of the taints it read, so a concurrent change
+// to the taints (another controller adding or removing one) fails it
+// instead of being overwritten; it is then read and tried again.
+func (u *Untainter) Remove(ctx context.Context) (removed int, err error) {
+	if u.Node == "" || u.Key == "" {
+		return 0, errors.New("removing the node taint: no node name or taint key")
+	}
+	err = retry.OnError(retry.DefaultRetry, lostRace, func() error {
+		node, err := u.Client.CoreV1().Nodes().Get(ctx, u.Node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		keep := make([]corev1.Taint, 0, len(node.Spec.Taints))
+		for _, t := range node.Spec.Taints {
+			if t.Key != u.Key {
+				keep = append(keep, t)
+			}
+		}
+		removed = len(node.Spec.Taints) - len(keep)
+		if removed == 0 {
+			return nil
+		}
+		patch, err := taintPatch(node.Spec.Taints, keep)
+		if err != nil {
+			return err
+		}
+		if u.beforePatch != nil {
+			u.beforePatch()
+		}
+		_, err = u.Client.CoreV1().Nodes().Patch(ctx, u.Node, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: "nftmesh-agent"})
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("removing taint %s from node %s: %w", u.Key, u.Node, err)
+	}
+	return removed, nil
+}
+
+// lostRace: the node changed between our read and our patch. A failed
+// JSON-patch test is answered 422 (Invalid) by the API server; a conflict
+// comes from a resourceVersion precondition.
+func lostRace(err error) bool {
+	return apierrors.IsConflict(err) || apierrors.IsInvalid(err)
+}
+
+// taintPatch replaces the taints only if they are still exactly old.
+func taintPatch(old, keep []corev1.Taint) ([]byte, error) {
+	type op struct {
+		Op    string         `json:"op"`
+		Path  string         `json:"path"`
+		Value []corev1.Taint `json:"value"`
+	}
+	ops := []op{{Op: "test", Path: "/spec/taints", Value: old}}
+	if len(keep) == 0 {
+		ops = append(ops, op{Op: "remove", Path: "/spec/taints"})
+	} else {
+		ops = append(ops, op{Op: "replace", Path: "/spec/taints", Value: keep})
+	}
+	b, err := json.Marshal(ops)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the taint patch: %w", err)
+	}
+	return b, nil
+}
+
+// Result is what RemoveWhenReady did, for the agent to log.
+type Result struct {
+	Removed int           // taints removed
+	Waited  time.Duration // until ready() first passed
+}
+
+// RemoveWhenReady polls ready every interval until it returns nil, then
+// removes the taint, retrying failures (RBAC not there yet, API down) with
+// a backoff up to a minute; onErr hears each failure. It returns when the
+// taint is gone or ctx ends.
+func (u *Untainter) RemoveWhenReady(ctx context.Context, ready func() error, interval time.Duration, onErr func(error)) (Result, error) {
+	start := time.Now()
+	var res Result
+	if err := wait.PollUntilContextCancel(ctx, interval, true, func(context.Context) (bool, error) {
+		return ready() == nil, nil
+	}); err != nil {
+		return res, fmt.Errorf("waiting to be ready before removing taint %s: %w", u.Key, err)
+	}
+	res.Waited = time.Since(start)
+	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: time.Minute}
+	err := wait.ExponentialBackoffWithContext(ctx, backoff, func(ctx context.Context) (bool, error) {
+		n, err := u.Remove(ctx)
+		if err != nil {
+			if ctx.Err() == nil && onErr != nil {
+				onErr(err)
+			}
+			return false, nil
+		}
+		res.Removed = n
+		return true, nil
+	})
+	return res, err
+}
