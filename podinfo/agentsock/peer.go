@@ -35,9 +35,16 @@ var ErrPeerNotAdmin = errors.New("peer does not hold CAP_NET_ADMIN in the initia
 // SO_PEERPIDFD (before 6.5) gets a pidfd for the SO_PEERCRED PID instead,
 // which narrows the race to the time between connect and that open.
 func CheckAdminPeer(c *net.UnixConn, procDir string) error {
+	_, err := AdminPeerPID(c, procDir)
+	return err
+}
+
+// AdminPeerPID is CheckAdminPeer, and returns the peer's PID in procDir's
+// PID namespace (its /proc entries there are procDir/PID).
+func AdminPeerPID(c *net.UnixConn, procDir string) (int, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	pidfd, credPID := -1, int32(0)
 	var serr error
@@ -56,24 +63,24 @@ func CheckAdminPeer(c *net.UnixConn, procDir string) error {
 			serr = fmt.Errorf("opening a pidfd of the peer (pid %d): %w", credPID, serr)
 		}
 	}); err != nil {
-		return err
+		return 0, err
 	}
 	if serr != nil {
-		return fmt.Errorf("%w: %w", ErrPeerNotAdmin, serr)
+		return 0, fmt.Errorf("%w: %w", ErrPeerNotAdmin, serr)
 	}
 	defer unix.Close(pidfd)
 	pid, err := pidfdPID(procDir, pidfd)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrPeerNotAdmin, err)
+		return 0, fmt.Errorf("%w: %w", ErrPeerNotAdmin, err)
 	}
 	if err := checkAdmin(procDir, pid); err != nil {
-		return fmt.Errorf("%w: peer pid %d: %w", ErrPeerNotAdmin, pid, err)
+		return 0, fmt.Errorf("%w: peer pid %d: %w", ErrPeerNotAdmin, pid, err)
 	}
 	// The pidfd's process is alive, so the PID read was still its own.
 	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
-		return fmt.Errorf("%w: peer pid %d exited while it was checked: %w", ErrPeerNotAdmin, pid, err)
+		return 0, fmt.Errorf("%w: peer pid %d exited while it was checked: %w", ErrPeerNotAdmin, pid, err)
 	}
-	return nil
+	return pid, nil
 }
 
 // pidfdPID is the PID of pidfd's process in procDir's PID namespace, from
