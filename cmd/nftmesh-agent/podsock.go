@@ -68,9 +68,8 @@ func (s *podSocket) apiCalled(ctx context.Context, err error) {
 // node, else the socket's own (the chart grants the agent list and watch
 // of pods whatever the repair set-up).
 //
-// The CNI calls the front hands over run only while the host's network
-// namespace is registered to be refused: PID 1's (hostNetns nil), or the
-// front's own as it connects.
+// The CNI calls the front hands over are run only while hostNetns is nil:
+// the host's network namespace is then registered to be refused.
 func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl *repair.Controller, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
 	node := cfg.NodeName
 	if node == "" {
@@ -144,12 +143,12 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 		return s, nil
 	}
 	if err := hostNetns(); err != nil {
-		// A call names its namespace; the host's must be refused. Without
-		// PID 1's, the front's own (the runtime runs plugins in the host's)
-		// is registered as each call connects, and a call is declined
-		// while neither is known (cniplugin.Server).
+		// A call names its namespace; the host's must be refused, and is
+		// told from a pod's only once registered.
+		_ = os.Remove(cnisock.Path(cfg.AgentRunDir))
 		s.log.Info().Err(err).
-			Msg("the host's network namespace is known only through the fronts that connect: each front's own is refused as the host's")
+			Msg("not running the plugin's CNI calls (the front runs the standalone plugin): the host's network namespace is not known")
+		return s, nil
 	}
 	cniLn, err := agentsock.ListenAt(cfg.AgentRunDir, cnisock.SocketName)
 	if err != nil {
