@@ -16,7 +16,6 @@ import (
 	"io"
 	"net"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -156,16 +155,10 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	if procDir == "" {
 		procDir = "/proc"
 	}
-	pid, err := agentsock.AdminPeerPID(c, procDir)
-	if err != nil {
+	if err := agentsock.CheckAdminPeer(c, procDir); err != nil {
 		o.Status, o.Reason = OutcomeRefused, err.Error()
 		return
 	}
-	// The front runs where the runtime runs plugins: in the host's
-	// network namespace. Registering the front's namespace as the host's
-	// makes it known to every check that refuses the host's namespace,
-	// also where PID 1's cannot be read (a sandboxed node).
-	peerHost := capture.AddHostNetns(filepath.Join(procDir, strconv.Itoa(pid), "ns", "net"))
 	_ = c.SetReadDeadline(time.Now().Add(readTimeout))
 	req, fds, size, err := s.readRequest(c)
 	defer s.inFlight.Add(-size)
@@ -183,7 +176,7 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	default:
 		o.Command = getenv(req.Env, "CNI_COMMAND")
 		cctx, stop := watchHangUp(ctx, c)
-		reply, o.Status, o.Reason = s.call(cctx, req, fds, peerHost)
+		reply, o.Status, o.Reason = s.call(cctx, req, fds)
 		if stop() {
 			o.Reason = joinReason(o.Reason, "the front hung up")
 		}
@@ -195,13 +188,10 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 }
 
 // call runs one well-formed request.
-// peerHost is the outcome of registering the front's own namespace as
-// the host's: with neither it nor HostNetns, the host's namespace is not
-// known and the call is declined untouched.
-func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int, peerHost error) (reply cnisock.Reply, status, reason string) {
+func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (reply cnisock.Reply, status, reason string) {
 	declined := cnisock.Reply{Status: cnisock.StatusDeclined}
-	if err := s.hostNetns(); err != nil && peerHost != nil {
-		return declined, OutcomeDeclined, errors.Join(err, fmt.Errorf("registering the front's network namespace as the host's: %w", peerHost)).Error()
+	if err := s.hostNetns(); err != nil {
+		return declined, OutcomeDeclined, err.Error()
 	}
 	// The namespace comes as the one descriptor exactly when the call
 	// names one.

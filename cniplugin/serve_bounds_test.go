@@ -415,11 +415,8 @@ func TestServeDeclinesWithoutTheHostNetns(t *testing.T) {
 		host func() error
 		want string
 	}{
-		// PID 1's namespace could not be registered (a sandboxed node):
-		// the front's own namespace, registered as the host's when it
-		// connects, makes the host's known, and the call runs.
-		{"not registered, the front's namespace known", func() error { return errors.New("registering /host/proc/1/ns/net: permission denied") }, OutcomeOK},
-		{"no registration given, the front's namespace known", nil, OutcomeOK},
+		{"not registered", func() error { return errors.New("registering /host/proc/1/ns/net: permission denied") }, OutcomeDeclined},
+		{"no registration given", nil, OutcomeDeclined},
 		{"registered", hostKnown, OutcomeOK},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -508,16 +505,5 @@ func BenchmarkFrontAddAgent(b *testing.B) {
 		a, o := p50(times[0]), p50(times[1])
 		b.ReportMetric(o, "b-p50-ms")
 		b.ReportMetric(a/o, "a/b")
-	}
-}
-
-// With neither PID 1's namespace nor the front's registered as the host's,
-// the host's namespace is not known: the call is declined before anything
-// runs (issue 20 item 5).
-func TestCallDeclinesWithoutAnyHostNetns(t *testing.T) {
-	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: func() error { return errors.New("registering /host/proc/1/ns/net: permission denied") }}
-	reply, status, reason := srv.call(context.Background(), cnisock.Request{}, nil, errors.New("stat /host/proc/7/ns/net: permission denied"))
-	if status != OutcomeDeclined || reply.Status != cnisock.StatusDeclined || !strings.Contains(reason, "front's network namespace") {
-		t.Errorf("call: %v %q %+v; want declined naming both registrations", status, reason, reply)
 	}
 }

@@ -35,16 +35,9 @@ var ErrPeerNotAdmin = errors.New("peer does not hold CAP_NET_ADMIN in the initia
 // SO_PEERPIDFD (before 6.5) gets a pidfd for the SO_PEERCRED PID instead,
 // which narrows the race to the time between connect and that open.
 func CheckAdminPeer(c *net.UnixConn, procDir string) error {
-	_, err := AdminPeerPID(c, procDir)
-	return err
-}
-
-// AdminPeerPID is CheckAdminPeer, and returns the peer's PID in procDir's
-// PID namespace (its /proc entries there are procDir/PID).
-func AdminPeerPID(c *net.UnixConn, procDir string) (int, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return 0, err
+		return err
 	}
 	pidfd, credPID := -1, int32(0)
 	var serr error
@@ -63,24 +56,24 @@ func AdminPeerPID(c *net.UnixConn, procDir string) (int, error) {
 			serr = fmt.Errorf("opening a pidfd of the peer (pid %d): %w", credPID, serr)
 		}
 	}); err != nil {
-		return 0, err
+		return err
 	}
 	if serr != nil {
-		return 0, fmt.Errorf("%w: %w", ErrPeerNotAdmin, serr)
+		return fmt.Errorf("%w: %w", ErrPeerNotAdmin, serr)
 	}
 	defer unix.Close(pidfd)
 	pid, err := pidfdPID(procDir, pidfd)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrPeerNotAdmin, err)
+		return fmt.Errorf("%w: %w", ErrPeerNotAdmin, err)
 	}
 	if err := checkAdmin(procDir, pid); err != nil {
-		return 0, fmt.Errorf("%w: peer pid %d: %w", ErrPeerNotAdmin, pid, err)
+		return fmt.Errorf("%w: peer pid %d: %w", ErrPeerNotAdmin, pid, err)
 	}
 	// The pidfd's process is alive, so the PID read was still its own.
 	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
-		return 0, fmt.Errorf("%w: peer pid %d exited while it was checked: %w", ErrPeerNotAdmin, pid, err)
+		return fmt.Errorf("%w: peer pid %d exited while it was checked: %w", ErrPeerNotAdmin, pid, err)
 	}
-	return pid, nil
+	return nil
 }
 
 // pidfdPID is the PID of pidfd's process in procDir's PID namespace, from
