@@ -70,6 +70,11 @@ func AllowOwnNetns(allow bool) { hostns.AllowOwn = allow }
 // PID 1's: the agent registers the host's PID 1 seen through its host /proc.
 func AddHostNetns(path string) error { return hostns.AddHost(path) }
 
+// AddHostNetnsFromProc registers the host's namespace seen through the
+// host's /proc at procDir: PID 1's, or else the nearest ancestor's outside
+// this process's own namespace (the runtime's shim); it returns the path.
+func AddHostNetnsFromProc(procDir string) (string, error) { return hostns.AddHostFromProc(procDir) }
+
 // Options are what every verb needs besides the namespace.
 type Options struct {
 	// Backend is auto (the default when empty), nftables or iptables-legacy.

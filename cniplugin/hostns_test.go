@@ -346,7 +346,7 @@ func TestHostNetnsUntouched(t *testing.T) {
 	}
 	// The CLI's writing verbs, as an operator with a wrong --netns runs them.
 	cli := filepath.Join(t.TempDir(), "redirect")
-	if out, err := exec.Command("go", "build", "-o", cli, "../../cmd/redirect").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", cli, "../cmd/redirect").CombinedOutput(); err != nil {
 		t.Fatalf("building redirect: %v\n%s", err, out)
 	}
 	for _, backend := range []string{"auto", "nftables", "iptables-legacy"} {

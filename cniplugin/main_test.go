@@ -81,7 +81,7 @@ func runTests(m *testing.M) int {
 	env.pluginBin = filepath.Join(env.binDir, "nftmesh-cni")
 	// Built as `make build` builds them, so latency figures are the shipped
 	// ones: the front the runtime runs, its standalone companion beside it.
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", env.binDir+"/", "../../cmd/nftmesh-cni", "../../cmd/nftmesh-cni-standalone")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", env.binDir+"/", "../cmd/nftmesh-cni", "../cmd/nftmesh-cni-standalone")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -246,7 +246,7 @@ func (h *host) del(cl *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
 // loadPod reads a sample manifest and gives it a unique name.
 func loadPod(t testing.TB, file string) *corev1.Pod {
 	t.Helper()
-	pod, err := podinfo.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", file))
+	pod, err := podinfo.ReadPodFile(filepath.Join("..", "testdata", "pods", file))
 	if err != nil {
 		t.Fatal(err)
 	}

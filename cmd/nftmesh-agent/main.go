@@ -110,7 +110,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	} else if cfg.Repair.HostProc != "" {
 		// Every other mode runs the plugin's calls and answers
 		// `redirect inspect` too, when the host's /proc is mounted.
-		err := capture.AddHostNetns(filepath.Join(cfg.Repair.HostProc, "1", "ns", "net"))
+		_, err := capture.AddHostNetnsFromProc(cfg.Repair.HostProc)
 		if err != nil {
 			err = fmt.Errorf("registering the host's network namespace through %s: %w", cfg.Repair.HostProc, err)
 		}

@@ -61,7 +61,7 @@ func New(opts Options) (*Repairer, error) {
 	// pod's): refused like the caller's own. Without SYS_PTRACE it cannot
 	// be read; FindNetns then cannot see it either, and repair goes on,
 	// but the agent runs no CNI call for the front (HostNetns).
-	hostErr := capture.AddHostNetns(filepath.Join(opts.ProcDir, "1", "ns", "net"))
+	_, hostErr := capture.AddHostNetnsFromProc(opts.ProcDir)
 	if opts.Pipeline == nil {
 		opts.Pipeline = capture.Linux()
 	}

@@ -23,8 +23,11 @@ package hostns
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -73,6 +76,65 @@ func AddHost(path string) error {
 	defer hostsMu.Unlock()
 	hosts[id] = path
 	return nil
+}
+
+// AddHostFromProc registers the host's network namespace as seen through
+// procDir (the host's /proc as the agent mounts it): PID 1's, or, where
+// PID 1's cannot be read (a sandbox whose init denies ptrace access even to
+// root, or a node run inside another machine's namespaces), that of this
+// process's nearest ancestor outside its own network namespace: the
+// container runtime's shim, which runs in the host's. It returns the path
+// registered.
+func AddHostFromProc(procDir string) (string, error) {
+	init := filepath.Join(procDir, "1", "ns", "net")
+	initErr := AddHost(init)
+	if initErr == nil {
+		return init, nil
+	}
+	if selfErr != nil {
+		return "", errors.Join(initErr, selfErr)
+	}
+	pidLink, err := os.Readlink(filepath.Join(procDir, "self"))
+	if err != nil {
+		return "", errors.Join(initErr, fmt.Errorf("finding this process in %s: %w", procDir, err))
+	}
+	pid, err := strconv.Atoi(pidLink)
+	if err != nil {
+		return "", errors.Join(initErr, fmt.Errorf("finding this process in %s: %q is not a PID", procDir, pidLink))
+	}
+	for range 32 {
+		ppid, err := parentPID(procDir, pid)
+		if err != nil || ppid <= 1 {
+			return "", errors.Join(initErr, fmt.Errorf("no ancestor of this process outside its network namespace in %s (%v)", procDir, err))
+		}
+		path := filepath.Join(procDir, strconv.Itoa(ppid), "ns", "net")
+		id, err := statID(path)
+		if err != nil {
+			return "", errors.Join(initErr, fmt.Errorf("reading the network namespace of ancestor %d: %w", ppid, err))
+		}
+		if id != self {
+			hostsMu.Lock()
+			hosts[id] = path
+			hostsMu.Unlock()
+			return path, nil
+		}
+		pid = ppid
+	}
+	return "", errors.Join(initErr, errors.New("no ancestor outside this network namespace within 32 generations"))
+}
+
+// parentPID reads the PPid of pid from procDir.
+func parentPID(procDir string, pid int) (int, error) {
+	b, err := os.ReadFile(filepath.Join(procDir, strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("%s/%d/status has no PPid", procDir, pid)
 }
 
 func statID(path string) (ID, error) {
