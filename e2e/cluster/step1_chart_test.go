@@ -247,6 +247,15 @@ func TestPodThroughPlugin(t *testing.T) {
 		// it: no standalone plugin process.
 		if line["ran_by"] != "agent" {
 			t.Errorf("plain pod chained-%d: ran_by %v, want agent (the front hands the call over): %v", i, line["ran_by"], line)
+			if i == 0 {
+				// Why the agent did not take it: its socket lines.
+				out, _ := c.Kubectl(ctx, "-n", agentNS, "logs", "ds/"+agentDaemonSet)
+				for _, l := range strings.Split(out, "\n") {
+					if strings.Contains(l, "socket") || strings.Contains(l, "CNI call") || strings.Contains(l, "host's network namespace") {
+						t.Logf("agent: %s", l)
+					}
+				}
+			}
 		}
 		if i == 0 {
 			t.Logf("decision line: %v", line)

@@ -70,8 +70,11 @@ func CheckAdminPeer(c *net.UnixConn, procDir string) error {
 		return fmt.Errorf("%w: peer pid %d: %w", ErrPeerNotAdmin, pid, err)
 	}
 	// The pidfd's process is alive, so the PID read was still its own.
-	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
-		return fmt.Errorf("%w: peer pid %d exited while it was checked: %w", ErrPeerNotAdmin, pid, err)
+	// (Read again from the pidfd's fdinfo, which says -1 once it exited:
+	// pidfd_send_signal is refused, EINVAL, for a process outside the
+	// caller's PID namespace, as the front is for an agent in a pod.)
+	if again, err := pidfdPID(procDir, pidfd); err != nil || again != pid {
+		return fmt.Errorf("%w: peer pid %d exited while it was checked (%v)", ErrPeerNotAdmin, pid, err)
 	}
 	return nil
 }
