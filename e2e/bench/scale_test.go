@@ -492,12 +492,19 @@ next:
 // selector must be exactly the node's (a pod's spec.nodeName, or the
 // node's own metadata.name for a list or watch of nodes).
 func checkScoped(b *testing.B, node string, c apiCall) {
+	if !scopedTo(node, c) {
+		b.Errorf("agent for %s: %s %s?%s is not narrowed to its node", node, c.kind(), c.path, c.query.Encode())
+	}
+}
+
+func scopedTo(node string, c apiCall) bool {
+	nodes := strings.HasSuffix(c.path, "/nodes")
 	for _, term := range strings.Split(c.query.Get("fieldSelector"), ",") {
-		if term == "spec.nodeName="+node || (strings.Contains(c.path, "/nodes") && term == "metadata.name="+node) {
-			return
+		if (!nodes && term == "spec.nodeName="+node) || (nodes && term == "metadata.name="+node) {
+			return true
 		}
 	}
-	b.Errorf("agent for %s: %s %s?%s is not narrowed to its node", node, c.kind(), c.path, c.query.Encode())
+	return false
 }
 
 func report(b *testing.B, pods, nodes int, small, big scaleRun) {
@@ -652,5 +659,50 @@ func fillCluster(b *testing.B, api *kubetest.Server, from, to, nfrom, nto int) {
 	wg.Wait()
 	if err, _ := failed.Load().(error); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// TestScaleCallKind checks the benchmark's own reading of the agents'
+// requests: a wrong class would let a cluster-wide list through unchecked
+// (a GET of a named node was once counted as a list).
+func TestScaleCallKind(t *testing.T) {
+	q := func(s string) url.Values {
+		v, err := url.ParseQuery(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		method, path, query string
+		kind                string
+		streaming           bool
+		scoped              bool // to node-0001
+	}{
+		{"GET", "/api/v1/pods", "fieldSelector=spec.nodeName%3Dnode-0001&limit=100", "list", false, true},
+		{"GET", "/api/v1/pods", "fieldSelector=spec.nodeName%3Dnode-00010", "list", false, false},
+		{"GET", "/api/v1/pods", "fieldSelector=spec.nodeName%3Dnode-0001&watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true", "watch", true, true},
+		{"GET", "/api/v1/pods", "watch=1&resourceVersion=12", "watch", false, false},
+		{"GET", "/api/v1/namespaces/scale-1/pods", "", "list", false, false},
+		{"GET", "/api/v1/namespaces/scale-1/pods/pod-000001", "", "get", false, false},
+		{"GET", "/api/v1/nodes/node-0001", "", "get", false, false},
+		{"GET", "/api/v1/nodes", "fieldSelector=metadata.name%3Dnode-0001", "list", false, true},
+		{"GET", "/api/v1/nodes", "fieldSelector=spec.nodeName%3Dnode-0001", "list", false, false},
+		{"GET", "/api/v1/namespaces", "watch=true", "watch", false, false},
+		{"GET", "/api/v1/namespaces/scale-1", "", "get", false, false},
+		{"GET", "/apis/events.k8s.io/v1/events", "", "list", false, false},
+		{"POST", "/apis/events.k8s.io/v1/namespaces/nftmesh/events", "", "post", false, false},
+		{"PATCH", "/api/v1/nodes/node-0001/status", "", "patch", false, false},
+	} {
+		c := apiCall{method: tc.method, path: tc.path, query: q(tc.query)}
+		if got := c.kind(); got != tc.kind {
+			t.Errorf("%s %s?%s: kind %q, want %q", tc.method, tc.path, tc.query, got, tc.kind)
+		}
+		if got := c.streaming(); got != tc.streaming {
+			t.Errorf("%s %s?%s: streaming %v, want %v", tc.method, tc.path, tc.query, got, tc.streaming)
+		}
+		if got := scopedTo("node-0001", c); got != tc.scoped {
+			t.Errorf("%s %s?%s: scoped to node-0001 %v, want %v", tc.method, tc.path, tc.query, got, tc.scoped)
+		}
 	}
 }
