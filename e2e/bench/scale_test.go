@@ -570,7 +570,7 @@ func report(b *testing.B, pods, nodes int, small, big scaleRun) {
 	}{
 		{"pod range reads of etcd (server's count / K)", "etcd_requests_total", []string{`resource="pods"`, `operation="list"`}},
 		{"pods read from etcd (server's count / K)", "apiserver_storage_list_fetched_objects_total", []string{`resource="pods"`}},
-		{"pod LISTs from the watch cache (server's count / K)", "apiserver_cache_list_total", []string{`"/pods"`}},
+		{"pod LISTs from the watch cache (server's count / K)", "apiserver_cache_list_total", []string{`resource="pods"`}},
 		{"single-key etcd reads: the cache's current-version probe (server's count / K)", "etcd_requests_total", []string{`resource="pods"`, `operation="get"`}},
 	}
 	for _, r := range server {
