@@ -406,14 +406,15 @@ func runAgents(b *testing.B, api *kubetest.Server, as []*scaleAgent) scaleRun {
 // consistent read (no resourceVersion) too, but only when etcd supports
 // watch progress requests: etcd >= 3.4.31 / 3.5.13), else from etcd; a
 // watch is always served from the watch cache (a streaming list's initial
-// events as well). The counters:
+// events as well, but the server refuses a streaming list when etcd lacks
+// watch progress requests, and the reflector then lists). The counters:
 //   - etcd_requests_total{resource="pods"} by operation: "list" is a range
 //     read (a LIST served from etcd), "get" a single-key read (the
 //     cache's probe of the current version before a consistent read or
 //     a streaming list; apiserver_storage_list_total counts it as well);
 //   - apiserver_storage_list_fetched_objects_total{resource="pods"}: the
 //     pods LISTs read from etcd (all of the cluster's for a node's);
-//   - apiserver_cache_list_total{resource_prefix="/pods"}: LISTs served
+//   - apiserver_cache_list_total{resource="pods"} (by index): LISTs served
 //     from the watch cache;
 //   - apiserver_watch_cache_consistent_read_total{resource="pods"}:
 //     consistent reads the cache served (fallback="true": it fell back
