@@ -136,7 +136,9 @@ func TestSlimPodKeepsWhatTheAgentReads(t *testing.T) {
 }
 
 // TestListSlimPodsPages: a list that starts is asked for in pages of
-// listPageSize at the most recent version, continue tokens are followed,
+// listPageSize at the version the reflector asked (resourceVersion "0",
+// which the API server serves from its watch cache, not a read of etcd at
+// the most recent version), continue tokens are followed,
 // every pod comes back slimmed in order with the first page's version, and
 // an error on any page is the result (never a partial list).
 func TestListSlimPodsPages(t *testing.T) {
@@ -179,7 +181,11 @@ func TestListSlimPodsPages(t *testing.T) {
 		t.Fatalf("%d requests, want 3 pages of %d: %+v", len(calls), listPageSize, calls)
 	}
 	for i, c := range calls {
-		if c.Limit != listPageSize || c.ResourceVersion != "" || c.FieldSelector != "spec.nodeName=node-1" || (i > 0) != (c.Continue != "") {
+		wantRV := "0" // the first page: from the watch cache
+		if i > 0 {
+			wantRV = "" // the continue token pins the version
+		}
+		if c.Limit != listPageSize || c.ResourceVersion != wantRV || c.FieldSelector != "spec.nodeName=node-1" || (i > 0) != (c.Continue != "") {
 			t.Errorf("request %d: %+v", i, c)
 		}
 	}
@@ -190,6 +196,19 @@ func TestListSlimPodsPages(t *testing.T) {
 		want, _ := SlimPod(&all[i])
 		if !reflect.DeepEqual(&got.Items[i], want) {
 			t.Fatalf("pod %d is not the slimmed %s", i, all[i].Name)
+		}
+	}
+
+	// A relist at the version last seen: that version and its match on
+	// the first page only (the API server refuses either beside a
+	// continue token).
+	calls = nil
+	if _, err := ListSlimPods(context.Background(), list, metav1.ListOptions{ResourceVersion: "42", ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan}); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range calls {
+		if (i == 0) != (c.ResourceVersion == "42" && c.ResourceVersionMatch == metav1.ResourceVersionMatchNotOlderThan) || (i > 0 && (c.ResourceVersion != "" || c.ResourceVersionMatch != "")) {
+			t.Errorf("relist request %d: version %q match %q continue %q", i, c.ResourceVersion, c.ResourceVersionMatch, c.Continue)
 		}
 	}
 
