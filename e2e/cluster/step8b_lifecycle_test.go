@@ -27,6 +27,20 @@ const agentRunDirOnNode = "/run/nftmesh"
 // and CA ConfigMap) and returns a pod template of the injected httpbin.
 func (c *Cluster) meshPodsReady(t *testing.T) corev1.PodTemplateSpec {
 	t.Helper()
+	c.standinReady(t)
+	ctx := context.Background()
+	template := raceDeployment(t, "lifecycle").Spec.Template
+	if err := c.meshPrerequisites(ctx, template.Spec.ServiceAccountName); err != nil {
+		t.Fatal(err)
+	}
+	return template
+}
+
+// standinReady imports the stand-in image injected pods run, with Istio's
+// real pilot-agent in it (skipped without the pilot-agent build, a failure
+// in CI).
+func (c *Cluster) standinReady(t *testing.T) {
+	t.Helper()
 	pilotAgent, err := istiotest.PilotAgent()
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -34,15 +48,9 @@ func (c *Cluster) meshPodsReady(t *testing.T) corev1.PodTemplateSpec {
 		}
 		t.Skipf("skipping: %v", err)
 	}
-	ctx := context.Background()
-	if err := c.importStandinImage(ctx, pilotAgent); err != nil {
+	if err := c.importStandinImage(context.Background(), pilotAgent); err != nil {
 		t.Fatal(err)
 	}
-	template := raceDeployment(t, "lifecycle").Spec.Template
-	if err := c.meshPrerequisites(ctx, template.Spec.ServiceAccountName); err != nil {
-		t.Fatal(err)
-	}
-	return template
 }
 
 // createMeshPod creates one injected pod from template under name.

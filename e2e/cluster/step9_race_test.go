@@ -27,17 +27,8 @@ import (
 // the replacement an operator gets by deleting it runs.
 func TestNodeStartRace(t *testing.T) {
 	c := need(t)
-	pilotAgent, err := istiotest.PilotAgent()
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(err)
-		}
-		t.Skipf("skipping: %v", err)
-	}
+	c.standinReady(t)
 	ctx := context.Background()
-	if err := c.importStandinImage(ctx, pilotAgent); err != nil {
-		t.Fatal(err)
-	}
 	for _, mode := range []struct {
 		name string
 		sets []string
