@@ -66,34 +66,105 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		return exitOK
 	}
 	start := time.Now()
-	base := newLogger(os.Stderr, "json")
+	cfg, code := parseConfig(args, getenv)
+	if cfg == nil {
+		return code
+	}
+	a := &agent{cfg: cfg, log: agentLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel), m: metrics.New()}
+	defer func() { a.events.shutdown() }()
+	if !a.setUp() || !a.serve() {
+		return exitConfig
+	}
+	defer a.stopServers()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	a.log.Info().Str("version", version.Get()).Strs("bin_dirs", cfg.CNIBinDirs).Str("conf_dir", cfg.CNIConfDir).Bool("chained", cfg.Chained).
+		Str("conf_file", cfg.CNIConfFileName).Str("run_dir", cfg.AgentRunDir).Str("repair", string(cfg.Repair.Mode())).
+		Msg("starting")
+	return a.runUntilStopped(ctx, stop, start)
+}
+
+// parseConfig reads the flags and variables; a nil config means run ends
+// with code (help was asked for, or the configuration is invalid).
+func parseConfig(args []string, getenv func(string) (string, bool)) (*installer.Config, int) {
 	cfg, err := installer.ParseConfig(args, getenv)
 	if errors.Is(err, pflag.ErrHelp) {
 		fmt.Fprintf(os.Stdout, "Usage: nftmesh-agent [flags]\n       nftmesh-agent --version\n\nEvery flag can also be set as NFTMESH_<FLAG> (e.g. NFTMESH_CNI_CONF_DIR);\nIstio's install-cni variables (CNI_CONF_NAME, CHAINED_CNI_PLUGIN, EXCLUDE_NAMESPACES,\nMOUNTED_CNI_NET_DIR, REPAIR_*, ...) are accepted too. Flags win over variables.\n\n%s", installer.Usage())
-		return exitOK
+		return nil, exitOK
 	}
 	if err != nil {
+		base := newLogger(os.Stderr, "json")
 		base.Error().Err(err).Msg("invalid configuration; nothing was changed on the host")
-		return exitConfig
+		return nil, exitConfig
 	}
-	log := agentLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel)
+	return cfg, exitOK
+}
 
-	m := metrics.New()
-	in, err := installer.New(cfg, log, m)
+// agent is what run starts, in order: the installer, repair, the API
+// client, pod events, the pod socket and the HTTP servers.
+type agent struct {
+	cfg       *installer.Config
+	log       zerolog.Logger
+	m         *metrics.Metrics
+	in        *installer.Installer
+	client    kubernetes.Interface
+	repairCtl *repair.Controller
+	events    *podEvents
+	sock      *podSocket
+	servers   []*metrics.Server
+}
+
+// setUp builds everything before the agent touches the host; false when
+// the configuration is invalid (logged: nothing was changed on the host).
+func (a *agent) setUp() bool {
+	cfg, log := a.cfg, a.log
+	in, err := installer.New(cfg, log, a.m)
 	if err != nil {
 		log.Error().Err(err).Msg("invalid configuration; nothing was changed on the host")
-		return exitConfig
+		return false
 	}
-	var repairCtl *repair.Controller
-	var repairer repair.PodRepairer
-	// The host's network namespace is known (registered to be refused)
-	// only through the host's /proc that repair in place reads.
-	hostNetns := func() error {
-		return errors.New("the host's network namespace is read only with repair in place (its host /proc)")
+	a.in = in
+	repairer, hostNetns, err := hostRepair(cfg)
+	if err != nil {
+		log.Error().Err(err).Msg("invalid repair configuration; nothing was changed on the host")
+		return false
 	}
+	// One API client for the repair controller and the pod socket.
+	client, clientErr := repairClient(cfg)
+	a.client = client
+	a.events = newPodEvents(cfg, client)
+	if a.events != nil && repairer != nil {
+		repairer = a.events.Repairer(repairer)
+	}
+	if cfg.Repair.Mode() != repair.None {
+		err := clientErr
+		if err == nil {
+			a.repairCtl, err = repair.New(client, cfg.Repair, repairer, log, a.m)
+		}
+		if err != nil {
+			log.Error().Err(err).Msg("invalid repair configuration; nothing was changed on the host")
+			return false
+		}
+	}
+	// Without the socket the plugin reads pods from the API itself, so a
+	// socket that cannot be set up costs speed, not pod starts.
+	a.sock, err = newPodSocket(cfg, client, a.repairCtl, hostNetns, log, a.m)
+	if err != nil {
+		log.Error().Err(err).Msg("setting up the pod socket; the plugin reads pods from the API itself")
+		a.sock = nil
+	}
+	if a.sock != nil && a.events != nil {
+		a.events.pods = a.sock.pods.GetIndexer()
+	}
+	return true
+}
+
+// hostRepair wires in repair in place (the installer library imports no
+// backend) and says whether the host's network namespace is known: it is
+// registered to be refused only through the host's /proc.
+func hostRepair(cfg *installer.Config) (repair.PodRepairer, func() error, error) {
 	if cfg.Repair.Mode() == repair.InPlace {
-		// The installer library imports no backend: in-place repair is
-		// wired in here.
 		r, err := inplace.New(inplace.Options{
 			ProcDir:           cfg.Repair.HostProc,
 			Backend:           cfg.Backend,
@@ -102,127 +173,96 @@ func run(args []string, getenv func(string) (string, bool)) int {
 			RunDir:            cfg.AgentRunDir,
 		})
 		if err != nil {
-			log.Error().Err(&installer.ConfigError{Flag: "host-proc", Value: cfg.Repair.HostProc, Reason: err.Error()}).
-				Msg("invalid repair configuration; nothing was changed on the host")
-			return exitConfig
+			return nil, nil, &installer.ConfigError{Flag: "host-proc", Value: cfg.Repair.HostProc, Reason: err.Error()}
 		}
-		repairer, hostNetns = r, r.HostNetns
-	} else if cfg.Repair.HostProc != "" {
+		return r, r.HostNetns, nil
+	}
+	if cfg.Repair.HostProc != "" {
 		// Every other mode runs the plugin's calls and answers
 		// `redirect inspect` too, when the host's /proc is mounted.
 		_, err := capture.AddHostNetnsFromProc(cfg.Repair.HostProc)
 		if err != nil {
 			err = fmt.Errorf("registering the host's network namespace through %s: %w", cfg.Repair.HostProc, err)
 		}
-		hostNetns = func() error { return err }
+		return nil, func() error { return err }, nil
 	}
-	// One API client for the repair controller and the pod socket.
-	client, clientErr := repairClient(cfg)
-	events := newPodEvents(cfg, client)
-	defer events.shutdown()
-	if events != nil && repairer != nil {
-		repairer = events.Repairer(repairer)
-	}
-	if cfg.Repair.Mode() != repair.None {
-		err := clientErr
-		if err == nil {
-			repairCtl, err = repair.New(client, cfg.Repair, repairer, log, m)
-		}
-		if err != nil {
-			log.Error().Err(err).Msg("invalid repair configuration; nothing was changed on the host")
-			return exitConfig
-		}
-	}
-	// Without the socket the plugin reads pods from the API itself, so a
-	// socket that cannot be set up costs speed, not pod starts.
-	sock, err := newPodSocket(cfg, client, repairCtl, hostNetns, log, m)
-	if err != nil {
-		log.Error().Err(err).Msg("setting up the pod socket; the plugin reads pods from the API itself")
-		sock = nil
-	}
-	if sock != nil && events != nil {
-		events.pods = sock.pods.GetIndexer()
-	}
+	return nil, func() error {
+		return errors.New("the host's network namespace is read only with repair in place (its host /proc)")
+	}, nil
+}
 
-	var servers []*metrics.Server
-	serve := func(addr string, h http.Handler, what string) bool {
-		s, err := metrics.Serve(addr, h)
-		if err != nil {
-			log.Error().Err(err).Msg("starting the " + what + " server")
-			return false
-		}
-		log.Info().Str("addr", s.Addr.String()).Msg(what + " server listening")
-		servers = append(servers, s)
-		return true
-	}
-	health := metrics.HealthHandler(in.Ready)
-	switch {
-	case cfg.HealthAddr != "" && cfg.HealthAddr == cfg.MetricsAddr:
+// serve starts the health and metrics servers (one when they share an
+// address); false when one cannot listen.
+func (a *agent) serve() bool {
+	cfg := a.cfg
+	health := metrics.HealthHandler(a.in.Ready)
+	if cfg.HealthAddr != "" && cfg.HealthAddr == cfg.MetricsAddr {
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", m.Handler())
+		mux.Handle("/metrics", a.m.Handler())
 		mux.Handle("/", health)
-		if !serve(cfg.HealthAddr, mux, "health and metrics") {
-			return exitConfig
-		}
-	default:
-		if cfg.HealthAddr != "" && !serve(cfg.HealthAddr, health, "health") {
-			return exitConfig
-		}
-		if cfg.MetricsAddr != "" && !serve(cfg.MetricsAddr, m.Handler(), "metrics") {
-			return exitConfig
-		}
+		return a.listen(cfg.HealthAddr, mux, "health and metrics")
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		for _, s := range servers {
-			_ = s.Shutdown(ctx)
-		}
-	}()
+	if cfg.HealthAddr != "" && !a.listen(cfg.HealthAddr, health, "health") {
+		return false
+	}
+	return cfg.MetricsAddr == "" || a.listen(cfg.MetricsAddr, a.m.Handler(), "metrics")
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	log.Info().Str("version", version.Get()).Strs("bin_dirs", cfg.CNIBinDirs).Str("conf_dir", cfg.CNIConfDir).Bool("chained", cfg.Chained).
-		Str("conf_file", cfg.CNIConfFileName).Str("run_dir", cfg.AgentRunDir).Str("repair", string(cfg.Repair.Mode())).
-		Msg("starting")
+func (a *agent) listen(addr string, h http.Handler, what string) bool {
+	s, err := metrics.Serve(addr, h)
+	if err != nil {
+		a.log.Error().Err(err).Msg("starting the " + what + " server")
+		return false
+	}
+	a.log.Info().Str("addr", s.Addr.String()).Msg(what + " server listening")
+	a.servers = append(a.servers, s)
+	return true
+}
 
+func (a *agent) stopServers() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, s := range a.servers {
+		_ = s.Shutdown(ctx)
+	}
+}
+
+// runUntilStopped runs the install loop until ctx ends (or the loop
+// fails), alongside the plugin log's follower, the repair controller, the
+// pod socket and the start observer; then it removes what the agent
+// installed and waits for the others.
+func (a *agent) runUntilStopped(ctx context.Context, stop func(), start time.Time) int {
+	cfg, log := a.cfg, a.log
 	// The plugin's log file, surfaced in this process's log (kubectl logs).
-	plog := pluginlog.New(cfg.AgentRunDir, os.Stderr, cfg.LogLevel, m)
-	events.follow(plog)
-	plogDone := make(chan error, 1)
-	go func() { plogDone <- plog.Run(ctx) }()
-
-	repairDone := make(chan error, 1)
-	if repairCtl != nil {
-		go func() { repairDone <- repairCtl.Run(ctx) }()
-	} else {
-		repairDone <- nil
+	plog := pluginlog.New(cfg.AgentRunDir, os.Stderr, cfg.LogLevel, a.m)
+	a.events.follow(plog)
+	plogDone := goRun(func() error { return plog.Run(ctx) })
+	repairDone := goRun(nil)
+	if a.repairCtl != nil {
+		repairDone = goRun(func() error { return a.repairCtl.Run(ctx) })
 	}
-
-	sockDone := make(chan error, 1)
-	if sock != nil {
-		go func() { sockDone <- sock.run(ctx) }()
+	sockDone := goRun(nil)
+	if a.sock != nil {
+		sockDone = goRun(func() error { return a.sock.run(ctx) })
 	} else {
 		log.Info().Msg("no pod socket (needs an API client and --node-name): the plugin reads pods from the API itself")
-		sockDone <- nil
 	}
-
 	untaintDone := make(chan struct{})
 	go func() {
 		defer close(untaintDone)
-		observeStart(ctx, start, m, sock, canProgramPods(in, sock), func() {
-			untaintNode(ctx, cfg, client, func() error { return nil }, log)
+		observeStart(ctx, start, a.m, a.sock, canProgramPods(a.in, a.sock), func() {
+			untaintNode(ctx, cfg, a.client, func() error { return nil }, log)
 		})
 	}()
 
 	code := exitOK
-	if err := in.Run(ctx); err != nil {
+	if err := a.in.Run(ctx); err != nil {
 		log.Error().Err(err).Msg("install loop failed")
 		code = exitFailed
 		stop()
 	}
 	log.Info().Msg("shutting down: removing " + installer.PluginName + " from this node")
-	if err := in.Cleanup(); err != nil {
+	if err := a.in.Cleanup(); err != nil {
 		log.Error().Err(err).Msg("cleanup incomplete")
 		code = exitFailed
 	} else {
@@ -239,6 +279,18 @@ func run(args []string, getenv func(string) (string, bool)) int {
 		log.Warn().Err(err).Msg("following the plugin log failed; plugin lines stay in " + pluginlog.FileName + " only")
 	}
 	return code
+}
+
+// goRun runs f in a goroutine and hands back its error; a nil f is done
+// at once.
+func goRun(f func() error) <-chan error {
+	done := make(chan error, 1)
+	if f == nil {
+		done <- nil
+		return done
+	}
+	go func() { done <- f() }()
+	return done
 }
 
 // repairClient talks to the API server as the agent's service account; the

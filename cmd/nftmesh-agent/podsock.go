@@ -79,20 +79,8 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 		return nil, nil
 	}
 	s := &podSocket{log: log.With().Str("subsystem", "pod-socket").Logger()}
-	if repairCtl != nil && cfg.Repair.NodeName == node {
-		if pods, nodeOnly := repairCtl.PodInformer(); nodeOnly {
-			s.pods = pods
-		}
-	}
-	if s.pods == nil {
-		// No repair controller, or one whose watch is narrowed by extra
-		// selectors: a watch of the node's pods of the socket's own, paged
-		// and slimmed as the repair controller's is.
-		pods, err := repair.NodePods{Node: node, Called: s.apiCalled}.Informer(client)
-		if err != nil {
-			return nil, fmt.Errorf("setting up the pod socket's watch: %w", err)
-		}
-		s.pods, s.ownRun = pods, true
+	if err := s.watchPods(cfg, client, repairCtl, node); err != nil {
+		return nil, err
 	}
 	// Until the watch has listed the node's pods, and for a pod it has not
 	// brought within the bounded wait, the agent reads the pod once.
@@ -113,56 +101,76 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 		s.inspectLn = nil
 	}
 	s.procDir = cfg.Repair.HostProc
-	answers := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "nftmesh", Subsystem: "agent_socket", Name: "requests_total",
-		Help: "Plugin pod lookups on the agent's socket, by outcome (found, unknown, refused, bad_request, write_error).",
-	}, []string{"outcome"})
-	if m != nil {
-		m.Registry.MustRegister(answers)
-	}
+	answers := socketCounter(m, "requests_total",
+		"Plugin pod lookups on the agent's socket, by outcome (found, unknown, refused, bad_request, write_error).")
 	s.srv = &agentsock.Server{Resolver: src, AllowUID: agentsock.PeerUID, Observe: func(o agentsock.Outcome) {
 		answers.WithLabelValues(o.Status).Inc()
-		var e *zerolog.Event
-		switch o.Status {
-		case agentsock.StatusFound, agentsock.StatusUnknown:
-			e = s.log.Debug()
-		default:
-			e = s.log.Warn().Uint32("peer_uid", o.PeerUID)
-		}
-		e.Str("outcome", o.Status).Str("reason", o.Reason).Str("namespace", o.Request.Namespace).
+		quiet := o.Status == agentsock.StatusFound || o.Status == agentsock.StatusUnknown
+		s.outcomeEvent(quiet, o.PeerUID).Str("outcome", o.Status).Str("reason", o.Reason).Str("namespace", o.Request.Namespace).
 			Str("pod", o.Request.Name).Str("uid", o.Request.UID).Dur("duration", o.Duration).Msg("pod lookup on the agent socket")
 	}}
+	if s.cniRefused(cfg.AgentRunDir, hostNetns) {
+		return s, nil
+	}
+	if err := s.serveCNI(cfg, src, hostNetns, m); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// watchPods takes the repair controller's pod watch when it sees every pod
+// of the node, else sets up the socket's own.
+func (s *podSocket) watchPods(cfg *installer.Config, client kubernetes.Interface, repairCtl *repair.Controller, node string) error {
+	if repairCtl != nil && cfg.Repair.NodeName == node {
+		if pods, nodeOnly := repairCtl.PodInformer(); nodeOnly {
+			s.pods = pods
+			return nil
+		}
+	}
+	// No repair controller, or one whose watch is narrowed by extra
+	// selectors: a watch of the node's pods of the socket's own, paged
+	// and slimmed as the repair controller's is.
+	pods, err := repair.NodePods{Node: node, Called: s.apiCalled}.Informer(client)
+	if err != nil {
+		return fmt.Errorf("setting up the pod socket's watch: %w", err)
+	}
+	s.pods, s.ownRun = pods, true
+	return nil
+}
+
+// cniRefused says (and logs why) when this agent cannot run the plugin's
+// CNI calls, removing a socket an earlier agent that could left behind,
+// which would send the front here for nothing.
+func (s *podSocket) cniRefused(runDir string, hostNetns func() error) bool {
 	if missing := missingCaps(); len(missing) > 0 {
 		// Running a call means entering the pod's namespace and writing
-		// its rules; the chart grants that only with repair in place. A
-		// socket from an earlier agent that could would send the front
-		// here for nothing.
-		_ = os.Remove(cnisock.Path(cfg.AgentRunDir))
+		// its rules; the chart grants that only with repair in place.
+		_ = os.Remove(cnisock.Path(runDir))
 		s.log.Info().Strs("missing_capabilities", missing).
 			Msg("not running the plugin's CNI calls (the front runs the standalone plugin): this container lacks capabilities they need")
-		return s, nil
+		return true
 	}
 	if err := hostNetns(); err != nil {
 		// A call names its namespace; the host's must be refused, and is
 		// told from a pod's only once registered.
-		_ = os.Remove(cnisock.Path(cfg.AgentRunDir))
+		_ = os.Remove(cnisock.Path(runDir))
 		s.log.Info().Err(err).
 			Msg("not running the plugin's CNI calls (the front runs the standalone plugin): the host's network namespace is not known")
-		return s, nil
+		return true
 	}
+	return false
+}
+
+// serveCNI listens on the socket the nftmesh-cni front hands its calls to.
+func (s *podSocket) serveCNI(cfg *installer.Config, src *podcache.Source, hostNetns func() error, m *metrics.Metrics) error {
 	cniLn, err := agentsock.ListenAt(cfg.AgentRunDir, cnisock.SocketName)
 	if err != nil {
-		ln.Close()
-		return nil, err
+		return err
 	}
 	s.cniLn = cniLn
-	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "nftmesh", Subsystem: "agent_socket", Name: "cni_calls_total",
-		Help: "CNI calls the nftmesh-cni front handed to the agent, by outcome (ok, error, declined, busy, refused, bad_request, write_error).",
-	}, []string{"outcome"})
-	if m != nil {
-		m.Registry.MustRegister(calls)
-	}
+	calls := socketCounter(m, "cni_calls_total",
+		"CNI calls the nftmesh-cni front handed to the agent, by outcome (ok, error, declined, busy, refused, bad_request, write_error).")
 	// A caller's capabilities are read in the node's PID namespace: the
 	// host's /proc as repair in place mounts it (the chart grants the
 	// capabilities calls need only with it), else this process's own.
@@ -172,17 +180,32 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 	}
 	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, ProcDir: procDir, HostNetns: hostNetns, Observe: func(o cniplugin.ServeOutcome) {
 		calls.WithLabelValues(o.Status).Inc()
-		var e *zerolog.Event
-		switch o.Status {
-		case cniplugin.OutcomeOK, cniplugin.OutcomeError, cniplugin.OutcomeDeclined:
-			e = s.log.Debug()
-		default:
-			e = s.log.Warn().Uint32("peer_uid", o.PeerUID)
-		}
-		e.Str("outcome", o.Status).Str("reason", o.Reason).Str("command", o.Command).Dur("duration", o.Duration).
+		quiet := o.Status == cniplugin.OutcomeOK || o.Status == cniplugin.OutcomeError || o.Status == cniplugin.OutcomeDeclined
+		s.outcomeEvent(quiet, o.PeerUID).Str("outcome", o.Status).Str("reason", o.Reason).Str("command", o.Command).Dur("duration", o.Duration).
 			Msg("CNI call on the agent socket")
 	}}
-	return s, nil
+	return nil
+}
+
+// socketCounter is a counter of the agent socket's outcomes, registered
+// when the agent has metrics.
+func socketCounter(m *metrics.Metrics, name, help string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "nftmesh", Subsystem: "agent_socket", Name: name, Help: help,
+	}, []string{"outcome"})
+	if m != nil {
+		m.Registry.MustRegister(c)
+	}
+	return c
+}
+
+// outcomeEvent logs an expected outcome at debug and any other as a
+// warning naming the peer.
+func (s *podSocket) outcomeEvent(quiet bool, peerUID uint32) *zerolog.Event {
+	if quiet {
+		return s.log.Debug()
+	}
+	return s.log.Warn().Uint32("peer_uid", peerUID)
 }
 
 // run serves until ctx ends (and runs the informer if it is ours).
