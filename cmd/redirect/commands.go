@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/signal"
@@ -200,98 +201,22 @@ unexpected) with exit 3; with -o json as {"schemaVersion", "netns", "subject",
 				return err
 			}
 			defer done()
-			opts := capture.Options{Backend: backend, RunDir: runDir}
-			w := cmd.OutOrStdout()
+			in := inspection{ctx: ctx, ns: ns, netns: netns, opts: capture.Options{Backend: backend, RunDir: runDir}, output: output, w: cmd.OutOrStdout()}
 			if !sf.hasPod() && len(sf.annotations) == 0 {
-				live, name, err := pipeline.List(ctx, ns, opts)
-				if err != nil {
-					return failure(fmt.Errorf("reading capture rules in %s: %w", netns, err))
-				}
-				foreign, err := pipeline.Foreign(ctx, ns)
-				if err != nil {
-					return failure(err)
-				}
-				if len(foreign) > 0 && output != "json" {
-					fmt.Fprintf(w, "# %s\n", foreignLine(netns, foreign))
-				}
-				if live.Empty() && output != "json" {
-					fmt.Fprintf(w, "# no nftmesh capture rules in %s (%s)\n", netns, name)
-					if len(foreign) > 0 {
-						return &exitError{exitDrift, nil}
-					}
-					return nil
-				}
-				out, err := render(live, output)
-				if err != nil {
-					return failure(err)
-				}
-				fmt.Fprint(w, out)
-				return nil
+				return in.live()
 			}
 			want, r, err := sf.planIn(cmd.Flags(), netns)
 			if err != nil {
 				return err
 			}
-			name, err := pipeline.Check(ctx, ns, want, opts)
-			var drift *redirect.DriftError
-			// Our rules matching the plan is not "in sync" while another
-			// installer's capture acts on the same traffic.
-			var foreign []string
-			if err == nil || errors.As(err, &drift) {
-				var ferr error
-				if foreign, ferr = pipeline.Foreign(ctx, ns); ferr != nil {
-					return failure(ferr)
-				}
+			c, err := in.check(want)
+			if err != nil {
+				return err
 			}
-			// The traces go through nftmesh's rules only: with Istio's
-			// rules acting on the traffic too, "live accept" would be
-			// wrong, so none are shown then.
-			var effects []redirect.DriftEffect
-			if drift != nil && len(foreign) == 0 {
-				effects = driftEffects(ctx, ns, netns, want, opts)
+			if output == "json" && (c.err == nil || c.drift != nil) {
+				return in.writeDoc(c, r.subject)
 			}
-			if output == "json" && (err == nil || drift != nil) {
-				doc := inspectDoc{SchemaVersion: schemaVersion, Netns: netns, Subject: r.subject, Backend: name, InSync: err == nil && len(foreign) == 0, Drift: []string{}, Foreign: foreign}
-				if drift != nil {
-					doc.Drift = drift.Lines
-				}
-				for _, e := range effects {
-					doc.Effects = append(doc.Effects, effectDoc{Packet: e.Packet.String(), Planned: e.Planned.String(), Live: e.Live.String(), Why: e.Why})
-				}
-				if werr := writeJSON(w, doc); werr != nil {
-					return failure(werr)
-				}
-				if doc.InSync {
-					return nil
-				}
-				return &exitError{exitDrift, nil}
-			}
-			if len(foreign) > 0 {
-				fmt.Fprintf(w, "%s\n", foreignLine(netns, foreign))
-			}
-			switch {
-			case err == nil && len(foreign) > 0:
-				fmt.Fprintf(w, "nftmesh's own rules match the plan of %s (%s)\n", r.subject, name)
-				return &exitError{exitDrift, nil}
-			case err == nil:
-				fmt.Fprintf(w, "in sync: %s has exactly the capture rules of %s (%s)\n", netns, r.subject, name)
-				return nil
-			case errors.As(err, &drift):
-				fmt.Fprintf(w, "drift: %s differs from the plan of %s (%s):\n%s\n", netns, r.subject, name, strings.Join(drift.Lines, "\n"))
-				if len(effects) > 0 {
-					fmt.Fprintf(w, "effect (traced through the planned and the live rules):\n")
-					for i, e := range effects {
-						if i == maxEffectsShown {
-							fmt.Fprintf(w, "  ... and %d more (-o json lists all)\n", len(effects)-i)
-							break
-						}
-						fmt.Fprintf(w, "  %s\n", e)
-					}
-				}
-				return &exitError{exitDrift, nil}
-			default:
-				return failure(fmt.Errorf("checking %s against %s: %w", netns, r.subject, err))
-			}
+			return in.report(c, r.subject)
 		},
 	}
 	sf.register(cmd.Flags())
@@ -300,6 +225,122 @@ unexpected) with exit 3; with -o json as {"schemaVersion", "netns", "subject",
 	outputFlag(cmd, &output, "nft", "output format for the live rules: nft, iptables, json or plan", "nft", "iptables", "json", "plan")
 	runDirFlag(cmd, &runDir)
 	return cmd
+}
+
+// inspection is one `redirect inspect` of an open network namespace.
+type inspection struct {
+	ctx    context.Context
+	ns     *capture.Netns
+	netns  string
+	opts   capture.Options
+	output string
+	w      io.Writer
+}
+
+// live prints what nftmesh installed in the namespace.
+func (in inspection) live() error {
+	live, name, err := pipeline.List(in.ctx, in.ns, in.opts)
+	if err != nil {
+		return failure(fmt.Errorf("reading capture rules in %s: %w", in.netns, err))
+	}
+	foreign, err := pipeline.Foreign(in.ctx, in.ns)
+	if err != nil {
+		return failure(err)
+	}
+	if len(foreign) > 0 && in.output != "json" {
+		fmt.Fprintf(in.w, "# %s\n", foreignLine(in.netns, foreign))
+	}
+	if live.Empty() && in.output != "json" {
+		fmt.Fprintf(in.w, "# no nftmesh capture rules in %s (%s)\n", in.netns, name)
+		if len(foreign) > 0 {
+			return &exitError{exitDrift, nil}
+		}
+		return nil
+	}
+	out, err := render(live, in.output)
+	if err != nil {
+		return failure(err)
+	}
+	fmt.Fprint(in.w, out)
+	return nil
+}
+
+// checked is the namespace's live rules compared with a plan.
+type checked struct {
+	backend string
+	err     error // from the check; a *redirect.DriftError is drift
+	drift   *redirect.DriftError
+	foreign []string
+	effects []redirect.DriftEffect
+}
+
+// check compares the live rules with want; the error is one of reading
+// the foreign capture.
+func (in inspection) check(want redirect.Plan) (checked, error) {
+	var c checked
+	c.backend, c.err = pipeline.Check(in.ctx, in.ns, want, in.opts)
+	// Our rules matching the plan is not "in sync" while another
+	// installer's capture acts on the same traffic.
+	if c.err == nil || errors.As(c.err, &c.drift) {
+		var ferr error
+		if c.foreign, ferr = pipeline.Foreign(in.ctx, in.ns); ferr != nil {
+			return c, failure(ferr)
+		}
+	}
+	// The traces go through nftmesh's rules only: with Istio's
+	// rules acting on the traffic too, "live accept" would be
+	// wrong, so none are shown then.
+	if c.drift != nil && len(c.foreign) == 0 {
+		c.effects = driftEffects(in.ctx, in.ns, in.netns, want, in.opts)
+	}
+	return c, nil
+}
+
+func (in inspection) writeDoc(c checked, subject string) error {
+	doc := inspectDoc{SchemaVersion: schemaVersion, Netns: in.netns, Subject: subject, Backend: c.backend, InSync: c.err == nil && len(c.foreign) == 0, Drift: []string{}, Foreign: c.foreign}
+	if c.drift != nil {
+		doc.Drift = c.drift.Lines
+	}
+	for _, e := range c.effects {
+		doc.Effects = append(doc.Effects, effectDoc{Packet: e.Packet.String(), Planned: e.Planned.String(), Live: e.Live.String(), Why: e.Why})
+	}
+	if werr := writeJSON(in.w, doc); werr != nil {
+		return failure(werr)
+	}
+	if doc.InSync {
+		return nil
+	}
+	return &exitError{exitDrift, nil}
+}
+
+func (in inspection) report(c checked, subject string) error {
+	w, netns, name := in.w, in.netns, c.backend
+	if len(c.foreign) > 0 {
+		fmt.Fprintf(w, "%s\n", foreignLine(netns, c.foreign))
+	}
+	switch {
+	case c.err == nil && len(c.foreign) > 0:
+		fmt.Fprintf(w, "nftmesh's own rules match the plan of %s (%s)\n", subject, name)
+		return &exitError{exitDrift, nil}
+	case c.err == nil:
+		fmt.Fprintf(w, "in sync: %s has exactly the capture rules of %s (%s)\n", netns, subject, name)
+		return nil
+	case c.drift != nil:
+		fmt.Fprintf(w, "drift: %s differs from the plan of %s (%s):\n%s\n", netns, subject, name, strings.Join(c.drift.Lines, "\n"))
+		if len(c.effects) > 0 {
+			fmt.Fprintf(w, "effect (traced through the planned and the live rules):\n")
+			for i, e := range c.effects {
+				if i == maxEffectsShown {
+					fmt.Fprintf(w, "  ... and %d more (-o json lists all)\n", len(c.effects)-i)
+					break
+				}
+				fmt.Fprintf(w, "  %s\n", e)
+			}
+		}
+		return &exitError{exitDrift, nil}
+	default:
+		return failure(fmt.Errorf("checking %s against %s: %w", netns, subject, c.err))
+	}
 }
 
 func newCleanCmd() *cobra.Command {

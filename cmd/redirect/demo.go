@@ -100,6 +100,26 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 	fmt.Fprintf(w, "applied the default sidecar capture (%d rules, %d sets, IPv4+IPv6, excludeOutboundIPRanges=192.0.2.0/24) with %s in %s, one netlink batch\n\n",
 		res.Rules, len(plan.Sets), res.Backend, took.Round(10*time.Microsecond))
 
+	cases := demoCases()
+	failed, err := probeAll(ctx, w, topo, cases)
+	if err != nil {
+		return err
+	}
+	if !keep {
+		if _, err := capture.Linux().Remove(ctx, ns, opts); err != nil {
+			return failure(fmt.Errorf("removing the capture rules: %w", err))
+		}
+	}
+	if failed > 0 {
+		return failure(fmt.Errorf("%d of %d connections did not land where Istio's rules send them", failed, len(cases)))
+	}
+	fmt.Fprintf(w, "\nall %d connections landed where Istio's sidecar rules send them.\n", len(cases))
+	return nil
+}
+
+// demoCases are the connections the demo makes and where Istio's rules
+// send each.
+func demoCases() []demoCase {
 	app := func(dst netip.AddrPort) netlab.Probe {
 		return netlab.Probe{From: netlab.FromApp, UID: netlab.AppUID, GID: netlab.AppGID, Proto: redirect.ProtoTCP, Dst: dst}
 	}
@@ -112,7 +132,7 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 	pod8080 := netip.AddrPortFrom(netlab.PodV4, 8080)
 	pod6 := netip.AddrPortFrom(netlab.PodV6, 8080)
 	probe := netip.AddrPortFrom(redirect.InboundPassthroughV4.Addr(), redirect.ValidationProbePort)
-	cases := []demoCase{
+	return []demoCase{
 		{"app calls an external service", app(ext4), netlab.ListenerOutbound, ext4},
 		{"app calls an external service (IPv6)", app(ext6), netlab.ListenerOutbound, ext6},
 		{"app calls an excluded CIDR", app(excl), netlab.PeerListener(excl), netip.AddrPort{}},
@@ -123,13 +143,16 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 		{"app calls itself over the pod IP", app(pod8080), netlab.AppListener(8080), netip.AddrPort{}},
 		{"istio-validation probe (uid 1337 -> 127.0.0.6:15002)", proxy(probe), netlab.ListenerInbound, probe},
 	}
+}
 
+// probeAll makes each connection of cases in topo and prints a table of
+// where it landed; failed counts those that landed elsewhere.
+func probeAll(ctx context.Context, w io.Writer, topo *netlab.Topology, cases []demoCase) (failed int, err error) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONNECTION\tFROM\tTO\tLANDED ON\tORIGINAL DST\tAS ISTIO")
-	failed := 0
 	for _, c := range cases {
 		if ctx.Err() != nil {
-			return errors.New("interrupted")
+			return failed, errors.New("interrupted")
 		}
 		r := topo.Probe(c.probe)
 		ok := r.Landed == c.landed && (!c.orig.IsValid() || r.OrigDst == c.orig)
@@ -145,16 +168,7 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.what, fromLabel(c.probe), c.probe.Dst, r.Landed, orig, mark)
 	}
 	tw.Flush()
-	if !keep {
-		if _, err := capture.Linux().Remove(ctx, ns, opts); err != nil {
-			return failure(fmt.Errorf("removing the capture rules: %w", err))
-		}
-	}
-	if failed > 0 {
-		return failure(fmt.Errorf("%d of %d connections did not land where Istio's rules send them", failed, len(cases)))
-	}
-	fmt.Fprintf(w, "\nall %d connections landed where Istio's sidecar rules send them.\n", len(cases))
-	return nil
+	return failed, nil
 }
 
 func fromLabel(p netlab.Probe) string {

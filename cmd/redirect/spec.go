@@ -118,60 +118,11 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 		return resolved{}, usageErr("no capture settings given: use --pod FILE, --annotation key=value, or --defaults for Istio's default capture")
 	}
 	if f.hasPod() {
-		if len(f.annotations) > 0 {
-			return resolved{}, usageErr("--pod and --annotation cannot be combined: put the annotations in the manifest")
-		}
-		for _, name := range []string{"dns-capture", "drop-invalid", "dual-stack", "proxy-uid", "proxy-gid"} {
-			if fs.Changed(name) {
-				return resolved{}, usageErr("--%s cannot be combined with --pod: the manifest's istio-proxy container decides it", name)
-			}
-		}
-		o, err := f.readPod()
-		if err != nil {
-			return resolved{}, usageErr("%v", err)
-		}
-		pod := o.Pod
-		in, reason, spec, err := meshpod.Decide(pod)
-		subject := o.Subject()
-		warnings := redirect.UnknownAnnotationWarnings(pod.Annotations)
-		if err != nil {
-			return resolved{subject: subject, warnings: warnings}, usageErr("%w", err) // podinfo names the pod
-		}
-		if fs.Changed("ipv6") {
-			spec.IPv6 = f.ipv6
-		}
-		var ips []netip.Addr
-		for _, s := range pod.PodIPs {
-			if a, err := netip.ParseAddr(s); err == nil {
-				ips = append(ips, a.Unmap())
-			}
-		}
-		return resolved{spec: spec, inMesh: in, reason: reason, subject: subject, podIPs: ips, warnings: warnings}, nil
+		return f.resolvePod(fs)
 	}
-
-	ann := map[string]string{}
-	for _, kv := range f.annotations {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || strings.TrimSpace(k) == "" {
-			return resolved{}, usageErr("--annotation %s: want key=value", quote.Value(kv))
-		}
-		k = strings.TrimSpace(k)
-		if _, dup := ann[k]; dup {
-			return resolved{}, usageErr("--annotation %s given twice", quote.Value(k))
-		}
-		ann[k] = v
-	}
-	known := map[string]bool{}
-	for _, k := range redirect.CaptureAnnotations {
-		known[k] = true
-	}
-	for k := range ann {
-		if !known[k] {
-			if s := redirect.SuggestAnnotation(k); s != "" && known[s] {
-				return resolved{}, usageErr("--annotation %s: not a capture annotation; did you mean %q?", quote.Value(k), s)
-			}
-			return resolved{}, usageErr("--annotation %s: not a capture annotation (known: %s)", quote.Value(k), strings.Join(redirect.CaptureAnnotations, ", "))
-		}
+	ann, err := parseAnnotationFlags(f.annotations)
+	if err != nil {
+		return resolved{}, err
 	}
 	if redirect.WantsNoCapture(ann) {
 		// As for a pod with this annotation: no capture, said with exit 4.
@@ -179,7 +130,6 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 	}
 	base := redirect.DefaultSpec()
 	base.IPv6, base.DualStack, base.CaptureDNS, base.DropInvalid = f.ipv6, f.dualStack, f.dns, f.dropInvalid
-	var err error
 	if base.ProxyUIDs, err = parseIDs("--proxy-uid", f.uids); err != nil {
 		return resolved{}, err
 	}
@@ -191,6 +141,69 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 		return resolved{subject: "annotations"}, usageErr("%w", err)
 	}
 	return resolved{spec: spec, inMesh: true, subject: "annotations"}, nil
+}
+
+// resolvePod decides from the --pod manifest.
+func (f *specFlags) resolvePod(fs *pflag.FlagSet) (resolved, error) {
+	if len(f.annotations) > 0 {
+		return resolved{}, usageErr("--pod and --annotation cannot be combined: put the annotations in the manifest")
+	}
+	for _, name := range []string{"dns-capture", "drop-invalid", "dual-stack", "proxy-uid", "proxy-gid"} {
+		if fs.Changed(name) {
+			return resolved{}, usageErr("--%s cannot be combined with --pod: the manifest's istio-proxy container decides it", name)
+		}
+	}
+	o, err := f.readPod()
+	if err != nil {
+		return resolved{}, usageErr("%v", err)
+	}
+	pod := o.Pod
+	in, reason, spec, err := meshpod.Decide(pod)
+	subject := o.Subject()
+	warnings := redirect.UnknownAnnotationWarnings(pod.Annotations)
+	if err != nil {
+		return resolved{subject: subject, warnings: warnings}, usageErr("%w", err) // podinfo names the pod
+	}
+	if fs.Changed("ipv6") {
+		spec.IPv6 = f.ipv6
+	}
+	var ips []netip.Addr
+	for _, s := range pod.PodIPs {
+		if a, err := netip.ParseAddr(s); err == nil {
+			ips = append(ips, a.Unmap())
+		}
+	}
+	return resolved{spec: spec, inMesh: in, reason: reason, subject: subject, podIPs: ips, warnings: warnings}, nil
+}
+
+// parseAnnotationFlags reads --annotation key=value flags: each key once,
+// and each a capture annotation.
+func parseAnnotationFlags(kvs []string) (map[string]string, error) {
+	ann := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, usageErr("--annotation %s: want key=value", quote.Value(kv))
+		}
+		k = strings.TrimSpace(k)
+		if _, dup := ann[k]; dup {
+			return nil, usageErr("--annotation %s given twice", quote.Value(k))
+		}
+		ann[k] = v
+	}
+	known := map[string]bool{}
+	for _, k := range redirect.CaptureAnnotations {
+		known[k] = true
+	}
+	for k := range ann {
+		if !known[k] {
+			if s := redirect.SuggestAnnotation(k); s != "" && known[s] {
+				return nil, usageErr("--annotation %s: not a capture annotation; did you mean %q?", quote.Value(k), s)
+			}
+			return nil, usageErr("--annotation %s: not a capture annotation (known: %s)", quote.Value(k), strings.Join(redirect.CaptureAnnotations, ", "))
+		}
+	}
+	return ann, nil
 }
 
 func parseIDs(flag, v string) ([]uint32, error) {
