@@ -175,63 +175,73 @@ func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
 	fs.BoolVar(&c.PodEvents, "pod-events", true, "record an Event on a pod whose capture failed, was repaired or drifted")
 	fs.StringVar(&c.Repair.HostProc, "host-proc", rd.HostProc, "the host's /proc as mounted in the agent, where repair in place finds pod network namespaces (/proc outside a cluster)")
 
-	boolish := func(v string) (string, error) {
-		b, err := strconv.ParseBool(v)
-		return strconv.FormatBool(b), err
+	return fs, envSpecs, logLevel
+}
+
+// envSpecs are the environment variables, Istio's install-cni names, that
+// stand in for a flag (flags and NFTMESH_<FLAG> win over them).
+var envSpecs = []flagSpec{
+	{name: "cni-conf-dir", aliases: alias("MOUNTED_CNI_NET_DIR", "CNI_NET_DIR")},
+	{name: "cni-conf-file-name", aliases: alias("CNI_CONF_NAME")},
+	{name: "chained", aliases: alias("CHAINED_CNI_PLUGIN")},
+	{name: "agent-run-dir", aliases: alias("CNI_AGENT_RUN_DIR")},
+	{name: "kube-ca-file", aliases: alias("KUBE_CA_FILE")},
+	{name: "exclude-namespaces", aliases: alias("EXCLUDE_NAMESPACES")},
+	{name: "pod-namespace", aliases: alias("POD_NAMESPACE")},
+	{name: "node-name", aliases: alias("NODE_NAME")},
+	{name: "metrics-addr", aliases: []envAlias{{name: "MONITORING_PORT", conv: portAddr}}},
+	{name: "backend", aliases: []envAlias{
+		{name: "FORCE_IPTABLES_BINARY", conv: iptablesBinaryBackend},
+		{name: "NATIVE_NFTABLES", conv: nativeNftablesBackend},
+	}},
+	{name: "log-level", aliases: alias("LOG_LEVEL")},
+	{name: "repair-enabled", aliases: []envAlias{{name: "REPAIR_ENABLED", conv: boolish}}},
+	{name: "repair-pods", aliases: []envAlias{{name: "REPAIR_REPAIR_PODS", conv: boolish}}},
+	{name: "repair-delete-pods", aliases: []envAlias{{name: "REPAIR_DELETE_PODS", conv: boolish}}},
+	{name: "repair-label-pods", aliases: []envAlias{{name: "REPAIR_LABEL_PODS", conv: boolish}}},
+	{name: "repair-node-name", aliases: alias("REPAIR_NODE_NAME")},
+	{name: "repair-init-container-name", aliases: alias("REPAIR_INIT_CONTAINER_NAME")},
+	{name: "repair-init-container-exit-code", aliases: alias("REPAIR_INIT_CONTAINER_EXIT_CODE")},
+	{name: "repair-init-container-termination-message", aliases: alias("REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE")},
+	{name: "repair-sidecar-annotation", aliases: alias("REPAIR_SIDECAR_ANNOTATION")},
+	{name: "repair-broken-pod-label-key", aliases: alias("REPAIR_BROKEN_POD_LABEL_KEY")},
+	{name: "repair-broken-pod-label-value", aliases: alias("REPAIR_BROKEN_POD_LABEL_VALUE")},
+	{name: "repair-label-selectors", aliases: alias("REPAIR_LABEL_SELECTORS")},
+	{name: "repair-field-selectors", aliases: alias("REPAIR_FIELD_SELECTORS")},
+}
+
+func boolish(v string) (string, error) {
+	b, err := strconv.ParseBool(v)
+	return strconv.FormatBool(b), err
+}
+
+func portAddr(v string) (string, error) {
+	if _, err := strconv.ParseUint(v, 10, 16); err != nil {
+		return "", fmt.Errorf("not a port number")
 	}
-	specs := []flagSpec{
-		{name: "cni-conf-dir", aliases: alias("MOUNTED_CNI_NET_DIR", "CNI_NET_DIR")},
-		{name: "cni-conf-file-name", aliases: alias("CNI_CONF_NAME")},
-		{name: "chained", aliases: alias("CHAINED_CNI_PLUGIN")},
-		{name: "agent-run-dir", aliases: alias("CNI_AGENT_RUN_DIR")},
-		{name: "kube-ca-file", aliases: alias("KUBE_CA_FILE")},
-		{name: "exclude-namespaces", aliases: alias("EXCLUDE_NAMESPACES")},
-		{name: "pod-namespace", aliases: alias("POD_NAMESPACE")},
-		{name: "node-name", aliases: alias("NODE_NAME")},
-		{name: "metrics-addr", aliases: []envAlias{{name: "MONITORING_PORT", conv: func(v string) (string, error) {
-			if _, err := strconv.ParseUint(v, 10, 16); err != nil {
-				return "", fmt.Errorf("not a port number")
-			}
-			return ":" + v, nil
-		}}}},
-		{name: "backend", aliases: []envAlias{
-			{name: "FORCE_IPTABLES_BINARY", conv: func(v string) (string, error) {
-				switch v {
-				case "legacy":
-					return cniconf.BackendIptablesLegacy, nil
-				case "nft":
-					// iptables-nft rules are nftables rules; our netlink backend writes those directly.
-					return cniconf.BackendNftables, nil
-				}
-				return "", fmt.Errorf("want legacy or nft")
-			}},
-			{name: "NATIVE_NFTABLES", conv: func(v string) (string, error) {
-				b, err := strconv.ParseBool(v)
-				if err != nil {
-					return "", err
-				}
-				if b {
-					return cniconf.BackendNftables, nil
-				}
-				return "", nil // false leaves the backend to other sources
-			}},
-		}},
-		{name: "log-level", aliases: alias("LOG_LEVEL")},
-		{name: "repair-enabled", aliases: []envAlias{{name: "REPAIR_ENABLED", conv: boolish}}},
-		{name: "repair-pods", aliases: []envAlias{{name: "REPAIR_REPAIR_PODS", conv: boolish}}},
-		{name: "repair-delete-pods", aliases: []envAlias{{name: "REPAIR_DELETE_PODS", conv: boolish}}},
-		{name: "repair-label-pods", aliases: []envAlias{{name: "REPAIR_LABEL_PODS", conv: boolish}}},
-		{name: "repair-node-name", aliases: alias("REPAIR_NODE_NAME")},
-		{name: "repair-init-container-name", aliases: alias("REPAIR_INIT_CONTAINER_NAME")},
-		{name: "repair-init-container-exit-code", aliases: alias("REPAIR_INIT_CONTAINER_EXIT_CODE")},
-		{name: "repair-init-container-termination-message", aliases: alias("REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE")},
-		{name: "repair-sidecar-annotation", aliases: alias("REPAIR_SIDECAR_ANNOTATION")},
-		{name: "repair-broken-pod-label-key", aliases: alias("REPAIR_BROKEN_POD_LABEL_KEY")},
-		{name: "repair-broken-pod-label-value", aliases: alias("REPAIR_BROKEN_POD_LABEL_VALUE")},
-		{name: "repair-label-selectors", aliases: alias("REPAIR_LABEL_SELECTORS")},
-		{name: "repair-field-selectors", aliases: alias("REPAIR_FIELD_SELECTORS")},
+	return ":" + v, nil
+}
+
+func iptablesBinaryBackend(v string) (string, error) {
+	switch v {
+	case "legacy":
+		return cniconf.BackendIptablesLegacy, nil
+	case "nft":
+		// iptables-nft rules are nftables rules; our netlink backend writes those directly.
+		return cniconf.BackendNftables, nil
 	}
-	return fs, specs, logLevel
+	return "", fmt.Errorf("want legacy or nft")
+}
+
+func nativeNftablesBackend(v string) (string, error) {
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return "", err
+	}
+	if b {
+		return cniconf.BackendNftables, nil
+	}
+	return "", nil // false leaves the backend to other sources
 }
 
 // Usage returns the flag help text.

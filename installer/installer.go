@@ -382,8 +382,7 @@ func (in *Installer) insertOnce() (bool, error) {
 	if err := complete(base); err != nil {
 		return false, err
 	}
-	b := base.data
-	out, err := conflist.InsertPlugin(p, b, in.ours)
+	out, err := conflist.InsertPlugin(p, base.data, in.ours)
 	if err != nil {
 		return false, err
 	}
@@ -393,58 +392,12 @@ func (in *Installer) insertOnce() (bool, error) {
 			return false, fmt.Errorf("reading %s before converting %s: %w", target, p, err)
 		}
 	}
-	hadOurs := conflist.HasPlugin(p, b)
 
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	mode, uid, gid := base.mode, base.uid, base.gid
-	rec := confRecord{
-		Written: target, WrittenSum: sum(out),
-		Original: p, OriginalBytes: b, OriginalMode: mode, OriginalUID: uid, OriginalGID: gid,
-	}
-	if target != p {
-		// A linked .conf goes away as a link and comes back as one.
-		rec.OriginalLink, _ = os.Readlink(p)
-	}
-	var prev *confRecord
-	if old := in.st.record(target); old != nil {
-		c := *old
-		prev = &c
-	}
-	if hadOurs {
-		stripped, changed, err := conflist.RemovePlugin(p, b)
-		switch {
-		case prev != nil && target == p && (prev.WrittenSum == sum(b) ||
-			err == nil && changed && prev.Original == p && conflist.SameEntry(stripped, prev.OriginalBytes)):
-			// Our own earlier write, or one where only our entry
-			// changed (edited, or moved from last): the primary's bytes
-			// are still the recorded ones.
-			rec.Original, rec.OriginalBytes = prev.Original, prev.OriginalBytes
-			rec.OriginalMode, rec.OriginalUID, rec.OriginalGID = prev.OriginalMode, prev.OriginalUID, prev.OriginalGID
-			rec.OriginalLink = prev.OriginalLink
-		case err == nil && changed:
-			// Written by someone else with our entry in it (or left by
-			// an agent that lost its state): the best original is that
-			// content without our entry.
-			rec.OriginalBytes = stripped
-		}
-	}
-	// The record goes first, so a crash right after the write still
-	// knows the original.
-	in.st.put(rec)
-	if err := saveState(in.statePath(), in.st); err != nil {
-		in.st.drop(target, prev)
+	rec, prev := in.recordInsert(p, target, base, out)
+	if err := in.writeRecorded(rec, prev, cur, out, base); err != nil {
 		return false, err
-	}
-	if err := replaceIfUnchanged(cur, out, mode, uid, gid); err != nil {
-		in.st.drop(target, prev)
-		if serr := saveState(in.statePath(), in.st); serr != nil {
-			in.log.Warn().Err(serr).Msg("restoring the agent state after a failed write")
-		}
-		if errors.Is(err, errChanged) {
-			return false, err
-		}
-		return false, fmt.Errorf("writing %s: %w", target, err)
 	}
 	if target != p {
 		// The .conflist sorts after its .conf twin, so the runtime keeps
@@ -459,6 +412,69 @@ func (in *Installer) insertOnce() (bool, error) {
 	}
 	in.log.Info().Str("file", target).Str("primary", p).Msg("inserted " + PluginName + " into the CNI config")
 	return true, nil
+}
+
+// recordInsert is the state record of writing out to target in place of
+// the primary p (base), and the record it replaces, if any. in.mu is held.
+func (in *Installer) recordInsert(p, target string, base snapshot, out []byte) (confRecord, *confRecord) {
+	b := base.data
+	rec := confRecord{
+		Written: target, WrittenSum: sum(out),
+		Original: p, OriginalBytes: b, OriginalMode: base.mode, OriginalUID: base.uid, OriginalGID: base.gid,
+	}
+	if target != p {
+		// A linked .conf goes away as a link and comes back as one.
+		rec.OriginalLink, _ = os.Readlink(p)
+	}
+	var prev *confRecord
+	if old := in.st.record(target); old != nil {
+		c := *old
+		prev = &c
+	}
+	if !conflist.HasPlugin(p, b) {
+		return rec, prev
+	}
+	stripped, changed, err := conflist.RemovePlugin(p, b)
+	switch {
+	case prev != nil && target == p && (prev.WrittenSum == sum(b) ||
+		err == nil && changed && prev.Original == p && conflist.SameEntry(stripped, prev.OriginalBytes)):
+		// Our own earlier write, or one where only our entry
+		// changed (edited, or moved from last): the primary's bytes
+		// are still the recorded ones.
+		rec.Original, rec.OriginalBytes = prev.Original, prev.OriginalBytes
+		rec.OriginalMode, rec.OriginalUID, rec.OriginalGID = prev.OriginalMode, prev.OriginalUID, prev.OriginalGID
+		rec.OriginalLink = prev.OriginalLink
+	case err == nil && changed:
+		// Written by someone else with our entry in it (or left by
+		// an agent that lost its state): the best original is that
+		// content without our entry.
+		rec.OriginalBytes = stripped
+	}
+	return rec, prev
+}
+
+// writeRecorded saves rec, then writes out over cur, with the primary's
+// (base's) mode and owner, unless cur changed (errChanged); on failure the
+// state goes back to prev. The record goes
+// first, so a crash right after the write still knows the original.
+// in.mu is held.
+func (in *Installer) writeRecorded(rec confRecord, prev *confRecord, cur snapshot, out []byte, base snapshot) error {
+	in.st.put(rec)
+	if err := saveState(in.statePath(), in.st); err != nil {
+		in.st.drop(rec.Written, prev)
+		return err
+	}
+	if err := replaceIfUnchanged(cur, out, base.mode, base.uid, base.gid); err != nil {
+		in.st.drop(rec.Written, prev)
+		if serr := saveState(in.statePath(), in.st); serr != nil {
+			in.log.Warn().Err(serr).Msg("restoring the agent state after a failed write")
+		}
+		if errors.Is(err, errChanged) {
+			return err
+		}
+		return fmt.Errorf("writing %s: %w", rec.Written, err)
+	}
+	return nil
 }
 
 // throttle waits for the rate limiter before a rewrite of path.

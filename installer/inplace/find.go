@@ -128,9 +128,30 @@ func FindNetns(procDir, uid string, ips []netip.Addr) (Netns, error) {
 	for _, ip := range ips {
 		want[ip.Unmap()] = true
 	}
+	groups, order, err := walkNamespaces(procDir)
+	if err != nil {
+		return Netns{}, err
+	}
+	f := found{podCgroups: uid == ""}
+	for _, id := range order {
+		f.inspect(procDir, uid, id, groups[id], want)
+	}
+	return f.pick(uid, ips)
+}
+
+// nsGroup is the processes of one network namespace and its oldest.
+type nsGroup struct {
+	pid   int
+	ticks uint64
+	pids  []int // every process in the namespace, for its cgroups
+}
+
+// walkNamespaces groups procDir's processes by network namespace, in the
+// order first seen, leaving out those that may never be a pod's.
+func walkNamespaces(procDir string) (map[nsID]*nsGroup, []nsID, error) {
 	entries, err := os.ReadDir(procDir)
 	if err != nil {
-		return Netns{}, fmt.Errorf("finding a pod's network namespace: reading %s: %w", procDir, err)
+		return nil, nil, fmt.Errorf("finding a pod's network namespace: reading %s: %w", procDir, err)
 	}
 	// Never candidates: the host's namespace (PID 1's, when it may be
 	// read) and the agent's own (the host's too with hostNetwork).
@@ -146,13 +167,8 @@ func FindNetns(procDir, uid string, ips []netip.Addr) (Netns, error) {
 	// shows the main thread's.
 	self, _ := os.Readlink(filepath.Join(procDir, "self"))
 
-	type group struct {
-		pid   int
-		ticks uint64
-		pids  []int // every process in the namespace, for its cgroups
-	}
 	// Oldest process per namespace.
-	groups := map[nsID]*group{}
+	groups := map[nsID]*nsGroup{}
 	var order []nsID
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -169,7 +185,7 @@ func FindNetns(procDir, uid string, ips []netip.Addr) (Netns, error) {
 		}
 		g := groups[id]
 		if g == nil {
-			groups[id] = &group{pid: pid, ticks: ticks, pids: []int{pid}}
+			groups[id] = &nsGroup{pid: pid, ticks: ticks, pids: []int{pid}}
 			order = append(order, id)
 			continue
 		}
@@ -178,74 +194,84 @@ func FindNetns(procDir, uid string, ips []netip.Addr) (Netns, error) {
 			g.pid, g.ticks = pid, ticks
 		}
 	}
+	return groups, order, nil
+}
 
-	var ours, others []*Netns // holding an IP: in the pod's cgroup, or not
-	var lastErr error
-	foreign := 0            // of others, those in another pod's cgroup
-	podCgroups := uid == "" // some namespace's process is in a pod's cgroup
-	for _, id := range order {
-		g := groups[id]
-		path := filepath.Join(procDir, strconv.Itoa(g.pid), "ns", "net")
-		ok, err := holdsAny(path, id, want)
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		if !ok {
-			if !podCgroups {
-				podCgroups = cgroupOwner(procDir, []int{g.pid}, uid) != ""
-			}
-			continue
-		}
-		n := &Netns{Path: path, PID: g.pid, Dev: id.dev, Inode: id.ino, StartTicks: g.ticks, Match: MatchAddress}
-		owner := ""
-		if uid != "" {
-			owner = cgroupOwner(procDir, g.pids, uid)
-		}
-		switch owner {
-		case ownerPod:
-			n.Match = MatchCgroup
-			ours = append(ours, n)
-		case ownerOtherPod:
-			foreign++
-			others = append(others, n)
-		default:
-			others = append(others, n)
-		}
-		if owner != "" {
-			podCgroups = true
-		}
+// found is what the walk learnt of the namespaces holding one of the IPs.
+type found struct {
+	ours, others []*Netns // holding an IP: in the pod's cgroup, or not
+	foreign      int      // of others, those in another pod's cgroup
+	podCgroups   bool     // some namespace's process is in a pod's cgroup
+	lastErr      error
+}
+
+// inspect sorts the namespace id (its processes g) into f.
+func (f *found) inspect(procDir, uid string, id nsID, g *nsGroup, want map[netip.Addr]bool) {
+	path := filepath.Join(procDir, strconv.Itoa(g.pid), "ns", "net")
+	ok, err := holdsAny(path, id, want)
+	if err != nil {
+		f.lastErr = err
+		return
 	}
-	oldest := func(ns []*Netns) *Netns {
-		var best *Netns
-		for _, n := range ns {
-			if best == nil || n.StartTicks < best.StartTicks || (n.StartTicks == best.StartTicks && n.PID < best.PID) {
-				best = n
-			}
+	if !ok {
+		if !f.podCgroups {
+			f.podCgroups = cgroupOwner(procDir, []int{g.pid}, uid) != ""
 		}
-		return best
+		return
 	}
-	candidates := len(ours) + len(others)
+	n := &Netns{Path: path, PID: g.pid, Dev: id.dev, Inode: id.ino, StartTicks: g.ticks, Match: MatchAddress}
+	owner := ""
+	if uid != "" {
+		owner = cgroupOwner(procDir, g.pids, uid)
+	}
+	switch owner {
+	case ownerPod:
+		n.Match = MatchCgroup
+		f.ours = append(f.ours, n)
+	case ownerOtherPod:
+		f.foreign++
+		f.others = append(f.others, n)
+	default:
+		f.others = append(f.others, n)
+	}
+	if owner != "" {
+		f.podCgroups = true
+	}
+}
+
+// pick is the pod's namespace among those found, or why there is none.
+func (f *found) pick(uid string, ips []netip.Addr) (Netns, error) {
+	candidates := len(f.ours) + len(f.others)
 	var best *Netns
 	switch {
-	case len(ours) > 0:
-		best = oldest(ours)
-	case uid == "" && len(others) > 0:
-		best = oldest(others)
-	case len(others) == 1 && !podCgroups:
+	case len(f.ours) > 0:
+		best = oldest(f.ours)
+	case uid == "" && len(f.others) > 0:
+		best = oldest(f.others)
+	case len(f.others) == 1 && !f.podCgroups:
 		// No process on the host is in a pod's cgroup: the runtime does
 		// not make them, so the IPs are all there is to go by.
-		best = others[0]
+		best = f.others[0]
 	case candidates > 0:
 		return Netns{}, fmt.Errorf("%w (%v): %d network namespaces hold them (%d in other pods' cgroups), none in the cgroup of pod %s",
-			ErrNotFound, ips, candidates, foreign, uid)
-	case lastErr != nil:
-		return Netns{}, fmt.Errorf("%w (%v); last error: %w", ErrNotFound, ips, lastErr)
+			ErrNotFound, ips, candidates, f.foreign, uid)
+	case f.lastErr != nil:
+		return Netns{}, fmt.Errorf("%w (%v); last error: %w", ErrNotFound, ips, f.lastErr)
 	default:
 		return Netns{}, fmt.Errorf("%w (%v)", ErrNotFound, ips)
 	}
 	best.Candidates = candidates
 	return *best, nil
+}
+
+func oldest(ns []*Netns) *Netns {
+	var best *Netns
+	for _, n := range ns {
+		if best == nil || n.StartTicks < best.StartTicks || (n.StartTicks == best.StartTicks && n.PID < best.PID) {
+			best = n
+		}
+	}
+	return best
 }
 
 // How a namespace was matched to the pod.

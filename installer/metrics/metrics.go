@@ -24,9 +24,6 @@ const (
 	ResultKubeconfig        = "create_kubeconfig_failure"
 	ResultCNIConfig         = "create_cni_config_failure"
 	ResultWaitingForPrimary = "waiting_for_primary"
-	metricsNamespace        = "nftmesh"
-	metricsSubsystemInstall = "install"
-	metricsSubsystemRepair  = "repair"
 )
 
 // Metrics are the agent's Prometheus series in their own registry, so
@@ -107,96 +104,94 @@ func (m *Metrics) Repaired(mode, result string) {
 
 // New registers the agent's series and the Go/process collectors.
 func New() *Metrics {
-	m := &Metrics{
-		Registry: prometheus.NewRegistry(),
-		Installs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Name: "installs_total",
-			Help: "Install passes of the plugin (binary, kubeconfig, CNI config) by result.",
-		}, []string{"result"}),
-		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Name: "install_ready",
-			Help: "1 while the plugin is installed and its CNI config is valid.",
-		}),
-		Reinserts: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Name: "reinserts_total",
-			Help: "Times the plugin entry had to be put back after something rewrote the CNI config.",
-		}),
-		Fights: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Name: "fights_total",
-			Help: "Re-inserts that came faster than --fight-threshold per --fight-window: another component keeps reverting the CNI config.",
-		}),
-		Repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystemRepair, Name: "pods_total",
-			Help: "Broken pods handled by the repair controller by mode and result.",
-		}, []string{"mode", "result"}),
-		PluginEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Subsystem: "plugin", Name: "events_total",
-			Help: "The plugin's decisions by CNI command and decision (capture, skip, error), from its log file, whatever the plugin's log level.",
-		}, []string{"command", "decision"}),
-	}
+	r := series{prometheus.NewRegistry()}
 	// From half a millisecond (a skip) to half a minute (the plugin's
 	// apply timeout; a lookup's API timeout is below it).
 	buckets := prometheus.ExponentialBuckets(0.0005, 2, 17)
-	m.AddDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: metricsNamespace, Subsystem: "cni", Name: "add_duration_seconds",
-		Help:    "Wall time of the plugin's CNI ADD runs by decision (capture, skip, error), whatever the plugin's log level.",
-		Buckets: buckets,
-	}, []string{"decision"})
-	m.LookupDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: metricsNamespace, Subsystem: "cni", Name: "pod_lookup_duration_seconds",
-		Help:    "Time the plugin spent looking the pod up (asking the agent, else kubeconfig, client, GET) by CNI command, failed lookups included.",
-		Buckets: buckets,
-	}, []string{"command"})
-	m.Lookups = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: "cni", Name: "pod_lookups_total",
-		Help: "The plugin's pod lookups by CNI command and path: agent (answered on the agent's socket, no API read) or api (the plugin's own GET).",
-	}, []string{"command", "path"})
-	m.AddByPath = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: metricsNamespace, Subsystem: "cni", Name: "add_duration_by_path_seconds",
-		Help:    "Wall time of the plugin's CNI ADD runs by path: agent (handed over by the nftmesh-cni front on the agent's socket) or standalone (the front ran nftmesh-cni-standalone).",
-		Buckets: buckets,
-	}, []string{"path"})
 	// From 50 ms to about 7 minutes: a start waits on the primary CNI's
 	// config and the API server.
 	startBuckets := prometheus.ExponentialBuckets(0.05, 2, 14)
-	m.AgentReady = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: metricsNamespace, Subsystem: "agent", Name: "ready_seconds",
-		Help:    "Time from the agent's start until it could first program pods (plugin in the CNI config, pod watch synced, CNI socket listening).",
-		Buckets: startBuckets,
-	})
-	m.PodWatchSync = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: metricsNamespace, Subsystem: "agent", Name: "pod_watch_sync_seconds",
-		Help:    "Time from the start of the agent's watch of its node's pods until its first list was in the cache.",
-		Buckets: startBuckets,
-	})
-	m.ForeignCapture = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: metricsNamespace, Name: "foreign_capture_plugin",
-		Help: "1 while the CNI config chains another capture plugin (label plugin, e.g. istio-cni) and nftmesh-cni is kept out of it.",
-	}, []string{"plugin"})
-	m.RepairAPIReachable = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystemRepair, Name: "api_reachable",
-		Help: "1 while the repair controller's last list or watch of its node's pods succeeded, 0 while it cannot reach the API server (broken pods are then not repaired).",
-	})
-	m.RepairAPIErrors = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystemRepair, Name: "api_errors_total",
-		Help: "Failed lists and watches of the repair controller (expired resource versions excluded).",
-	})
-	m.IstioInstalls = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "istio_cni_installs_total",
-		Help: "Install passes by result, under Istio's name and label values (SUCCESS, COPY_BINARIES_FAILURE, CREATE_KUBECONFIG_FAILURE, CREATE_CNI_CONFIG_FAILURE); nftmesh_installs_total has the same passes.",
-	}, []string{"result"})
-	m.IstioReady = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "istio_cni_install_ready",
-		Help: "Istio's name for nftmesh_install_ready: 1 while the plugin is installed and its CNI config is valid.",
-	})
-	m.IstioRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "istio_cni_repair_pods_repaired_total",
-		Help: "Broken pods handled by the repair controller, under Istio's name: type repair, delete or label; result success, skip or fail.",
-	}, []string{"type", "result"})
-	m.Registry.MustRegister(m.Installs, m.Ready, m.Reinserts, m.Fights, m.Repairs, m.PluginEvents,
-		m.ForeignCapture, m.RepairAPIReachable, m.RepairAPIErrors, m.AddDuration, m.LookupDuration, m.Lookups, m.AddByPath, m.AgentReady, m.PodWatchSync, m.IstioInstalls, m.IstioReady, m.IstioRepairs,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := &Metrics{
+		Registry: r.Registry,
+		Installs: r.counterVec("nftmesh_installs_total",
+			"Install passes of the plugin (binary, kubeconfig, CNI config) by result.", "result"),
+		Ready: r.gauge("nftmesh_install_ready",
+			"1 while the plugin is installed and its CNI config is valid."),
+		Reinserts: r.counter("nftmesh_reinserts_total",
+			"Times the plugin entry had to be put back after something rewrote the CNI config."),
+		Fights: r.counter("nftmesh_fights_total",
+			"Re-inserts that came faster than --fight-threshold per --fight-window: another component keeps reverting the CNI config."),
+		Repairs: r.counterVec("nftmesh_repair_pods_total",
+			"Broken pods handled by the repair controller by mode and result.", "mode", "result"),
+		PluginEvents: r.counterVec("nftmesh_plugin_events_total",
+			"The plugin's decisions by CNI command and decision (capture, skip, error), from its log file, whatever the plugin's log level.", "command", "decision"),
+		AddDuration: r.histogramVec("nftmesh_cni_add_duration_seconds",
+			"Wall time of the plugin's CNI ADD runs by decision (capture, skip, error), whatever the plugin's log level.", buckets, "decision"),
+		LookupDuration: r.histogramVec("nftmesh_cni_pod_lookup_duration_seconds",
+			"Time the plugin spent looking the pod up (asking the agent, else kubeconfig, client, GET) by CNI command, failed lookups included.", buckets, "command"),
+		Lookups: r.counterVec("nftmesh_cni_pod_lookups_total",
+			"The plugin's pod lookups by CNI command and path: agent (answered on the agent's socket, no API read) or api (the plugin's own GET).", "command", "path"),
+		AddByPath: r.histogramVec("nftmesh_cni_add_duration_by_path_seconds",
+			"Wall time of the plugin's CNI ADD runs by path: agent (handed over by the nftmesh-cni front on the agent's socket) or standalone (the front ran nftmesh-cni-standalone).", buckets, "path"),
+		AgentReady: r.histogram("nftmesh_agent_ready_seconds",
+			"Time from the agent's start until it could first program pods (plugin in the CNI config, pod watch synced, CNI socket listening).", startBuckets),
+		PodWatchSync: r.histogram("nftmesh_agent_pod_watch_sync_seconds",
+			"Time from the start of the agent's watch of its node's pods until its first list was in the cache.", startBuckets),
+		ForeignCapture: r.gaugeVec("nftmesh_foreign_capture_plugin",
+			"1 while the CNI config chains another capture plugin (label plugin, e.g. istio-cni) and nftmesh-cni is kept out of it.", "plugin"),
+		RepairAPIReachable: r.gauge("nftmesh_repair_api_reachable",
+			"1 while the repair controller's last list or watch of its node's pods succeeded, 0 while it cannot reach the API server (broken pods are then not repaired)."),
+		RepairAPIErrors: r.counter("nftmesh_repair_api_errors_total",
+			"Failed lists and watches of the repair controller (expired resource versions excluded)."),
+		IstioInstalls: r.counterVec("istio_cni_installs_total",
+			"Install passes by result, under Istio's name and label values (SUCCESS, COPY_BINARIES_FAILURE, CREATE_KUBECONFIG_FAILURE, CREATE_CNI_CONFIG_FAILURE); nftmesh_installs_total has the same passes.", "result"),
+		IstioReady: r.gauge("istio_cni_install_ready",
+			"Istio's name for nftmesh_install_ready: 1 while the plugin is installed and its CNI config is valid."),
+		IstioRepairs: r.counterVec("istio_cni_repair_pods_repaired_total",
+			"Broken pods handled by the repair controller, under Istio's name: type repair, delete or label; result success, skip or fail.", "type", "result"),
+	}
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// series makes each of the agent's series under its full name and
+// registers it.
+type series struct{ *prometheus.Registry }
+
+func (r series) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	r.MustRegister(c)
+	return c
+}
+
+func (r series) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	r.MustRegister(c)
+	return c
+}
+
+func (r series) gauge(name, help string) prometheus.Gauge {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	r.MustRegister(g)
+	return g
+}
+
+func (r series) gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+	r.MustRegister(g)
+	return g
+}
+
+func (r series) histogram(name, help string, buckets []float64) prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
+	r.MustRegister(h)
+	return h
+}
+
+func (r series) histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+	r.MustRegister(h)
+	return h
 }
 
 // Handler serves /metrics.
