@@ -95,14 +95,9 @@ func (e *ConfigError) Error() string {
 // ParseConfig decodes and validates the plugin config (CNI stdin). Every
 // problem is reported, joined; a wrong JSON type names the field.
 func ParseConfig(stdin []byte) (*Config, error) {
-	var raw rawConfig
-	if err := json.Unmarshal(stdin, &raw); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			field := strings.TrimPrefix(strings.TrimPrefix(te.Field, "NetConf."), "PluginSettings.")
-			return nil, &ConfigError{Field: field, Reason: fmt.Sprintf("has the wrong type (got a JSON %s, want %s)", te.Value, jsonKind(te.Type.Kind().String()))}
-		}
-		return nil, fmt.Errorf("decoding plugin config: %w", err)
+	raw, err := decodeRaw(stdin)
+	if err != nil {
+		return nil, err
 	}
 	c := &Config{
 		NetConf:           raw.NetConf,
@@ -136,21 +131,9 @@ func ParseConfig(stdin []byte) (*Config, error) {
 			bad("exclude_namespaces", ns, "is not a namespace name")
 		}
 	}
-	if v, field := pick(raw.AgentRunDir, "agent_run_dir", raw.IstioAgentRunDir, "cni_agent_run_dir"); v != nil && *v != "" {
-		if !filepath.IsAbs(*v) {
-			bad(field, *v, "is not an absolute path")
-		} else {
-			c.AgentRunDir = filepath.Clean(*v)
-		}
-	}
-	c.Kubeconfig = filepath.Join(c.AgentRunDir, KubeconfigName)
-	if raw.Kubeconfig != nil && *raw.Kubeconfig != "" {
-		if !filepath.IsAbs(*raw.Kubeconfig) {
-			bad("kubeconfig", *raw.Kubeconfig, "is not an absolute path")
-		} else {
-			c.Kubeconfig = filepath.Clean(*raw.Kubeconfig)
-		}
-	}
+	v, field := pick(raw.AgentRunDir, "agent_run_dir", raw.IstioAgentRunDir, "cni_agent_run_dir")
+	c.AgentRunDir = absPath(v, field, c.AgentRunDir, bad)
+	c.Kubeconfig = absPath(raw.Kubeconfig, "kubeconfig", filepath.Join(c.AgentRunDir, KubeconfigName), bad)
 	if raw.Backend != nil && *raw.Backend != "" {
 		switch *raw.Backend {
 		case BackendAuto, BackendNftables, BackendIptablesLegacy:
@@ -174,6 +157,32 @@ func ParseConfig(stdin []byte) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// decodeRaw decodes the plugin config; a wrong JSON type names the field.
+func decodeRaw(stdin []byte) (rawConfig, error) {
+	var raw rawConfig
+	if err := json.Unmarshal(stdin, &raw); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			field := strings.TrimPrefix(strings.TrimPrefix(te.Field, "NetConf."), "PluginSettings.")
+			return raw, &ConfigError{Field: field, Reason: fmt.Sprintf("has the wrong type (got a JSON %s, want %s)", te.Value, jsonKind(te.Type.Kind().String()))}
+		}
+		return raw, fmt.Errorf("decoding plugin config: %w", err)
+	}
+	return raw, nil
+}
+
+// absPath is *v cleaned when set, else dflt; a relative path is bad.
+func absPath(v *string, field, dflt string, bad func(field, value, format string, args ...any)) string {
+	if v == nil || *v == "" {
+		return dflt
+	}
+	if !filepath.IsAbs(*v) {
+		bad(field, *v, "is not an absolute path")
+		return dflt
+	}
+	return filepath.Clean(*v)
 }
 
 // pick returns ours when set, else the Istio alias, with the field name used.

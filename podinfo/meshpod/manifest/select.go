@@ -102,29 +102,11 @@ func selectObject(data []byte, name string, workloads bool) (candidate, error) {
 		}
 		switch {
 		case head.Kind == "List" || head.Kind == "PodList":
-			if len(head.Items) == 0 {
-				others = append(others, "an empty "+head.Kind)
+			f, o, err := listCandidates(head, where, workloads)
+			if err != nil {
+				return candidate{}, err
 			}
-			for i, item := range head.Items {
-				var ih typeHead
-				if err := json.Unmarshal(item, &ih); err != nil {
-					return candidate{}, fmt.Errorf("decoding manifest%s: %s item %d: %w", prefixed(" ", where), head.Kind, i, err)
-				}
-				if head.Kind == "PodList" && ih.Kind == "" {
-					// A PodList's items carry no kind of their own.
-					ih.Kind, ih.APIVersion = "Pod", head.APIVersion
-					var err error
-					if item, err = withKind(item, ih.APIVersion); err != nil {
-						return candidate{}, fmt.Errorf("decoding manifest%s: %s item %d: %w", prefixed(" ", where), head.Kind, i, err)
-					}
-				}
-				c := candidate{ih, item, strings.TrimPrefix(fmt.Sprintf("%s, %s item %d", where, head.Kind, i), ", ")}
-				if c.wanted(workloads) {
-					found = append(found, c)
-				} else {
-					others = append(others, ih.describe())
-				}
-			}
+			found, others = append(found, f...), append(others, o...)
 		case len(docs) == 1 && !workloads, (&candidate{head: head}).wanted(workloads):
 			// A lone document goes to the Pod decoder, which says what is
 			// wrong with it (no kind, another kind, another apiVersion).
@@ -136,6 +118,41 @@ func selectObject(data []byte, name string, workloads bool) (candidate, error) {
 	if len(docs) == 1 && len(found) == 1 && name == "" {
 		return found[0], nil
 	}
+	return pick(found, others, name, workloads)
+}
+
+// listCandidates splits a List's or PodList's items (head, at where) into
+// those the selection may pick and descriptions of the others.
+func listCandidates(head typeHead, where string, workloads bool) (found []candidate, others []string, err error) {
+	if len(head.Items) == 0 {
+		others = append(others, "an empty "+head.Kind)
+	}
+	for i, item := range head.Items {
+		var ih typeHead
+		if err := json.Unmarshal(item, &ih); err != nil {
+			return nil, nil, fmt.Errorf("decoding manifest%s: %s item %d: %w", prefixed(" ", where), head.Kind, i, err)
+		}
+		if head.Kind == "PodList" && ih.Kind == "" {
+			// A PodList's items carry no kind of their own.
+			ih.Kind, ih.APIVersion = "Pod", head.APIVersion
+			var err error
+			if item, err = withKind(item, ih.APIVersion); err != nil {
+				return nil, nil, fmt.Errorf("decoding manifest%s: %s item %d: %w", prefixed(" ", where), head.Kind, i, err)
+			}
+		}
+		c := candidate{ih, item, strings.TrimPrefix(fmt.Sprintf("%s, %s item %d", where, head.Kind, i), ", ")}
+		if c.wanted(workloads) {
+			found = append(found, c)
+		} else {
+			others = append(others, ih.describe())
+		}
+	}
+	return found, others, nil
+}
+
+// pick is the one object of found that name picks, or an error saying
+// what the manifest holds.
+func pick(found []candidate, others []string, name string, workloads bool) (candidate, error) {
 	var match []candidate
 	for _, c := range found {
 		if name == "" || c.matches(name) {
