@@ -242,6 +242,13 @@ func handleAt(path string) (*netlink.Handle, error) {
 	return h, nil
 }
 
+// wiring is the netlink handles in both namespaces and the links wire
+// brings up.
+type wiring struct {
+	pod, peer                 *netlink.Handle
+	podLink, peerLink, peerLo netlink.Link
+}
+
 func (t *Topology) wire() error {
 	pod, err := handleAt(t.PodNetnsPath())
 	if err != nil {
@@ -253,12 +260,7 @@ func (t *Topology) wire() error {
 		return err
 	}
 	defer peer.Close()
-	peerNS, err := netns.GetFromPath(t.PeerNetnsPath())
-	if err != nil {
-		return fmt.Errorf("opening network namespace %s: %w", t.PeerNetnsPath(), err)
-	}
-	defer peerNS.Close()
-
+	w := &wiring{pod: pod, peer: peer}
 	// No duplicate address detection on the new links' own addresses (the
 	// link-local ones) either: while fe80:: is tentative, the first IPv6
 	// connection after the link comes up is sometimes delayed by a second.
@@ -270,6 +272,26 @@ func (t *Topology) wire() error {
 		}
 	}
 
+	if err := t.linkUp(w); err != nil {
+		return err
+	}
+	if err := t.address(w); err != nil {
+		return err
+	}
+	if err := t.neighbours(w); err != nil {
+		return err
+	}
+	return t.route(w)
+}
+
+// linkUp adds the veth pair and brings it and both lo up.
+func (t *Topology) linkUp(w *wiring) error {
+	pod, peer := w.pod, w.peer
+	peerNS, err := netns.GetFromPath(t.PeerNetnsPath())
+	if err != nil {
+		return fmt.Errorf("opening network namespace %s: %w", t.PeerNetnsPath(), err)
+	}
+	defer peerNS.Close()
 	// Created from inside the pod namespace, with the peer end moved straight
 	// into the peer namespace: the root namespace never sees either end.
 	veth := &netlink.Veth{
@@ -281,19 +303,16 @@ func (t *Topology) wire() error {
 		return fmt.Errorf("adding veth %s/%s: %w", t.PodIface, t.PeerIface, err)
 	}
 
-	podLink, err := setUp(pod, t.PodIface)
-	if err != nil {
+	if w.podLink, err = setUp(pod, t.PodIface); err != nil {
 		return err
 	}
-	peerLink, err := setUp(peer, t.PeerIface)
-	if err != nil {
+	if w.peerLink, err = setUp(peer, t.PeerIface); err != nil {
 		return err
 	}
 	if _, err := setUp(pod, "lo"); err != nil {
 		return err
 	}
-	peerLo, err := setUp(peer, "lo")
-	if err != nil {
+	if w.peerLo, err = setUp(peer, "lo"); err != nil {
 		return err
 	}
 
@@ -309,7 +328,12 @@ func (t *Topology) wire() error {
 			return err
 		}
 	}
+	return nil
+}
 
+// address gives the pod its Stack's addresses and the peer its own and
+// the external hosts'.
+func (t *Topology) address(w *wiring) error {
 	// The pod's addresses in the order of its Stack: the kernel lists them
 	// in its own order, which the IPv6 decision depends on.
 	for _, a := range t.Stack.Added() {
@@ -317,25 +341,30 @@ func (t *Topology) wire() error {
 		if a.Is6() {
 			bits = 64
 		}
-		if err := addAddr(pod, podLink, netip.PrefixFrom(a, bits)); err != nil {
+		if err := addAddr(w.pod, w.podLink, netip.PrefixFrom(a, bits)); err != nil {
 			return err
 		}
 	}
 	for _, a := range []netip.Prefix{netip.PrefixFrom(PeerV4, 24), netip.PrefixFrom(PeerV6, 64)} {
-		if err := addAddr(peer, peerLink, a); err != nil {
+		if err := addAddr(w.peer, w.peerLink, a); err != nil {
 			return err
 		}
 	}
 	for _, h := range ExternalHosts() {
-		if err := addAddr(peer, peerLo, netip.PrefixFrom(h, h.BitLen())); err != nil {
+		if err := addAddr(w.peer, w.peerLo, netip.PrefixFrom(h, h.BitLen())); err != nil {
 			return err
 		}
 	}
+	return nil
+}
 
-	// Static neighbour entries: no ARP or neighbour discovery right after
-	// the link came up (a lost first solicitation costs a one-second
-	// retransmit and makes probe timings erratic).
-	podLink, peerLink = refresh(pod, podLink), refresh(peer, peerLink)
+// neighbours adds static neighbour entries for the veth's two ends: no
+// ARP or neighbour discovery right after the link came up (a lost first solicitation costs a one-second
+// retransmit and makes probe timings erratic).
+func (t *Topology) neighbours(w *wiring) error {
+	pod, peer := w.pod, w.peer
+	podLink, peerLink := refresh(pod, w.podLink), refresh(peer, w.peerLink)
+	w.podLink, w.peerLink = podLink, peerLink
 	for _, n := range []struct {
 		h    *netlink.Handle
 		link netlink.Link
@@ -360,7 +389,13 @@ func (t *Topology) wire() error {
 			return fmt.Errorf("adding neighbour %s on %s: %w", n.ip, n.link.Attrs().Name, err)
 		}
 	}
+	return nil
+}
 
+// route gives the pod a default route via the peer and the peer routes to
+// ThroughPodV4/V6 via the pod, for the families the pod has.
+func (t *Topology) route(w *wiring) error {
+	pod, peer, podLink, peerLink := w.pod, w.peer, w.podLink, w.peerLink
 	routes := []struct {
 		h    *netlink.Handle
 		link netlink.Link
