@@ -58,7 +58,7 @@ func TestRefusesNextToIstioCNI(t *testing.T) {
 	a := &agent{in: in, cancel: cancel, done: make(chan error, 1)}
 	go func() { a.done <- in.Run(ctx) }()
 	t.Cleanup(a.stop)
-	m := in.Metrics()
+	m := in.m
 	gauge := func() float64 { return testutil.ToFloat64(m.ForeignCapture.WithLabelValues("istio-cni")) }
 
 	var fe *ForeignCaptureError

@@ -186,9 +186,6 @@ func New(cfg *Config, log zerolog.Logger, m *metrics.Metrics) (*Installer, error
 	return in, nil
 }
 
-// Metrics returns the installer's metrics.
-func (in *Installer) Metrics() *metrics.Metrics { return in.m }
-
 func (in *Installer) statePath() string { return filepath.Join(in.cfg.AgentRunDir, StateFileName) }
 
 func (in *Installer) setReady() {

@@ -384,7 +384,7 @@ func TestReinsertAfterPrimaryRewrites(t *testing.T) {
 		a.waitFor(t, fmt.Sprintf("re-insert %d", i+1), func() bool { return conflist.VerifyInstalled(p, ours) == nil })
 	}
 	a.waitReady(t)
-	m := a.in.Metrics()
+	m := a.in.m
 	if got := testutil.ToFloat64(m.Reinserts); got != rewrites {
 		t.Errorf("reinserts_total = %v, want %d", got, rewrites)
 	}
@@ -738,7 +738,7 @@ func TestHealthReadinessMetricsOverHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms, err := metrics.Serve("127.0.0.1:0", in.Metrics().Handler())
+	ms, err := metrics.Serve("127.0.0.1:0", in.m.Handler())
 	if err != nil {
 		t.Fatal(err)
 	}

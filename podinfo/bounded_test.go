@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/nftmesh/nftmesh/podinfo/cniconf"
-	"github.com/nftmesh/nftmesh/podinfo/meshpod/manifest"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -57,7 +56,7 @@ func TestHugeValuesBounded(t *testing.T) {
 			return err
 		}, []string{"manifest kind", cut}},
 		{"manifest kind, decision mirror", func() error {
-			_, err := manifest.ParseManifest([]byte("kind: " + huge + "\n"))
+			_, err := parseManifest([]byte("kind: " + huge + "\n"))
 			return err
 		}, []string{"manifest kind", cut}},
 	} {

@@ -8,17 +8,28 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod/manifest"
 )
+
+// parseManifest is ParsePod's twin without corev1: the Pod SelectPod
+// chooses, decoded by meshpod.
+func parseManifest(data []byte) (*meshpod.Pod, error) {
+	data, err := manifest.SelectPod(data, "")
+	if err != nil {
+		return nil, err
+	}
+	return meshpod.DecodeManifest(data, func(b []byte, v any) error { return yaml.Unmarshal(b, v) })
+}
 
 // The CLI reads manifests with meshpod (no Kubernetes imports); the plugin
 // decodes corev1.Pods. Both must decide the same.
 func sameDecision(t *testing.T, name string, data []byte) {
 	t.Helper()
 	pod, perr := ParsePod(data)
-	mp, merr := manifest.ParseManifest(data)
+	mp, merr := parseManifest(data)
 	if (perr == nil) != (merr == nil) {
 		t.Fatalf("%s: corev1 decode err=%v, manifest decode err=%v", name, perr, merr)
 	}

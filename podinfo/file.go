@@ -29,7 +29,7 @@ func ReadPodFile(path string) (*corev1.Pod, error) {
 }
 
 // ParsePod decodes the one Pod of a manifest, YAML or JSON, chosen as
-// manifest.ParseManifest chooses it.
+// manifest.SelectPod chooses it.
 func ParsePod(data []byte) (*corev1.Pod, error) {
 	data, err := manifest.SelectPod(data, "")
 	if err != nil {

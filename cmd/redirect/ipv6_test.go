@@ -79,11 +79,11 @@ func expectedPlan(t *testing.T, spec, extra []string, ipv6 bool) redirect.Plan {
 	t.Helper()
 	var s redirect.Spec
 	if spec[0] == "--pod" {
-		pod, err := manifest.ReadManifest(spec[1])
+		o, err := manifest.ReadWorkload(spec[1], "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _, s, err = meshpod.Decide(pod)
+		_, _, s, err = meshpod.Decide(o.Pod)
 		if err != nil {
 			t.Fatal(err)
 		}

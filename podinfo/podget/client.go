@@ -228,7 +228,7 @@ func (c *Client) GetPod(ctx context.Context, namespace, name, wantUID string, ti
 }
 
 // Error is GetPod's error: its message has no credential in it. Unwrap
-// gives what it was, for errors.Is and errors.As (Retryable, IsNotFound);
+// gives what it was, for errors.Is and errors.As (Retryable, apierrors.IsNotFound);
 // what those find may hold what the server sent, so print only Error.
 type Error struct {
 	msg string
@@ -331,9 +331,6 @@ func decodePod(body []byte) (*Pod, error) {
 	}
 	return &Pod{UID: uid, Pod: p}, nil
 }
-
-// IsNotFound reports whether err is the API server's 404 for the pod.
-func IsNotFound(err error) bool { return apierrors.IsNotFound(err) }
 
 // ErrWrongPod: the API server's answer is a Pod, but not the one asked for.
 var ErrWrongPod = errors.New("not the pod asked for")

@@ -16,37 +16,6 @@ import (
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
-// ReadManifest reads the one Pod of a manifest file, YAML or JSON (see
-// SelectPod for streams of several objects).
-func ReadManifest(path string) (*meshpod.Pod, error) { return ReadManifestNamed(path, "") }
-
-// ReadManifestNamed reads the Pod called name ("NAME" or "NAMESPACE/NAME";
-// "" for the only one) from a manifest file.
-func ReadManifestNamed(path, name string) (*meshpod.Pod, error) {
-	data, err := ReadManifestData(path)
-	if err != nil {
-		return nil, err
-	}
-	pod, err := ParseManifestNamed(data, name)
-	if err != nil {
-		return nil, fmt.Errorf("reading pod manifest %s: %w", path, err)
-	}
-	return pod, nil
-}
-
-// ParseManifest decodes the one Pod of a manifest, YAML or JSON. Any other
-// kind, or a document without a kind, is an error naming what was found.
-func ParseManifest(data []byte) (*meshpod.Pod, error) { return ParseManifestNamed(data, "") }
-
-// ParseManifestNamed decodes the Pod called name from a manifest stream.
-func ParseManifestNamed(data []byte, name string) (*meshpod.Pod, error) {
-	data, err := SelectPod(data, name)
-	if err != nil {
-		return nil, err
-	}
-	return meshpod.DecodeManifest(data, unmarshalYAML)
-}
-
 // Object is what a workload reader chose from a manifest: the Pod, or a
 // workload's pod template read as a pod of the workload's namespace and
 // name (the template's own name and namespace, when it has them, win).
