@@ -234,11 +234,11 @@ func TestGetPodHostileBodies(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := rawAPI(t, tc.answer)
 			start := time.Now()
-			_, err := c.GetPod(context.Background(), "shop", "web-1", "", 3*time.Second)
+			_, err := c.GetPod(context.Background(), "shop", "web-1", "", 8*time.Second) // the size bound, not the deadline, must end it, also on a loaded machine
 			if err == nil || !strings.Contains(err.Error(), tc.want) || len(err.Error()) > 8192 {
 				t.Fatalf("err = %.300v (%d bytes), want a bounded error saying %q", err, len(fmt.Sprint(err)), tc.want)
 			}
-			if took := time.Since(start); took > 10*time.Second {
+			if took := time.Since(start); took > 15*time.Second {
 				t.Errorf("took %v", took)
 			}
 		})
