@@ -406,29 +406,9 @@ func (t *tracer) match(h Hook, m Match) (bool, error) {
 		}
 		return m.Prefix.Contains(a.Unmap()) != m.Negate, nil
 	case MatchSet:
-		set := t.plan.Set(m.Set)
-		if set == nil {
-			return false, fmt.Errorf("set %s does not exist", m.Set)
-		}
-		if set.Kind != m.Kind {
-			return false, fmt.Errorf("set %s is of kind %s, the match expects %s", m.Set, set.Kind, m.Kind)
-		}
-		var in bool
-		switch set.Kind {
-		case SetPort:
-			in = slices.Contains(set.Ports, t.dst.Port())
-		case SetIPv4, SetIPv6:
-			if (set.Kind == SetIPv4) != (t.fam == FamilyIPv4) {
-				return false, fmt.Errorf("set %s holds %s, the packet is %s", m.Set, set.Kind, t.fam)
-			}
-			for _, p := range set.Prefixes {
-				if p.Contains(t.dst.Addr().Unmap()) {
-					in = true
-					break
-				}
-			}
-		default:
-			return false, fmt.Errorf("set %s: kind %s is not supported by the tracer", m.Set, set.Kind)
+		in, err := t.inSet(m)
+		if err != nil {
+			return false, err
 		}
 		return in != m.Negate, nil
 	case MatchIface:
@@ -462,6 +442,28 @@ func (t *tracer) match(h Hook, m Match) (bool, error) {
 		return (m.States&CTStateNew != 0) != m.Negate, nil
 	}
 	return false, fmt.Errorf("match %T is not supported by the tracer", m)
+}
+
+// inSet reports whether the packet's destination port or address is an
+// element of the set m names.
+func (t *tracer) inSet(m MatchSet) (bool, error) {
+	set := t.plan.Set(m.Set)
+	if set == nil {
+		return false, fmt.Errorf("set %s does not exist", m.Set)
+	}
+	if set.Kind != m.Kind {
+		return false, fmt.Errorf("set %s is of kind %s, the match expects %s", m.Set, set.Kind, m.Kind)
+	}
+	switch set.Kind {
+	case SetPort:
+		return slices.Contains(set.Ports, t.dst.Port()), nil
+	case SetIPv4, SetIPv6:
+		if (set.Kind == SetIPv4) != (t.fam == FamilyIPv4) {
+			return false, fmt.Errorf("set %s holds %s, the packet is %s", m.Set, set.Kind, t.fam)
+		}
+		return slices.ContainsFunc(set.Prefixes, func(p netip.Prefix) bool { return p.Contains(t.dst.Addr().Unmap()) }), nil
+	}
+	return false, fmt.Errorf("set %s: kind %s is not supported by the tracer", m.Set, set.Kind)
 }
 
 // ifaceMatches is iptables' interface match: a trailing "+" matches any name
