@@ -17,6 +17,9 @@ import (
 
 // Backend programs Plans with nftables over netlink.
 type Backend struct {
+	// table is the name of the inet table the backend owns: TableName, or
+	// another for tests that run two independent owners side by side
+	// (Render always prints TableName).
 	table string
 	// via, when set, are the sockets the backend works through (see Via).
 	via *via
@@ -27,22 +30,8 @@ type Backend struct {
 	afterBatch func() error
 }
 
-// Option configures a Backend.
-type Option func(*Backend)
-
-// WithTable makes the backend own a table with another name than
-// TableName, for running two independent owners side by side (tests,
-// migrations). Render always prints TableName.
-func WithTable(name string) Option { return func(b *Backend) { b.table = name } }
-
 // New returns an nftables backend.
-func New(opts ...Option) *Backend {
-	b := &Backend{table: TableName}
-	for _, o := range opts {
-		o(b)
-	}
-	return b
-}
+func New() *Backend { return &Backend{table: TableName} }
 
 // Name implements redirect.Backend.
 func (b *Backend) Name() string { return redirect.BackendNFTables }
