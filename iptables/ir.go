@@ -291,7 +291,7 @@ func (lw *lowering) match(m redirect.Match) error {
 	case redirect.MatchOwner:
 		lw.addMatch(mOwner{gid: m.GID, inv: m.Negate, id: m.ID})
 	case redirect.MatchMark:
-		lw.addMatch(mMark{conn: m.Conn, inv: m.Negate, value: m.Value, mask: fullMask(m.Mask)})
+		lw.addMatch(mMark{conn: m.Conn, inv: m.Negate, value: m.Value, mask: redirect.FullMask(m.Mask)})
 	case redirect.MatchCTState:
 		lw.addMatch(mConntrack{states: m.States, inv: m.Negate})
 	default:
@@ -436,13 +436,6 @@ func srcDst(src bool) string {
 	return "destination"
 }
 
-func fullMask(m uint32) uint32 {
-	if m == 0 {
-		return 0xffffffff
-	}
-	return m
-}
-
 func lowerVerdict(v redirect.Verdict, fam redirect.Family, haveProto bool) (xtarget, error) {
 	switch v := v.(type) {
 	case redirect.Accept:
@@ -462,7 +455,7 @@ func lowerVerdict(v redirect.Verdict, fam redirect.Family, haveProto bool) (xtar
 		if !haveProto {
 			return nil, fmt.Errorf("TPROXY needs a protocol match")
 		}
-		return tTProxy{port: v.Port, mark: v.Mark, mask: fullMask(v.Mask)}, nil
+		return tTProxy{port: v.Port, mark: v.Mark, mask: redirect.FullMask(v.Mask)}, nil
 	case redirect.SetMark:
 		return tMark{mark: v.Mark, mask: 0xffffffff}, nil
 	case redirect.SaveMark:

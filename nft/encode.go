@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -175,7 +174,7 @@ func encodeSet(t *nftables.Table, s redirect.Set) (setObj, error) {
 	switch s.Kind {
 	case redirect.SetPort:
 		so.set.KeyType = nftables.TypeInetService
-		for _, p := range sortedPorts(s.Ports) {
+		for _, p := range redirect.SortedPorts(s.Ports) {
 			so.elems = append(so.elems, nftables.SetElement{Key: be16(p)})
 		}
 	case redirect.SetIPv4, redirect.SetIPv6:
@@ -336,7 +335,7 @@ func (ro *ruleObj) portMatch(nt *nftables.Table, m redirect.MatchPort, id func()
 	}
 	set := &nftables.Set{Table: nt, Name: "__set%d", ID: id(), Anonymous: true, Constant: true, KeyType: nftables.TypeInetService}
 	var elems []nftables.SetElement
-	for _, p := range sortedPorts(m.Ports) {
+	for _, p := range redirect.SortedPorts(m.Ports) {
 		elems = append(elems, nftables.SetElement{Key: be16(p)})
 	}
 	lk := &expr.Lookup{SourceRegister: reg, SetName: set.Name, SetID: set.ID, Invert: m.Negate}
@@ -365,7 +364,7 @@ func (ro *ruleObj) markMatch(m redirect.MatchMark) {
 	} else {
 		ro.add(&expr.Meta{Key: expr.MetaKeyMARK, Register: reg})
 	}
-	mask := fullMask(m.Mask)
+	mask := redirect.FullMask(m.Mask)
 	if mask != 0xffffffff {
 		ro.add(&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4, Mask: ne32(mask), Xor: ne32(0)})
 	}
@@ -406,18 +405,10 @@ func (ro *ruleObj) verdict(table redirect.TableName, fam redirect.Family, v redi
 	return nil
 }
 
-// sortedPorts is ports sorted, without repeats: the element order of a
-// port set, as the kernel keeps it and nft prints it.
-func sortedPorts(ports []uint16) []uint16 {
-	out := slices.Clone(ports)
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
 // markSet sets the packet mark to value under mask, as iptables' MARK and
 // TPROXY --tproxy-mark value/mask do: mark = (mark & ^mask) ^ value.
 func markSet(value, mask uint32) []expr.Any {
-	mask = fullMask(mask)
+	mask = redirect.FullMask(mask)
 	if mask == 0xffffffff {
 		return []expr.Any{
 			&expr.Immediate{Register: reg, Data: ne32(value)},
@@ -429,13 +420,6 @@ func markSet(value, mask uint32) []expr.Any {
 		&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4, Mask: ne32(^mask), Xor: ne32(value)},
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg, SourceRegister: true},
 	}
-}
-
-func fullMask(m uint32) uint32 {
-	if m == 0 {
-		return 0xffffffff
-	}
-	return m
 }
 
 func addrField(f redirect.Family, source bool) (off, length uint32) {

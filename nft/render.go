@@ -79,7 +79,7 @@ func renderSet(s redirect.Set) (string, error) {
 	switch s.Kind {
 	case redirect.SetPort:
 		sb.WriteString("\t\ttype inet_service\n")
-		for _, p := range sortedPorts(s.Ports) {
+		for _, p := range redirect.SortedPorts(s.Ports) {
 			elems = append(elems, fmt.Sprint(p))
 		}
 	case redirect.SetIPv4, redirect.SetIPv6:
@@ -184,7 +184,7 @@ func renderMatch(fam redirect.Family, proto string, m redirect.Match) (string, e
 			return fmt.Sprintf("%s %s %s%d", proto, dir, neq(m.Negate), m.Ports[0]), nil
 		}
 		var ps []string
-		for _, p := range sortedPorts(m.Ports) {
+		for _, p := range redirect.SortedPorts(m.Ports) {
 			ps = append(ps, fmt.Sprint(p))
 		}
 		return fmt.Sprintf("%s %s %s{ %s }", proto, dir, neq(m.Negate), strings.Join(ps, ", ")), nil
@@ -238,7 +238,7 @@ func renderMarkMatch(m redirect.MatchMark) string {
 	if m.Conn {
 		what = "ct mark"
 	}
-	mask := fullMask(m.Mask)
+	mask := redirect.FullMask(m.Mask)
 	if mask == 0xffffffff {
 		return fmt.Sprintf("%s %s0x%08x", what, neq(m.Negate), m.Value)
 	}
@@ -276,7 +276,7 @@ func renderVerdict(table redirect.TableName, fam redirect.Family, v redirect.Ver
 }
 
 func renderMarkSet(value, mask uint32) string {
-	if mask = fullMask(mask); mask == 0xffffffff {
+	if mask = redirect.FullMask(mask); mask == 0xffffffff {
 		return fmt.Sprintf("meta mark set 0x%08x", value)
 	}
 	// The kernel computes (mark & ^mask) ^ value; nft prints the same

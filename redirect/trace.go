@@ -349,7 +349,7 @@ func (t *tracer) verdict(h Hook, tab TableName, v Verdict, at int) (chainEnd, er
 		if h != HookPrerouting || tab != TableMangle {
 			return 0, fmt.Errorf("tproxy outside mangle prerouting")
 		}
-		mask := fullMask(v.Mask)
+		mask := FullMask(v.Mask)
 		t.mark = t.mark&^mask | v.Mark&mask
 		t.landing = &TraceVerdict{Outcome: OutcomeTProxy, Port: v.Port, Mark: v.Mark}
 		t.decided = at
@@ -436,7 +436,7 @@ func (t *tracer) match(h Hook, m Match) (bool, error) {
 		if m.Conn {
 			v = t.ctmark
 		}
-		return (v&fullMask(m.Mask) == m.Value) != m.Negate, nil
+		return (v&FullMask(m.Mask) == m.Value) != m.Negate, nil
 	case MatchCTState:
 		// The first packet of a connection is new.
 		return (m.States&CTStateNew != 0) != m.Negate, nil
