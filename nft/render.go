@@ -17,7 +17,7 @@ import (
 // are not nftables objects, follow as "#" comment lines with the equivalent
 // ip commands.
 func Render(p redirect.Plan) (string, error) {
-	// Render prints only what Apply can program.
+	// Render prints only what Apply can program (chain names included).
 	if _, err := encode(p, TableName); err != nil {
 		return "", fmt.Errorf("rendering plan: %w", err)
 	}
@@ -31,9 +31,6 @@ func Render(p redirect.Plan) (string, error) {
 	}
 	for _, t := range p.Tables {
 		for _, c := range t.Chains {
-			if err := checkChainName(t.Name, c.Name); err != nil {
-				return "", err
-			}
 			var sb strings.Builder
 			fmt.Fprintf(&sb, "\tchain %s {\n", ChainName(t.Name, c.Name))
 			if c.IsBase() {
