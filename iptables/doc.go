@@ -11,6 +11,6 @@
 // kept as opaque entries; only our chains (ISTIO_*) and the rules we tag with
 // the comment "nftmesh" in builtin chains are ours.
 //
-// Backend selection helpers (HasLegacyRules, LegacyAvailable) live here too,
+// Backend selection helpers (LegacyAvailable, Probe) live here too,
 // because they need the same socket and table reader.
 package iptables

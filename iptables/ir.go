@@ -205,161 +205,218 @@ const maxMultiport = 15
 // lowerRule turns one Plan rule into one or more x_tables rules: a set match
 // becomes one rule per element (iptables has no sets without ipset).
 func lowerRule(p redirect.Plan, r redirect.Rule, fam redirect.Family) ([]xrule, error) {
-	base := xrule{}
-	comment := commentTag
-	var proto redirect.Proto
-	haveProto := false
-	// expand holds the alternatives produced by a set match or a long port
-	// list; each alternative adds one match or header field to the base rule.
-	var expand []func(*xrule) error
-	setUsed := false
-	usedSrc, usedDst, usedIn, usedOut := false, false, false, false
-	setAddr := func(x *xrule, src bool, pr netip.Prefix, inv bool) error {
-		if (fam == redirect.FamilyIPv4) != pr.Addr().Is4() {
-			return fmt.Errorf("address %s in an %s rule", pr, fam)
-		}
-		if src {
-			x.src, x.invSrc = pr.Masked(), inv
-		} else {
-			x.dst, x.invDst = pr.Masked(), inv
-		}
-		return nil
-	}
+	lw := lowering{p: p, fam: fam, comment: commentTag}
 	for _, m := range r.Matches {
-		switch m := m.(type) {
-		case redirect.MatchProto:
-			if haveProto {
-				return nil, fmt.Errorf("two protocol matches")
-			}
-			proto, haveProto = m.Proto, true
-			base.proto = uint8(m.Proto)
-		case redirect.MatchAddr:
-			if (m.Source && usedSrc) || (!m.Source && usedDst) {
-				return nil, fmt.Errorf("two %s address matches (x_tables holds one)", srcDst(m.Source))
-			}
-			usedSrc, usedDst = usedSrc || m.Source, usedDst || !m.Source
-			if err := setAddr(&base, m.Source, m.Prefix, m.Negate); err != nil {
-				return nil, err
-			}
-		case redirect.MatchIface:
-			if len(m.Name) == 0 || len(m.Name) >= 16 {
-				return nil, fmt.Errorf("interface name %q is empty or longer than 15 bytes", m.Name)
-			}
-			if m.Out {
-				if usedOut {
-					return nil, fmt.Errorf("two output interface matches")
-				}
-				usedOut, base.out, base.invOut = true, m.Name, m.Negate
-			} else {
-				if usedIn {
-					return nil, fmt.Errorf("two input interface matches")
-				}
-				usedIn, base.in, base.invIn = true, m.Name, m.Negate
-			}
-		case redirect.MatchPort:
-			if !haveProto || (proto != redirect.ProtoTCP && proto != redirect.ProtoUDP) || len(m.Ports) == 0 {
-				return nil, fmt.Errorf("port match needs a tcp or udp protocol match before it and at least one port")
-			}
-			udp := proto == redirect.ProtoUDP
-			switch {
-			case len(m.Ports) == 1:
-				base.matches = append(base.matches, mPort{udp: udp, src: m.Source, inv: m.Negate, port: m.Ports[0]})
-			case len(m.Ports) <= maxMultiport:
-				base.matches = append(base.matches, mMultiport{src: m.Source, inv: m.Negate, ports: slices.Clone(m.Ports)})
-			case m.Negate:
-				return nil, fmt.Errorf("negated port list of %d ports exceeds multiport's %d", len(m.Ports), maxMultiport)
-			default:
-				if len(expand) > 0 {
-					return nil, fmt.Errorf("more than one expanding match (long port list or set) in one rule")
-				}
-				for chunk := range slices.Chunk(m.Ports, maxMultiport) {
-					mp := mMultiport{src: m.Source, ports: slices.Clone(chunk)}
-					expand = append(expand, func(x *xrule) error { x.matches = append(x.matches, mp); return nil })
-				}
-				base.matches = append(base.matches, nil) // placeholder, filled per alternative
-			}
-		case redirect.MatchSet:
-			s := p.Set(m.Set)
-			if s == nil || s.Kind != m.Kind {
-				return nil, fmt.Errorf("set %s missing or of another kind", m.Set)
-			}
-			if setUsed || len(expand) > 0 {
-				return nil, fmt.Errorf("more than one set match in one rule")
-			}
-			setUsed = true
-			switch s.Kind {
-			case redirect.SetPort:
-				if !haveProto || (proto != redirect.ProtoTCP && proto != redirect.ProtoUDP) {
-					return nil, fmt.Errorf("port set %s needs a tcp or udp protocol match before it", s.Name)
-				}
-				udp := proto == redirect.ProtoUDP
-				if m.Negate {
-					if len(s.Ports) > maxMultiport {
-						return nil, fmt.Errorf("negated port set %s has %d ports, multiport holds %d", s.Name, len(s.Ports), maxMultiport)
-					}
-					base.matches = append(base.matches, mMultiport{inv: true, ports: slices.Clone(s.Ports)})
-					comment = commentSetTag + s.Name
-					continue
-				}
-				for _, port := range s.Ports {
-					mp := mPort{udp: udp, port: port}
-					expand = append(expand, func(x *xrule) error { x.matches = append(x.matches, mp); return nil })
-				}
-				base.matches = append(base.matches, nil)
-			case redirect.SetIPv4, redirect.SetIPv6:
-				if usedDst {
-					return nil, fmt.Errorf("address set %s and another destination match in one rule", s.Name)
-				}
-				usedDst = true
-				if m.Negate && len(s.Prefixes) != 1 {
-					return nil, fmt.Errorf("negated address set %s with %d elements cannot be one x_tables rule", s.Name, len(s.Prefixes))
-				}
-				for _, pr := range s.Prefixes {
-					expand = append(expand, func(x *xrule) error { return setAddr(x, false, pr, m.Negate) })
-				}
-			default:
-				return nil, fmt.Errorf("set %s has unknown kind %s", s.Name, s.Kind)
-			}
-			comment = commentSetTag + s.Name
-		case redirect.MatchOwner:
-			base.matches = append(base.matches, mOwner{gid: m.GID, inv: m.Negate, id: m.ID})
-		case redirect.MatchMark:
-			base.matches = append(base.matches, mMark{conn: m.Conn, inv: m.Negate, value: m.Value, mask: fullMask(m.Mask)})
-		case redirect.MatchCTState:
-			base.matches = append(base.matches, mConntrack{states: m.States, inv: m.Negate})
-		default:
-			return nil, fmt.Errorf("unsupported match %T", m)
+		if err := lw.match(m); err != nil {
+			return nil, err
 		}
 	}
-	t, err := lowerVerdict(r.Verdict, fam, haveProto)
+	t, err := lowerVerdict(r.Verdict, fam, lw.haveProto)
 	if err != nil {
 		return nil, err
 	}
-	base.target = t
+	lw.base.target = t
+	return lw.rules()
+}
+
+// lowering is the state of lowering one rule: the rule built so far and
+// which of x_tables' single slots its matches used.
+type lowering struct {
+	p       redirect.Plan
+	fam     redirect.Family
+	base    xrule
+	comment string
+	// proto is the protocol match seen so far, if haveProto.
+	proto     redirect.Proto
+	haveProto bool
+	// expand holds the alternatives produced by a set match or a long port
+	// list; each alternative adds one match or header field to the base
+	// rule, at a nil placeholder in base.matches.
+	expand                            []func(*xrule) error
+	setUsed                           bool
+	usedSrc, usedDst, usedIn, usedOut bool
+}
+
+func (lw *lowering) setAddr(x *xrule, src bool, pr netip.Prefix, inv bool) error {
+	if (lw.fam == redirect.FamilyIPv4) != pr.Addr().Is4() {
+		return fmt.Errorf("address %s in an %s rule", pr, lw.fam)
+	}
+	if src {
+		x.src, x.invSrc = pr.Masked(), inv
+	} else {
+		x.dst, x.invDst = pr.Masked(), inv
+	}
+	return nil
+}
+
+// addMatch appends a match to the base rule.
+func (lw *lowering) addMatch(m xmatch) { lw.base.matches = append(lw.base.matches, m) }
+
+// alternatives makes each of ms one alternative of the rule, in place of a
+// placeholder.
+func (lw *lowering) alternatives(ms []xmatch) {
+	for _, m := range ms {
+		lw.expand = append(lw.expand, func(x *xrule) error { x.matches = append(x.matches, m); return nil })
+	}
+	lw.addMatch(nil)
+}
+
+// tcpOrUDP reports whether the protocol matched so far is tcp or udp, and
+// whether it is udp.
+func (lw *lowering) tcpOrUDP() (ok, udp bool) {
+	ok = lw.haveProto && (lw.proto == redirect.ProtoTCP || lw.proto == redirect.ProtoUDP)
+	return ok, lw.proto == redirect.ProtoUDP
+}
+
+func (lw *lowering) match(m redirect.Match) error {
+	switch m := m.(type) {
+	case redirect.MatchProto:
+		if lw.haveProto {
+			return fmt.Errorf("two protocol matches")
+		}
+		lw.proto, lw.haveProto = m.Proto, true
+		lw.base.proto = uint8(m.Proto)
+	case redirect.MatchAddr:
+		if (m.Source && lw.usedSrc) || (!m.Source && lw.usedDst) {
+			return fmt.Errorf("two %s address matches (x_tables holds one)", srcDst(m.Source))
+		}
+		lw.usedSrc, lw.usedDst = lw.usedSrc || m.Source, lw.usedDst || !m.Source
+		return lw.setAddr(&lw.base, m.Source, m.Prefix, m.Negate)
+	case redirect.MatchIface:
+		return lw.iface(m)
+	case redirect.MatchPort:
+		return lw.port(m)
+	case redirect.MatchSet:
+		return lw.set(m)
+	case redirect.MatchOwner:
+		lw.addMatch(mOwner{gid: m.GID, inv: m.Negate, id: m.ID})
+	case redirect.MatchMark:
+		lw.addMatch(mMark{conn: m.Conn, inv: m.Negate, value: m.Value, mask: redirect.FullMask(m.Mask)})
+	case redirect.MatchCTState:
+		lw.addMatch(mConntrack{states: m.States, inv: m.Negate})
+	default:
+		return fmt.Errorf("unsupported match %T", m)
+	}
+	return nil
+}
+
+func (lw *lowering) iface(m redirect.MatchIface) error {
+	if len(m.Name) == 0 || len(m.Name) >= 16 {
+		return fmt.Errorf("interface name %q is empty or longer than 15 bytes", m.Name)
+	}
+	if m.Out {
+		if lw.usedOut {
+			return fmt.Errorf("two output interface matches")
+		}
+		lw.usedOut, lw.base.out, lw.base.invOut = true, m.Name, m.Negate
+		return nil
+	}
+	if lw.usedIn {
+		return fmt.Errorf("two input interface matches")
+	}
+	lw.usedIn, lw.base.in, lw.base.invIn = true, m.Name, m.Negate
+	return nil
+}
+
+// port lowers a port match: one port, a multiport list, or a list too
+// long for multiport expanded into several rules.
+func (lw *lowering) port(m redirect.MatchPort) error {
+	ok, udp := lw.tcpOrUDP()
+	if !ok || len(m.Ports) == 0 {
+		return fmt.Errorf("port match needs a tcp or udp protocol match before it and at least one port")
+	}
+	switch {
+	case len(m.Ports) == 1:
+		lw.addMatch(mPort{udp: udp, src: m.Source, inv: m.Negate, port: m.Ports[0]})
+	case len(m.Ports) <= maxMultiport:
+		lw.addMatch(mMultiport{src: m.Source, inv: m.Negate, ports: slices.Clone(m.Ports)})
+	case m.Negate:
+		return fmt.Errorf("negated port list of %d ports exceeds multiport's %d", len(m.Ports), maxMultiport)
+	default:
+		if len(lw.expand) > 0 {
+			return fmt.Errorf("more than one expanding match (long port list or set) in one rule")
+		}
+		var ms []xmatch
+		for chunk := range slices.Chunk(m.Ports, maxMultiport) {
+			ms = append(ms, mMultiport{src: m.Source, ports: slices.Clone(chunk)})
+		}
+		lw.alternatives(ms)
+	}
+	return nil
+}
+
+// set lowers a set match into one rule per element, or a negated port set
+// into one negated multiport; the comment names the set for List.
+func (lw *lowering) set(m redirect.MatchSet) error {
+	s := lw.p.Set(m.Set)
+	if s == nil || s.Kind != m.Kind {
+		return fmt.Errorf("set %s missing or of another kind", m.Set)
+	}
+	if lw.setUsed || len(lw.expand) > 0 {
+		return fmt.Errorf("more than one set match in one rule")
+	}
+	lw.setUsed = true
+	lw.comment = commentSetTag + s.Name
+	switch s.Kind {
+	case redirect.SetPort:
+		ok, udp := lw.tcpOrUDP()
+		if !ok {
+			return fmt.Errorf("port set %s needs a tcp or udp protocol match before it", s.Name)
+		}
+		if m.Negate {
+			if len(s.Ports) > maxMultiport {
+				return fmt.Errorf("negated port set %s has %d ports, multiport holds %d", s.Name, len(s.Ports), maxMultiport)
+			}
+			lw.addMatch(mMultiport{inv: true, ports: slices.Clone(s.Ports)})
+			return nil
+		}
+		var ms []xmatch
+		for _, port := range s.Ports {
+			ms = append(ms, mPort{udp: udp, port: port})
+		}
+		lw.alternatives(ms)
+	case redirect.SetIPv4, redirect.SetIPv6:
+		if lw.usedDst {
+			return fmt.Errorf("address set %s and another destination match in one rule", s.Name)
+		}
+		lw.usedDst = true
+		if m.Negate && len(s.Prefixes) != 1 {
+			return fmt.Errorf("negated address set %s with %d elements cannot be one x_tables rule", s.Name, len(s.Prefixes))
+		}
+		for _, pr := range s.Prefixes {
+			lw.expand = append(lw.expand, func(x *xrule) error { return lw.setAddr(x, false, pr, m.Negate) })
+		}
+	default:
+		return fmt.Errorf("set %s has unknown kind %s", s.Name, s.Kind)
+	}
+	return nil
+}
+
+// rules is the lowered rule, or one rule per alternative, each ending
+// with the comment.
+func (lw *lowering) rules() ([]xrule, error) {
 	finish := func(x xrule) xrule {
-		x.matches = append(x.matches, mComment{text: comment})
+		x.matches = append(x.matches, mComment{text: lw.comment})
 		return x
 	}
-	if len(expand) == 0 {
-		if setUsed { // an address set with no elements matches nothing
+	if len(lw.expand) == 0 {
+		if lw.setUsed { // an address set with no elements matches nothing
 			return nil, nil
 		}
-		return []xrule{finish(base)}, nil
+		return []xrule{finish(lw.base)}, nil
 	}
-	out := make([]xrule, 0, len(expand))
-	for _, alt := range expand {
-		x := base
+	out := make([]xrule, 0, len(lw.expand))
+	for _, alt := range lw.expand {
+		x := lw.base
 		x.matches = nil
-		// Fill the placeholder in place so match order follows the Plan.
-		var pending []xmatch
 		tmp := xrule{}
 		if err := alt(&tmp); err != nil {
 			return nil, err
 		}
-		pending = tmp.matches
-		for _, m := range base.matches {
+		// Fill the placeholder in place so match order follows the Plan.
+		for _, m := range lw.base.matches {
 			if m == nil {
-				x.matches = append(x.matches, pending...)
+				x.matches = append(x.matches, tmp.matches...)
 				continue
 			}
 			x.matches = append(x.matches, m)
@@ -377,13 +434,6 @@ func srcDst(src bool) string {
 		return "source"
 	}
 	return "destination"
-}
-
-func fullMask(m uint32) uint32 {
-	if m == 0 {
-		return 0xffffffff
-	}
-	return m
 }
 
 func lowerVerdict(v redirect.Verdict, fam redirect.Family, haveProto bool) (xtarget, error) {
@@ -405,7 +455,7 @@ func lowerVerdict(v redirect.Verdict, fam redirect.Family, haveProto bool) (xtar
 		if !haveProto {
 			return nil, fmt.Errorf("TPROXY needs a protocol match")
 		}
-		return tTProxy{port: v.Port, mark: v.Mark, mask: fullMask(v.Mask)}, nil
+		return tTProxy{port: v.Port, mark: v.Mark, mask: redirect.FullMask(v.Mask)}, nil
 	case redirect.SetMark:
 		return tMark{mark: v.Mark, mask: 0xffffffff}, nil
 	case redirect.SaveMark:

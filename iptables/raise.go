@@ -242,130 +242,162 @@ type setElems struct {
 // the element with a MatchSet and returns the set's name and element.
 func raiseRule(x xrule, fam redirect.Family) (redirect.Rule, string, setElems, error) {
 	r := redirect.Rule{Family: fam}
-	var el setElems
-	setName := ""
-	comment := ""
+	setName, err := setTag(x.matches)
+	if err != nil {
+		return r, "", setElems{}, err
+	}
+	rs := raising{setName: setName, setAt: -1, portAt: -1}
+	if err := rs.header(x, fam); err != nil {
+		return r, "", setElems{}, err
+	}
 	for _, m := range x.matches {
+		if err := rs.match(x, m); err != nil {
+			return r, "", setElems{}, err
+		}
+	}
+	if setName != "" && rs.setAt < 0 {
+		// The element is the last plain destination port.
+		if rs.portAt < 0 {
+			return r, "", setElems{}, fmt.Errorf("rule tagged with set %s has no element to fold", setName)
+		}
+		p := rs.ms[rs.portAt].(redirect.MatchPort)
+		rs.el = setElems{kind: redirect.SetPort, ports: p.Ports}
+		rs.ms[rs.portAt] = redirect.MatchSet{Set: setName, Kind: redirect.SetPort}
+	}
+	r.Matches = rs.ms
+	if r.Verdict, err = raiseTarget(x.target); err != nil {
+		return r, "", setElems{}, err
+	}
+	return r, setName, rs.el, nil
+}
+
+// setTag reads our comment: the set the entry was expanded from, or "".
+func setTag(ms []xmatch) (string, error) {
+	comment := ""
+	for _, m := range ms {
 		if c, ok := m.(mComment); ok {
 			comment = c.text
 		}
 	}
 	switch {
 	case comment == commentTag:
+		return "", nil
 	case strings.HasPrefix(comment, commentSetTag):
-		setName = strings.TrimPrefix(comment, commentSetTag)
-	default:
-		return r, "", el, fmt.Errorf("rule in our chain without the %q comment (%q)", commentTag, comment)
+		return strings.TrimPrefix(comment, commentSetTag), nil
 	}
-	// The set element: a destination address, else the last plain
-	// destination port, else a negated multiport (negated port set).
-	setAt := -1
-	var ms []redirect.Match
+	return "", fmt.Errorf("rule in our chain without the %q comment (%q)", commentTag, comment)
+}
+
+// raising is the state of raising one entry tagged with setName (or
+// none). The set element is a destination address, else a negated
+// multiport (negated port set), else the last plain destination port;
+// setAt and portAt index them in ms.
+type raising struct {
+	setName       string
+	ms            []redirect.Match
+	el            setElems
+	setAt, portAt int
+}
+
+// header raises the ip header fields, in x_tables' order.
+func (rs *raising) header(x xrule, fam redirect.Family) error {
 	if x.src.IsValid() {
-		ms = append(ms, redirect.MatchAddr{Source: true, Prefix: x.src, Negate: x.invSrc})
+		rs.ms = append(rs.ms, redirect.MatchAddr{Source: true, Prefix: x.src, Negate: x.invSrc})
 	}
 	if x.dst.IsValid() {
-		if setName != "" {
+		if rs.setName != "" {
 			kind := redirect.SetIPv4
 			if fam == redirect.FamilyIPv6 {
 				kind = redirect.SetIPv6
 			}
-			el = setElems{kind: kind, prefixes: []netip.Prefix{x.dst}}
-			setAt = len(ms)
-			ms = append(ms, redirect.MatchSet{Set: setName, Kind: kind, Negate: x.invDst})
+			rs.el = setElems{kind: kind, prefixes: []netip.Prefix{x.dst}}
+			rs.setAt = len(rs.ms)
+			rs.ms = append(rs.ms, redirect.MatchSet{Set: rs.setName, Kind: kind, Negate: x.invDst})
 		} else {
-			ms = append(ms, redirect.MatchAddr{Prefix: x.dst, Negate: x.invDst})
+			rs.ms = append(rs.ms, redirect.MatchAddr{Prefix: x.dst, Negate: x.invDst})
 		}
 	}
 	if x.in != "" {
-		ms = append(ms, redirect.MatchIface{Name: x.in, Negate: x.invIn})
+		rs.ms = append(rs.ms, redirect.MatchIface{Name: x.in, Negate: x.invIn})
 	}
 	if x.out != "" {
-		ms = append(ms, redirect.MatchIface{Out: true, Name: x.out, Negate: x.invOut})
+		rs.ms = append(rs.ms, redirect.MatchIface{Out: true, Name: x.out, Negate: x.invOut})
 	}
 	if x.proto != 0 {
 		if x.invProto || (x.proto != uint8(redirect.ProtoTCP) && x.proto != uint8(redirect.ProtoUDP)) {
-			return r, "", el, fmt.Errorf("%w: protocol %s%d", errNotOurs, bang(x.invProto), x.proto)
+			return fmt.Errorf("%w: protocol %s%d", errNotOurs, bang(x.invProto), x.proto)
 		}
-		ms = append(ms, redirect.MatchProto{Proto: redirect.Proto(x.proto)})
+		rs.ms = append(rs.ms, redirect.MatchProto{Proto: redirect.Proto(x.proto)})
 	}
-	portAt := -1
-	for _, m := range x.matches {
-		switch m := m.(type) {
-		case mPort:
-			if m.udp != (x.proto == uint8(redirect.ProtoUDP)) || x.proto == 0 {
-				return r, "", el, fmt.Errorf("%w: port match for another protocol", errNotOurs)
-			}
-			if !m.src && !m.inv {
-				portAt = len(ms)
-			}
-			ms = append(ms, redirect.MatchPort{Source: m.src, Ports: []uint16{m.port}, Negate: m.inv})
-		case mMultiport:
-			if setName != "" && setAt < 0 && m.inv && !m.src {
-				el = setElems{kind: redirect.SetPort, ports: slices.Clone(m.ports)}
-				setAt = len(ms)
-				ms = append(ms, redirect.MatchSet{Set: setName, Kind: redirect.SetPort, Negate: true})
-				continue
-			}
-			ms = append(ms, redirect.MatchPort{Source: m.src, Ports: slices.Clone(m.ports), Negate: m.inv})
-		case mOwner:
-			ms = append(ms, redirect.MatchOwner{GID: m.gid, ID: m.id, Negate: m.inv})
-		case mMark:
-			mask := m.mask
-			if mask == 0xffffffff {
-				mask = 0
-			}
-			ms = append(ms, redirect.MatchMark{Conn: m.conn, Value: m.value, Mask: mask, Negate: m.inv})
-		case mConntrack:
-			ms = append(ms, redirect.MatchCTState{States: m.states, Negate: m.inv})
-		case mComment:
-		default:
-			return r, "", el, fmt.Errorf("%w: match %T", errNotOurs, m)
+	return nil
+}
+
+func (rs *raising) match(x xrule, m xmatch) error {
+	switch m := m.(type) {
+	case mPort:
+		if m.udp != (x.proto == uint8(redirect.ProtoUDP)) || x.proto == 0 {
+			return fmt.Errorf("%w: port match for another protocol", errNotOurs)
 		}
-	}
-	if setName != "" && setAt < 0 {
-		if portAt < 0 {
-			return r, "", el, fmt.Errorf("rule tagged with set %s has no element to fold", setName)
+		if !m.src && !m.inv {
+			rs.portAt = len(rs.ms)
 		}
-		p := ms[portAt].(redirect.MatchPort)
-		el = setElems{kind: redirect.SetPort, ports: p.Ports}
-		ms[portAt] = redirect.MatchSet{Set: setName, Kind: redirect.SetPort}
+		rs.ms = append(rs.ms, redirect.MatchPort{Source: m.src, Ports: []uint16{m.port}, Negate: m.inv})
+	case mMultiport:
+		if rs.setName != "" && rs.setAt < 0 && m.inv && !m.src {
+			rs.el = setElems{kind: redirect.SetPort, ports: slices.Clone(m.ports)}
+			rs.setAt = len(rs.ms)
+			rs.ms = append(rs.ms, redirect.MatchSet{Set: rs.setName, Kind: redirect.SetPort, Negate: true})
+			return nil
+		}
+		rs.ms = append(rs.ms, redirect.MatchPort{Source: m.src, Ports: slices.Clone(m.ports), Negate: m.inv})
+	case mOwner:
+		rs.ms = append(rs.ms, redirect.MatchOwner{GID: m.gid, ID: m.id, Negate: m.inv})
+	case mMark:
+		mask := m.mask
+		if mask == 0xffffffff {
+			mask = 0
+		}
+		rs.ms = append(rs.ms, redirect.MatchMark{Conn: m.conn, Value: m.value, Mask: mask, Negate: m.inv})
+	case mConntrack:
+		rs.ms = append(rs.ms, redirect.MatchCTState{States: m.states, Negate: m.inv})
+	case mComment:
+	default:
+		return fmt.Errorf("%w: match %T", errNotOurs, m)
 	}
-	r.Matches = ms
-	switch t := x.target.(type) {
+	return nil
+}
+
+func raiseTarget(t xtarget) (redirect.Verdict, error) {
+	switch t := t.(type) {
 	case tVerdict:
 		switch t.v {
 		case verdictAccept:
-			r.Verdict = redirect.Accept{}
+			return redirect.Accept{}, nil
 		case verdictDrop:
-			r.Verdict = redirect.Drop{}
-		default:
-			r.Verdict = redirect.Return{}
+			return redirect.Drop{}, nil
 		}
+		return redirect.Return{}, nil
 	case tJump:
-		r.Verdict = redirect.Jump{Chain: t.chain}
+		return redirect.Jump{Chain: t.chain}, nil
 	case tRedirect:
-		r.Verdict = redirect.Redirect{Port: t.port}
+		return redirect.Redirect{Port: t.port}, nil
 	case tTProxy:
-		r.Verdict = redirect.TProxy{Port: t.port, Mark: t.mark, Mask: t.mask}
+		return redirect.TProxy{Port: t.port, Mark: t.mark, Mask: t.mask}, nil
 	case tMark:
 		if t.mask != 0xffffffff {
-			return r, "", el, fmt.Errorf("%w: MARK with mask 0x%x", errNotOurs, t.mask)
+			return nil, fmt.Errorf("%w: MARK with mask 0x%x", errNotOurs, t.mask)
 		}
-		r.Verdict = redirect.SetMark{Mark: t.mark}
+		return redirect.SetMark{Mark: t.mark}, nil
 	case tConnmark:
 		if t.nfmask != 0xffffffff || t.ctmask != 0xffffffff {
-			return r, "", el, fmt.Errorf("%w: CONNMARK masks", errNotOurs)
+			return nil, fmt.Errorf("%w: CONNMARK masks", errNotOurs)
 		}
 		if t.mode == xtConnmarkSave {
-			r.Verdict = redirect.SaveMark{}
-		} else {
-			r.Verdict = redirect.RestoreMark{}
+			return redirect.SaveMark{}, nil
 		}
+		return redirect.RestoreMark{}, nil
 	case tCT:
-		r.Verdict = redirect.SetCTZone{Zone: t.zone}
-	default:
-		return r, "", el, fmt.Errorf("%w: target %T", errNotOurs, t)
+		return redirect.SetCTZone{Zone: t.zone}, nil
 	}
-	return r, setName, el, nil
+	return nil, fmt.Errorf("%w: target %T", errNotOurs, t)
 }

@@ -49,44 +49,6 @@ func legacyAvailable(fam redirect.Family) error {
 	return fmt.Errorf("probing %s x_tables: %w", fam, err)
 }
 
-// HasLegacyRules reports whether the legacy nat or mangle tables (IPv4 or
-// IPv6) of the namespace hold any rule or user chain, ours or not. Tables
-// that were never instantiated there count as empty and stay so. A kernel
-// without legacy x_tables has none.
-func HasLegacyRules(netns string) (bool, error) {
-	if errors.Is(LegacyAvailable(), ErrLegacyUnavailable) {
-		return false, nil
-	}
-	s, err := openSockets(netns, allFamilies, false)
-	if err != nil {
-		return false, fmt.Errorf("looking for legacy rules in netns %s: %w", netns, err)
-	}
-	defer s.Close()
-	for _, fam := range allFamilies {
-		for _, name := range []string{"nat", "mangle"} {
-			if !s.tables[fam][name] {
-				continue
-			}
-			info, err := getInfo(s.fd[fam], layoutFor(fam), name)
-			if err != nil {
-				return false, fmt.Errorf("looking for legacy rules in netns %s: %w", netns, err)
-			}
-			// An untouched table holds one policy per hook and the final
-			// ERROR entry; anything more is a rule or a chain.
-			hooks := 0
-			for h := 0; h < numHooks; h++ {
-				if info.validHooks&(1<<h) != 0 {
-					hooks++
-				}
-			}
-			if int(info.numEntries) > hooks+1 {
-				return true, nil
-			}
-		}
-	}
-	return false, nil
-}
-
 // Presence is what a netns holds in legacy x_tables, as backend selection
 // needs to know it: our chains or tagged rules, and anything at all in nat
 // or mangle.

@@ -16,22 +16,25 @@ func TestLegacyAvailable(t *testing.T) {
 	}
 }
 
-func TestHasLegacyRules(t *testing.T) {
+// TestProbeNatOrMangleRules: Probe reports any rule or user chain in nat
+// or mangle, of either family and whoever made it, and reading creates no
+// table.
+func TestProbeNatOrMangleRules(t *testing.T) {
 	nstest.NeedRoot(t)
 	ns, path := nstest.New(t, "leg-")
 	check := func(want bool, when string) {
 		t.Helper()
-		got, err := HasLegacyRules(path)
+		pr, err := Probe(path)
 		if err != nil {
 			t.Fatalf("%s: %v", when, err)
 		}
-		if got != want {
-			t.Errorf("%s: HasLegacyRules = %v, want %v", when, got, want)
+		if pr.NatOrMangleRules != want {
+			t.Errorf("%s: NatOrMangleRules = %v, want %v", when, pr.NatOrMangleRules, want)
 		}
 	}
 	check(false, "fresh netns")
 	if out := saveTables(t, ns, false); out != "" {
-		t.Errorf("HasLegacyRules instantiated tables:\n%s", out)
+		t.Errorf("Probe instantiated tables:\n%s", out)
 	}
 	nstest.Run(t, ns, "", "iptables-legacy", "-t", "filter", "-A", "INPUT", "-j", "ACCEPT")
 	check(false, "filter rules only")
@@ -41,6 +44,10 @@ func TestHasLegacyRules(t *testing.T) {
 	check(true, "a user chain in ip6 mangle")
 	nstest.Run(t, ns, "", "ip6tables-legacy", "-t", "mangle", "-X", "X")
 	check(false, "chain deleted")
+	nstest.Run(t, ns, "", "iptables-legacy", "-t", "nat", "-A", "OUTPUT", "-j", "ACCEPT")
+	check(true, "a rule in nat")
+	nstest.Run(t, ns, "", "iptables-legacy", "-t", "nat", "-F", "OUTPUT")
+	check(false, "nat flushed")
 	sc, _ := scenarios.ByName("defaults")
 	p, _ := sc.Plan()
 	b := New()

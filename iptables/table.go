@@ -118,16 +118,9 @@ func readTable(fd int, l *layout, name string) (*table, error) {
 // panics on malformed input (FuzzParseTable).
 func parseTable(l *layout, name string, info tableInfo, blob []byte) (*table, error) {
 	t := &table{name: name, l: l, info: info}
-	var ents []*tentry
-	byOff := map[int]int{}
-	for off := 0; off < len(blob); {
-		e, n, err := parseEntry(l, blob[off:])
-		if err != nil {
-			return nil, fmt.Errorf("entry %d at offset %d: %w", len(ents), off, err)
-		}
-		byOff[off] = len(ents)
-		ents = append(ents, &tentry{raw: e.b, parsed: e, oldIdx: len(ents), off: off})
-		off += n
+	ents, byOff, err := splitEntries(l, blob)
+	if err != nil {
+		return nil, err
 	}
 	if len(ents) == 0 || uint32(len(ents)) != info.numEntries {
 		return nil, fmt.Errorf("%d entries, info says %d", len(ents), info.numEntries)
@@ -136,6 +129,44 @@ func parseTable(l *layout, name string, info tableInfo, blob []byte) (*table, er
 		return nil, fmt.Errorf("table does not end with the ERROR entry")
 	}
 	t.end = ents[len(ents)-1]
+	hookAt, err := hookEntries(info, byOff)
+	if err != nil {
+		return nil, err
+	}
+	for i := 0; i < len(ents)-1; {
+		var c *tchain
+		if c, i, err = nextChain(l, info, ents, byOff, hookAt, i); err != nil {
+			return nil, err
+		}
+		t.chains = append(t.chains, c)
+	}
+	if len(hookAt) != len(t.builtins()) {
+		return nil, fmt.Errorf("hook entries overlap")
+	}
+	if err := t.resolveJumps(ents, byOff); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// splitEntries cuts the blob into entries and indexes them by offset.
+func splitEntries(l *layout, blob []byte) ([]*tentry, map[int]int, error) {
+	var ents []*tentry
+	byOff := map[int]int{}
+	for off := 0; off < len(blob); {
+		e, n, err := parseEntry(l, blob[off:])
+		if err != nil {
+			return nil, nil, fmt.Errorf("entry %d at offset %d: %w", len(ents), off, err)
+		}
+		byOff[off] = len(ents)
+		ents = append(ents, &tentry{raw: e.b, parsed: e, oldIdx: len(ents), off: off})
+		off += n
+	}
+	return ents, byOff, nil
+}
+
+// hookEntries maps the index of each valid hook's first entry to the hook.
+func hookEntries(info tableInfo, byOff map[int]int) (map[int]int, error) {
 	hookAt := map[int]int{}
 	for h := 0; h < numHooks; h++ {
 		if info.validHooks&(1<<h) == 0 {
@@ -148,40 +179,44 @@ func parseTable(l *layout, name string, info tableInfo, blob []byte) (*table, er
 		}
 		hookAt[i] = h
 	}
-	for i := 0; i < len(ents)-1; {
-		if h, ok := hookAt[i]; ok {
-			u := byOff[int(info.underflow[h])]
-			c := &tchain{name: hookChainNames[h], hook: h, rules: slices.Clone(ents[i:u]), tail: ents[u]}
-			if !c.tail.parsed.unconditional(l) {
-				return nil, fmt.Errorf("chain %s policy entry has matches", c.name)
-			}
-			t.chains = append(t.chains, c)
-			i = u + 1
-			continue
+	return hookAt, nil
+}
+
+// nextChain reads the chain starting at entry i: a builtin chain up to its
+// underflow (policy) entry, or a user chain from its ERROR head up to the
+// next head or hook entry. It returns the index after the chain.
+func nextChain(l *layout, info tableInfo, ents []*tentry, byOff, hookAt map[int]int, i int) (*tchain, int, error) {
+	if h, ok := hookAt[i]; ok {
+		u := byOff[int(info.underflow[h])]
+		c := &tchain{name: hookChainNames[h], hook: h, rules: slices.Clone(ents[i:u]), tail: ents[u]}
+		if !c.tail.parsed.unconditional(l) {
+			return nil, 0, fmt.Errorf("chain %s policy entry has matches", c.name)
 		}
-		cname, ok := ents[i].parsed.errorName()
-		if !ok {
-			return nil, fmt.Errorf("entry %d is outside every chain", i)
-		}
-		j := i + 1
-		for j < len(ents)-1 {
-			if _, isHead := ents[j].parsed.errorName(); isHead {
-				break
-			}
-			if _, isHook := hookAt[j]; isHook {
-				break
-			}
-			j++
-		}
-		if j == i+1 {
-			return nil, fmt.Errorf("user chain %s has no RETURN entry", cname)
-		}
-		t.chains = append(t.chains, &tchain{name: cname, hook: -1, head: ents[i], rules: slices.Clone(ents[i+1 : j-1]), tail: ents[j-1]})
-		i = j
+		return c, u + 1, nil
 	}
-	if len(hookAt) != len(t.builtins()) {
-		return nil, fmt.Errorf("hook entries overlap")
+	cname, ok := ents[i].parsed.errorName()
+	if !ok {
+		return nil, 0, fmt.Errorf("entry %d is outside every chain", i)
 	}
+	j := i + 1
+	for j < len(ents)-1 {
+		if _, isHead := ents[j].parsed.errorName(); isHead {
+			break
+		}
+		if _, isHook := hookAt[j]; isHook {
+			break
+		}
+		j++
+	}
+	if j == i+1 {
+		return nil, 0, fmt.Errorf("user chain %s has no RETURN entry", cname)
+	}
+	return &tchain{name: cname, hook: -1, head: ents[i], rules: slices.Clone(ents[i+1 : j-1]), tail: ents[j-1]}, j, nil
+}
+
+// resolveJumps points each entry with a positive standard verdict at the
+// user chain it enters, the entry it jumps to, or marks it falling through.
+func (t *table) resolveJumps(ents []*tentry, byOff map[int]int) error {
 	starts := map[*tentry]string{}
 	for _, c := range t.chains {
 		if c.hook < 0 {
@@ -195,7 +230,7 @@ func parseTable(l *layout, name string, info tableInfo, blob []byte) (*table, er
 		}
 		k, ok := byOff[int(v)]
 		if !ok {
-			return nil, fmt.Errorf("entry %d jumps to %d, not an entry", e.oldIdx, v)
+			return fmt.Errorf("entry %d jumps to %d, not an entry", e.oldIdx, v)
 		}
 		if k == e.oldIdx+1 {
 			e.fallsThrough = true
@@ -205,7 +240,7 @@ func parseTable(l *layout, name string, info tableInfo, blob []byte) (*table, er
 			e.jumpTo = ents[k]
 		}
 	}
-	return t, nil
+	return nil
 }
 
 func (t *table) builtins() []*tchain {

@@ -142,58 +142,11 @@ func extBlob(name string, rev uint8, data []byte) []byte {
 func (e *encoder) match(m xmatch) ([]byte, error) {
 	switch m := m.(type) {
 	case mPort:
-		name, n := "tcp", tcpLen
-		if m.udp {
-			name, n = "udp", udpLen
-		}
-		d := make([]byte, n)
-		// Unused port range is 0-65535 (match any), as libxt_tcp/udp init it.
-		hostEndian.PutUint16(d[2:], 0xffff)
-		hostEndian.PutUint16(d[6:], 0xffff)
-		at, inv := 4, byte(xtTCPInvDstPt)
-		if m.src {
-			at, inv = 0, xtTCPInvSrcPt
-		}
-		hostEndian.PutUint16(d[at:], m.port)
-		hostEndian.PutUint16(d[at+2:], m.port)
-		if m.inv {
-			if m.udp {
-				d[8] = inv
-			} else {
-				d[11] = inv
-			}
-		}
-		return extBlob(name, 0, d), nil
+		return encodePort(m), nil
 	case mMultiport:
-		if len(m.ports) == 0 || len(m.ports) > maxMultiport {
-			return nil, fmt.Errorf("multiport with %d ports (1..%d)", len(m.ports), maxMultiport)
-		}
-		d := make([]byte, multiportLen)
-		d[0] = xtMultiDest
-		if m.src {
-			d[0] = xtMultiSource
-		}
-		d[1] = byte(len(m.ports))
-		for i, p := range m.ports {
-			hostEndian.PutUint16(d[2+2*i:], p)
-		}
-		if m.inv {
-			d[47] = 1
-		}
-		return extBlob("multiport", 1, d), nil
+		return encodeMultiport(m)
 	case mOwner:
-		d := make([]byte, ownerLen)
-		at, flag := 0, byte(xtOwnerUID)
-		if m.gid {
-			at, flag = 8, xtOwnerGID
-		}
-		hostEndian.PutUint32(d[at:], m.id)
-		hostEndian.PutUint32(d[at+4:], m.id)
-		d[16] = flag
-		if m.inv {
-			d[17] = flag
-		}
-		return extBlob("owner", 1, d), nil
+		return encodeOwner(m), nil
 	case mMark:
 		d := make([]byte, markLen)
 		hostEndian.PutUint32(d, m.value)
@@ -223,6 +176,65 @@ func (e *encoder) match(m xmatch) ([]byte, error) {
 		return extBlob("comment", 0, d), nil
 	}
 	return nil, fmt.Errorf("no encoder for match %T", m)
+}
+
+func encodePort(m mPort) []byte {
+	name, n := "tcp", tcpLen
+	if m.udp {
+		name, n = "udp", udpLen
+	}
+	d := make([]byte, n)
+	// Unused port range is 0-65535 (match any), as libxt_tcp/udp init it.
+	hostEndian.PutUint16(d[2:], 0xffff)
+	hostEndian.PutUint16(d[6:], 0xffff)
+	at, inv := 4, byte(xtTCPInvDstPt)
+	if m.src {
+		at, inv = 0, xtTCPInvSrcPt
+	}
+	hostEndian.PutUint16(d[at:], m.port)
+	hostEndian.PutUint16(d[at+2:], m.port)
+	if m.inv {
+		if m.udp {
+			d[8] = inv
+		} else {
+			d[11] = inv
+		}
+	}
+	return extBlob(name, 0, d)
+}
+
+func encodeMultiport(m mMultiport) ([]byte, error) {
+	if len(m.ports) == 0 || len(m.ports) > maxMultiport {
+		return nil, fmt.Errorf("multiport with %d ports (1..%d)", len(m.ports), maxMultiport)
+	}
+	d := make([]byte, multiportLen)
+	d[0] = xtMultiDest
+	if m.src {
+		d[0] = xtMultiSource
+	}
+	d[1] = byte(len(m.ports))
+	for i, p := range m.ports {
+		hostEndian.PutUint16(d[2+2*i:], p)
+	}
+	if m.inv {
+		d[47] = 1
+	}
+	return extBlob("multiport", 1, d), nil
+}
+
+func encodeOwner(m mOwner) []byte {
+	d := make([]byte, ownerLen)
+	at, flag := 0, byte(xtOwnerUID)
+	if m.gid {
+		at, flag = 8, xtOwnerGID
+	}
+	hostEndian.PutUint32(d[at:], m.id)
+	hostEndian.PutUint32(d[at+4:], m.id)
+	d[16] = flag
+	if m.inv {
+		d[17] = flag
+	}
+	return extBlob("owner", 1, d)
 }
 
 // target encodes everything but jumps, whose verdict the table layout
@@ -563,68 +575,11 @@ func decodeMatch(m []byte) (xmatch, error) {
 	name, rev := extName(m)
 	switch {
 	case name == "tcp" || name == "udp":
-		n, invAt := tcpLen, 11
-		if name == "udp" {
-			n, invAt = udpLen, 8
-		}
-		d, err := need(m, n, name)
-		if err != nil {
-			return nil, err
-		}
-		sp := [2]uint16{hostEndian.Uint16(d), hostEndian.Uint16(d[2:])}
-		dp := [2]uint16{hostEndian.Uint16(d[4:]), hostEndian.Uint16(d[6:])}
-		inv := d[invAt]
-		if name == "tcp" && (d[8] != 0 || d[9] != 0 || d[10] != 0) {
-			return nil, fmt.Errorf("%w: tcp flags/option match", errNotOurs)
-		}
-		anyPort := [2]uint16{0, 0xffff}
-		switch {
-		case sp == anyPort && dp[0] == dp[1] && inv&^xtTCPInvDstPt == 0:
-			return mPort{udp: name == "udp", port: dp[0], inv: inv != 0}, nil
-		case dp == anyPort && sp[0] == sp[1] && inv&^xtTCPInvSrcPt == 0:
-			return mPort{udp: name == "udp", src: true, port: sp[0], inv: inv != 0}, nil
-		}
-		return nil, fmt.Errorf("%w: %s port ranges %v/%v", errNotOurs, name, sp, dp)
+		return decodePort(m, name)
 	case name == "multiport" && rev == 1:
-		d, err := need(m, multiportLen, name)
-		if err != nil {
-			return nil, err
-		}
-		n := int(d[1])
-		if n == 0 || n > maxMultiport || d[0] > xtMultiDest {
-			return nil, fmt.Errorf("%w: multiport flags %d count %d", errNotOurs, d[0], n)
-		}
-		mp := mMultiport{src: d[0] == xtMultiSource, inv: d[47] != 0}
-		for i := 0; i < n; i++ {
-			if d[32+i] != 0 {
-				return nil, fmt.Errorf("%w: multiport range", errNotOurs)
-			}
-			mp.ports = append(mp.ports, hostEndian.Uint16(d[2+2*i:]))
-		}
-		return mp, nil
+		return decodeMultiport(m)
 	case name == "owner" && rev == 1:
-		d, err := need(m, ownerLen, name)
-		if err != nil {
-			return nil, err
-		}
-		var o mOwner
-		switch d[16] {
-		case xtOwnerUID:
-		case xtOwnerGID:
-			o.gid = true
-		default:
-			return nil, fmt.Errorf("%w: owner flags 0x%x", errNotOurs, d[16])
-		}
-		at := 0
-		if o.gid {
-			at = 8
-		}
-		lo, hi := hostEndian.Uint32(d[at:]), hostEndian.Uint32(d[at+4:])
-		if lo != hi || d[17]&^d[16] != 0 {
-			return nil, fmt.Errorf("%w: owner range %d-%d", errNotOurs, lo, hi)
-		}
-		o.id, o.inv = lo, d[17] != 0
-		return o, nil
+		return decodeOwner(m)
 	case (name == "mark" || name == "connmark") && rev == 1:
 		d, err := need(m, markLen, name)
 		if err != nil {
@@ -632,20 +587,7 @@ func decodeMatch(m []byte) (xmatch, error) {
 		}
 		return mMark{conn: name == "connmark", value: hostEndian.Uint32(d), mask: hostEndian.Uint32(d[4:]), inv: d[8] != 0}, nil
 	case name == "conntrack" && rev >= 1 && rev <= 3:
-		// Revisions 1-3 share the layout up to state_mask.
-		d, err := need(m, 152, name)
-		if err != nil {
-			return nil, err
-		}
-		flags, inv := hostEndian.Uint16(d[146:]), hostEndian.Uint16(d[148:])
-		if flags != xtConntrackStat || inv&^xtConntrackStat != 0 {
-			return nil, fmt.Errorf("%w: conntrack flags 0x%x", errNotOurs, flags)
-		}
-		st := hostEndian.Uint16(d[150:])
-		if st&^0xf != 0 || st == 0 {
-			return nil, fmt.Errorf("%w: conntrack states 0x%x", errNotOurs, st)
-		}
-		return mConntrack{states: redirect.CTState(st), inv: inv != 0}, nil
+		return decodeConntrack(m)
 	case name == "comment":
 		d, err := need(m, commentLen, name)
 		if err != nil {
@@ -654,6 +596,93 @@ func decodeMatch(m []byte) (xmatch, error) {
 		return mComment{text: cString(d)}, nil
 	}
 	return nil, fmt.Errorf("%w: match %s revision %d", errNotOurs, name, rev)
+}
+
+// decodePort reads a tcp or udp match of one port, the form we install.
+func decodePort(m []byte, name string) (xmatch, error) {
+	n, invAt := tcpLen, 11
+	if name == "udp" {
+		n, invAt = udpLen, 8
+	}
+	d, err := need(m, n, name)
+	if err != nil {
+		return nil, err
+	}
+	sp := [2]uint16{hostEndian.Uint16(d), hostEndian.Uint16(d[2:])}
+	dp := [2]uint16{hostEndian.Uint16(d[4:]), hostEndian.Uint16(d[6:])}
+	inv := d[invAt]
+	if name == "tcp" && (d[8] != 0 || d[9] != 0 || d[10] != 0) {
+		return nil, fmt.Errorf("%w: tcp flags/option match", errNotOurs)
+	}
+	anyPort := [2]uint16{0, 0xffff}
+	switch {
+	case sp == anyPort && dp[0] == dp[1] && inv&^xtTCPInvDstPt == 0:
+		return mPort{udp: name == "udp", port: dp[0], inv: inv != 0}, nil
+	case dp == anyPort && sp[0] == sp[1] && inv&^xtTCPInvSrcPt == 0:
+		return mPort{udp: name == "udp", src: true, port: sp[0], inv: inv != 0}, nil
+	}
+	return nil, fmt.Errorf("%w: %s port ranges %v/%v", errNotOurs, name, sp, dp)
+}
+
+func decodeMultiport(m []byte) (xmatch, error) {
+	d, err := need(m, multiportLen, "multiport")
+	if err != nil {
+		return nil, err
+	}
+	n := int(d[1])
+	if n == 0 || n > maxMultiport || d[0] > xtMultiDest {
+		return nil, fmt.Errorf("%w: multiport flags %d count %d", errNotOurs, d[0], n)
+	}
+	mp := mMultiport{src: d[0] == xtMultiSource, inv: d[47] != 0}
+	for i := 0; i < n; i++ {
+		if d[32+i] != 0 {
+			return nil, fmt.Errorf("%w: multiport range", errNotOurs)
+		}
+		mp.ports = append(mp.ports, hostEndian.Uint16(d[2+2*i:]))
+	}
+	return mp, nil
+}
+
+func decodeOwner(m []byte) (xmatch, error) {
+	d, err := need(m, ownerLen, "owner")
+	if err != nil {
+		return nil, err
+	}
+	var o mOwner
+	switch d[16] {
+	case xtOwnerUID:
+	case xtOwnerGID:
+		o.gid = true
+	default:
+		return nil, fmt.Errorf("%w: owner flags 0x%x", errNotOurs, d[16])
+	}
+	at := 0
+	if o.gid {
+		at = 8
+	}
+	lo, hi := hostEndian.Uint32(d[at:]), hostEndian.Uint32(d[at+4:])
+	if lo != hi || d[17]&^d[16] != 0 {
+		return nil, fmt.Errorf("%w: owner range %d-%d", errNotOurs, lo, hi)
+	}
+	o.id, o.inv = lo, d[17] != 0
+	return o, nil
+}
+
+func decodeConntrack(m []byte) (xmatch, error) {
+	// Revisions 1-3 share the layout up to state_mask.
+	d, err := need(m, 152, "conntrack")
+	if err != nil {
+		return nil, err
+	}
+	flags, inv := hostEndian.Uint16(d[146:]), hostEndian.Uint16(d[148:])
+	if flags != xtConntrackStat || inv&^xtConntrackStat != 0 {
+		return nil, fmt.Errorf("%w: conntrack flags 0x%x", errNotOurs, flags)
+	}
+	st := hostEndian.Uint16(d[150:])
+	if st&^0xf != 0 || st == 0 {
+		return nil, fmt.Errorf("%w: conntrack states 0x%x", errNotOurs, st)
+	}
+	return mConntrack{states: redirect.CTState(st), inv: inv != 0}, nil
 }
 
 func decodeTarget(l *layout, e rawEntry) (xtarget, error) {

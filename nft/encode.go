@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -175,9 +174,7 @@ func encodeSet(t *nftables.Table, s redirect.Set) (setObj, error) {
 	switch s.Kind {
 	case redirect.SetPort:
 		so.set.KeyType = nftables.TypeInetService
-		ports := slices.Clone(s.Ports)
-		slices.Sort(ports)
-		for _, p := range slices.Compact(ports) {
+		for _, p := range redirect.SortedPorts(s.Ports) {
 			so.elems = append(so.elems, nftables.SetElement{Key: be16(p)})
 		}
 	case redirect.SetIPv4, redirect.SetIPv6:
@@ -252,141 +249,166 @@ func encodeRule(nt *nftables.Table, table redirect.TableName, r redirect.Rule, s
 	// A family guard, three expressions a match at most, three for the
 	// verdict, the mark after a tproxy: room for all, one allocation.
 	ro := ruleObj{exprs: make([]expr.Any, 0, 2+3*len(r.Matches)+6)}
-	add := func(es ...expr.Any) { ro.exprs = append(ro.exprs, es...) }
 	switch r.Family {
 	case redirect.FamilyAny:
 	case redirect.FamilyIPv4, redirect.FamilyIPv6:
-		add(&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg},
+		ro.add(&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: []byte{nfproto(r.Family)}})
 	default:
 		return ro, fmt.Errorf("unsupported family %s", r.Family)
 	}
 	for _, m := range r.Matches {
-		switch m := m.(type) {
-		case redirect.MatchProto:
-			add(&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: []byte{byte(m.Proto)}})
-		case redirect.MatchPort:
-			off := uint32(thDportOff)
-			if m.Source {
-				off = thSportOff
-			}
-			add(&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2})
-			if len(m.Ports) == 1 {
-				add(&expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: be16(m.Ports[0])})
-				break
-			}
-			set := &nftables.Set{Table: nt, Name: "__set%d", ID: id(), Anonymous: true, Constant: true, KeyType: nftables.TypeInetService}
-			ports := slices.Clone(m.Ports)
-			slices.Sort(ports)
-			var elems []nftables.SetElement
-			for _, p := range slices.Compact(ports) {
-				elems = append(elems, nftables.SetElement{Key: be16(p)})
-			}
-			lk := &expr.Lookup{SourceRegister: reg, SetName: set.Name, SetID: set.ID, Invert: m.Negate}
-			ro.anon = append(ro.anon, anonSet{setObj: setObj{set: set, elems: elems}, lookup: lk})
-			add(lk)
-		case redirect.MatchAddr:
-			off, length := addrField(r.Family, m.Source)
-			add(&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: length})
-			pfx := m.Prefix.Masked()
-			if pfx.Bits() < pfx.Addr().BitLen() {
-				add(&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: length,
-					Mask: prefixMask(pfx), Xor: make([]byte, length)})
-			}
-			add(&expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: pfx.Addr().AsSlice()})
-		case redirect.MatchSet:
-			s := sets[m.Set]
-			switch m.Kind {
-			case redirect.SetPort:
-				add(&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: thDportOff, Len: 2})
-			case redirect.SetIPv4, redirect.SetIPv6:
-				off, length := addrField(r.Family, false)
-				add(&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: length})
-			default:
-				return ro, fmt.Errorf("set %s: unsupported kind %s", m.Set, m.Kind)
-			}
-			add(&expr.Lookup{SourceRegister: reg, SetName: s.Name, SetID: s.ID, Invert: m.Negate})
-		case redirect.MatchIface:
-			key := expr.MetaKeyIIFNAME
-			if m.Out {
-				key = expr.MetaKeyOIFNAME
-			}
-			data, err := ifnameBytes(m.Name)
-			if err != nil {
-				return ro, err
-			}
-			add(&expr.Meta{Key: key, Register: reg}, &expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: data})
-		case redirect.MatchOwner:
-			key := expr.MetaKeySKUID
-			if m.GID {
-				key = expr.MetaKeySKGID
-			}
-			add(&expr.Meta{Key: key, Register: reg}, &expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: ne32(m.ID)})
-		case redirect.MatchMark:
-			if m.Conn {
-				add(&expr.Ct{Key: expr.CtKeyMARK, Register: reg})
-			} else {
-				add(&expr.Meta{Key: expr.MetaKeyMARK, Register: reg})
-			}
-			mask := fullMask(m.Mask)
-			if mask != 0xffffffff {
-				add(&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4, Mask: ne32(mask), Xor: ne32(0)})
-			}
-			add(&expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: ne32(m.Value & mask)})
-		case redirect.MatchCTState:
-			if m.States == 0 {
-				return ro, fmt.Errorf("ct state match without states")
-			}
-			// "ct state x": (state & x) != 0; negated: == 0.
-			op := expr.CmpOpNeq
-			if m.Negate {
-				op = expr.CmpOpEq
-			}
-			add(&expr.Ct{Key: expr.CtKeySTATE, Register: reg},
-				&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4, Mask: ne32(uint32(m.States)), Xor: ne32(0)},
-				&expr.Cmp{Op: op, Register: reg, Data: ne32(0)})
-		default:
-			return ro, fmt.Errorf("unsupported match %T", m)
+		if err := ro.match(nt, r.Family, m, sets, id); err != nil {
+			return ro, err
 		}
 	}
-	switch v := r.Verdict.(type) {
-	case redirect.Accept:
-		add(&expr.Verdict{Kind: expr.VerdictAccept})
-	case redirect.Drop:
-		add(&expr.Verdict{Kind: expr.VerdictDrop})
-	case redirect.Return:
-		add(&expr.Verdict{Kind: expr.VerdictReturn})
-	case redirect.Jump:
-		add(&expr.Verdict{Kind: expr.VerdictJump, Chain: ChainName(table, v.Chain)})
-	case redirect.Redirect:
-		add(&expr.Immediate{Register: reg, Data: be16(v.Port)}, &expr.Redir{RegisterProtoMin: reg})
-	case redirect.TProxy:
-		if r.Family != redirect.FamilyIPv4 && r.Family != redirect.FamilyIPv6 {
-			return ro, fmt.Errorf("tproxy needs an IPv4 or IPv6 rule")
+	err := ro.verdict(table, r.Family, r.Verdict)
+	return ro, err
+}
+
+func (ro *ruleObj) add(es ...expr.Any) { ro.exprs = append(ro.exprs, es...) }
+
+func (ro *ruleObj) match(nt *nftables.Table, fam redirect.Family, m redirect.Match, sets map[string]*nftables.Set, id func() uint32) error {
+	switch m := m.(type) {
+	case redirect.MatchProto:
+		ro.add(&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: []byte{byte(m.Proto)}})
+	case redirect.MatchPort:
+		ro.portMatch(nt, m, id)
+	case redirect.MatchAddr:
+		off, length := addrField(fam, m.Source)
+		ro.add(&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: length})
+		pfx := m.Prefix.Masked()
+		if pfx.Bits() < pfx.Addr().BitLen() {
+			ro.add(&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: length,
+				Mask: prefixMask(pfx), Xor: make([]byte, length)})
 		}
-		add(&expr.Immediate{Register: reg, Data: be16(v.Port)},
-			&expr.TProxy{Family: nfproto(r.Family), TableFamily: byte(nftables.TableFamilyINet), RegPort: reg})
-		add(markSet(v.Mark, v.Mask)...)
-		add(&expr.Verdict{Kind: expr.VerdictAccept})
-	case redirect.SetMark:
-		add(markSet(v.Mark, 0xffffffff)...)
-	case redirect.SaveMark:
-		add(&expr.Meta{Key: expr.MetaKeyMARK, Register: reg}, &expr.Ct{Key: expr.CtKeyMARK, Register: reg, SourceRegister: true})
-	case redirect.RestoreMark:
-		add(&expr.Ct{Key: expr.CtKeyMARK, Register: reg}, &expr.Meta{Key: expr.MetaKeyMARK, Register: reg, SourceRegister: true})
-	case redirect.SetCTZone:
-		add(&expr.Immediate{Register: reg, Data: ne16(v.Zone)}, &expr.Ct{Key: expr.CtKeyZONE, Register: reg, SourceRegister: true})
+		ro.add(&expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: pfx.Addr().AsSlice()})
+	case redirect.MatchSet:
+		return ro.setMatch(fam, m, sets)
+	case redirect.MatchIface:
+		key := expr.MetaKeyIIFNAME
+		if m.Out {
+			key = expr.MetaKeyOIFNAME
+		}
+		data, err := ifnameBytes(m.Name)
+		if err != nil {
+			return err
+		}
+		ro.add(&expr.Meta{Key: key, Register: reg}, &expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: data})
+	case redirect.MatchOwner:
+		key := expr.MetaKeySKUID
+		if m.GID {
+			key = expr.MetaKeySKGID
+		}
+		ro.add(&expr.Meta{Key: key, Register: reg}, &expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: ne32(m.ID)})
+	case redirect.MatchMark:
+		ro.markMatch(m)
+	case redirect.MatchCTState:
+		if m.States == 0 {
+			return fmt.Errorf("ct state match without states")
+		}
+		// "ct state x": (state & x) != 0; negated: == 0.
+		op := expr.CmpOpNeq
+		if m.Negate {
+			op = expr.CmpOpEq
+		}
+		ro.add(&expr.Ct{Key: expr.CtKeySTATE, Register: reg},
+			&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4, Mask: ne32(uint32(m.States)), Xor: ne32(0)},
+			&expr.Cmp{Op: op, Register: reg, Data: ne32(0)})
 	default:
-		return ro, fmt.Errorf("unsupported verdict %T", v)
+		return fmt.Errorf("unsupported match %T", m)
 	}
-	return ro, nil
+	return nil
+}
+
+// portMatch compares one port, or looks a port list up in an anonymous set.
+func (ro *ruleObj) portMatch(nt *nftables.Table, m redirect.MatchPort, id func() uint32) {
+	off := uint32(thDportOff)
+	if m.Source {
+		off = thSportOff
+	}
+	ro.add(&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2})
+	if len(m.Ports) == 1 {
+		ro.add(&expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: be16(m.Ports[0])})
+		return
+	}
+	set := &nftables.Set{Table: nt, Name: "__set%d", ID: id(), Anonymous: true, Constant: true, KeyType: nftables.TypeInetService}
+	var elems []nftables.SetElement
+	for _, p := range redirect.SortedPorts(m.Ports) {
+		elems = append(elems, nftables.SetElement{Key: be16(p)})
+	}
+	lk := &expr.Lookup{SourceRegister: reg, SetName: set.Name, SetID: set.ID, Invert: m.Negate}
+	ro.anon = append(ro.anon, anonSet{setObj: setObj{set: set, elems: elems}, lookup: lk})
+	ro.add(lk)
+}
+
+func (ro *ruleObj) setMatch(fam redirect.Family, m redirect.MatchSet, sets map[string]*nftables.Set) error {
+	s := sets[m.Set]
+	switch m.Kind {
+	case redirect.SetPort:
+		ro.add(&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: thDportOff, Len: 2})
+	case redirect.SetIPv4, redirect.SetIPv6:
+		off, length := addrField(fam, false)
+		ro.add(&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: length})
+	default:
+		return fmt.Errorf("set %s: unsupported kind %s", m.Set, m.Kind)
+	}
+	ro.add(&expr.Lookup{SourceRegister: reg, SetName: s.Name, SetID: s.ID, Invert: m.Negate})
+	return nil
+}
+
+func (ro *ruleObj) markMatch(m redirect.MatchMark) {
+	if m.Conn {
+		ro.add(&expr.Ct{Key: expr.CtKeyMARK, Register: reg})
+	} else {
+		ro.add(&expr.Meta{Key: expr.MetaKeyMARK, Register: reg})
+	}
+	mask := redirect.FullMask(m.Mask)
+	if mask != 0xffffffff {
+		ro.add(&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4, Mask: ne32(mask), Xor: ne32(0)})
+	}
+	ro.add(&expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: ne32(m.Value & mask)})
+}
+
+func (ro *ruleObj) verdict(table redirect.TableName, fam redirect.Family, v redirect.Verdict) error {
+	switch v := v.(type) {
+	case redirect.Accept:
+		ro.add(&expr.Verdict{Kind: expr.VerdictAccept})
+	case redirect.Drop:
+		ro.add(&expr.Verdict{Kind: expr.VerdictDrop})
+	case redirect.Return:
+		ro.add(&expr.Verdict{Kind: expr.VerdictReturn})
+	case redirect.Jump:
+		ro.add(&expr.Verdict{Kind: expr.VerdictJump, Chain: ChainName(table, v.Chain)})
+	case redirect.Redirect:
+		ro.add(&expr.Immediate{Register: reg, Data: be16(v.Port)}, &expr.Redir{RegisterProtoMin: reg})
+	case redirect.TProxy:
+		if fam != redirect.FamilyIPv4 && fam != redirect.FamilyIPv6 {
+			return fmt.Errorf("tproxy needs an IPv4 or IPv6 rule")
+		}
+		ro.add(&expr.Immediate{Register: reg, Data: be16(v.Port)},
+			&expr.TProxy{Family: nfproto(fam), TableFamily: byte(nftables.TableFamilyINet), RegPort: reg})
+		ro.add(markSet(v.Mark, v.Mask)...)
+		ro.add(&expr.Verdict{Kind: expr.VerdictAccept})
+	case redirect.SetMark:
+		ro.add(markSet(v.Mark, 0xffffffff)...)
+	case redirect.SaveMark:
+		ro.add(&expr.Meta{Key: expr.MetaKeyMARK, Register: reg}, &expr.Ct{Key: expr.CtKeyMARK, Register: reg, SourceRegister: true})
+	case redirect.RestoreMark:
+		ro.add(&expr.Ct{Key: expr.CtKeyMARK, Register: reg}, &expr.Meta{Key: expr.MetaKeyMARK, Register: reg, SourceRegister: true})
+	case redirect.SetCTZone:
+		ro.add(&expr.Immediate{Register: reg, Data: ne16(v.Zone)}, &expr.Ct{Key: expr.CtKeyZONE, Register: reg, SourceRegister: true})
+	default:
+		return fmt.Errorf("unsupported verdict %T", v)
+	}
+	return nil
 }
 
 // markSet sets the packet mark to value under mask, as iptables' MARK and
 // TPROXY --tproxy-mark value/mask do: mark = (mark & ^mask) ^ value.
 func markSet(value, mask uint32) []expr.Any {
-	mask = fullMask(mask)
+	mask = redirect.FullMask(mask)
 	if mask == 0xffffffff {
 		return []expr.Any{
 			&expr.Immediate{Register: reg, Data: ne32(value)},
@@ -398,13 +420,6 @@ func markSet(value, mask uint32) []expr.Any {
 		&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4, Mask: ne32(^mask), Xor: ne32(value)},
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg, SourceRegister: true},
 	}
-}
-
-func fullMask(m uint32) uint32 {
-	if m == 0 {
-		return 0xffffffff
-	}
-	return m
 }
 
 func addrField(f redirect.Family, source bool) (off, length uint32) {

@@ -562,7 +562,8 @@ func TestKernelWithTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := New(WithTable("othermesh"))
+	other := New()
+	other.table = "othermesh"
 	if err := other.Apply(ctx, ns, p); err != nil {
 		t.Fatal(err)
 	}

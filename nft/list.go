@@ -47,89 +47,17 @@ func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
 		return err
 	}
 	table := &nftables.Table{Name: b.table, Family: nftables.TableFamilyINet}
-
-	// nftmesh writes no stateful objects: one there (a named counter or
-	// quota someone added) makes the table not one of ours as written.
-	objs, err := cc.GetNamedObjects(table)
+	if err := refuseObjects(cc, table); err != nil {
+		return err
+	}
+	anon, kinds, err := listSets(cc, table, p)
 	if err != nil {
-		return fmt.Errorf("listing objects: %w", err)
+		return err
 	}
-	if len(objs) > 0 {
-		if no, ok := objs[0].(*nftables.NamedObj); ok {
-			kind := map[nftables.ObjType]string{nftables.ObjTypeCounter: "counter", nftables.ObjTypeQuota: "quota", nftables.ObjTypeLimit: "limit"}[no.Type]
-			if kind == "" {
-				kind = fmt.Sprintf("of type %d", no.Type)
-			}
-			return redirect.Unreadable(fmt.Errorf("object %s %s: nftmesh writes no objects", kind, no.Name))
-		}
-		return redirect.Unreadable(fmt.Errorf("an object %T: nftmesh writes no objects", objs[0]))
-	}
-
-	sets, err := cc.GetSets(table)
+	idx, err := b.listChains(cc, p)
 	if err != nil {
-		return fmt.Errorf("listing sets: %w", err)
+		return err
 	}
-	anon := map[string][]uint16{}
-	kinds := map[string]redirect.SetKind{}
-	for _, s := range sets {
-		elems, err := cc.GetSetElements(s)
-		if err != nil {
-			return fmt.Errorf("listing elements of set %s: %w", s.Name, err)
-		}
-		if s.Anonymous {
-			if s.KeyType.Name != nftables.TypeInetService.Name {
-				return redirect.Unreadable(fmt.Errorf("anonymous set %s of type %s is not ours", s.Name, s.KeyType.Name))
-			}
-			ports, err := decodePorts(elems)
-			if err != nil {
-				return redirect.Unreadable(fmt.Errorf("anonymous set %s: %w", s.Name, err))
-			}
-			anon[s.Name] = ports
-			continue
-		}
-		ds, err := decodeSet(s, elems)
-		if err != nil {
-			return redirect.Unreadable(fmt.Errorf("set %s: %w", s.Name, err))
-		}
-		kinds[ds.Name] = ds.Kind
-		p.Sets = append(p.Sets, ds)
-	}
-
-	chains, err := cc.ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return fmt.Errorf("listing chains: %w", err)
-	}
-	idx := map[string][2]int{} // nft chain name → table index, chain index
-	for _, c := range chains {
-		if c.Table == nil || c.Table.Name != b.table {
-			continue
-		}
-		tn, cn, err := splitChainName(c.Name)
-		if err != nil {
-			return redirect.Unreadable(err)
-		}
-		rc := redirect.Chain{Name: cn}
-		if c.Hooknum != nil {
-			if rc.Hook, err = decodeHook(*c.Hooknum); err != nil {
-				return redirect.Unreadable(fmt.Errorf("chain %s: %w", c.Name, err))
-			}
-			if c.Priority != nil {
-				rc.Priority = int32(*c.Priority)
-			}
-			rc.Type = redirect.ChainType(c.Type)
-			if c.Policy != nil && *c.Policy != nftables.ChainPolicyAccept {
-				return redirect.Unreadable(fmt.Errorf("chain %s: policy %d, ours are accept", c.Name, *c.Policy))
-			}
-		}
-		ti := slices.IndexFunc(p.Tables, func(t redirect.Table) bool { return t.Name == tn })
-		if ti < 0 {
-			p.Tables = append(p.Tables, redirect.Table{Name: tn})
-			ti = len(p.Tables) - 1
-		}
-		p.Tables[ti].Chains = append(p.Tables[ti].Chains, rc)
-		idx[c.Name] = [2]int{ti, len(p.Tables[ti].Chains) - 1}
-	}
-
 	conn, err := dialRaw(ns)
 	if err != nil {
 		return fmt.Errorf("connecting to nftables: %w", err)
@@ -153,6 +81,114 @@ func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
 		t.Chains[at[1]].Rules = append(t.Chains[at[1]].Rules, r)
 	}
 	return nil
+}
+
+// refuseObjects fails on any stateful object: nftmesh writes none, so one
+// there (a named counter or quota someone added) makes the table not one
+// of ours as written.
+func refuseObjects(cc *nftables.Conn, table *nftables.Table) error {
+	objs, err := cc.GetNamedObjects(table)
+	if err != nil {
+		return fmt.Errorf("listing objects: %w", err)
+	}
+	if len(objs) == 0 {
+		return nil
+	}
+	if no, ok := objs[0].(*nftables.NamedObj); ok {
+		kind := map[nftables.ObjType]string{nftables.ObjTypeCounter: "counter", nftables.ObjTypeQuota: "quota", nftables.ObjTypeLimit: "limit"}[no.Type]
+		if kind == "" {
+			kind = fmt.Sprintf("of type %d", no.Type)
+		}
+		return redirect.Unreadable(fmt.Errorf("object %s %s: nftmesh writes no objects", kind, no.Name))
+	}
+	return redirect.Unreadable(fmt.Errorf("an object %T: nftmesh writes no objects", objs[0]))
+}
+
+// listSets reads the table's sets: named ones go into p, anonymous port
+// sets (a rule's port list) are returned by name, with the named sets'
+// kinds.
+func listSets(cc *nftables.Conn, table *nftables.Table, p *redirect.Plan) (map[string][]uint16, map[string]redirect.SetKind, error) {
+	sets, err := cc.GetSets(table)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listing sets: %w", err)
+	}
+	anon := map[string][]uint16{}
+	kinds := map[string]redirect.SetKind{}
+	for _, s := range sets {
+		elems, err := cc.GetSetElements(s)
+		if err != nil {
+			return nil, nil, fmt.Errorf("listing elements of set %s: %w", s.Name, err)
+		}
+		if s.Anonymous {
+			if s.KeyType.Name != nftables.TypeInetService.Name {
+				return nil, nil, redirect.Unreadable(fmt.Errorf("anonymous set %s of type %s is not ours", s.Name, s.KeyType.Name))
+			}
+			ports, err := decodePorts(elems)
+			if err != nil {
+				return nil, nil, redirect.Unreadable(fmt.Errorf("anonymous set %s: %w", s.Name, err))
+			}
+			anon[s.Name] = ports
+			continue
+		}
+		ds, err := decodeSet(s, elems)
+		if err != nil {
+			return nil, nil, redirect.Unreadable(fmt.Errorf("set %s: %w", s.Name, err))
+		}
+		kinds[ds.Name] = ds.Kind
+		p.Sets = append(p.Sets, ds)
+	}
+	return anon, kinds, nil
+}
+
+// listChains adds our table's chains to p and returns where each went, by
+// nft chain name: table index, chain index.
+func (b *Backend) listChains(cc *nftables.Conn, p *redirect.Plan) (map[string][2]int, error) {
+	chains, err := cc.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("listing chains: %w", err)
+	}
+	idx := map[string][2]int{}
+	for _, c := range chains {
+		if c.Table == nil || c.Table.Name != b.table {
+			continue
+		}
+		tn, cn, err := splitChainName(c.Name)
+		if err != nil {
+			return nil, redirect.Unreadable(err)
+		}
+		rc, err := decodeChain(c, cn)
+		if err != nil {
+			return nil, redirect.Unreadable(err)
+		}
+		ti := slices.IndexFunc(p.Tables, func(t redirect.Table) bool { return t.Name == tn })
+		if ti < 0 {
+			p.Tables = append(p.Tables, redirect.Table{Name: tn})
+			ti = len(p.Tables) - 1
+		}
+		p.Tables[ti].Chains = append(p.Tables[ti].Chains, rc)
+		idx[c.Name] = [2]int{ti, len(p.Tables[ti].Chains) - 1}
+	}
+	return idx, nil
+}
+
+// decodeChain reads a chain's hook, priority, type and policy.
+func decodeChain(c *nftables.Chain, name string) (redirect.Chain, error) {
+	rc := redirect.Chain{Name: name}
+	if c.Hooknum == nil {
+		return rc, nil
+	}
+	var err error
+	if rc.Hook, err = decodeHook(*c.Hooknum); err != nil {
+		return rc, fmt.Errorf("chain %s: %w", c.Name, err)
+	}
+	if c.Priority != nil {
+		rc.Priority = int32(*c.Priority)
+	}
+	rc.Type = redirect.ChainType(c.Type)
+	if c.Policy != nil && *c.Policy != nftables.ChainPolicyAccept {
+		return rc, fmt.Errorf("chain %s: policy %d, ours are accept", c.Name, *c.Policy)
+	}
+	return rc, nil
 }
 
 func decodeHook(h nftables.ChainHook) (redirect.Hook, error) {

@@ -17,6 +17,9 @@ import (
 
 // Backend programs Plans with nftables over netlink.
 type Backend struct {
+	// table is the name of the inet table the backend owns: TableName, or
+	// another for tests that run two independent owners side by side
+	// (Render always prints TableName).
 	table string
 	// via, when set, are the sockets the backend works through (see Via).
 	via *via
@@ -27,22 +30,8 @@ type Backend struct {
 	afterBatch func() error
 }
 
-// Option configures a Backend.
-type Option func(*Backend)
-
-// WithTable makes the backend own a table with another name than
-// TableName, for running two independent owners side by side (tests,
-// migrations). Render always prints TableName.
-func WithTable(name string) Option { return func(b *Backend) { b.table = name } }
-
 // New returns an nftables backend.
-func New(opts ...Option) *Backend {
-	b := &Backend{table: TableName}
-	for _, o := range opts {
-		o(b)
-	}
-	return b
-}
+func New() *Backend { return &Backend{table: TableName} }
 
 // Name implements redirect.Backend.
 func (b *Backend) Name() string { return redirect.BackendNFTables }
@@ -191,34 +180,12 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		return err
 	}
 	defer done()
-	// Whether our table exists decides the batch: into a namespace without
-	// it (the CNI ADD case) the batch only adds; otherwise it deletes and
-	// re-adds the table atomically. A caller that listed the namespace's
-	// tables through the same connection already knows; otherwise one
-	// cheap query asks. Creating optimistically and retrying on EEXIST was
-	// measured: it saves ~25µs on a fresh namespace but the refused batch
-	// costs a re-apply a second RCU grace period (~14ms).
-	existed, known := false, false
-	if b.via != nil && cc == b.via.conn.cc {
-		existed, known = b.via.conn.known(b.table)
+	existed, err := b.existed(cc)
+	if err != nil {
+		b.spoil(err)
+		return fmt.Errorf("applying capture table in netns %s: %w", netnsPath, err)
 	}
-	if !known {
-		if existed, err = b.tableExists(cc); err != nil {
-			b.spoil(err)
-			return fmt.Errorf("applying capture table in netns %s: %w", netnsPath, err)
-		}
-	}
-	// What a failure must restore. A table this backend cannot read back
-	// (edited by hand) cannot be restored: a failure then removes it.
-	var old *program
-	if existed {
-		var was redirect.Plan
-		if b.listTable(ns, &was) == nil {
-			if op, err := encode(was, b.table); err == nil {
-				old = op
-			}
-		}
-	}
+	old := b.restorePoint(ns, existed)
 	b.changed()
 	if existed {
 		prog := pr.prog
@@ -250,6 +217,40 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		return fmt.Errorf("applying routes in netns %s: %w", netnsPath, err)
 	}
 	return nil
+}
+
+// existed reports whether our table is in the namespace. It decides
+// Apply's batch: into a namespace without it (the CNI ADD case) the batch
+// only adds; otherwise it deletes and re-adds the table atomically. A
+// caller that listed the namespace's tables through the same connection
+// already knows; otherwise one cheap query asks. Creating optimistically
+// and retrying on EEXIST was measured: it saves ~25µs on a fresh namespace
+// but the refused batch costs a re-apply a second RCU grace period (~14ms).
+func (b *Backend) existed(cc *nftables.Conn) (bool, error) {
+	if b.via != nil && cc == b.via.conn.cc {
+		if existed, known := b.via.conn.known(b.table); known {
+			return existed, nil
+		}
+	}
+	return b.tableExists(cc)
+}
+
+// restorePoint is what a failed Apply must restore: the table there now,
+// if any. A table this backend cannot read back (edited by hand) cannot be
+// restored: a failure then removes it.
+func (b *Backend) restorePoint(ns netns.NsHandle, existed bool) *program {
+	if !existed {
+		return nil
+	}
+	var was redirect.Plan
+	if b.listTable(ns, &was) != nil {
+		return nil
+	}
+	old, err := encode(was, b.table)
+	if err != nil {
+		return nil
+	}
+	return old
 }
 
 // rollback undoes a committed batch: the table it replaced goes back, or

@@ -17,7 +17,7 @@ import (
 // are not nftables objects, follow as "#" comment lines with the equivalent
 // ip commands.
 func Render(p redirect.Plan) (string, error) {
-	// Render prints only what Apply can program.
+	// Render prints only what Apply can program (chain names included).
 	if _, err := encode(p, TableName); err != nil {
 		return "", fmt.Errorf("rendering plan: %w", err)
 	}
@@ -31,9 +31,6 @@ func Render(p redirect.Plan) (string, error) {
 	}
 	for _, t := range p.Tables {
 		for _, c := range t.Chains {
-			if err := checkChainName(t.Name, c.Name); err != nil {
-				return "", err
-			}
 			var sb strings.Builder
 			fmt.Fprintf(&sb, "\tchain %s {\n", ChainName(t.Name, c.Name))
 			if c.IsBase() {
@@ -79,9 +76,7 @@ func renderSet(s redirect.Set) (string, error) {
 	switch s.Kind {
 	case redirect.SetPort:
 		sb.WriteString("\t\ttype inet_service\n")
-		ports := slices.Clone(s.Ports)
-		slices.Sort(ports)
-		for _, p := range slices.Compact(ports) {
+		for _, p := range redirect.SortedPorts(s.Ports) {
 			elems = append(elems, fmt.Sprint(p))
 		}
 	case redirect.SetIPv4, redirect.SetIPv6:
@@ -153,115 +148,132 @@ func renderRule(table redirect.TableName, r redirect.Rule) (string, error) {
 	}
 	proto := "th"
 	for i, m := range r.Matches {
-		switch m := m.(type) {
-		case redirect.MatchProto:
-			proto = m.Proto.String()
+		if mp, ok := m.(redirect.MatchProto); ok {
+			proto = mp.Proto.String()
 			if !portFollows(r.Matches[i+1:]) {
 				parts = append(parts, "meta l4proto "+proto)
 			}
-		case redirect.MatchPort:
-			dir := "dport"
-			if m.Source {
-				dir = "sport"
-			}
-			if len(m.Ports) == 1 {
-				parts = append(parts, fmt.Sprintf("%s %s %s%d", proto, dir, neq(m.Negate), m.Ports[0]))
-				break
-			}
-			ports := slices.Clone(m.Ports)
-			slices.Sort(ports)
-			var ps []string
-			for _, p := range slices.Compact(ports) {
-				ps = append(ps, fmt.Sprint(p))
-			}
-			parts = append(parts, fmt.Sprintf("%s %s %s{ %s }", proto, dir, neq(m.Negate), strings.Join(ps, ", ")))
-		case redirect.MatchAddr:
-			dir := "daddr"
-			if m.Source {
-				dir = "saddr"
-			}
-			pfx := m.Prefix.Masked()
-			a := pfx.String()
-			if pfx.IsSingleIP() {
-				a = pfx.Addr().String()
-			}
-			parts = append(parts, fmt.Sprintf("%s %s %s%s", ipName(r.Family), dir, neq(m.Negate), a))
-		case redirect.MatchSet:
-			if m.Kind == redirect.SetPort {
-				parts = append(parts, fmt.Sprintf("%s dport %s@%s", proto, neq(m.Negate), m.Set))
-			} else {
-				parts = append(parts, fmt.Sprintf("%s daddr %s@%s", ipName(r.Family), neq(m.Negate), m.Set))
-			}
-		case redirect.MatchIface:
-			dir := "iifname"
-			if m.Out {
-				dir = "oifname"
-			}
-			name := m.Name
-			if p, ok := strings.CutSuffix(name, "+"); ok {
-				name = p + "*"
-			}
-			parts = append(parts, fmt.Sprintf("%s %s%q", dir, neq(m.Negate), name))
-		case redirect.MatchOwner:
-			what := "skuid"
-			if m.GID {
-				what = "skgid"
-			}
-			parts = append(parts, fmt.Sprintf("meta %s %s%d", what, neq(m.Negate), m.ID))
-		case redirect.MatchMark:
-			what := "meta mark"
-			if m.Conn {
-				what = "ct mark"
-			}
-			if mask := fullMask(m.Mask); mask != 0xffffffff {
-				op := "=="
-				if m.Negate {
-					op = "!="
-				}
-				parts = append(parts, fmt.Sprintf("%s & 0x%08x %s 0x%08x", what, mask, op, m.Value&mask))
-			} else {
-				parts = append(parts, fmt.Sprintf("%s %s0x%08x", what, neq(m.Negate), m.Value))
-			}
-		case redirect.MatchCTState:
-			// nft prints a negated flag match, (state & x) == 0, as "! x".
-			not := ""
-			if m.Negate {
-				not = "! "
-			}
-			parts = append(parts, fmt.Sprintf("ct state %s%s", not, m.States))
-		default:
-			return "", fmt.Errorf("unsupported match %T", m)
+			continue
 		}
+		part, err := renderMatch(r.Family, proto, m)
+		if err != nil {
+			return "", err
+		}
+		parts = append(parts, part)
 	}
-	switch v := r.Verdict.(type) {
+	v, err := renderVerdict(table, r.Family, r.Verdict)
+	if err != nil {
+		return "", err
+	}
+	return strings.Join(append(parts, v), " "), nil
+}
+
+// renderMatch prints one match other than the protocol; proto is the
+// protocol matched before it ("th" without one).
+func renderMatch(fam redirect.Family, proto string, m redirect.Match) (string, error) {
+	switch m := m.(type) {
+	case redirect.MatchPort:
+		dir := "dport"
+		if m.Source {
+			dir = "sport"
+		}
+		if len(m.Ports) == 1 {
+			return fmt.Sprintf("%s %s %s%d", proto, dir, neq(m.Negate), m.Ports[0]), nil
+		}
+		var ps []string
+		for _, p := range redirect.SortedPorts(m.Ports) {
+			ps = append(ps, fmt.Sprint(p))
+		}
+		return fmt.Sprintf("%s %s %s{ %s }", proto, dir, neq(m.Negate), strings.Join(ps, ", ")), nil
+	case redirect.MatchAddr:
+		dir := "daddr"
+		if m.Source {
+			dir = "saddr"
+		}
+		pfx := m.Prefix.Masked()
+		a := pfx.String()
+		if pfx.IsSingleIP() {
+			a = pfx.Addr().String()
+		}
+		return fmt.Sprintf("%s %s %s%s", ipName(fam), dir, neq(m.Negate), a), nil
+	case redirect.MatchSet:
+		if m.Kind == redirect.SetPort {
+			return fmt.Sprintf("%s dport %s@%s", proto, neq(m.Negate), m.Set), nil
+		}
+		return fmt.Sprintf("%s daddr %s@%s", ipName(fam), neq(m.Negate), m.Set), nil
+	case redirect.MatchIface:
+		dir := "iifname"
+		if m.Out {
+			dir = "oifname"
+		}
+		name := m.Name
+		if p, ok := strings.CutSuffix(name, "+"); ok {
+			name = p + "*"
+		}
+		return fmt.Sprintf("%s %s%q", dir, neq(m.Negate), name), nil
+	case redirect.MatchOwner:
+		what := "skuid"
+		if m.GID {
+			what = "skgid"
+		}
+		return fmt.Sprintf("meta %s %s%d", what, neq(m.Negate), m.ID), nil
+	case redirect.MatchMark:
+		return renderMarkMatch(m), nil
+	case redirect.MatchCTState:
+		// nft prints a negated flag match, (state & x) == 0, as "! x".
+		not := ""
+		if m.Negate {
+			not = "! "
+		}
+		return fmt.Sprintf("ct state %s%s", not, m.States), nil
+	}
+	return "", fmt.Errorf("unsupported match %T", m)
+}
+
+func renderMarkMatch(m redirect.MatchMark) string {
+	what := "meta mark"
+	if m.Conn {
+		what = "ct mark"
+	}
+	mask := redirect.FullMask(m.Mask)
+	if mask == 0xffffffff {
+		return fmt.Sprintf("%s %s0x%08x", what, neq(m.Negate), m.Value)
+	}
+	op := "=="
+	if m.Negate {
+		op = "!="
+	}
+	return fmt.Sprintf("%s & 0x%08x %s 0x%08x", what, mask, op, m.Value&mask)
+}
+
+func renderVerdict(table redirect.TableName, fam redirect.Family, v redirect.Verdict) (string, error) {
+	switch v := v.(type) {
 	case redirect.Accept:
-		parts = append(parts, "accept")
+		return "accept", nil
 	case redirect.Drop:
-		parts = append(parts, "drop")
+		return "drop", nil
 	case redirect.Return:
-		parts = append(parts, "return")
+		return "return", nil
 	case redirect.Jump:
-		parts = append(parts, "jump "+ChainName(table, v.Chain))
+		return "jump " + ChainName(table, v.Chain), nil
 	case redirect.Redirect:
-		parts = append(parts, fmt.Sprintf("redirect to :%d", v.Port))
+		return fmt.Sprintf("redirect to :%d", v.Port), nil
 	case redirect.TProxy:
-		parts = append(parts, fmt.Sprintf("tproxy %s to :%d %s accept", ipName(r.Family), v.Port, renderMarkSet(v.Mark, v.Mask)))
+		return fmt.Sprintf("tproxy %s to :%d %s accept", ipName(fam), v.Port, renderMarkSet(v.Mark, v.Mask)), nil
 	case redirect.SetMark:
-		parts = append(parts, renderMarkSet(v.Mark, 0))
+		return renderMarkSet(v.Mark, 0), nil
 	case redirect.SaveMark:
-		parts = append(parts, "ct mark set meta mark")
+		return "ct mark set meta mark", nil
 	case redirect.RestoreMark:
-		parts = append(parts, "meta mark set ct mark")
+		return "meta mark set ct mark", nil
 	case redirect.SetCTZone:
-		parts = append(parts, fmt.Sprintf("ct zone set %d", v.Zone))
-	default:
-		return "", fmt.Errorf("unsupported verdict %T", v)
+		return fmt.Sprintf("ct zone set %d", v.Zone), nil
 	}
-	return strings.Join(parts, " "), nil
+	return "", fmt.Errorf("unsupported verdict %T", v)
 }
 
 func renderMarkSet(value, mask uint32) string {
-	if mask = fullMask(mask); mask == 0xffffffff {
+	if mask = redirect.FullMask(mask); mask == 0xffffffff {
 		return fmt.Sprintf("meta mark set 0x%08x", value)
 	}
 	// The kernel computes (mark & ^mask) ^ value; nft prints the same

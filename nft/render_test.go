@@ -68,6 +68,10 @@ func TestChainName(t *testing.T) {
 	if err := checkChainName(redirect.TableNat, "ISTIO-DASH"); err == nil {
 		t.Error("a chain name with '-' cannot come back from List; encode must refuse it")
 	}
+	lower := redirect.Plan{Tables: []redirect.Table{{Name: redirect.TableNat, Chains: []redirect.Chain{{Name: "istio_lower"}}}}}
+	if _, err := Render(lower); err == nil {
+		t.Error("Render printed a chain name that Apply refuses")
+	}
 }
 
 func TestIntervalElementsAllOnes(t *testing.T) {

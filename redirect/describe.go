@@ -42,9 +42,7 @@ func setElements(s Set) string {
 	var el []string
 	switch s.Kind {
 	case SetPort:
-		ports := slices.Clone(s.Ports)
-		slices.Sort(ports)
-		for _, p := range slices.Compact(ports) {
+		for _, p := range SortedPorts(s.Ports) {
 			el = append(el, fmt.Sprint(p))
 		}
 	default:
@@ -76,13 +74,6 @@ func not(neg bool) string {
 	return ""
 }
 
-func fullMask(m uint32) uint32 {
-	if m == 0 {
-		return 0xffffffff
-	}
-	return m
-}
-
 // MatchString renders one match canonically.
 func MatchString(m Match) string {
 	switch m := m.(type) {
@@ -97,9 +88,7 @@ func MatchString(m Match) string {
 			return fmt.Sprintf("%s %s%d", dir, not(m.Negate), m.Ports[0])
 		}
 		// A port list is a set in the kernel: order and repeats do not count.
-		ports := slices.Clone(m.Ports)
-		slices.Sort(ports)
-		return fmt.Sprintf("%s %s{ %s }", dir, not(m.Negate), strings.ReplaceAll(joinPorts(slices.Compact(ports)), ",", ", "))
+		return fmt.Sprintf("%s %s{ %s }", dir, not(m.Negate), strings.ReplaceAll(joinPorts(SortedPorts(m.Ports)), ",", ", "))
 	case MatchAddr:
 		dir := "daddr"
 		if m.Source {
@@ -129,7 +118,7 @@ func MatchString(m Match) string {
 		if m.Conn {
 			what = "ct mark"
 		}
-		if mask := fullMask(m.Mask); mask != 0xffffffff {
+		if mask := FullMask(m.Mask); mask != 0xffffffff {
 			return fmt.Sprintf("%s and 0x%x %s%d", what, mask, not(m.Negate), m.Value)
 		}
 		return fmt.Sprintf("%s %s%d", what, not(m.Negate), m.Value)
@@ -153,7 +142,7 @@ func VerdictString(v Verdict) string {
 	case Redirect:
 		return fmt.Sprintf("redirect to :%d", v.Port)
 	case TProxy:
-		return fmt.Sprintf("tproxy to :%d mark %d/0x%x", v.Port, v.Mark, fullMask(v.Mask))
+		return fmt.Sprintf("tproxy to :%d mark %d/0x%x", v.Port, v.Mark, FullMask(v.Mask))
 	case SetMark:
 		return fmt.Sprintf("mark set %d", v.Mark)
 	case SaveMark:

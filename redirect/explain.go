@@ -108,123 +108,160 @@ func hasRule(p *Plan, s *TraceStep) bool {
 	return false
 }
 
+// explainVocab is what the representative packets are made of: the
+// addresses, ports, owner IDs and input interfaces the plans match on, and
+// the families they have rules for.
+type explainVocab struct {
+	addrs     map[Family][]netip.Addr
+	ports     []uint16
+	ids       []uint32
+	ifaces    []string
+	hasFamily map[Family]bool
+}
+
+func (v *explainVocab) addAddr(a netip.Addr) {
+	a = a.Unmap()
+	f := FamilyIPv6
+	if a.Is4() {
+		f = FamilyIPv4
+	}
+	if !slices.Contains(v.addrs[f], a) {
+		v.addrs[f] = append(v.addrs[f], a)
+	}
+}
+
+func (v *explainVocab) addPort(p uint16) {
+	if p != 0 && !slices.Contains(v.ports, p) {
+		v.ports = append(v.ports, p)
+	}
+}
+
+func (v *explainVocab) addPlan(p *Plan) {
+	for _, s := range p.Sets {
+		for _, pr := range s.Prefixes {
+			v.addAddr(hostIn(pr))
+		}
+		for _, port := range s.Ports {
+			v.addPort(port)
+		}
+	}
+	for _, t := range p.Tables {
+		for _, c := range t.Chains {
+			for _, r := range c.Rules {
+				v.hasFamily[FamilyIPv4] = v.hasFamily[FamilyIPv4] || r.Family.Includes(FamilyIPv4)
+				v.hasFamily[FamilyIPv6] = v.hasFamily[FamilyIPv6] || r.Family.Includes(FamilyIPv6)
+				for _, m := range r.Matches {
+					v.addMatch(m)
+				}
+			}
+		}
+	}
+}
+
+func (v *explainVocab) addMatch(m Match) {
+	switch m := m.(type) {
+	case MatchPort:
+		if !m.Source {
+			for _, port := range m.Ports {
+				v.addPort(port)
+			}
+		}
+	case MatchAddr:
+		if !m.Source {
+			v.addAddr(hostIn(m.Prefix))
+		}
+	case MatchOwner:
+		if !slices.Contains(v.ids, m.ID) {
+			v.ids = append(v.ids, m.ID)
+		}
+	case MatchIface:
+		name := strings.TrimSuffix(m.Name, "+")
+		if strings.HasSuffix(m.Name, "+") {
+			name += "0"
+		}
+		if !m.Out && name != "lo" && !slices.Contains(v.ifaces, name) {
+			v.ifaces = append(v.ifaces, name)
+		}
+	}
+}
+
 // explainPackets builds the representative packets of want and live.
 func explainPackets(want, live *Plan, local []netip.Addr) []Packet {
-	addrs := map[Family][]netip.Addr{
-		FamilyIPv4: {explainRemoteV4},
-		FamilyIPv6: {explainRemoteV6},
-	}
-	ports := []uint16{80, 443}
-	ids := []uint32{}
-	ifaces := []string{"eth0"}
-	hasFamily := map[Family]bool{}
-	addAddr := func(a netip.Addr) {
-		a = a.Unmap()
-		f := FamilyIPv6
-		if a.Is4() {
-			f = FamilyIPv4
-		}
-		if !slices.Contains(addrs[f], a) {
-			addrs[f] = append(addrs[f], a)
-		}
-	}
-	addPort := func(p uint16) {
-		if p != 0 && !slices.Contains(ports, p) {
-			ports = append(ports, p)
-		}
+	v := &explainVocab{
+		addrs: map[Family][]netip.Addr{
+			FamilyIPv4: {explainRemoteV4},
+			FamilyIPv6: {explainRemoteV6},
+		},
+		ports:     []uint16{80, 443},
+		ifaces:    []string{"eth0"},
+		hasFamily: map[Family]bool{},
 	}
 	for _, a := range local {
-		addAddr(a)
+		v.addAddr(a)
 	}
-	for _, p := range []*Plan{want, live} {
-		for _, s := range p.Sets {
-			for _, pr := range s.Prefixes {
-				addAddr(hostIn(pr))
-			}
-			for _, port := range s.Ports {
-				addPort(port)
-			}
-		}
-		for _, t := range p.Tables {
-			for _, c := range t.Chains {
-				for _, r := range c.Rules {
-					hasFamily[FamilyIPv4] = hasFamily[FamilyIPv4] || r.Family.Includes(FamilyIPv4)
-					hasFamily[FamilyIPv6] = hasFamily[FamilyIPv6] || r.Family.Includes(FamilyIPv6)
-					for _, m := range r.Matches {
-						switch m := m.(type) {
-						case MatchPort:
-							if !m.Source {
-								for _, port := range m.Ports {
-									addPort(port)
-								}
-							}
-						case MatchAddr:
-							if !m.Source {
-								addAddr(hostIn(m.Prefix))
-							}
-						case MatchOwner:
-							if !slices.Contains(ids, m.ID) {
-								ids = append(ids, m.ID)
-							}
-						case MatchIface:
-							name := strings.TrimSuffix(m.Name, "+")
-							if strings.HasSuffix(m.Name, "+") {
-								name += "0"
-							}
-							if !m.Out && name != "lo" && !slices.Contains(ifaces, name) {
-								ifaces = append(ifaces, name)
-							}
-						}
-					}
-				}
-			}
-		}
-	}
-	type sender struct{ uid, gid uint32 }
-	senders := []sender{{1000, 1000}}
-	for _, id := range ids {
-		senders = append(senders, sender{id, 1000}, sender{1000, id})
-	}
+	v.addPlan(want)
+	v.addPlan(live)
 	var out []Packet
 	for _, f := range []Family{FamilyIPv4, FamilyIPv6} {
-		if !hasFamily[f] {
+		if !v.hasFamily[f] {
 			continue
 		}
-		for _, dst := range addrs[f] {
-			isLocal := dst.IsLoopback() || dst == InboundPassthroughV6.Addr() || slices.Contains(local, dst)
-			for _, port := range ports {
-				for _, proto := range []Proto{ProtoTCP, ProtoUDP} {
-					ap := netip.AddrPortFrom(dst, port)
-					for _, s := range senders {
-						pkt := Packet{Dir: DirOut, Proto: proto, Dst: ap, UID: s.uid, GID: s.gid, Iface: "eth0", Src: explainSource(f, local)}
-						if isLocal {
-							pkt.Iface, pkt.Src = "lo", dst
-							if f == FamilyIPv4 && dst.IsLoopback() {
-								pkt.Src = netip.AddrFrom4([4]byte{127, 0, 0, 1})
-							}
-						}
-						out = append(out, pkt)
-					}
-					if len(out) >= maxExplainPackets {
-						return out
-					}
-				}
-			}
+		var full bool
+		if out, full = v.outPackets(out, f, local); full {
+			return out
 		}
-		// Arriving at the pod's address, on each interface a plan names.
-		src, pod := explainRemoteV4, explainSource(f, local)
-		if f == FamilyIPv6 {
-			src = explainRemoteV6
-		}
-		for _, port := range ports {
-			for _, proto := range []Proto{ProtoTCP, ProtoUDP} {
-				for _, iface := range ifaces {
-					out = append(out, Packet{Dir: DirIn, Proto: proto, Dst: netip.AddrPortFrom(pod, port), Src: src, Iface: iface})
-				}
-			}
-		}
+		out = v.inPackets(out, f, local)
 		if len(out) >= maxExplainPackets {
 			return out[:maxExplainPackets]
+		}
+	}
+	return out
+}
+
+// outPackets appends the packets of family f leaving the pod, from each
+// sender to each address and port; full reports that the bound is reached.
+func (v *explainVocab) outPackets(out []Packet, f Family, local []netip.Addr) ([]Packet, bool) {
+	type sender struct{ uid, gid uint32 }
+	senders := []sender{{1000, 1000}}
+	for _, id := range v.ids {
+		senders = append(senders, sender{id, 1000}, sender{1000, id})
+	}
+	for _, dst := range v.addrs[f] {
+		isLocal := dst.IsLoopback() || dst == InboundPassthroughV6.Addr() || slices.Contains(local, dst)
+		for _, port := range v.ports {
+			for _, proto := range []Proto{ProtoTCP, ProtoUDP} {
+				ap := netip.AddrPortFrom(dst, port)
+				for _, s := range senders {
+					pkt := Packet{Dir: DirOut, Proto: proto, Dst: ap, UID: s.uid, GID: s.gid, Iface: "eth0", Src: explainSource(f, local)}
+					if isLocal {
+						pkt.Iface, pkt.Src = "lo", dst
+						if f == FamilyIPv4 && dst.IsLoopback() {
+							pkt.Src = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+						}
+					}
+					out = append(out, pkt)
+				}
+				if len(out) >= maxExplainPackets {
+					return out, true
+				}
+			}
+		}
+	}
+	return out, false
+}
+
+// inPackets appends the packets of family f arriving at the pod's address,
+// on each interface a plan names.
+func (v *explainVocab) inPackets(out []Packet, f Family, local []netip.Addr) []Packet {
+	src, pod := explainRemoteV4, explainSource(f, local)
+	if f == FamilyIPv6 {
+		src = explainRemoteV6
+	}
+	for _, port := range v.ports {
+		for _, proto := range []Proto{ProtoTCP, ProtoUDP} {
+			for _, iface := range v.ifaces {
+				out = append(out, Packet{Dir: DirIn, Proto: proto, Dst: netip.AddrPortFrom(pod, port), Src: src, Iface: iface})
+			}
 		}
 	}
 	return out

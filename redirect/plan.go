@@ -3,6 +3,7 @@ package redirect
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 )
 
 // Plan is the backend-neutral rule set for one pod network namespace. It is
@@ -226,6 +227,23 @@ type MatchMark struct {
 	Value  uint32
 	Mask   uint32
 	Negate bool
+}
+
+// FullMask is the mask a Mask field (MatchMark, TProxy) stands for: zero
+// means all 32 bits.
+func FullMask(m uint32) uint32 {
+	if m == 0 {
+		return 0xffffffff
+	}
+	return m
+}
+
+// SortedPorts is ports sorted and without repeats: a port list or port
+// set as the kernel keeps it, where order and repeats do not count.
+func SortedPorts(ports []uint16) []uint16 {
+	out := slices.Clone(ports)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // MatchCTState matches conntrack states.

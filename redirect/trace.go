@@ -221,6 +221,7 @@ const (
 	endDrop
 	endRedirect
 	endTProxy
+	endNext // within a chain only: go on with the next rule
 )
 
 type baseChain struct {
@@ -290,72 +291,83 @@ func (t *tracer) chain(h Hook, tab *Table, c *Chain, depth int) (chainEnd, error
 		if !ok {
 			continue
 		}
-		at := len(t.steps) - 1
-		switch v := r.Verdict.(type) {
-		case Accept:
-			t.exit(at)
-			return endAccept, nil
-		case Drop:
-			t.decided = at
-			return endDrop, nil
-		case Return:
-			t.exit(at)
-			return endFallThrough, nil
-		case Jump:
-			target := tab.Chain(v.Chain)
+		var end chainEnd
+		if j, isJump := r.Verdict.(Jump); isJump {
+			target := tab.Chain(j.Chain)
 			if target == nil || target.IsBase() {
-				return 0, fmt.Errorf("chain %s/%s rule %d: jump to %s, which is not a regular chain of the table", tab.Name, c.Name, i+1, v.Chain)
+				return 0, fmt.Errorf("chain %s/%s rule %d: jump to %s, which is not a regular chain of the table", tab.Name, c.Name, i+1, j.Chain)
 			}
-			end, err := t.chain(h, tab, target, depth+1)
-			if err != nil {
+			if end, err = t.chain(h, tab, target, depth+1); err != nil {
 				return 0, err
 			}
-			if end != endFallThrough {
-				return end, nil
+			if end == endFallThrough {
+				end = endNext
 			}
-		case Redirect:
-			if tab.Name != TableNat {
-				return 0, fmt.Errorf("chain %s/%s rule %d: redirect outside the nat table", tab.Name, c.Name, i+1)
-			}
-			// Locally sent connections are redirected to the loopback
-			// address; arriving ones to the input interface's address,
-			// which only the port of matters here.
-			addr := t.dst.Addr()
-			if h == HookOutput {
-				addr = netip.IPv6Loopback()
-				if t.fam == FamilyIPv4 {
-					addr = netip.AddrFrom4([4]byte{127, 0, 0, 1})
-				}
-				t.oif = "lo"
-			}
-			t.dst = netip.AddrPortFrom(addr, v.Port)
-			t.landing = &TraceVerdict{Outcome: OutcomeRedirect, Port: v.Port}
-			t.decided = at
-			return endRedirect, nil
-		case TProxy:
-			if h != HookPrerouting || tab.Name != TableMangle {
-				return 0, fmt.Errorf("chain %s/%s rule %d: tproxy outside mangle prerouting", tab.Name, c.Name, i+1)
-			}
-			mask := fullMask(v.Mask)
-			t.mark = t.mark&^mask | v.Mark&mask
-			t.landing = &TraceVerdict{Outcome: OutcomeTProxy, Port: v.Port, Mark: v.Mark}
-			t.decided = at
-			return endTProxy, nil
-		case SetMark:
-			t.mark = v.Mark
-		case SaveMark:
-			t.ctmark = t.mark
-		case RestoreMark:
-			t.mark = t.ctmark
-		case SetCTZone:
-			if t.zone == 0 {
-				t.zone = v.Zone
-			}
-		default:
-			return 0, fmt.Errorf("chain %s/%s rule %d: verdict %T is not supported by the tracer", tab.Name, c.Name, i+1, r.Verdict)
+		} else if end, err = t.verdict(h, tab.Name, r.Verdict, len(t.steps)-1); err != nil {
+			return 0, fmt.Errorf("chain %s/%s rule %d: %w", tab.Name, c.Name, i+1, err)
+		}
+		if end != endNext {
+			return end, nil
 		}
 	}
 	return endFallThrough, nil
+}
+
+// verdict applies a matched rule's verdict other than a jump; at is the
+// rule's step. endNext goes on with the chain's next rule.
+func (t *tracer) verdict(h Hook, tab TableName, v Verdict, at int) (chainEnd, error) {
+	switch v := v.(type) {
+	case Accept:
+		t.exit(at)
+		return endAccept, nil
+	case Drop:
+		t.decided = at
+		return endDrop, nil
+	case Return:
+		t.exit(at)
+		return endFallThrough, nil
+	case Redirect:
+		if tab != TableNat {
+			return 0, fmt.Errorf("redirect outside the nat table")
+		}
+		// Locally sent connections are redirected to the loopback
+		// address; arriving ones to the input interface's address,
+		// which only the port of matters here.
+		addr := t.dst.Addr()
+		if h == HookOutput {
+			addr = netip.IPv6Loopback()
+			if t.fam == FamilyIPv4 {
+				addr = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+			}
+			t.oif = "lo"
+		}
+		t.dst = netip.AddrPortFrom(addr, v.Port)
+		t.landing = &TraceVerdict{Outcome: OutcomeRedirect, Port: v.Port}
+		t.decided = at
+		return endRedirect, nil
+	case TProxy:
+		if h != HookPrerouting || tab != TableMangle {
+			return 0, fmt.Errorf("tproxy outside mangle prerouting")
+		}
+		mask := FullMask(v.Mask)
+		t.mark = t.mark&^mask | v.Mark&mask
+		t.landing = &TraceVerdict{Outcome: OutcomeTProxy, Port: v.Port, Mark: v.Mark}
+		t.decided = at
+		return endTProxy, nil
+	case SetMark:
+		t.mark = v.Mark
+	case SaveMark:
+		t.ctmark = t.mark
+	case RestoreMark:
+		t.mark = t.ctmark
+	case SetCTZone:
+		if t.zone == 0 {
+			t.zone = v.Zone
+		}
+	default:
+		return 0, fmt.Errorf("verdict %T is not supported by the tracer", v)
+	}
+	return endNext, nil
 }
 
 // matches evaluates a rule's matches in order, stopping at the first that
@@ -394,29 +406,9 @@ func (t *tracer) match(h Hook, m Match) (bool, error) {
 		}
 		return m.Prefix.Contains(a.Unmap()) != m.Negate, nil
 	case MatchSet:
-		set := t.plan.Set(m.Set)
-		if set == nil {
-			return false, fmt.Errorf("set %s does not exist", m.Set)
-		}
-		if set.Kind != m.Kind {
-			return false, fmt.Errorf("set %s is of kind %s, the match expects %s", m.Set, set.Kind, m.Kind)
-		}
-		var in bool
-		switch set.Kind {
-		case SetPort:
-			in = slices.Contains(set.Ports, t.dst.Port())
-		case SetIPv4, SetIPv6:
-			if (set.Kind == SetIPv4) != (t.fam == FamilyIPv4) {
-				return false, fmt.Errorf("set %s holds %s, the packet is %s", m.Set, set.Kind, t.fam)
-			}
-			for _, p := range set.Prefixes {
-				if p.Contains(t.dst.Addr().Unmap()) {
-					in = true
-					break
-				}
-			}
-		default:
-			return false, fmt.Errorf("set %s: kind %s is not supported by the tracer", m.Set, set.Kind)
+		in, err := t.inSet(m)
+		if err != nil {
+			return false, err
 		}
 		return in != m.Negate, nil
 	case MatchIface:
@@ -444,12 +436,34 @@ func (t *tracer) match(h Hook, m Match) (bool, error) {
 		if m.Conn {
 			v = t.ctmark
 		}
-		return (v&fullMask(m.Mask) == m.Value) != m.Negate, nil
+		return (v&FullMask(m.Mask) == m.Value) != m.Negate, nil
 	case MatchCTState:
 		// The first packet of a connection is new.
 		return (m.States&CTStateNew != 0) != m.Negate, nil
 	}
 	return false, fmt.Errorf("match %T is not supported by the tracer", m)
+}
+
+// inSet reports whether the packet's destination port or address is an
+// element of the set m names.
+func (t *tracer) inSet(m MatchSet) (bool, error) {
+	set := t.plan.Set(m.Set)
+	if set == nil {
+		return false, fmt.Errorf("set %s does not exist", m.Set)
+	}
+	if set.Kind != m.Kind {
+		return false, fmt.Errorf("set %s is of kind %s, the match expects %s", m.Set, set.Kind, m.Kind)
+	}
+	switch set.Kind {
+	case SetPort:
+		return slices.Contains(set.Ports, t.dst.Port()), nil
+	case SetIPv4, SetIPv6:
+		if (set.Kind == SetIPv4) != (t.fam == FamilyIPv4) {
+			return false, fmt.Errorf("set %s holds %s, the packet is %s", m.Set, set.Kind, t.fam)
+		}
+		return slices.ContainsFunc(set.Prefixes, func(p netip.Prefix) bool { return p.Contains(t.dst.Addr().Unmap()) }), nil
+	}
+	return false, fmt.Errorf("set %s: kind %s is not supported by the tracer", m.Set, set.Kind)
 }
 
 // ifaceMatches is iptables' interface match: a trailing "+" matches any name
