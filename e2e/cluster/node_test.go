@@ -116,7 +116,9 @@ func (w *workerNode) start(ctx context.Context, images []string) error {
 		{"cgroups", func() error { return makeCgroupRoot(w.cgroupName) }},
 		{"holder namespaces", w.startHolder},
 		{"veth to the first node", w.connect},
-		{"containerd", func() error { return w.spawn("containerd", w.c.bin.containerd, "--config", w.c.path("containerd.toml")) }},
+		{"containerd", func() error {
+			return w.spawn("containerd", w.c.bin.containerd, "--config", w.c.path("containerd.toml"))
+		}},
 		{"images imported", func() error { return w.importImages(ctx, images) }},
 		{"kubelet, kube-proxy", w.startKubelet},
 		{"node Ready", func() error { return w.waitReady(ctx) }},
