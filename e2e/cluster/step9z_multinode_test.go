@@ -118,6 +118,11 @@ func TestMultiNode(t *testing.T) {
 	}
 	record("multinode: DaemonSet ready on %d nodes %.2fs", len(nodes), time.Since(t0).Seconds())
 	for _, n := range nodes {
+		if p, err := c.agentOn(ctx, n.name); err != nil {
+			t.Error(err)
+		} else if !podReady(p) {
+			t.Errorf("node %s: agent %s not Ready: %s", n.name, p.Name, podState(p))
+		}
 		if err := nftmeshLast(n.conflist); err != nil {
 			t.Errorf("node %s: %v", n.name, err)
 		}
@@ -135,6 +140,7 @@ func TestMultiNode(t *testing.T) {
 
 	// 2. Cross-node capture: a server on every node, then a client on every
 	// node dialing every other node's server (app and sidecar both).
+	t0 = time.Now()
 	started := 0
 	servers := make([]*corev1.Pod, len(nodes))
 	base := injectedHTTPBin(t, istiotest.Standin{Image: standinImage, Every: dialEvery}).Spec.Template
@@ -158,6 +164,7 @@ func TestMultiNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	started += len(clients)
+	record("multinode: %d servers, then %d clients dialing the other nodes' servers, Running and captured %.2fs", len(servers), len(clients), time.Since(t0).Seconds())
 	logs := c.agentLogs(ctx, t, nodes)
 	for i, n := range nodes {
 		for _, p := range []*corev1.Pod{servers[i], clients[i]} {
@@ -360,6 +367,15 @@ func (c *Cluster) agentOn(ctx context.Context, node string) (*corev1.Pod, error)
 	return nil, fmt.Errorf("no agent pod on %s", node)
 }
 
+func podReady(p *corev1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
 // agentLogs reads the log of each node's agent.
 func (c *Cluster) agentLogs(ctx context.Context, t *testing.T, nodes []meshNode) map[string]string {
 	t.Helper()
@@ -490,15 +506,7 @@ func (c *Cluster) churnWhileDraining(ctx context.Context, t *testing.T, busy []m
 	}
 	err = c.poll(ctx, 120*time.Second, "the replacement agent on "+drained, func() (bool, error) {
 		p, err := c.agentOn(ctx, drained)
-		if err != nil || p.Name == old.Name {
-			return false, nil
-		}
-		for _, cond := range p.Status.Conditions {
-			if cond.Type == corev1.PodReady {
-				return cond.Status == corev1.ConditionTrue, nil
-			}
-		}
-		return false, nil
+		return err == nil && p.Name != old.Name && podReady(p), nil
 	})
 	if err != nil {
 		t.Error(err)
