@@ -52,17 +52,25 @@ func repoDir() string { return repo }
 // is installed already.
 func installChart(t *testing.T, c *Cluster) {
 	t.Helper()
+	if err := installChartOnce(c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// installChartOnce is installChart returning its failure.
+func installChartOnce(c *Cluster) error {
 	chartMu.Lock()
 	defer chartMu.Unlock()
 	if chartInstalled {
-		return
+		return nil
 	}
 	t0 := time.Now()
 	if _, err := c.Helm(context.Background(), helmInstallArgs(c)...); err != nil {
-		t.Fatalf("helm install: %v", err)
+		return fmt.Errorf("helm install: %w", err)
 	}
 	chartInstalled = true
 	record("chart: helm install --wait → DaemonSet ready %.2fs", time.Since(t0).Seconds())
+	return nil
 }
 
 // uninstallChart removes the chart and waits for the agent's pods to be

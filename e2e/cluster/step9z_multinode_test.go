@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,7 +50,6 @@ type meshNode struct {
 	cidr     netip.Prefix
 	conflist string // its primary CNI config, as the test reaches it
 	binDir   string
-	nodePath func(string) string // a path in its mount namespace
 }
 
 // TestMultiNode is issue 23's multi-node e2e on the same cluster: more
@@ -71,8 +71,7 @@ func TestMultiNode(t *testing.T) {
 	total := multiNodeCount(t)
 	tStart := time.Now()
 
-	t0 := time.Now()
-	workers, err := c.AddNodes(ctx, total-1, filepath.Join(c.Dir, "images", "standin.tar"))
+	var workers []*workerNode
 	t.Cleanup(func() {
 		t0 := time.Now()
 		var wg sync.WaitGroup
@@ -89,24 +88,32 @@ func TestMultiNode(t *testing.T) {
 		record("multinode: %d nodes removed (pods deleted, stopped, nothing left) %.2fs", len(workers), time.Since(t0).Seconds())
 		record("multinode: whole test %.2fs", time.Since(tStart).Seconds())
 	})
-	if err != nil {
-		t.Fatalf("adding nodes: %v\n%s", err, c.Logs(30))
-	}
-	record("multinode: %d nodes joined (Ready, pod CIDR set) %.2fs", len(workers), time.Since(t0).Seconds())
-
-	nodes := []meshNode{{name: nodeName, cidr: netip.MustParsePrefix(podCIDR), conflist: c.PrimaryConflist, binDir: c.CNIBinDir, nodePath: c.NodePath}}
-	for _, w := range workers {
-		nodes = append(nodes, meshNode{name: w.Name, cidr: netip.MustParsePrefix(w.PodCIDR), conflist: w.Conflist, binDir: w.CNIBinDir, nodePath: w.NodePath})
-	}
-
-	t0 = time.Now()
-	installChart(t, c)
 	t.Cleanup(func() {
 		c.deleteMesh(t)
 		if err := uninstallChart(context.Background(), c); err != nil {
 			t.Error(err)
 		}
 	})
+
+	// The chart goes in while the nodes join: its DaemonSet follows them.
+	t0 := time.Now()
+	chartDone := make(chan error, 1)
+	go func() { chartDone <- installChartOnce(c) }()
+	workers, err := c.AddNodes(ctx, total-1, filepath.Join(c.Dir, "images", "standin.tar"))
+	chartErr := <-chartDone
+	if err != nil {
+		t.Fatalf("adding nodes: %v\n%s", err, c.Logs(30))
+	}
+	record("multinode: %d nodes joined (Ready, pod CIDR set) %.2fs", len(workers), time.Since(t0).Seconds())
+	if chartErr != nil {
+		t.Fatal(chartErr)
+	}
+
+	nodes := []meshNode{{name: nodeName, cidr: netip.MustParsePrefix(podCIDR), conflist: c.PrimaryConflist, binDir: c.CNIBinDir}}
+	for _, w := range workers {
+		nodes = append(nodes, meshNode{name: w.Name, cidr: netip.MustParsePrefix(w.PodCIDR), conflist: w.Conflist, binDir: w.CNIBinDir})
+	}
+
 	if err := c.meshPrerequisites(ctx, "httpbin"); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +123,7 @@ func TestMultiNode(t *testing.T) {
 	if err := c.waitAgents(ctx, len(nodes)); err != nil {
 		t.Fatal(err)
 	}
-	record("multinode: DaemonSet ready on %d nodes %.2fs", len(nodes), time.Since(t0).Seconds())
+	record("multinode: chart installed as they joined: DaemonSet ready on %d nodes %.2fs after the join began", len(nodes), time.Since(t0).Seconds())
 	for _, n := range nodes {
 		if p, err := c.agentOn(ctx, n.name); err != nil {
 			t.Error(err)
@@ -139,32 +146,55 @@ func TestMultiNode(t *testing.T) {
 	}
 
 	// 2. Cross-node capture: a server on every node, then a client on every
-	// node dialing every other node's server (app and sidecar both).
+	// node dialing every other node's server (app and sidecar both). The
+	// clients need only the servers' addresses, which a pod has once its
+	// sandbox is up, before its containers run.
 	t0 = time.Now()
 	started := 0
 	servers := make([]*corev1.Pod, len(nodes))
 	base := injectedHTTPBin(t, istiotest.Standin{Image: standinImage, Every: dialEvery}).Spec.Template
-	if err := c.startMeshPods(ctx, len(nodes), func(i int) (*corev1.Pod, string) {
-		return meshPodOn(base, fmt.Sprintf("mn-server-%d", i), nodes[i].name), nodes[i].name
-	}, servers); err != nil {
-		t.Fatal(err)
+	serversDone := make(chan error, 1)
+	go func() {
+		serversDone <- c.startMeshPods(ctx, len(nodes), func(i int) (*corev1.Pod, string) {
+			return meshPodOn(base, fmt.Sprintf("mn-server-%d", i), nodes[i].name), nodes[i].name
+		}, servers)
+	}()
+	serverIPs := make([]string, len(nodes))
+	if err := c.poll(ctx, 120*time.Second, "the servers' pod addresses", func() (bool, error) {
+		for i := range nodes {
+			if serverIPs[i] != "" {
+				continue
+			}
+			if p, err := c.Client.CoreV1().Pods(meshNS).Get(ctx, fmt.Sprintf("mn-server-%d", i), metav1.GetOptions{}); err == nil {
+				serverIPs[i] = p.Status.PodIP
+			}
+		}
+		return !slices.Contains(serverIPs, ""), nil
+	}); err != nil {
+		t.Fatalf("%v (%v)", err, <-serversDone)
 	}
-	started += len(servers)
 	clients := make([]*corev1.Pod, len(nodes))
-	if err := c.startMeshPods(ctx, len(nodes), func(i int) (*corev1.Pod, string) {
+	clientsErr := c.startMeshPods(ctx, len(nodes), func(i int) (*corev1.Pod, string) {
 		var targets []string
-		for j, s := range servers {
+		for j, ip := range serverIPs {
 			if j != i {
-				targets = append(targets, netip.AddrPortFrom(netip.MustParseAddr(s.Status.PodIP), httpbinPort).String())
+				targets = append(targets, netip.AddrPortFrom(netip.MustParseAddr(ip), httpbinPort).String())
 			}
 		}
 		tmpl := injectedHTTPBin(t, istiotest.Standin{Image: standinImage, Every: dialEvery, AppConnect: targets, ProxyConnect: targets}).Spec.Template
 		return meshPodOn(tmpl, fmt.Sprintf("mn-client-%d", i), nodes[i].name), nodes[i].name
-	}, clients); err != nil {
-		t.Fatal(err)
+	}, clients)
+	if err := <-serversDone; err != nil {
+		t.Error(err)
 	}
-	started += len(clients)
-	record("multinode: %d servers, then %d clients dialing the other nodes' servers, Running and captured %.2fs", len(servers), len(clients), time.Since(t0).Seconds())
+	if clientsErr != nil {
+		t.Error(clientsErr)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	started += len(servers) + len(clients)
+	record("multinode: %d servers, and as soon as they had addresses %d clients dialing the other nodes' servers, Running and captured %.2fs", len(servers), len(clients), time.Since(t0).Seconds())
 	logs := c.agentLogs(ctx, t, nodes)
 	for i, n := range nodes {
 		for _, p := range []*corev1.Pod{servers[i], clients[i]} {
