@@ -152,7 +152,7 @@ scale: $(APISERVER)
 ## two nodes, NFTMESH_E2E_NODES=<n> for n in all; torn down afterwards (root).
 ## RUN=<regexp> picks assertions (go test -run); the cluster comes up anyway.
 e2e-cluster: image kube-binaries helm pilot-agent
-	$(GO) test -count=1 -v -timeout 20m $(if $(RUN),-run '$(RUN)') ./e2e/cluster/
+	$(GO) test -count=1 -v -timeout 25m $(if $(RUN),-run '$(RUN)') ./e2e/cluster/
 
 ## demo: a throw-away pod netns, real connections, where each one landed.
 demo: build
