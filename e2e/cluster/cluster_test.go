@@ -155,6 +155,8 @@ type Cluster struct {
 
 	mu         sync.Mutex
 	components []*component
+	workers    []*workerNode // nodes joined after Start (AddNodes), stopped first
+	imageTars  []string      // the archives Start imported, for nodes joining later
 	stopped    bool
 	stopOnce   sync.Once
 	stopErr    error
@@ -183,6 +185,9 @@ func New(bin binaries, dir string, logf func(string, ...any)) *Cluster {
 // and ServiceAccount default/default exists. Whatever it started, Stop
 // stops, also when Start failed or is still running.
 func (c *Cluster) Start(ctx context.Context, images []string) error {
+	c.mu.Lock()
+	c.imageTars = append([]string(nil), images...)
+	c.mu.Unlock()
 	step := func(name string, f func() error) error {
 		t0 := time.Now()
 		if err := f(); err != nil {
@@ -391,12 +396,16 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 `
 }
 
-func (c *Cluster) kubeletConfig() string {
+func (c *Cluster) kubeletConfig() string { return c.kubeletConfigIn(c.cgroupName) }
+
+// kubeletConfigIn is the kubelet's configuration with its pods' cgroups
+// under cgroupRoot (each node of the cluster has its own).
+func (c *Cluster) kubeletConfigIn(cgroupRoot string) string {
 	return `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
-cgroupRoot: /` + c.cgroupName + `
+cgroupRoot: /` + cgroupRoot + `
 oomScoreAdj: 0
 failSwapOn: false
 protectKernelDefaults: false
@@ -449,13 +458,16 @@ func cgroupHierarchies() ([]string, error) {
 // makeCgroups creates kubelet's cgroupRoot in every hierarchy; kubelet
 // refuses a root missing from any. cpuset needs cpus and mems set before
 // anything can join a child.
-func (c *Cluster) makeCgroups() error {
+func (c *Cluster) makeCgroups() error { return makeCgroupRoot(c.cgroupName) }
+
+// makeCgroupRoot creates the cgroup name in every hierarchy.
+func makeCgroupRoot(name string) error {
 	hs, err := cgroupHierarchies()
 	if err != nil {
 		return err
 	}
 	for _, h := range hs {
-		d := filepath.Join(h, c.cgroupName)
+		d := filepath.Join(h, name)
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return fmt.Errorf("creating cgroup %s: %w", d, err)
 		}
@@ -861,13 +873,23 @@ func (c *Cluster) Stop() error {
 func (c *Cluster) stop() error {
 	c.mu.Lock()
 	c.stopped = true
+	workers := append([]*workerNode(nil), c.workers...)
+	c.mu.Unlock()
+	var errs []error
+	// Nodes that joined later go first: their kubelets talk to this
+	// node's apiserver, their network hangs off this node's namespace.
+	for _, w := range workers {
+		if err := w.stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.mu.Lock()
 	comps := append([]*component(nil), c.components...)
 	c.mu.Unlock()
 	byName := map[string]*component{}
 	for _, comp := range comps {
 		byName[comp.name] = comp
 	}
-	var errs []error
 	stop := func(names ...string) {
 		t0 := time.Now()
 		defer func() { c.logf("cluster: stopped %-40s %6.2fs", strings.Join(names, ", "), time.Since(t0).Seconds()) }()
@@ -921,11 +943,15 @@ func terminate(comp *component, grace time.Duration) {
 
 // cgroupDirs lists the cgroup directories under the node's cgroupRoot, the
 // deepest first.
-func (c *Cluster) cgroupDirs() []string {
+func (c *Cluster) cgroupDirs() []string { return cgroupDirs(c.cgroupName) }
+
+// cgroupDirs lists the cgroup directories under name in every hierarchy,
+// the deepest first.
+func cgroupDirs(name string) []string {
 	hs, _ := cgroupHierarchies()
 	var dirs []string
 	for _, h := range hs {
-		root := filepath.Join(h, c.cgroupName)
+		root := filepath.Join(h, name)
 		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
 				dirs = append(dirs, p)
@@ -939,10 +965,14 @@ func (c *Cluster) cgroupDirs() []string {
 
 // killCgroupProcs kills every process in the node's cgroups (the pods'
 // containers), repeating until none is left.
-func (c *Cluster) killCgroupProcs() {
+func (c *Cluster) killCgroupProcs() { killCgroupProcs(c.cgroupName) }
+
+// killCgroupProcs kills every process in the cgroups under name, repeating
+// until none is left.
+func killCgroupProcs(name string) {
 	for i := 0; i < 50; i++ {
 		n := 0
-		for _, d := range c.cgroupDirs() {
+		for _, d := range cgroupDirs(name) {
 			data, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
 			if err != nil {
 				continue
@@ -963,17 +993,21 @@ func (c *Cluster) killCgroupProcs() {
 
 // nsProcs lists processes other than the holder in the holder's mount or
 // network namespace.
-func (c *Cluster) nsProcs() []int {
+func (c *Cluster) nsProcs() []int { return nsProcs(c.holderPID, c.nsIDs) }
+
+// nsProcs lists processes other than holder in the mount or network
+// namespace of nsIDs ("mnt:[…]", "net:[…]").
+func nsProcs(holder int, nsIDs [2]string) []int {
 	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == c.holderPID {
+		if err != nil || pid == holder {
 			continue
 		}
 		mnt, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
 		netns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
-		if (mnt != "" && mnt == c.nsIDs[0]) || (netns != "" && netns == c.nsIDs[1]) {
+		if (mnt != "" && mnt == nsIDs[0]) || (netns != "" && netns == nsIDs[1]) {
 			pids = append(pids, pid)
 		}
 	}
@@ -1013,11 +1047,15 @@ func (c *Cluster) killNamespaceProcs() {
 	}
 }
 
-func (c *Cluster) removeCgroups() error {
+func (c *Cluster) removeCgroups() error { return removeCgroups(c.cgroupName) }
+
+// removeCgroups removes the cgroups under name, the deepest first, killing
+// what is still in them.
+func removeCgroups(name string) error {
 	var last error
 	for i := 0; i < 50; i++ {
 		last = nil
-		for _, d := range c.cgroupDirs() {
+		for _, d := range cgroupDirs(name) {
 			if err := os.Remove(d); err != nil && !os.IsNotExist(err) {
 				last = fmt.Errorf("removing cgroup %s: %w", d, err)
 			}
@@ -1025,7 +1063,7 @@ func (c *Cluster) removeCgroups() error {
 		if last == nil {
 			return nil
 		}
-		c.killCgroupProcs()
+		killCgroupProcs(name)
 		time.Sleep(100 * time.Millisecond)
 	}
 	return last

@@ -15,6 +15,11 @@
 // failure, Ctrl-C, SIGTERM and the test timeout), then checks that no
 // process, mount, cgroup or network namespace of it is left.
 //
+// The last test, TestMultiNode, adds nodes to the same cluster (AddNodes):
+// each a holder of its own with containerd, kubelet and kube-proxy, linked
+// to the first node's namespace by a veth, and takes them out again
+// (RemoveNode), checking the same way that nothing of them is left.
+//
 // It has no non-test code. It needs root and skips without it; missing
 // binaries (make e2e-cluster builds them) skip it too, except under CI=true,
 // where they fail it.

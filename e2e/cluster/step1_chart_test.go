@@ -52,17 +52,25 @@ func repoDir() string { return repo }
 // is installed already.
 func installChart(t *testing.T, c *Cluster) {
 	t.Helper()
+	if err := installChartOnce(c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// installChartOnce is installChart returning its failure.
+func installChartOnce(c *Cluster) error {
 	chartMu.Lock()
 	defer chartMu.Unlock()
 	if chartInstalled {
-		return
+		return nil
 	}
 	t0 := time.Now()
 	if _, err := c.Helm(context.Background(), helmInstallArgs(c)...); err != nil {
-		t.Fatalf("helm install: %v", err)
+		return fmt.Errorf("helm install: %w", err)
 	}
 	chartInstalled = true
 	record("chart: helm install --wait → DaemonSet ready %.2fs", time.Since(t0).Seconds())
+	return nil
 }
 
 // uninstallChart removes the chart and waits for the agent's pods to be
@@ -204,23 +212,29 @@ func (c *Cluster) agentLogLine(ctx context.Context, t *testing.T, ns, pod, verb 
 			return false, nil
 		}
 		last = out
-		for _, line := range strings.Split(out, "\n") {
-			var m map[string]any
-			if json.Unmarshal([]byte(line), &m) != nil {
-				continue
-			}
-			msg, _ := m["message"].(string)
-			if m["component"] == "cni-plugin" && m["pod"] == pod && m["namespace"] == ns && m["decision"] != nil && strings.HasPrefix(msg, verb+" ") {
-				found = m
-				return true, nil
-			}
-		}
-		return false, nil
+		found = decisionLine(out, ns, pod, verb)
+		return found != nil, nil
 	})
 	if err != nil {
 		t.Fatalf("%v\nagent log:\n%s", err, last)
 	}
 	return found
+}
+
+// decisionLine finds the plugin's decision line for pod (verb ADD or DEL)
+// in an agent's log, or returns nil.
+func decisionLine(log, ns, pod, verb string) map[string]any {
+	for _, line := range strings.Split(log, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) != nil {
+			continue
+		}
+		msg, _ := m["message"].(string)
+		if m["component"] == "cni-plugin" && m["pod"] == pod && m["namespace"] == ns && m["decision"] != nil && strings.HasPrefix(msg, verb+" ") {
+			return m
+		}
+	}
+	return nil
 }
 
 // TestPodThroughPlugin: with the chart installed, plain pods start through

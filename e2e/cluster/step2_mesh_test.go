@@ -286,6 +286,14 @@ type reply struct{ pod, listener, orig string }
 // answered as want; a dial answered by anyone else fails at once.
 func (c *Cluster) expectDial(ctx context.Context, t *testing.T, what, pod, container, target string, want reply) {
 	t.Helper()
+	if err := c.waitDial(ctx, what, pod, container, target, want); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ok: %s to %s answered by %s on %s (orig %s)", what, target, want.pod, want.listener, want.orig)
+}
+
+// waitDial is expectDial returning its failure.
+func (c *Cluster) waitDial(ctx context.Context, what, pod, container, target string, want reply) error {
 	target = strings.TrimPrefix(target, "udp://")
 	var last standin.Event
 	var raw string
@@ -316,9 +324,9 @@ func (c *Cluster) expectDial(ctx context.Context, t *testing.T, what, pod, conta
 		return ok >= 2, nil
 	})
 	if err != nil {
-		t.Fatalf("%v; last attempt %+v\n%s log:\n%s", err, last, container, lastLines(raw, 20))
+		return fmt.Errorf("%w; last attempt %+v\n%s log:\n%s", err, last, container, lastLines(raw, 20))
 	}
-	t.Logf("ok: %s to %s answered by %s on %s (orig %s)", what, target, want.pod, want.listener, want.orig)
+	return nil
 }
 
 // checkInjected runs the per-pod assertions of one workload.

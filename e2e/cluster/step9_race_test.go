@@ -178,6 +178,18 @@ func (c *Cluster) race(ctx context.Context, t *testing.T, mode string, sets []st
 // Rewrite's offline images.
 func raceDeployment(t *testing.T, name string) *appsv1.Deployment {
 	t.Helper()
+	dep := injectedHTTPBin(t, istiotest.Standin{Image: standinImage, Every: dialEvery})
+	dep.Name = name
+	dep.Spec.Selector.MatchLabels["app"] = name
+	dep.Spec.Template.Labels["app"] = name
+	labelled(&dep.ObjectMeta)
+	return dep
+}
+
+// injectedHTTPBin is the injected httpbin Deployment with Rewrite's
+// offline images and s's dial targets.
+func injectedHTTPBin(t *testing.T, s istiotest.Standin) *appsv1.Deployment {
+	t.Helper()
 	data, err := os.ReadFile(filepath.Join(istiotest.TestdataDir(), "injected", "httpbin.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -194,13 +206,9 @@ func raceDeployment(t *testing.T, name string) *appsv1.Deployment {
 		if err := yaml.Unmarshal(o.Raw, dep); err != nil {
 			t.Fatal(err)
 		}
-		if err := istiotest.Rewrite(&dep.Spec.Template.Spec, istiotest.Standin{Image: standinImage, Every: dialEvery}); err != nil {
+		if err := istiotest.Rewrite(&dep.Spec.Template.Spec, s); err != nil {
 			t.Fatal(err)
 		}
-		dep.Name = name
-		dep.Spec.Selector.MatchLabels["app"] = name
-		dep.Spec.Template.Labels["app"] = name
-		labelled(&dep.ObjectMeta)
 		return dep
 	}
 	t.Fatal("httpbin.yaml has no Deployment")

@@ -1,0 +1,591 @@
+package cluster
+
+// TestMultiNode runs last: its file sorts after every other step's, so the
+// single-node tests before it see the one node they were written for. It
+// adds nodes to the same cluster, asserts across them, and takes them out
+// again.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/nftmesh/nftmesh/e2e/cluster/standin"
+	"github.com/nftmesh/nftmesh/testkit/istiotest"
+)
+
+// httpbinPort is the injected httpbin's app port.
+const httpbinPort = 8080
+
+// multiNodeCount is how many nodes TestMultiNode runs on, the first one
+// included: NFTMESH_E2E_NODES, 3 by default, at least 2.
+func multiNodeCount(t *testing.T) int {
+	v := os.Getenv("NFTMESH_E2E_NODES")
+	if v == "" {
+		return 3
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 2 || n > 8 {
+		t.Fatalf("NFTMESH_E2E_NODES=%q: want a number from 2 to 8", v)
+	}
+	return n
+}
+
+// meshNode is one node as the multi-node test sees it.
+type meshNode struct {
+	name     string
+	cidr     netip.Prefix
+	conflist string // its primary CNI config, as the test reaches it
+	binDir   string
+}
+
+// TestMultiNode is issue 23's multi-node e2e on the same cluster: more
+// nodes (kubelet + containerd each in its own network and mount namespace)
+// join the control plane, the chart's DaemonSet must run a ready agent on
+// every node with our entry last in each node's conflist; Istio-injected
+// clients and servers on different nodes must have each cross-node
+// connection captured at both ends (the client's app reaches its own
+// sidecar on 15001 with the server as original destination, the client's
+// sidecar reaches the server's sidecar on 15006 with the server as
+// original destination and the client's pod address as peer); one node is
+// drained and its agent pod deleted while the others keep starting mesh
+// pods, all of which must start captured. The nodes are taken out
+// afterwards, leaving nothing.
+func TestMultiNode(t *testing.T) {
+	c := need(t)
+	c.standinReady(t)
+	ctx := context.Background()
+	total := multiNodeCount(t)
+	tStart := time.Now()
+
+	var workers []*workerNode
+	t.Cleanup(func() {
+		t0 := time.Now()
+		var wg sync.WaitGroup
+		for _, w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := c.RemoveNode(context.Background(), w); err != nil {
+					t.Errorf("removing node %s: %v", w.Name, err)
+				}
+			}()
+		}
+		wg.Wait()
+		record("multinode: %d nodes removed (pods deleted, stopped, nothing left) %.2fs", len(workers), time.Since(t0).Seconds())
+		record("multinode: whole test %.2fs", time.Since(tStart).Seconds())
+	})
+	t.Cleanup(func() {
+		c.deleteMesh(t)
+		if err := uninstallChart(context.Background(), c); err != nil {
+			t.Error(err)
+		}
+	})
+
+	// The chart goes in while the nodes join: its DaemonSet follows them.
+	t0 := time.Now()
+	chartDone := make(chan error, 1)
+	go func() { chartDone <- installChartOnce(c) }()
+	workers, err := c.AddNodes(ctx, total-1, filepath.Join(c.Dir, "images", "standin.tar"))
+	chartErr := <-chartDone
+	if err != nil {
+		t.Fatalf("adding nodes: %v\n%s", err, c.Logs(30))
+	}
+	record("multinode: %d nodes joined (Ready, pod CIDR set) %.2fs", len(workers), time.Since(t0).Seconds())
+	if chartErr != nil {
+		t.Fatal(chartErr)
+	}
+
+	nodes := []meshNode{{name: nodeName, cidr: netip.MustParsePrefix(podCIDR), conflist: c.PrimaryConflist, binDir: c.CNIBinDir}}
+	for _, w := range workers {
+		nodes = append(nodes, meshNode{name: w.Name, cidr: netip.MustParsePrefix(w.PodCIDR), conflist: w.Conflist, binDir: w.CNIBinDir})
+	}
+
+	if err := c.meshPrerequisites(ctx, "httpbin"); err != nil {
+		t.Fatal(err)
+	}
+
+	// 1. The DaemonSet on every node, each agent ready, our entry last in
+	// each node's conflist (and only there: each node's own directories).
+	if err := c.waitAgents(ctx, len(nodes)); err != nil {
+		t.Fatal(err)
+	}
+	record("multinode: chart installed as they joined: DaemonSet ready on %d nodes %.2fs after the join began", len(nodes), time.Since(t0).Seconds())
+	for _, n := range nodes {
+		if p, err := c.agentOn(ctx, n.name); err != nil {
+			t.Error(err)
+		} else if !podReady(p) {
+			t.Errorf("node %s: agent %s not Ready: %s", n.name, p.Name, podState(p))
+		}
+		if err := nftmeshLast(n.conflist); err != nil {
+			t.Errorf("node %s: %v", n.name, err)
+		}
+		if st, err := os.Stat(filepath.Join(n.binDir, "nftmesh-cni")); err != nil || !st.Mode().IsRegular() {
+			t.Errorf("node %s: nftmesh-cni not installed in %s (%v)", n.name, n.binDir, err)
+		}
+		conf, _ := os.ReadFile(n.conflist)
+		if !strings.Contains(string(conf), `"subnet": "`+n.cidr.String()+`"`) {
+			t.Errorf("node %s: the conflist lost its pod CIDR %s:\n%s", n.name, n.cidr, conf)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// 2. Cross-node capture: a server on every node, then a client on every
+	// node dialing every other node's server (app and sidecar both). The
+	// clients need only the servers' addresses, which a pod has once its
+	// sandbox is up, before its containers run.
+	t0 = time.Now()
+	started := 0
+	servers := make([]*corev1.Pod, len(nodes))
+	base := injectedHTTPBin(t, istiotest.Standin{Image: standinImage, Every: dialEvery}).Spec.Template
+	serversDone := make(chan error, 1)
+	go func() {
+		serversDone <- c.startMeshPods(ctx, len(nodes), func(i int) (*corev1.Pod, string) {
+			return meshPodOn(base, fmt.Sprintf("mn-server-%d", i), nodes[i].name), nodes[i].name
+		}, servers)
+	}()
+	serverIPs := make([]string, len(nodes))
+	if err := c.poll(ctx, 120*time.Second, "the servers' pod addresses", func() (bool, error) {
+		for i := range nodes {
+			if serverIPs[i] != "" {
+				continue
+			}
+			if p, err := c.Client.CoreV1().Pods(meshNS).Get(ctx, fmt.Sprintf("mn-server-%d", i), metav1.GetOptions{}); err == nil {
+				serverIPs[i] = p.Status.PodIP
+			}
+		}
+		return !slices.Contains(serverIPs, ""), nil
+	}); err != nil {
+		t.Fatalf("%v (%v)", err, <-serversDone)
+	}
+	clients := make([]*corev1.Pod, len(nodes))
+	clientsErr := c.startMeshPods(ctx, len(nodes), func(i int) (*corev1.Pod, string) {
+		var targets []string
+		for j, ip := range serverIPs {
+			if j != i {
+				targets = append(targets, netip.AddrPortFrom(netip.MustParseAddr(ip), httpbinPort).String())
+			}
+		}
+		tmpl := injectedHTTPBin(t, istiotest.Standin{Image: standinImage, Every: dialEvery, AppConnect: targets, ProxyConnect: targets}).Spec.Template
+		return meshPodOn(tmpl, fmt.Sprintf("mn-client-%d", i), nodes[i].name), nodes[i].name
+	}, clients)
+	if err := <-serversDone; err != nil {
+		t.Error(err)
+	}
+	if clientsErr != nil {
+		t.Error(clientsErr)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	started += len(servers) + len(clients)
+	record("multinode: %d servers, and as soon as they had addresses %d clients dialing the other nodes' servers, Running and captured %.2fs", len(servers), len(clients), time.Since(t0).Seconds())
+	logs := c.agentLogs(ctx, t, nodes)
+	for i, n := range nodes {
+		for _, p := range []*corev1.Pod{servers[i], clients[i]} {
+			if !n.cidr.Contains(netip.MustParseAddr(p.Status.PodIP)) {
+				t.Errorf("pod %s on %s has address %s, outside the node's %s", p.Name, n.name, p.Status.PodIP, n.cidr)
+			}
+			if line := decisionLine(logs[n.name], meshNS, p.Name, "ADD"); line == nil || line["decision"] != "capture" {
+				t.Errorf("node %s's agent: ADD decision for %s is %v, want capture", n.name, p.Name, line)
+			}
+		}
+	}
+	t0 = time.Now()
+	pairs, captured := 0, 0
+	var pairMu sync.Mutex
+	var pairWG sync.WaitGroup
+	for i := range nodes {
+		for j := range nodes {
+			if i == j {
+				continue
+			}
+			pairs++
+			pairWG.Add(1)
+			go func() {
+				defer pairWG.Done()
+				if err := c.crossNode(ctx, clients[i], servers[j]); err != nil {
+					t.Errorf("client on %s → server on %s: %v", nodes[i].name, nodes[j].name, err)
+					return
+				}
+				pairMu.Lock()
+				captured++
+				pairMu.Unlock()
+			}()
+		}
+	}
+	pairWG.Wait()
+	t.Logf("%d/%d cross-node connections captured at both ends (checked in %.1fs)", captured, pairs, time.Since(t0).Seconds())
+
+	// 3. One node drained and its agent deleted while the others keep
+	// starting mesh pods, every one captured at its first start.
+	drained := nodes[len(nodes)-1]
+	started += c.churnWhileDraining(ctx, t, nodes[:len(nodes)-1], drained.name)
+
+	record("multinode: nodes=%d pods=%d cross-node captured=%d/%d", len(nodes), started, captured, pairs)
+}
+
+// meshPodOn is a mesh pod from tmpl named name, pinned to node by its
+// hostname label (so the scheduler, and a cordon, still decide).
+func meshPodOn(tmpl corev1.PodTemplateSpec, name, node string) *corev1.Pod {
+	pod := &corev1.Pod{ObjectMeta: *tmpl.ObjectMeta.DeepCopy(), Spec: *tmpl.Spec.DeepCopy()}
+	pod.Name, pod.Namespace = name, meshNS
+	if pod.Labels == nil {
+		pod.Labels = map[string]string{}
+	}
+	pod.Labels[meshLabel] = "true"
+	pod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
+	return pod
+}
+
+// startMeshPods creates n mesh pods at once and waits until each runs on
+// its node with istio-validation passing at its first run; out gets the
+// running pods.
+func (c *Cluster) startMeshPods(ctx context.Context, n int, build func(int) (*corev1.Pod, string), out []*corev1.Pod) error {
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		pod, node := build(i)
+		go func() {
+			if _, err := c.Client.CoreV1().Pods(meshNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				errs <- fmt.Errorf("creating %s: %w", pod.Name, err)
+				return
+			}
+			restarts, err := c.waitCaptured(ctx, pod.Name)
+			if err != nil {
+				errs <- err
+				return
+			}
+			p, err := c.Client.CoreV1().Pods(meshNS).Get(ctx, pod.Name, metav1.GetOptions{})
+			switch {
+			case err != nil:
+				errs <- err
+			case p.Spec.NodeName != node:
+				errs <- fmt.Errorf("pod %s runs on %s, want %s", p.Name, p.Spec.NodeName, node)
+			case restarts != 0:
+				errs <- fmt.Errorf("pod %s: istio-validation ran %d times, want once (the agent was there)", p.Name, restarts+1)
+			default:
+				out[i] = p
+				errs <- nil
+			}
+		}()
+	}
+	var all []string
+	for i := 0; i < n; i++ {
+		if err := <-errs; err != nil {
+			all = append(all, err.Error())
+		}
+	}
+	if len(all) > 0 {
+		return fmt.Errorf("%s", strings.Join(all, "\n"))
+	}
+	return nil
+}
+
+// crossNode checks one client → server connection across nodes, from the
+// stand-ins' logs: the client's app is answered by its own sidecar's
+// outbound listener with the server as original destination (and that
+// sidecar logged it), and the client's sidecar is answered by the server's
+// sidecar's inbound listener with the server as original destination, and
+// the server's sidecar saw the client pod's own address as peer (no NAT
+// between the nodes).
+func (c *Cluster) crossNode(ctx context.Context, client, server *corev1.Pod) error {
+	target := netip.AddrPortFrom(netip.MustParseAddr(server.Status.PodIP), httpbinPort).String()
+	app := ""
+	for _, ctr := range client.Spec.Containers {
+		if ctr.Name != istiotest.ProxyContainer {
+			app = ctr.Name
+			break
+		}
+	}
+	if err := c.waitDial(ctx, "client app's connection", client.Name, app, target,
+		reply{pod: client.Name, listener: standin.ListenerOutbound, orig: target}); err != nil {
+		return err
+	}
+	ev, _, err := c.logEvents(ctx, meshNS, client.Name, istiotest.ProxyContainer)
+	if err != nil {
+		return err
+	}
+	if !accepted(ev, standin.ListenerOutbound, target) {
+		return fmt.Errorf("client %s's sidecar logged no accepted outbound connection to %s", client.Name, target)
+	}
+	if err := c.waitDial(ctx, "client sidecar's connection", client.Name, istiotest.ProxyContainer, target,
+		reply{pod: server.Name, listener: standin.ListenerInbound, orig: target}); err != nil {
+		return err
+	}
+	ev, _, err = c.logEvents(ctx, meshNS, server.Name, istiotest.ProxyContainer)
+	if err != nil {
+		return err
+	}
+	for _, e := range ev {
+		if e.Event != standin.EventAccepted || e.Listener != standin.ListenerInbound || e.Orig != target {
+			continue
+		}
+		if peer, err := netip.ParseAddrPort(e.Peer); err == nil && peer.Addr().String() == client.Status.PodIP {
+			return nil
+		}
+	}
+	return fmt.Errorf("server %s's sidecar logged no inbound connection to %s from the client %s (%s)", server.Name, target, client.Name, client.Status.PodIP)
+}
+
+// waitAgents waits until the DaemonSet runs one ready agent on each of n
+// nodes.
+func (c *Cluster) waitAgents(ctx context.Context, n int) error {
+	var last string
+	err := c.poll(ctx, 120*time.Second, fmt.Sprintf("the DaemonSet ready on %d nodes", n), func() (bool, error) {
+		ds, err := c.Client.AppsV1().DaemonSets(agentNS).Get(ctx, agentDaemonSet, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		st := ds.Status
+		last = fmt.Sprintf("desired %d, scheduled %d, ready %d, updated %d, available %d", st.DesiredNumberScheduled, st.CurrentNumberScheduled, st.NumberReady, st.UpdatedNumberScheduled, st.NumberAvailable)
+		return int(st.DesiredNumberScheduled) == n && int(st.NumberReady) == n && int(st.UpdatedNumberScheduled) == n && int(st.NumberAvailable) == n, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w (%s)", err, last)
+	}
+	return nil
+}
+
+// agentOn returns the agent pod on node that is not being deleted.
+func (c *Cluster) agentOn(ctx context.Context, node string) (*corev1.Pod, error) {
+	l, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=nftmesh-agent",
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i := range l.Items {
+		if l.Items[i].DeletionTimestamp == nil {
+			return &l.Items[i], nil
+		}
+	}
+	return nil, fmt.Errorf("no agent pod on %s", node)
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// agentLogs reads the log of each node's agent.
+func (c *Cluster) agentLogs(ctx context.Context, t *testing.T, nodes []meshNode) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, n := range nodes {
+		p, err := c.agentOn(ctx, n.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := c.Client.CoreV1().Pods(agentNS).GetLogs(p.Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
+		if err != nil {
+			t.Fatalf("reading the log of agent %s on %s: %v", p.Name, n.name, err)
+		}
+		out[n.name] = string(raw)
+	}
+	return out
+}
+
+// nftmeshLast says why conflist does not end in exactly one nftmesh-cni
+// entry.
+func nftmeshLast(conflist string) error {
+	conf, err := os.ReadFile(conflist)
+	if err != nil {
+		return err
+	}
+	var list struct {
+		Plugins []map[string]any `json:"plugins"`
+	}
+	if err := json.Unmarshal(conf, &list); err != nil {
+		return fmt.Errorf("conflist %s: %w\n%s", conflist, err, conf)
+	}
+	n := 0
+	for _, p := range list.Plugins {
+		if p["type"] == "nftmesh-cni" {
+			n++
+		}
+	}
+	if k := len(list.Plugins); n != 1 || k < 2 || list.Plugins[k-1]["type"] != "nftmesh-cni" {
+		return fmt.Errorf("nftmesh-cni is not the one last plugin of %s:\n%s", conflist, conf)
+	}
+	return nil
+}
+
+// churnWhileDraining creates mesh pods one after the other, round-robin
+// over busy, while drained is drained (kubectl drain: cordoned, its pods
+// evicted) and, during the drain, its agent pod deleted; it waits for the
+// agent's replacement on the drained node, uncordons it and starts one more
+// mesh pod there. Every pod must run with validation passing at its first
+// run (the busy nodes' agents never left; the drained node's is back) and
+// have a capture decision in its node's agent log. It returns how many pods
+// it started.
+func (c *Cluster) churnWhileDraining(ctx context.Context, t *testing.T, busy []meshNode, drained string) int {
+	t.Helper()
+	base := injectedHTTPBin(t, istiotest.Standin{Image: standinImage, Every: dialEvery}).Spec.Template
+	const maxInFlight = 4
+	var (
+		mu       sync.Mutex
+		failures []string
+		onNode   = map[string][]string{} // node → pods started there
+		starts   []time.Duration
+		checks   sync.WaitGroup
+	)
+	slots := make(chan struct{}, maxInFlight)
+	stop := make(chan struct{})
+	var createDone sync.WaitGroup
+	createDone.Add(1)
+	go func() {
+		defer createDone.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case slots <- struct{}{}:
+			}
+			node := busy[i%len(busy)].name
+			pod := meshPodOn(base, fmt.Sprintf("mn-churn-%d", i), node)
+			t0 := time.Now()
+			if _, err := c.Client.CoreV1().Pods(meshNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				mu.Lock()
+				failures = append(failures, fmt.Sprintf("creating %s: %v", pod.Name, err))
+				mu.Unlock()
+				<-slots
+				return
+			}
+			mu.Lock()
+			onNode[node] = append(onNode[node], pod.Name)
+			mu.Unlock()
+			checks.Add(1)
+			go func(name string) {
+				defer checks.Done()
+				defer func() { <-slots }()
+				restarts, err := c.waitCaptured(ctx, name)
+				took := time.Since(t0)
+				mu.Lock()
+				switch {
+				case err != nil:
+					failures = append(failures, err.Error())
+				case restarts != 0:
+					failures = append(failures, fmt.Sprintf("%s: istio-validation ran %d times, want once", name, restarts+1))
+				default:
+					starts = append(starts, took)
+				}
+				mu.Unlock()
+				if err := c.deletePodAndWait(ctx, name); err != nil {
+					mu.Lock()
+					failures = append(failures, err.Error())
+					mu.Unlock()
+				}
+			}(pod.Name)
+			time.Sleep(500 * time.Millisecond)
+		}
+	}()
+
+	time.Sleep(2 * time.Second)
+	old, err := c.agentOn(ctx, drained)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The drain and the agent's deletion overlap: the evicted pods' DEL
+	// may find the node without its agent (the plugin then runs alone).
+	t0 := time.Now()
+	var drainTook time.Duration
+	drainDone := make(chan struct{})
+	go func() {
+		defer close(drainDone)
+		out, err := c.Kubectl(ctx, "drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
+			"--grace-period=1", "--timeout=90s")
+		drainTook = time.Since(t0)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		t.Logf("kubectl drain %s:\n%s", drained, strings.TrimSpace(out))
+	}()
+	if err := c.poll(ctx, 30*time.Second, drained+" cordoned", func() (bool, error) {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, drained, metav1.GetOptions{})
+		return err == nil && n.Spec.Unschedulable, nil
+	}); err != nil {
+		t.Error(err)
+	}
+	t1 := time.Now()
+	if err := c.Client.CoreV1().Pods(agentNS).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+		t.Error(err)
+	}
+	err = c.poll(ctx, 120*time.Second, "the replacement agent on "+drained, func() (bool, error) {
+		p, err := c.agentOn(ctx, drained)
+		return err == nil && p.Name != old.Name && podReady(p), nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	agentTook := time.Since(t1)
+	<-drainDone
+	record("multinode: drain of %s %.2fs, its agent pod deleted during it → replacement Ready %.2fs", drained, drainTook.Seconds(), agentTook.Seconds())
+	close(stop)
+
+	// The drained node back in service: a new pod there starts captured by
+	// the replacement agent, while the last churn pods finish.
+	afterOK := false
+	if _, err := c.Kubectl(ctx, "uncordon", drained); err != nil {
+		t.Error(err)
+	} else {
+		after := make([]*corev1.Pod, 1)
+		if err := c.startMeshPods(ctx, 1, func(int) (*corev1.Pod, string) {
+			return meshPodOn(base, "mn-after-drain", drained), drained
+		}, after); err != nil {
+			t.Error(err)
+		} else {
+			afterOK = true
+			log := c.agentLogs(ctx, t, []meshNode{{name: drained}})[drained]
+			if line := decisionLine(log, meshNS, after[0].Name, "ADD"); line == nil || line["decision"] != "capture" {
+				t.Errorf("the replacement agent on %s: ADD decision for %s is %v, want capture", drained, after[0].Name, line)
+			}
+		}
+	}
+	createDone.Wait()
+	checks.Wait()
+	for _, f := range failures {
+		t.Error(f)
+	}
+	// Each busy node's agent logged a capture decision for each of its pods.
+	logs := c.agentLogs(ctx, t, busy)
+	created := 0
+	for node, pods := range onNode {
+		created += len(pods)
+		for _, p := range pods {
+			if line := decisionLine(logs[node], meshNS, p, "ADD"); line == nil || line["decision"] != "capture" {
+				t.Errorf("node %s's agent: ADD decision for %s is %v, want capture", node, p, line)
+			}
+		}
+	}
+	var p50, p95 time.Duration
+	if len(starts) > 0 {
+		p50, p95 = percentiles(starts)
+	}
+	record("multinode: %d mesh pods started on %d nodes while %s was drained and its agent replaced: %d not captured at the first start; create → Running and captured p50 %v p95 %v",
+		created, len(busy), drained, len(failures), p50.Round(100*time.Millisecond), p95.Round(100*time.Millisecond))
+	if afterOK {
+		created++
+	}
+	return created
+}
