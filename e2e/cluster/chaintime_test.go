@@ -12,7 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 )
 
 const (
@@ -130,29 +131,37 @@ func (c *Cluster) chainPhase(ctx context.Context, t *testing.T, w *procWatch, pr
 	var mu sync.Mutex
 	first := mk(prefix + "-0")
 	ph.ns = first.Namespace
-	wctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	watcher, err := c.Client.CoreV1().Pods(ph.ns).Watch(wctx, metav1.ListOptions{LabelSelector: sel})
-	if err != nil {
+	// When the API first showed each pod Running, from an informer (a
+	// list, then a watch resumed whenever the server ends it).
+	seen := func(obj any) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok || p.Status.Phase != corev1.PodRunning {
+			return
+		}
+		now := monotonicNow()
+		mu.Lock()
+		if _, dup := ph.running[p.Name]; !dup {
+			ph.running[p.Name] = now
+		}
+		mu.Unlock()
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(ph.ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+	inf := factory.Core().V1().Pods().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    seen,
+		UpdateFunc: func(_, obj any) { seen(obj) },
+	}); err != nil {
 		t.Fatal(err)
 	}
-	defer watcher.Stop()
-	go func() {
-		for ev := range watcher.ResultChan() {
-			p, ok := ev.Object.(*corev1.Pod)
-			if !ok || ev.Type == watch.Error || p.Status.Phase != corev1.PodRunning {
-				continue
-			}
-			now := monotonicNow()
-			mu.Lock()
-			if _, seen := ph.running[p.Name]; !seen {
-				ph.running[p.Name] = now
-			}
-			mu.Unlock()
-		}
-	}()
+	stopInf := make(chan struct{})
+	factory.Start(stopInf)
+	defer func() { close(stopInf); factory.Shutdown() }()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		t.Fatal("the pod informer did not sync")
+	}
 	defer func() {
-		if err := c.deletePods(ctx, ph.ns, sel); err != nil {
+		if err := c.deletePodsWithin(ctx, ph.ns, sel, 3*time.Minute); err != nil {
 			t.Error(err)
 		}
 	}()
@@ -204,7 +213,15 @@ func (c *Cluster) chainPhase(ctx context.Context, t *testing.T, w *procWatch, pr
 			return len(ph.running) >= chainPods, nil
 		})
 		if err != nil {
-			t.Fatal(err)
+			// Say which and where they are; the runtime's figures still count.
+			mu.Lock()
+			for name := range ph.created {
+				if _, ok := ph.running[name]; !ok {
+					p, _ := c.Client.CoreV1().Pods(ph.ns).Get(ctx, name, metav1.GetOptions{})
+					t.Errorf("%v: %s not Running: %s", err, name, podState(p))
+				}
+			}
+			mu.Unlock()
 		}
 	}
 	mu.Lock()
