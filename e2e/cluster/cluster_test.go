@@ -161,6 +161,9 @@ type Cluster struct {
 	stopOnce   sync.Once
 	stopErr    error
 
+	standinMu       sync.Mutex
+	standinImported bool // the stand-in image is in containerd
+
 	// Node-side directories, same path in both mount namespaces.
 	CNIBinDir, CNIConfDir string
 	AdminKubeconfig       string

@@ -119,11 +119,16 @@ func podState(p *corev1.Pod) string {
 // deletePods deletes the pods matching selector in ns and waits until they
 // are gone (their CNI DEL has run by then).
 func (c *Cluster) deletePods(ctx context.Context, ns, selector string) error {
+	return c.deletePodsWithin(ctx, ns, selector, 60*time.Second)
+}
+
+// deletePodsWithin is deletePods waiting up to timeout.
+func (c *Cluster) deletePodsWithin(ctx context.Context, ns, selector string, timeout time.Duration) error {
 	pods := c.Client.CoreV1().Pods(ns)
 	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: selector}); err != nil {
 		return fmt.Errorf("deleting pods %s in %s: %w", selector, ns, err)
 	}
-	return c.poll(ctx, 60*time.Second, "pods "+selector+" gone", func() (bool, error) {
+	return c.poll(ctx, timeout, "pods "+selector+" gone", func() (bool, error) {
 		l, err := pods.List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return false, nil

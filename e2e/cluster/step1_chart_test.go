@@ -101,6 +101,12 @@ func TestPodStartWithoutPlugin(t *testing.T) {
 	record("pods: create → Running without nftmesh-cni (n=%d): p50 %v p95 %v", len(ds), p50.Round(time.Millisecond), p95.Round(time.Millisecond))
 }
 
+// TestChainTimings: what the runtime sees of each plugin of the node's
+// chain, and pod create → Running without and with nftmesh-cni in it
+// (chaintime_test.go). Here, between the baseline and the chart install,
+// it installs the chart once for both.
+func TestChainTimings(t *testing.T) { chainTimings(t) }
+
 // TestHelmInstall is assertion 1: the chart's DaemonSet becomes Ready, our
 // entry is the last plugin of the node's conflist, the plugin binary is in
 // the node's CNI bin dir, and the agent's /readyz answers 200.

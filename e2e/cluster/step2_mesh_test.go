@@ -151,8 +151,14 @@ func standinPod(name string, args ...string) *corev1.Pod {
 }
 
 // importStandinImage builds the one image the injected pods' containers run
-// (Istio's pilot-agent, standin-proxy, standin-app) and imports it.
+// (Istio's pilot-agent, standin-proxy, standin-app) and imports it, once per
+// cluster.
 func (c *Cluster) importStandinImage(ctx context.Context, pilotAgent string) error {
+	c.standinMu.Lock()
+	defer c.standinMu.Unlock()
+	if c.standinImported {
+		return nil
+	}
 	dir := filepath.Join(c.Dir, "images", "standin")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", dir, err)
@@ -170,7 +176,11 @@ func (c *Cluster) importStandinImage(ctx context.Context, pilotAgent string) err
 	if err := imagebuild.WriteDockerArchive(tar, standinImage, img); err != nil {
 		return err
 	}
-	return c.importImages(ctx, []string{tar})
+	if err := c.importImages(ctx, []string{tar}); err != nil {
+		return err
+	}
+	c.standinImported = true
+	return nil
 }
 
 // runInjected creates one manifest's objects, its Deployment with the pod
