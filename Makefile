@@ -57,7 +57,7 @@ export NFTMESH_IMAGE := $(IMAGE)
 HOST_NFT_SUITES ?= bookworm trixie
 export NFTMESH_HOST_NFT_DIR := $(abspath $(CACHE)/hostnft)
 
-.PHONY: all build host-nft scale image chart push image-ref chart-version version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-cni istio-manifests standin
+.PHONY: all build chain-timings host-nft scale image chart push image-ref chart-version version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-cni istio-manifests standin
 
 all: build
 
@@ -153,6 +153,13 @@ scale: $(APISERVER)
 ## RUN=<regexp> picks assertions (go test -run); the cluster comes up anyway.
 e2e-cluster: image kube-binaries helm pilot-agent
 	$(GO) test -count=1 -v -timeout 25m $(if $(RUN),-run '$(RUN)') ./e2e/cluster/
+
+## chain-timings: the real chain's figures (docs/performance.md): each
+## plugin's ADD as containerd runs it and pod create → Running, without and
+## with nftmesh-cni, 30 pods each, on the cluster e2e's node. A measurement,
+## so not in `make test`.
+chain-timings: image kube-binaries helm pilot-agent
+	NFTMESH_E2E_CHAIN=1 $(GO) test -count=1 -v -timeout 25m -run 'TestClusterUp|TestPodStartWithoutPlugin|TestChainTimings' ./e2e/cluster/
 
 ## demo: a throw-away pod netns, real connections, where each one landed.
 demo: build
