@@ -22,7 +22,13 @@ import (
 
 // TestUpgradeAndRestartDuringPodStarts covers assertions 4 and 5: mesh pods
 // are created one after the other while (a) `helm upgrade` moves the agent
-// to a new image tag and (b) the agent pod is deleted and comes back. Every
+// to a new image tag, (b) the agent pod is deleted and comes back and (c)
+// the token the plugin uses is rotated while the agent is down: its
+// ServiceAccount is recreated (every token issued for it stops
+// authenticating, as in istio/istio#57438 and #38077) and the agent is
+// killed without its clean-up and its pod force-deleted, so the standalone
+// plugin serves ADDs with the node's stale kubeconfig until the new agent
+// rewrites it (checkTokenRotation). Every
 // pod must end Running with Istio's validation passing (an app container
 // cannot start before it, so no mesh pod ever runs uncaptured: fail closed),
 // none may stay stuck once the agent is back, and every read of the plugin
@@ -179,6 +185,13 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 	}
 	record("churn: agent pod deleted → replacement Ready %.2fs", time.Since(t0).Seconds())
 	time.Sleep(3 * time.Second)
+	restartBin, restartEntry := w.absent()
+	// (c) the token the plugin uses rotated while the agent is down.
+	rot, err := c.rotateTokenAgentDown(ctx, ref+":"+newTag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
 	close(stopCreate)
 	createDone.Wait()
 	checks.Wait()
@@ -218,9 +231,10 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 	}
 	binGone, entryGone := w.absent()
 	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
-	record("churn: %d mesh pods created during upgrade and restart: %d not Running with validation passing within the bound, %d repaired (%d repair lines, each by pod cgroup); create → Running and captured p50 %v p95 %v; plugin binary read %d times, %d partial; node without the plugin binary %v in the upgrade, %v in the restart; without our conflist entry %v and %v",
+	record("churn: %d mesh pods created during upgrade, restart and token rotation: %d not Running with validation passing within the bound, %d repaired (%d repair lines, each by pod cgroup); create → Running and captured p50 %v p95 %v; plugin binary read %d times, %d partial; node without the plugin binary %v in the upgrade, %v in the restart, %v in the rotation; without our conflist entry %v, %v and %v",
 		created, len(failures), repaired, repairs, p50.Round(100*time.Millisecond), p95.Round(100*time.Millisecond), w.reads, w.partial,
-		ms(upgradeBin), ms(binGone-upgradeBin), ms(upgradeEntry), ms(entryGone-upgradeEntry))
+		ms(upgradeBin), ms(restartBin-upgradeBin), ms(binGone-restartBin), ms(upgradeEntry), ms(restartEntry-upgradeEntry), ms(entryGone-restartEntry))
+	c.checkTokenRotation(ctx, t, rot)
 	if w.partial > 0 {
 		t.Errorf("the plugin binary was seen incomplete or different %d times: not replaced atomically", w.partial)
 	}
