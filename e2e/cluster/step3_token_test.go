@@ -50,17 +50,28 @@ func (c *Cluster) nodeKubeconfigToken() (string, error) {
 	return "", fmt.Errorf("no token in the node's kubeconfig")
 }
 
-// agentPID finds the one nftmesh-agent process on the node.
+// agentPID finds the one nftmesh-agent process of the node: by its name,
+// among the processes in the node's cgroups (the agent's container has
+// namespaces of its own, and other clusters on the machine run agents too).
 func (c *Cluster) agentPID() (int, error) {
 	var found []int
-	for _, pid := range c.nsProcs() {
-		comm, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
-		if err == nil && strings.TrimSpace(string(comm)) == "nftmesh-agent" {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile("/proc/" + e.Name() + "/comm")
+		if err != nil || strings.TrimSpace(string(comm)) != "nftmesh-agent" {
+			continue
+		}
+		cg, err := os.ReadFile("/proc/" + e.Name() + "/cgroup")
+		if err == nil && strings.Contains(string(cg), ":/"+c.cgroupName+"/") {
 			found = append(found, pid)
 		}
 	}
 	if len(found) != 1 {
-		return 0, fmt.Errorf("nftmesh-agent processes on the node: %v, want one", found)
+		return 0, fmt.Errorf("nftmesh-agent processes in the node's cgroup %s: %v, want one", c.cgroupName, found)
 	}
 	return found[0], nil
 }
