@@ -245,6 +245,26 @@ func (c *Cluster) checkTokenRotation(ctx context.Context, t *testing.T, r *token
 				l.Pod, l.Time.Format(time.StampMilli), r.invalid.Format(time.StampMilli), rewritten.Format(time.StampMilli), l.Error)
 		}
 	}
+	// The new agent's own pod started while the kubeconfig was stale:
+	// the plugin lets it through before any API call (istio/istio#57438:
+	// Istio's plugin failed it Unauthorized until a hand edit).
+	own, err := c.pluginLines(r.newPod)
+	if err != nil {
+		t.Errorf("reading the plugin log: %v", err)
+	}
+	ownOK := 0
+	for _, l := range own {
+		switch {
+		case l.Command != "ADD":
+		case l.Decision == "error":
+			t.Errorf("ADD of the new agent pod %s failed: %s", r.newPod, l.Error)
+		default:
+			ownOK++
+		}
+	}
+	if ownOK == 0 {
+		t.Errorf("no ADD line for the new agent pod %s in the plugin log: %+v", r.newPod, own)
+	}
 	if standalone == 0 {
 		t.Errorf("the standalone plugin ran no ADD between the agent's kill and the kubeconfig's rewrite: the stale token was not exercised")
 	}
