@@ -92,6 +92,54 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 	)
 	slots := make(chan struct{}, maxInFlight)
 	stopCreate := make(chan struct{})
+	// launch creates one mesh pod and checks it in the background;
+	// release runs when the check is done.
+	launch := func(name string, release func()) bool {
+		pod := &corev1.Pod{ObjectMeta: *template.ObjectMeta.DeepCopy(), Spec: *template.Spec.DeepCopy()}
+		pod.Name = name
+		pod.Namespace = meshNS
+		pod.Labels[meshLabel] = "true"
+		t0 := time.Now()
+		if _, err := c.Client.CoreV1().Pods(meshNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			mu.Lock()
+			failures = append(failures, fmt.Sprintf("creating %s: %v", pod.Name, err))
+			mu.Unlock()
+			release()
+			return false
+		}
+		mu.Lock()
+		created++
+		mu.Unlock()
+		checks.Add(1)
+		go func(name string, t0 time.Time) {
+			defer checks.Done()
+			defer release()
+			restarts, err := c.waitCaptured(ctx, name)
+			took := time.Since(t0)
+			var described string
+			if err != nil {
+				described = c.describePod(ctx, meshNS, name)
+			}
+			mu.Lock()
+			if err != nil {
+				failures = append(failures, err.Error())
+				stuck[name] = described
+			} else {
+				starts = append(starts, took)
+			}
+			if err == nil && restarts > 0 {
+				repaired++
+				t.Logf("%s: istio-validation ran %d times, Running and captured after %.1fs (started while the node had no plugin; repaired in place)", name, restarts+1, took.Seconds())
+			}
+			mu.Unlock()
+			if err := c.deletePodAndWait(ctx, name); err != nil {
+				mu.Lock()
+				failures = append(failures, err.Error())
+				mu.Unlock()
+			}
+		}(pod.Name, t0)
+		return true
+	}
 	var createDone sync.WaitGroup
 	createDone.Add(1)
 	go func() {
@@ -102,49 +150,9 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 				return
 			case slots <- struct{}{}:
 			}
-			pod := &corev1.Pod{ObjectMeta: *template.ObjectMeta.DeepCopy(), Spec: *template.Spec.DeepCopy()}
-			pod.Name = fmt.Sprintf("churn-%d", i)
-			pod.Namespace = meshNS
-			pod.Labels[meshLabel] = "true"
-			t0 := time.Now()
-			if _, err := c.Client.CoreV1().Pods(meshNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-				mu.Lock()
-				failures = append(failures, fmt.Sprintf("creating %s: %v", pod.Name, err))
-				mu.Unlock()
-				<-slots
+			if !launch(fmt.Sprintf("churn-%d", i), func() { <-slots }) {
 				return
 			}
-			mu.Lock()
-			created++
-			mu.Unlock()
-			checks.Add(1)
-			go func(name string, t0 time.Time) {
-				defer checks.Done()
-				defer func() { <-slots }()
-				restarts, err := c.waitCaptured(ctx, name)
-				took := time.Since(t0)
-				var described string
-				if err != nil {
-					described = c.describePod(ctx, meshNS, name)
-				}
-				mu.Lock()
-				if err != nil {
-					failures = append(failures, err.Error())
-					stuck[name] = described
-				} else {
-					starts = append(starts, took)
-				}
-				if err == nil && restarts > 0 {
-					repaired++
-					t.Logf("%s: istio-validation ran %d times, Running and captured after %.1fs (started while the node had no plugin; repaired in place)", name, restarts+1, took.Seconds())
-				}
-				mu.Unlock()
-				if err := c.deletePodAndWait(ctx, name); err != nil {
-					mu.Lock()
-					failures = append(failures, err.Error())
-					mu.Unlock()
-				}
-			}(pod.Name, t0)
 			time.Sleep(500 * time.Millisecond)
 		}
 	}()
@@ -187,7 +195,13 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	restartBin, restartEntry := w.absent()
 	// (c) the token the plugin uses rotated while the agent is down.
-	rot, err := c.rotateTokenAgentDown(ctx, ref+":"+newTag)
+	// Two more pods at once, whatever the churn's pace: their ADDs
+	// meet the stale kubeconfig.
+	rot, err := c.rotateTokenAgentDown(ctx, ref+":"+newTag, func() {
+		for i := range 2 {
+			launch(fmt.Sprintf("churn-rotate-%d", i), func() {})
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,8 +80,9 @@ func (c *Cluster) agentPID() (int, error) {
 // token, the one the node's kubeconfig holds, stops authenticating), kills
 // the agent process at once (SIGKILL: no clean-up, as an OOM kill or a
 // crash) and force-deletes its pod, then waits for the new agent to rewrite
-// the kubeconfig and turn Ready on image.
-func (c *Cluster) rotateTokenAgentDown(ctx context.Context, image string) (*tokenRotation, error) {
+// the kubeconfig and turn Ready on image. whileDown runs right after the
+// kill.
+func (c *Cluster) rotateTokenAgentDown(ctx context.Context, image string, whileDown func()) (*tokenRotation, error) {
 	r := &tokenRotation{}
 	var err error
 	if r.oldToken, err = c.nodeKubeconfigToken(); err != nil {
@@ -118,6 +119,7 @@ func (c *Cluster) rotateTokenAgentDown(ctx context.Context, image string) (*toke
 	if err := c.Client.CoreV1().Pods(agentNS).Delete(ctx, old.Items[0].Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		return nil, err
 	}
+	whileDown()
 	err = c.poll(ctx, 120*time.Second, "the node's kubeconfig rewritten with another token", func() (bool, error) {
 		tok, err := c.nodeKubeconfigToken()
 		return err == nil && tok != r.oldToken, nil
