@@ -140,8 +140,8 @@ func TestStandaloneModeThroughMultus(t *testing.T) {
 
 	// Istio's release owns default/istio-cni, and Istio's agent left its
 	// standalone file on the node.
-	istioNAD := fmt.Sprintf(`{"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition","metadata":{"name":"istio-cni","namespace":"default",
-"labels":{"app.kubernetes.io/managed-by":"Helm"},"annotations":{"meta.helm.sh/release-name":"istio-cni","meta.helm.sh/release-namespace":"istio-system"}}}`)
+	istioNAD := `{"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition","metadata":{"name":"istio-cni","namespace":"default",
+"labels":{"app.kubernetes.io/managed-by":"Helm"},"annotations":{"meta.helm.sh/release-name":"istio-cni","meta.helm.sh/release-namespace":"istio-system"}}}`
 	if err := c.Client.Discovery().RESTClient().Post().AbsPath("/apis/k8s.cni.cncf.io/v1/namespaces/default/network-attachment-definitions").
 		Body([]byte(istioNAD)).Do(ctx).Error(); err != nil {
 		t.Fatal(err)

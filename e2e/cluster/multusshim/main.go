@@ -100,7 +100,8 @@ func netList(b []byte) (*libcni.NetworkConfigList, error) {
 	if err != nil {
 		return nil, err
 	}
-	return libcni.ConfListFromConf(pc)
+	return &libcni.NetworkConfigList{Name: pc.Network.Name, CNIVersion: pc.Network.CNIVersion,
+		Plugins: []*libcni.PluginConfig{pc}, Bytes: b}, nil
 }
 
 func add(args *skel.CmdArgs) error {
