@@ -125,7 +125,15 @@ func (c *Cluster) rotateTokenAgentDown(ctx context.Context, image string, whileD
 		return err == nil && tok != r.oldToken, nil
 	})
 	if err != nil {
-		return nil, err
+		// Likely the new agent's own pod could not start (its sandbox
+		// refused by the plugin with the stale token).
+		var described []string
+		if l, lerr := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"}); lerr == nil {
+			for _, p := range l.Items {
+				described = append(described, c.describePod(ctx, agentNS, p.Name))
+			}
+		}
+		return nil, fmt.Errorf("%w; agent pods:\n%s", err, strings.Join(described, "\n"))
 	}
 	r.rewritten = time.Since(r.invalid)
 	if err := c.waitAgentImage(ctx, image, old.Items[0].Name); err != nil {
