@@ -610,6 +610,11 @@ func TestTokenRotationRewritesKubeconfig(t *testing.T) {
 		return kc.AuthInfos[PluginName].Token
 	}
 	for i := 2; i <= 4; i++ {
+		// Let the agent settle first: the event of its own last write
+		// of the kubeconfig must not be what makes it read the token
+		// again (it did, and the test passed without the watch of the
+		// service-account dir).
+		a.settle(t)
 		want := fmt.Sprintf("token-%d", i)
 		h.rotateToken(t, want)
 		a.waitFor(t, "rotated token "+want, func() bool { return token() == want })

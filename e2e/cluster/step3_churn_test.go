@@ -22,7 +22,13 @@ import (
 
 // TestUpgradeAndRestartDuringPodStarts covers assertions 4 and 5: mesh pods
 // are created one after the other while (a) `helm upgrade` moves the agent
-// to a new image tag and (b) the agent pod is deleted and comes back. Every
+// to a new image tag, (b) the agent pod is deleted and comes back and (c)
+// the token the plugin uses is rotated while the agent is down: its
+// ServiceAccount is recreated (every token issued for it stops
+// authenticating, as in istio/istio#57438 and #38077) and the agent is
+// killed without its clean-up and its pod force-deleted, so the standalone
+// plugin serves ADDs with the node's stale kubeconfig until the new agent
+// rewrites it (checkTokenRotation). Every
 // pod must end Running with Istio's validation passing (an app container
 // cannot start before it, so no mesh pod ever runs uncaptured: fail closed),
 // none may stay stuck once the agent is back, and every read of the plugin
@@ -86,6 +92,54 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 	)
 	slots := make(chan struct{}, maxInFlight)
 	stopCreate := make(chan struct{})
+	// launch creates one mesh pod and checks it in the background;
+	// release runs when the check is done.
+	launch := func(name string, release func()) bool {
+		pod := &corev1.Pod{ObjectMeta: *template.ObjectMeta.DeepCopy(), Spec: *template.Spec.DeepCopy()}
+		pod.Name = name
+		pod.Namespace = meshNS
+		pod.Labels[meshLabel] = "true"
+		t0 := time.Now()
+		if _, err := c.Client.CoreV1().Pods(meshNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			mu.Lock()
+			failures = append(failures, fmt.Sprintf("creating %s: %v", pod.Name, err))
+			mu.Unlock()
+			release()
+			return false
+		}
+		mu.Lock()
+		created++
+		mu.Unlock()
+		checks.Add(1)
+		go func(name string, t0 time.Time) {
+			defer checks.Done()
+			defer release()
+			restarts, err := c.waitCaptured(ctx, name)
+			took := time.Since(t0)
+			var described string
+			if err != nil {
+				described = c.describePod(ctx, meshNS, name)
+			}
+			mu.Lock()
+			if err != nil {
+				failures = append(failures, err.Error())
+				stuck[name] = described
+			} else {
+				starts = append(starts, took)
+			}
+			if err == nil && restarts > 0 {
+				repaired++
+				t.Logf("%s: istio-validation ran %d times, Running and captured after %.1fs (started while the node had no plugin; repaired in place)", name, restarts+1, took.Seconds())
+			}
+			mu.Unlock()
+			if err := c.deletePodAndWait(ctx, name); err != nil {
+				mu.Lock()
+				failures = append(failures, err.Error())
+				mu.Unlock()
+			}
+		}(pod.Name, t0)
+		return true
+	}
 	var createDone sync.WaitGroup
 	createDone.Add(1)
 	go func() {
@@ -96,49 +150,9 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 				return
 			case slots <- struct{}{}:
 			}
-			pod := &corev1.Pod{ObjectMeta: *template.ObjectMeta.DeepCopy(), Spec: *template.Spec.DeepCopy()}
-			pod.Name = fmt.Sprintf("churn-%d", i)
-			pod.Namespace = meshNS
-			pod.Labels[meshLabel] = "true"
-			t0 := time.Now()
-			if _, err := c.Client.CoreV1().Pods(meshNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-				mu.Lock()
-				failures = append(failures, fmt.Sprintf("creating %s: %v", pod.Name, err))
-				mu.Unlock()
-				<-slots
+			if !launch(fmt.Sprintf("churn-%d", i), func() { <-slots }) {
 				return
 			}
-			mu.Lock()
-			created++
-			mu.Unlock()
-			checks.Add(1)
-			go func(name string, t0 time.Time) {
-				defer checks.Done()
-				defer func() { <-slots }()
-				restarts, err := c.waitCaptured(ctx, name)
-				took := time.Since(t0)
-				var described string
-				if err != nil {
-					described = c.describePod(ctx, meshNS, name)
-				}
-				mu.Lock()
-				if err != nil {
-					failures = append(failures, err.Error())
-					stuck[name] = described
-				} else {
-					starts = append(starts, took)
-				}
-				if err == nil && restarts > 0 {
-					repaired++
-					t.Logf("%s: istio-validation ran %d times, Running and captured after %.1fs (started while the node had no plugin; repaired in place)", name, restarts+1, took.Seconds())
-				}
-				mu.Unlock()
-				if err := c.deletePodAndWait(ctx, name); err != nil {
-					mu.Lock()
-					failures = append(failures, err.Error())
-					mu.Unlock()
-				}
-			}(pod.Name, t0)
 			time.Sleep(500 * time.Millisecond)
 		}
 	}()
@@ -179,6 +193,19 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 	}
 	record("churn: agent pod deleted → replacement Ready %.2fs", time.Since(t0).Seconds())
 	time.Sleep(3 * time.Second)
+	restartBin, restartEntry := w.absent()
+	// (c) the token the plugin uses rotated while the agent is down.
+	// Two more pods at once, whatever the churn's pace: their ADDs
+	// meet the stale kubeconfig.
+	rot, err := c.rotateTokenAgentDown(ctx, ref+":"+newTag, func() {
+		for i := range 2 {
+			launch(fmt.Sprintf("churn-rotate-%d", i), func() {})
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
 	close(stopCreate)
 	createDone.Wait()
 	checks.Wait()
@@ -218,9 +245,10 @@ func TestUpgradeAndRestartDuringPodStarts(t *testing.T) {
 	}
 	binGone, entryGone := w.absent()
 	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
-	record("churn: %d mesh pods created during upgrade and restart: %d not Running with validation passing within the bound, %d repaired (%d repair lines, each by pod cgroup); create → Running and captured p50 %v p95 %v; plugin binary read %d times, %d partial; node without the plugin binary %v in the upgrade, %v in the restart; without our conflist entry %v and %v",
+	record("churn: %d mesh pods created during upgrade, restart and token rotation: %d not Running with validation passing within the bound, %d repaired (%d repair lines, each by pod cgroup); create → Running and captured p50 %v p95 %v; plugin binary read %d times, %d partial; node without the plugin binary %v in the upgrade, %v in the restart, %v in the rotation; without our conflist entry %v, %v and %v",
 		created, len(failures), repaired, repairs, p50.Round(100*time.Millisecond), p95.Round(100*time.Millisecond), w.reads, w.partial,
-		ms(upgradeBin), ms(binGone-upgradeBin), ms(upgradeEntry), ms(entryGone-upgradeEntry))
+		ms(upgradeBin), ms(restartBin-upgradeBin), ms(binGone-restartBin), ms(upgradeEntry), ms(restartEntry-upgradeEntry), ms(entryGone-restartEntry))
+	c.checkTokenRotation(ctx, t, rot)
 	if w.partial > 0 {
 		t.Errorf("the plugin binary was seen incomplete or different %d times: not replaced atomically", w.partial)
 	}
