@@ -8,7 +8,7 @@
 //
 // The verbs are methods of a Pipeline over a Kernel: Linux() (also behind
 // the package-level functions) drives the running kernel, and
-// capture/capturetest's in-memory kernel lets tests run every decision of
+// testkit/capturetest's in-memory kernel lets tests run every decision of
 // the pipeline, and of the front ends above it, without root.
 //
 // It does not decide what a pod gets (podinfo and redirect.Build do) and

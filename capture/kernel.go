@@ -21,8 +21,8 @@ import (
 // network namespace files, the two backends, and the few probes backend
 // selection and CHECK read. The pipeline keeps every decision (the host
 // guard, the lock, selection, clean-up after a failure, counts); a Kernel
-// only answers. Linux() drives the running kernel; package capturetest has
-// an in-memory one, so the pipeline and the front ends run without root.
+// only answers. Linux() drives the running kernel; testkit/capturetest has an
+// in-memory one, so the pipeline and the front ends run without root.
 //
 // Paths passed to the methods are what the pipeline hands the backends: a
 // namespace's pinned /proc/self/fd path or, for a Netns without a
