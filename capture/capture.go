@@ -93,6 +93,9 @@ type Options struct {
 	// uses it to stop an interrupt from landing between the nftables batch
 	// and the routes that go with it (see cmd/redirect's holdInterrupt).
 	Locked func()
+	// ApplyTimeout, when set, bounds an Apply (Add's included) from when
+	// it starts: a wedged netlink socket must not hang the caller.
+	ApplyTimeout time.Duration
 }
 
 func (o Options) backend() string {
@@ -166,6 +169,11 @@ const cleanupTimeout = 5 * time.Second
 // nothing that looks like capture stays; rules an earlier run installed are
 // never removed by a failed Apply (another run's success must not be undone).
 func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Options) (Applied, error) {
+	if o.ApplyTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.ApplyTimeout)
+		defer cancel()
+	}
 	var prep Prepared
 	if b := o.backend(); b == Auto || b == NFTables {
 		prep = pl.k.Prepare(p)
