@@ -15,7 +15,7 @@
 // so is every namespace registered with AddHost (the agent registers the
 // host's PID 1 as seen through the host /proc it mounts). A Guard value
 // carries the one setting of the check (AllowOwn), so that two callers in
-// one process can differ; the package-level functions are the zero Guard.
+// one process can differ; the zero Guard refuses all three.
 //
 // Besides opening and comparing, it enters a namespace for its caller (Do),
 // the one way nftmesh switches a thread's namespace; it never writes to a
@@ -354,9 +354,6 @@ func (g Guard) RefuseFd(fd int, path string) error {
 	return g.refuseID(path, ID{Dev: st.Dev, Ino: st.Ino})
 }
 
-// RefuseFd is the zero Guard's RefuseFd: no namespace of the host's.
-func RefuseFd(fd int, path string) error { return Guard{}.RefuseFd(fd, path) }
-
 func (g Guard) refuseID(path string, id ID) error {
 	// PID 1's namespace is read at every call: it is what PID 1 has now.
 	if host, err := statID(initNetns); err == nil && host == id {
@@ -377,9 +374,6 @@ func (g Guard) refuseID(path string, id ID) error {
 // Open opens path (see the package's Open) and refuses what g refuses:
 // what every path that writes into a namespace starts with.
 func (g Guard) Open(path string) (*Netns, error) { return g.Check(Open(path)) }
-
-// OpenGuarded is the zero Guard's Open: no namespace of the host's.
-func OpenGuarded(path string) (*Netns, error) { return Guard{}.Open(path) }
 
 // Check passes on what an open returned, closing the namespace and
 // returning Refuse's error instead when g refuses it: Guard.Open for

@@ -173,7 +173,7 @@ func TestOpenNotNetns(t *testing.T) {
 	if n.ID != (ID{Dev: st.Dev, Ino: st.Ino}) {
 		t.Errorf("ID = %v, want %d:%d", n.ID, st.Dev, st.Ino)
 	}
-	if err := RefuseFd(n.Fd(), n.Path); !errors.Is(err, ErrOwnNetns) {
+	if err := (Guard{}).RefuseFd(n.Fd(), n.Path); !errors.Is(err, ErrOwnNetns) {
 		t.Errorf("RefuseFd(own) = %v", err)
 	}
 }
@@ -190,7 +190,7 @@ func TestDo(t *testing.T) {
 		t.Fatalf("%v %s", err, out)
 	}
 	defer exec.Command("ip", "netns", "del", name).Run()
-	n, err := OpenGuarded("/run/netns/" + name)
+	n, err := Guard{}.Open("/run/netns/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +289,7 @@ func TestDoOwnNamespaceInPlace(t *testing.T) {
 		t.Fatalf("%v %s", err, out)
 	}
 	defer exec.Command("ip", "netns", "del", name).Run()
-	other, err := OpenGuarded("/run/netns/" + name)
+	other, err := Guard{}.Open("/run/netns/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
