@@ -65,44 +65,9 @@ func (pl *Pipeline) choose(ctx context.Context, name string, v Visit, netnsPath 
 	}
 	switch name {
 	case NFTables:
-		pr, err := v.LegacyPresence()
-		if err != nil {
-			return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
-		}
-		// Rules of ours that a kernel without legacy x_tables holds (one
-		// family's module loaded, not the other's) are not refused: the
-		// legacy backend cannot be used there either.
-		if pr.Ours && pl.k.LegacyAvailable() == nil {
-			return selection{}, fmt.Errorf("netns %s already has nftmesh rules from the iptables-legacy backend: refusing to add nftables rules beside them (remove them with `redirect clean --backend iptables-legacy`, or use --backend iptables-legacy)", netnsPath)
-		}
-		ours, _, err := v.NFTPresence()
-		if err != nil {
-			return selection{}, err
-		}
-		return selection{v.Backend(NFTables), "requested", ours}, nil
+		return pl.chooseNFTables(v, netnsPath)
 	case Legacy:
-		foreign, err := v.ForeignUserns()
-		if err != nil {
-			return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
-		}
-		if foreign {
-			return selection{}, fmt.Errorf("refusing backend iptables-legacy for netns %s: %w", netnsPath, ErrUserNamespaced)
-		}
-		if err := pl.k.LegacyAvailable(); err != nil {
-			return selection{}, fmt.Errorf("backend iptables-legacy: %w", err)
-		}
-		ours, _, err := v.NFTPresence()
-		if err != nil {
-			return selection{}, err
-		}
-		if ours {
-			return selection{}, fmt.Errorf("netns %s already has nftmesh rules from the nftables backend: refusing to add iptables-legacy rules beside them (remove them with `redirect clean --backend nftables`, or use --backend nftables)", netnsPath)
-		}
-		pr, err := v.LegacyPresence()
-		if err != nil {
-			return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
-		}
-		return selection{v.Backend(Legacy), "requested", pr.Ours}, nil
+		return pl.chooseLegacy(v, netnsPath)
 	}
 
 	// auto
@@ -142,3 +107,51 @@ func (pl *Pipeline) choose(ctx context.Context, name string, v Visit, netnsPath 
 // UsernsReason is why auto picks nftables for a network namespace owned by
 // another user namespace (see ErrUserNamespaced).
 const UsernsReason = "auto: netns owned by another user namespace (hostUsers: false), where the kernel refuses the iptables owner match"
+
+// chooseNFTables is choose for an explicit nftables: refused where the
+// legacy backend holds nftmesh's rules.
+func (pl *Pipeline) chooseNFTables(v Visit, netnsPath string) (selection, error) {
+	pr, err := v.LegacyPresence()
+	if err != nil {
+		return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
+	}
+	// Rules of ours that a kernel without legacy x_tables holds (one
+	// family's module loaded, not the other's) are not refused: the
+	// legacy backend cannot be used there either.
+	if pr.Ours && pl.k.LegacyAvailable() == nil {
+		return selection{}, fmt.Errorf("netns %s already has nftmesh rules from the iptables-legacy backend: refusing to add nftables rules beside them (remove them with `redirect clean --backend iptables-legacy`, or use --backend iptables-legacy)", netnsPath)
+	}
+	ours, _, err := v.NFTPresence()
+	if err != nil {
+		return selection{}, err
+	}
+	return selection{v.Backend(NFTables), "requested", ours}, nil
+}
+
+// chooseLegacy is choose for an explicit iptables-legacy: refused for a
+// namespace of another user namespace, on a kernel without legacy
+// x_tables, and where the nftables backend holds nftmesh's rules.
+func (pl *Pipeline) chooseLegacy(v Visit, netnsPath string) (selection, error) {
+	foreign, err := v.ForeignUserns()
+	if err != nil {
+		return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
+	}
+	if foreign {
+		return selection{}, fmt.Errorf("refusing backend iptables-legacy for netns %s: %w", netnsPath, ErrUserNamespaced)
+	}
+	if err := pl.k.LegacyAvailable(); err != nil {
+		return selection{}, fmt.Errorf("backend iptables-legacy: %w", err)
+	}
+	ours, _, err := v.NFTPresence()
+	if err != nil {
+		return selection{}, err
+	}
+	if ours {
+		return selection{}, fmt.Errorf("netns %s already has nftmesh rules from the nftables backend: refusing to add iptables-legacy rules beside them (remove them with `redirect clean --backend nftables`, or use --backend nftables)", netnsPath)
+	}
+	pr, err := v.LegacyPresence()
+	if err != nil {
+		return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
+	}
+	return selection{v.Backend(Legacy), "requested", pr.Ours}, nil
+}

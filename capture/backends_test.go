@@ -144,7 +144,7 @@ func sel(ctx context.Context, name, netnsPath string) (redirect.Backend, string,
 		return nil, "", err
 	}
 	defer n.Close()
-	v, err := linux.k.Enter(n, netnsPath, nil)
+	v, err := linux.k.Enter(n, netnsPath, nil, linux.guard)
 	if err != nil {
 		return nil, "", err
 	}

@@ -8,7 +8,7 @@
 //
 // The verbs are methods of a Pipeline over a Kernel: Linux() (also behind
 // the package-level functions) drives the running kernel, and
-// capture/capturetest's in-memory kernel lets tests run every decision of
+// testkit/capturetest's in-memory kernel lets tests run every decision of
 // the pipeline, and of the front ends above it, without root.
 //
 // It does not decide what a pod gets (podinfo and redirect.Build do) and
@@ -47,10 +47,11 @@ var ErrHostNetns = hostns.ErrOwnNetns
 // Open opens the network namespace at path for a verb on a pod's capture
 // (apply, check, remove): without blocking whatever the path names, checked
 // to be a network namespace, and refused when it is the host's (the
-// caller's own, PID 1's, or one registered with AddHostNetns), however the
-// path reaches it (symlinks and bind mounts are seen through).
+// caller's own unless the pipeline allows it, PID 1's, or one registered
+// with AddHostNetnsFromProc), however the path reaches it (symlinks and
+// bind mounts are seen through).
 func (pl *Pipeline) Open(path string) (*Netns, error) {
-	return hostns.Guard(pl.k.OpenNetns(path))
+	return pl.guard.Check(pl.k.OpenNetns(path))
 }
 
 // OpenForReading is Open without the host check, for looking at any
@@ -61,14 +62,16 @@ func (pl *Pipeline) OpenForReading(path string) (*Netns, error) { return pl.k.Op
 // kernel's order, what IPv6 capture is decided from (see Plan).
 func (pl *Pipeline) Addrs(path string) ([]netip.Addr, error) { return pl.k.Addrs(path) }
 
-// AllowOwnNetns lets the caller's own namespace be programmed (`redirect
-// apply --allow-own-netns`); PID 1's and registered host namespaces stay
-// refused.
-func AllowOwnNetns(allow bool) { hostns.AllowOwn = allow }
-
-// AddHostNetns registers the namespace at path as the host's, refused like
-// PID 1's: the agent registers the host's PID 1 seen through its host /proc.
-func AddHostNetns(path string) error { return hostns.AddHost(path) }
+// AllowingOwnNetns returns a copy of pl that lets the caller's own
+// namespace be programmed (`redirect apply --allow-own-netns`) when allow
+// is set, down to the backends' own checks; PID 1's and registered host
+// namespaces stay refused. pl itself is unchanged: two pipelines of one
+// process keep their own setting.
+func (pl *Pipeline) AllowingOwnNetns(allow bool) *Pipeline {
+	cp := *pl
+	cp.guard.AllowOwn = allow
+	return &cp
+}
 
 // AddHostNetnsFromProc registers the host's namespace seen through the
 // host's /proc at procDir: PID 1's, or else the nearest ancestor's outside
@@ -90,6 +93,9 @@ type Options struct {
 	// uses it to stop an interrupt from landing between the nftables batch
 	// and the routes that go with it (see cmd/redirect's holdInterrupt).
 	Locked func()
+	// ApplyTimeout, when set, bounds an Apply (Add's included) from when
+	// it starts: a wedged netlink socket must not hang the caller.
+	ApplyTimeout time.Duration
 }
 
 func (o Options) backend() string {
@@ -101,11 +107,11 @@ func (o Options) backend() string {
 
 // lock guards n against the host check and takes its namespace lock: the
 // start of every verb.
-func lock(ctx context.Context, n *Netns, o Options) (*netnsLock, error) {
+func (pl *Pipeline) lock(ctx context.Context, n *Netns, o Options) (*netnsLock, error) {
 	if err := ValidateBackend(o.backend()); err != nil {
 		return nil, err
 	}
-	if err := n.Refuse(); err != nil {
+	if err := pl.guard.Refuse(n); err != nil {
 		return nil, err
 	}
 	lk, err := lockNetns(ctx, o.RunDir, n, n.Path)
@@ -163,18 +169,23 @@ const cleanupTimeout = 5 * time.Second
 // nothing that looks like capture stays; rules an earlier run installed are
 // never removed by a failed Apply (another run's success must not be undone).
 func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Options) (Applied, error) {
+	if o.ApplyTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.ApplyTimeout)
+		defer cancel()
+	}
 	var prep Prepared
 	if b := o.backend(); b == Auto || b == NFTables {
 		prep = pl.k.Prepare(p)
 	}
-	lk, err := lock(ctx, n, o)
+	lk, err := pl.lock(ctx, n, o)
 	if err != nil {
 		return Applied{}, err
 	}
 	defer lk.unlock(false)
 	phase.Mark("locked")
 	path := pin(n)
-	v, err := pl.k.Enter(n, path, prep)
+	v, err := pl.k.Enter(n, path, prep, pl.guard)
 	if err != nil {
 		return Applied{}, unpin(err, path, n)
 	}
@@ -203,13 +214,13 @@ func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 // lock (so a concurrent Apply is not seen half done). A difference is a
 // *redirect.DriftError. It returns the backend's name.
 func (pl *Pipeline) Check(ctx context.Context, n *Netns, p redirect.Plan, o Options) (string, error) {
-	lk, err := lock(ctx, n, o)
+	lk, err := pl.lock(ctx, n, o)
 	if err != nil {
 		return "", err
 	}
 	defer lk.unlock(false)
 	path := pin(n)
-	v, err := pl.k.Enter(n, path, nil)
+	v, err := pl.k.Enter(n, path, nil, pl.guard)
 	if err != nil {
 		return "", unpin(err, path, n)
 	}
@@ -225,7 +236,7 @@ func (pl *Pipeline) Check(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 // the host's included: it only reads) and the backend's name.
 func (pl *Pipeline) List(ctx context.Context, n *Netns, o Options) (redirect.Plan, string, error) {
 	path := pin(n)
-	v, err := pl.k.Enter(n, path, nil)
+	v, err := pl.k.Enter(n, path, nil, pl.guard)
 	if err != nil {
 		return redirect.Plan{}, "", unpin(err, path, n)
 	}
@@ -273,14 +284,14 @@ func (r Removal) String() string {
 // chains). Nothing of ours there is success with an empty Removal, and
 // nothing is written. The plugin's DEL and `redirect clean` both call it.
 func (pl *Pipeline) Remove(ctx context.Context, n *Netns, o Options) (Removal, error) {
-	lk, err := lock(ctx, n, o)
+	lk, err := pl.lock(ctx, n, o)
 	if err != nil {
 		return nil, err
 	}
 	removed := false
 	defer func() { lk.unlock(removed) }()
 	path := pin(n)
-	v, err := pl.k.Enter(n, path, nil)
+	v, err := pl.k.Enter(n, path, nil, pl.guard)
 	if err != nil {
 		return nil, unpin(err, path, n)
 	}

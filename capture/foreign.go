@@ -17,7 +17,7 @@ func (pl *Pipeline) Foreign(ctx context.Context, n *Netns) ([]string, error) {
 		return nil, err
 	}
 	path := pin(n)
-	v, err := pl.k.Enter(n, path, nil)
+	v, err := pl.k.Enter(n, path, nil, pl.guard)
 	if err != nil {
 		return nil, unpin(err, path, n)
 	}

@@ -21,8 +21,8 @@ import (
 // network namespace files, the two backends, and the few probes backend
 // selection and CHECK read. The pipeline keeps every decision (the host
 // guard, the lock, selection, clean-up after a failure, counts); a Kernel
-// only answers. Linux() drives the running kernel; package capturetest has
-// an in-memory one, so the pipeline and the front ends run without root.
+// only answers. Linux() drives the running kernel; testkit/capturetest has an
+// in-memory one, so the pipeline and the front ends run without root.
 //
 // Paths passed to the methods are what the pipeline hands the backends: a
 // namespace's pinned /proc/self/fd path or, for a Netns without a
@@ -39,10 +39,11 @@ type Kernel interface {
 	Prepare(p redirect.Plan) Prepared
 	// Enter opens what one verb reads and writes in the namespace n, whose
 	// pinned path is path, entering it once (see Visit); the visit's
-	// backends use prep (nil for none) when asked to apply its plan. The
-	// pipeline enters after the host guard and the lock, so what the
-	// visit reads is what the verb's writes start from.
-	Enter(n *Netns, path string, prep Prepared) (Visit, error)
+	// backends use prep (nil for none) when asked to apply its plan, and
+	// refuse what g refuses (the pipeline's own host guard, which it
+	// checked n with). The pipeline enters after the host guard and the
+	// lock, so what the visit reads is what the verb's writes start from.
+	Enter(n *Netns, path string, prep Prepared, g Guard) (Visit, error)
 	// LegacyAvailable is nil when the kernel has legacy x_tables.
 	LegacyAvailable() error
 	// Addrs lists the namespace's addresses in the kernel's order (see
@@ -81,9 +82,16 @@ type Prepared any
 // LegacyPresence is what the legacy tables of a namespace hold.
 type LegacyPresence = iptables.Presence
 
+// Guard is the host check a pipeline applies (see AllowingOwnNetns).
+type Guard = hostns.Guard
+
 // Pipeline runs the verbs against one Kernel. Front ends hold one (Linux()
-// in production) so that tests can hand them an in-memory kernel.
-type Pipeline struct{ k Kernel }
+// in production) so that tests can hand them an in-memory kernel. Its
+// guard is its own: the zero value refuses every namespace of the host's.
+type Pipeline struct {
+	k     Kernel
+	guard Guard
+}
 
 // New returns a pipeline over k.
 func New(k Kernel) *Pipeline { return &Pipeline{k: k} }
@@ -188,9 +196,9 @@ func (linuxKernel) Addrs(path string) ([]netip.Addr, error) { return netnsaddr.L
 // handle for the policy routes and ::6, and the legacy tables' names (with
 // a raw socket per family that has any). Entering costs a thread switch and
 // back, each socket one system call.
-func (linuxKernel) Enter(n *Netns, path string, prep Prepared) (Visit, error) {
+func (linuxKernel) Enter(n *Netns, path string, prep Prepared, g Guard) (Visit, error) {
 	pr, _ := prep.(*nft.Prepared)
-	v := &linuxVisit{n: n, path: path, prep: pr}
+	v := &linuxVisit{n: n, path: path, prep: pr, guard: g}
 	err := n.Do(func() (err error) {
 		if v.nf, err = nft.DialHere(); err != nil {
 			return err
@@ -216,6 +224,7 @@ type linuxVisit struct {
 	route *policyroute.Handle
 	xt    *iptables.Sockets
 	prep  *nft.Prepared
+	guard Guard
 }
 
 func (v *linuxVisit) Close() error {
@@ -234,9 +243,9 @@ func (v *linuxVisit) Close() error {
 
 func (v *linuxVisit) Backend(name string) redirect.Backend {
 	if name == Legacy {
-		return iptables.New()
+		return iptables.New(iptables.WithGuard(v.guard))
 	}
-	b := nft.New().Via(v.n.Fd(), v.nf, v.route)
+	b := nft.New(nft.WithGuard(v.guard)).Via(v.n.Fd(), v.nf, v.route)
 	if v.prep != nil {
 		b = b.With(v.prep)
 	}

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/capture/capturetest"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/capturetest"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 

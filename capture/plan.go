@@ -33,8 +33,9 @@ const (
 	StepBuild = "build"
 )
 
-// PlanError is Plan's error: the step that failed and its error, whose
-// text it keeps unchanged (the front ends show it to the user as is).
+// PlanError is the error of Plan and Add: the step that failed and its
+// error, whose text it keeps unchanged (the front ends show it to the user
+// as is).
 type PlanError struct {
 	Step string
 	Err  error

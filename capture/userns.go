@@ -57,7 +57,3 @@ func ownerIsForeign(netnsFd int, netnsPath string) (bool, error) {
 	}
 	return (hostns.ID{Dev: st.Dev, Ino: st.Ino}) != selfUserns, nil
 }
-
-// UserNamespaced reports whether the network namespace n is owned by a user
-// namespace other than this process's (see ErrUserNamespaced).
-func UserNamespaced(n *Netns) (bool, error) { return ownerIsForeign(n.Fd(), n.Path) }

@@ -44,6 +44,10 @@ func usernsNetns(t *testing.T) *usernstest.Netns {
 	return n
 }
 
+// UserNamespaced reports whether the network namespace n is owned by a user
+// namespace other than this process's (see ErrUserNamespaced).
+func UserNamespaced(n *Netns) (bool, error) { return ownerIsForeign(n.Fd(), n.Path) }
+
 // TestUserNamespaced: NS_GET_USERNS tells a netns owned by another user
 // namespace from one owned by ours, whatever names it.
 func TestUserNamespaced(t *testing.T) {

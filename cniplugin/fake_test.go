@@ -20,9 +20,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/capture/capturetest"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/capturetest"
 )
 
 const fakeNetns = "/run/netns/cni-fake-pod"

@@ -237,10 +237,10 @@ var directVerbs = map[string]func(path string) error{
 	"iptables.Apply":  func(p string) error { return iptables.New().Apply(context.Background(), p, standinPlan()) },
 	"iptables.Remove": func(p string) error { return iptables.New().Remove(context.Background(), p) },
 	"policyroute.Apply": func(p string) error {
-		return withFd(p, func(h netns.NsHandle) error { return policyroute.Apply(h, standinPlan(), true) })
+		return withFd(p, func(h netns.NsHandle) error { return policyroute.Apply(hostns.Guard{}, h, standinPlan(), true) })
 	},
 	"policyroute.Remove": func(p string) error {
-		return withFd(p, policyroute.Remove)
+		return withFd(p, func(h netns.NsHandle) error { return policyroute.Remove(hostns.Guard{}, h) })
 	},
 }
 

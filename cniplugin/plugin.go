@@ -224,52 +224,66 @@ func (inv *invocation) printPrevResult() error {
 	return out.PrintTo(w)
 }
 
-// lookup fetches the pod (from the node agent, else the API server) and
-// decides. A nil plan with a nil error means the pod is not in the mesh
-// (reason says why).
-func (inv *invocation) lookup(ctx context.Context) (pod *meshpod.Pod, plan *redirect.Plan, reason string, err error) {
+// fetchPod fetches the pod from the node agent, else the API server. When
+// the agent runs this call and has no answer, the call is declined.
+func (inv *invocation) fetchPod(ctx context.Context) (*meshpod.Pod, error) {
 	start := time.Now()
 	inv.lookedUp = true
 	defer func() { inv.lookupMS = durationMS(start) }()
-	// fail records the lookup time first, so the error line carries it.
-	fail := func(e *types.Error) error {
-		inv.lookupMS = durationMS(start)
-		return inv.fail(e)
-	}
-	pod = inv.askAgent(ctx)
+	pod := inv.askAgent(ctx)
 	phase.Mark("asked")
 	if pod == nil && inv.r.env.Ask != nil {
 		// The agent runs this call and has no answer: the plugin's own
 		// process asks the API server.
-		return nil, nil, "", inv.r.decline()
+		return nil, inv.r.decline()
 	}
-	if pod == nil {
-		var terr *types.Error
-		if pod, terr = inv.getPod(ctx, inv.conf.APITimeout-time.Since(start)); terr != nil {
-			return nil, nil, "", fail(terr)
-		}
+	if pod != nil {
+		return pod, nil
 	}
-	d, perr := capture.Plan(pod, func() ([]netip.Addr, error) { return inv.r.pipeline().Addrs(inv.args.Netns) })
-	if inv.refusedHere(perr) {
-		return nil, nil, "", inv.r.decline()
+	pod, terr := inv.getPod(ctx, inv.conf.APITimeout-time.Since(start))
+	if terr != nil {
+		// The error line carries the lookup time.
+		inv.lookupMS = durationMS(start)
+		return nil, inv.fail(terr)
 	}
-	switch capture.PlanStep(perr) {
-	case "":
-	case capture.StepDecide:
-		return nil, nil, "", fail(types.NewError(CodeInvalidCapture,
-			fmt.Sprintf("nftmesh-cni: invalid capture settings for pod %s", inv.podRef()), detail(perr)))
-	case capture.StepAddrs:
-		return nil, nil, "", fail(types.NewError(types.ErrIOFailure,
-			fmt.Sprintf("nftmesh-cni: reading the addresses of pod %s", inv.podRef()), perr.Error()))
-	default:
-		return nil, nil, "", fail(types.NewError(CodeInvalidCapture,
-			fmt.Sprintf("nftmesh-cni: cannot build capture rules for pod %s", inv.podRef()), perr.Error()))
+	return pod, nil
+}
+
+// lookup fetches the pod and decides. A nil plan with a nil error means
+// the pod is not in the mesh (reason says why).
+func (inv *invocation) lookup(ctx context.Context) (plan *redirect.Plan, reason string, err error) {
+	pod, err := inv.fetchPod(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	d, err := capture.Plan(pod, func() ([]netip.Addr, error) { return inv.r.pipeline().Addrs(inv.args.Netns) })
+	if err != nil {
+		return nil, "", inv.planFailed(err)
 	}
 	phase.Mark("planned")
 	if !d.InMesh {
-		return pod, nil, d.Reason, nil
+		return nil, d.Reason, nil
 	}
-	return pod, &d.Plan, d.Reason, nil
+	return &d.Plan, d.Reason, nil
+}
+
+// planFailed is the CNI error of a failed step of capture.Plan (or of
+// capture.Add's planning), logged; or the call declined where the kernel
+// refused this process.
+func (inv *invocation) planFailed(err error) error {
+	if inv.refusedHere(err) {
+		return inv.r.decline()
+	}
+	switch capture.PlanStep(err) {
+	case capture.StepDecide:
+		return inv.fail(types.NewError(CodeInvalidCapture,
+			fmt.Sprintf("nftmesh-cni: invalid capture settings for pod %s", inv.podRef()), detail(err)))
+	case capture.StepAddrs:
+		return inv.fail(types.NewError(types.ErrIOFailure,
+			fmt.Sprintf("nftmesh-cni: reading the addresses of pod %s", inv.podRef()), err.Error()))
+	}
+	return inv.fail(types.NewError(CodeInvalidCapture,
+		fmt.Sprintf("nftmesh-cni: cannot build capture rules for pod %s", inv.podRef()), err.Error()))
 }
 
 // detail is the per-field text of a validation error (each annotation or
@@ -294,30 +308,43 @@ func (r *run) cmdAdd(args *cmdArgs) error {
 		return inv.printPrevResult()
 	}
 	ctx := r.ctx()
-	ns, plan, reason, err := inv.netnsAndPlan(ctx, false)
+	opts := inv.captureOptions()
+	opts.ApplyTimeout = applyTimeout
+	added, err := r.pipeline().Add(ctx, args.Netns, func() (*meshpod.Pod, error) { return inv.fetchPod(ctx) }, opts)
 	if err != nil {
-		return err
+		return inv.addFailed(added, err)
 	}
-	if plan == nil {
-		inv.decided("skip", reason)
+	if !added.InMesh {
+		inv.decided("skip", added.Reason)
 		return inv.printPrevResult()
 	}
-	defer ns.Close()
-	actx, cancel := context.WithTimeout(ctx, applyTimeout)
-	defer cancel()
-	res, err := r.pipeline().Apply(actx, ns, *plan, inv.captureOptions())
-	if inv.refusedHere(err) {
-		return r.decline()
-	}
-	if err != nil {
-		return inv.failWith(res.Backend, types.NewError(applyErrorCode(err, CodeApply),
-			fmt.Sprintf("nftmesh-cni: programming capture rules for pod %s in %s", inv.podRef(), args.Netns), err.Error()))
-	}
 	phase.Mark("applied")
-	inv.event(inv.decision(zerolog.InfoLevel), res.Backend).Str("decision", "capture").Str("reason", reason).Str("why", res.Why).
-		Int("rules", res.Rules).Bool("ipv6", len(plan.LoopbackAddrs) > 0). // ::6 comes with IPv6 capture
+	inv.event(inv.decision(zerolog.InfoLevel), added.Backend).Str("decision", "capture").Str("reason", added.Reason).Str("why", added.Why).
+		Int("rules", added.Rules).Bool("ipv6", len(added.Plan.LoopbackAddrs) > 0). // ::6 comes with IPv6 capture
 		Msg("ADD capture")
 	return inv.printPrevResult()
+}
+
+// addFailed is the CNI error of a failed capture.Add, logged, by the step
+// that failed; or the call declined where the kernel refused this process.
+func (inv *invocation) addFailed(added capture.Added, err error) error {
+	step := capture.PlanStep(err)
+	var pe *capture.PlanError
+	if step == capture.StepPod && errors.As(err, &pe) {
+		// The pod source's own error, already logged (or a decline).
+		return pe.Err
+	}
+	if inv.refusedHere(err) {
+		return inv.r.decline()
+	}
+	switch step {
+	case capture.StepOpen:
+		return inv.fail(netnsError(inv.args.Netns, err))
+	case capture.StepApply:
+		return inv.failWith(added.Backend, types.NewError(applyErrorCode(err, CodeApply),
+			fmt.Sprintf("nftmesh-cni: programming capture rules for pod %s in %s", inv.podRef(), inv.args.Netns), err.Error()))
+	}
+	return inv.planFailed(err)
 }
 
 // failWith is fail naming the backend actually chosen.
@@ -339,7 +366,7 @@ func (r *run) cmdCheck(args *cmdArgs) error {
 		return nil
 	}
 	ctx := r.ctx()
-	ns, plan, reason, err := inv.netnsAndPlan(ctx, true)
+	ns, plan, reason, err := inv.netnsAndPlan(ctx)
 	if err != nil {
 		return err
 	}
@@ -478,22 +505,19 @@ func (inv *invocation) openNetns(missingOK bool) (*capture.Netns, error) {
 	return ns, nil
 }
 
-// netnsAndPlan is the start of ADD and CHECK: CNI_NETNS opened and
-// checked before anything else reads or writes (see openNetns), the pod's
-// plan looked up (nil: not in the mesh, and reason says why), and then the
-// namespace opened for good if it was missing before the lookup. For a pod
-// not in the mesh the namespace is returned only when withoutPlan asks for
-// it (CHECK compares it with the empty plan); ADD needs none.
-func (inv *invocation) netnsAndPlan(ctx context.Context, withoutPlan bool) (*capture.Netns, *redirect.Plan, string, error) {
+// netnsAndPlan is the start of CHECK: CNI_NETNS opened and checked before
+// anything else reads or writes (see openNetns), the pod's plan looked up
+// (nil: not in the mesh, and reason says why), and then the namespace
+// opened for good if it was missing before the lookup. (ADD's is
+// capture.Add.)
+func (inv *invocation) netnsAndPlan(ctx context.Context) (*capture.Netns, *redirect.Plan, string, error) {
 	ns, err := inv.openNetns(true)
 	if err != nil {
 		return nil, nil, "", err
 	}
-	_, plan, reason, err := inv.lookup(ctx)
-	if err != nil || (plan == nil && !withoutPlan) {
-		if ns != nil {
-			ns.Close()
-		}
+	plan, reason, err := inv.lookup(ctx)
+	if err != nil {
+		ns.Close()
 		return nil, nil, reason, err
 	}
 	if ns == nil {

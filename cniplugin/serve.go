@@ -59,7 +59,7 @@ type Server struct {
 	// AllowUID is the only peer uid served (agentsock.PeerUID: root).
 	AllowUID uint32
 	// HostNetns is nil once the host's network namespace is registered to
-	// be refused (capture.AddHostNetns), else why it is not; the host's is
+	// be refused (capture.AddHostNetnsFromProc), else why it is not; the host's is
 	// then not told from a pod's, and every call is declined. A nil
 	// HostNetns declines every call too.
 	HostNetns func() error

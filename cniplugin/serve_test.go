@@ -19,11 +19,11 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/nftmesh/nftmesh/capture/capturetest"
 	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/testkit/capturetest"
 	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
 

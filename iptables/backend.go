@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -17,10 +18,26 @@ import (
 type Backend struct {
 	mu   sync.Mutex
 	revs map[redirect.Family]map[string]uint8
+	// guard is the host check of Apply and Remove (see WithGuard).
+	guard hostns.Guard
 }
 
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithGuard makes Apply and Remove refuse what g refuses instead of every
+// namespace of the host's (the zero hostns.Guard): `redirect apply
+// --allow-own-netns` lets the CLI's own namespace through.
+func WithGuard(g hostns.Guard) Option { return func(b *Backend) { b.guard = g } }
+
 // New returns the iptables-legacy backend.
-func New() *Backend { return &Backend{revs: map[redirect.Family]map[string]uint8{}} }
+func New(opts ...Option) *Backend {
+	b := &Backend{revs: map[redirect.Family]map[string]uint8{}}
+	for _, o := range opts {
+		o(b)
+	}
+	return b
+}
 
 // Name implements redirect.Backend.
 func (b *Backend) Name() string { return redirect.BackendLegacy }
@@ -66,7 +83,7 @@ func (b *Backend) Apply(ctx context.Context, netns string, p redirect.Plan) erro
 			want[fam][x.name] = x
 		}
 	}
-	s, err := openSockets(netns, allFamilies, true)
+	s, err := openSockets(netns, allFamilies, &b.guard)
 	if err != nil {
 		return fmt.Errorf("applying plan to netns %s: %w", netns, err)
 	}
@@ -110,7 +127,7 @@ func (b *Backend) Apply(ctx context.Context, netns string, p redirect.Plan) erro
 			}
 		}
 	}
-	if err := applyRoutes(netns, p); err != nil {
+	if err := applyRoutes(b.guard, netns, p); err != nil {
 		return rollback(err)
 	}
 	return nil
@@ -229,7 +246,7 @@ func writeBack(ctx context.Context, fd int, l *layout, name string, orig *table)
 // back into a canonical Plan (see Canonical), with the policy routes and
 // loopback addresses.
 func (b *Backend) List(ctx context.Context, netns string) (redirect.Plan, error) {
-	s, err := openSockets(netns, allFamilies, false)
+	s, err := openSockets(netns, allFamilies, nil)
 	if err != nil {
 		return redirect.Plan{}, fmt.Errorf("listing rules in netns %s: %w", netns, err)
 	}
@@ -309,7 +326,7 @@ func (b *Backend) Check(ctx context.Context, netns string, p redirect.Plan) erro
 // chains, our policy routes and loopback address go; foreign entries stay.
 // A table that does not exist is left uninstantiated.
 func (b *Backend) Remove(ctx context.Context, netns string) error {
-	s, err := openSockets(netns, allFamilies, true)
+	s, err := openSockets(netns, allFamilies, &b.guard)
 	if err != nil {
 		return fmt.Errorf("removing rules from netns %s: %w", netns, err)
 	}
@@ -333,7 +350,7 @@ func (b *Backend) Remove(ctx context.Context, netns string) error {
 			}
 		}
 	}
-	if err := removeRoutes(netns); err != nil {
+	if err := removeRoutes(b.guard, netns); err != nil {
 		return fmt.Errorf("removing rules from netns %s: %w", netns, err)
 	}
 	return nil

@@ -20,7 +20,7 @@ func TestReplaceRetriesOnEAGAIN(t *testing.T) {
 	nstest.NeedRoot(t)
 	ns, path := nstest.New(t, "leg-")
 	nstest.Run(t, ns, "", "iptables-legacy", "-t", "nat", "-A", "OUTPUT", "-j", "RETURN")
-	s, err := openSockets(path, []redirect.Family{redirect.FamilyIPv4}, false)
+	s, err := openSockets(path, []redirect.Family{redirect.FamilyIPv4}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 // readNS reads one table of a netns with our reader (test helper).
 func readNS(t *testing.T, path string, fam redirect.Family, name string) *table {
 	t.Helper()
-	s, err := openSockets(path, []redirect.Family{fam}, false)
+	s, err := openSockets(path, []redirect.Family{fam}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,9 +24,9 @@ func withNetns(path string, fn func(ns netns.NsHandle) error) error {
 }
 
 // applyRoutes makes the namespace's policy routes and loopback addresses
-// those of p; on failure what it added is undone.
-func applyRoutes(path string, p redirect.Plan) error {
-	return withNetns(path, func(ns netns.NsHandle) error { return policyroute.Apply(ns, p, true) })
+// those of p; on failure what it added is undone. g checks the namespace.
+func applyRoutes(g hostns.Guard, path string, p redirect.Plan) error {
+	return withNetns(path, func(ns netns.NsHandle) error { return policyroute.Apply(g, ns, p, true) })
 }
 
 func listRoutes(path string) (routes []redirect.PolicyRoute, addrs []netip.Prefix, err error) {
@@ -37,6 +37,6 @@ func listRoutes(path string) (routes []redirect.PolicyRoute, addrs []netip.Prefi
 	return routes, addrs, err
 }
 
-func removeRoutes(path string) error {
-	return withNetns(path, policyroute.Remove)
+func removeRoutes(g hostns.Guard, path string) error {
+	return withNetns(path, func(ns netns.NsHandle) error { return policyroute.Remove(g, ns) })
 }

@@ -66,7 +66,7 @@ type Presence struct {
 // lists no table names), so Probe does not ask the kernel whether it has
 // them: whoever means to write legacy tables asks LegacyAvailable.
 func Probe(netns string) (Presence, error) {
-	s, err := openSockets(netns, allFamilies, false)
+	s, err := openSockets(netns, allFamilies, nil)
 	if err != nil {
 		return Presence{}, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
 	}

@@ -40,12 +40,13 @@ func (s *nsSockets) Close() {
 }
 
 // openSockets opens the namespace at path and the sockets of openHere
-// inside it. With write, the host's own namespace is refused (the sockets
-// are for replacing tables) and every family gets a socket, tables or not.
-func openSockets(path string, fams []redirect.Family, write bool) (*nsSockets, error) {
+// inside it. With a write guard, what it refuses is refused (the sockets
+// are for replacing tables) and every family gets a socket, tables or not;
+// a nil one opens for reading.
+func openSockets(path string, fams []redirect.Family, write *hostns.Guard) (*nsSockets, error) {
 	open := hostns.Open
-	if write {
-		open = hostns.OpenGuarded
+	if write != nil {
+		open = write.Open
 	}
 	n, err := open(path)
 	if err != nil {
@@ -54,7 +55,7 @@ func openSockets(path string, fams []redirect.Family, write bool) (*nsSockets, e
 	defer n.Close()
 	var s *nsSockets
 	err = n.Do(func() (err error) {
-		s, err = openHere(fams, write)
+		s, err = openHere(fams, write != nil)
 		return err
 	})
 	return s, err

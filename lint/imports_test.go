@@ -46,11 +46,11 @@ func rel(path string) string {
 // under reports whether module-relative path p is dir or below it.
 func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
 
-// testOnly reports whether a module package is test kit, end-to-end test or
-// capture's in-memory kernel: never linked into a binary, exempt from the
-// product rules.
+// testOnly reports whether a module package is test kit (capture's
+// in-memory kernel, testkit/capturetest, included), end-to-end test or
+// lint: never linked into a binary, exempt from the product rules.
 func testOnly(r string) bool {
-	return under(r, "testkit") || under(r, "e2e") || r == "capture/capturetest" || under(r, "lint")
+	return under(r, "testkit") || under(r, "e2e") || under(r, "lint")
 }
 
 func loadPackages(t *testing.T) map[string]*pkg {

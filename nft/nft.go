@@ -25,13 +25,29 @@ type Backend struct {
 	via *via
 	// prepared, when set, is a plan encoded ahead of Apply (see With).
 	prepared *Prepared
+	// guard is the host check of the write path (see WithGuard).
+	guard hostns.Guard
 	// afterBatch, when set, runs after the nft batch committed and before
 	// routes are programmed; tests use it to inject a failure there.
 	afterBatch func() error
 }
 
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithGuard makes the write path refuse what g refuses instead of every
+// namespace of the host's (the zero hostns.Guard): `redirect apply
+// --allow-own-netns` lets the CLI's own namespace through.
+func WithGuard(g hostns.Guard) Option { return func(b *Backend) { b.guard = g } }
+
 // New returns an nftables backend.
-func New() *Backend { return &Backend{table: TableName} }
+func New(opts ...Option) *Backend {
+	b := &Backend{table: TableName}
+	for _, o := range opts {
+		o(b)
+	}
+	return b
+}
 
 // Name implements redirect.Backend.
 func (b *Backend) Name() string { return redirect.BackendNFTables }
@@ -58,20 +74,20 @@ const sendBufferDefault = 200 << 10
 
 // connect is the write path's way into the namespace: the Conn of Via, or
 // else the namespace opened by path with a lasting google/nftables
-// connection and a raw socket of its own. Either way the host's own
-// namespace is refused. A batch of batchSize bytes over what a socket
+// connection and a raw socket of its own. Either way the host's
+// namespaces are refused (by b's guard). A batch of batchSize bytes over what a socket
 // takes by default gets connections of their own, their send buffers
 // grown to hold it (the Via connection's cannot be reached through
 // google/nftables). Without raw, no raw socket is opened for a caller that
 // sends nothing through one. done releases what connect opened.
 func (b *Backend) connect(netnsPath string, batchSize int, raw bool) (netns.NsHandle, *nftables.Conn, *netlink.Conn, func(), error) {
 	if v := b.via; v != nil && !v.conn.spoiled && batchSize <= sendBufferDefault {
-		if err := hostns.RefuseFd(v.ns, netnsPath); err != nil {
+		if err := b.guard.RefuseFd(v.ns, netnsPath); err != nil {
 			return netns.None(), nil, nil, nil, err
 		}
 		return netns.NsHandle(v.ns), v.conn.cc, v.conn.nf, func() {}, nil
 	}
-	n, err := hostns.OpenGuarded(netnsPath)
+	n, err := b.guard.Open(netnsPath)
 	if err != nil {
 		return netns.None(), nil, nil, nil, err
 	}
@@ -124,16 +140,16 @@ func (b *Backend) changed() {
 
 func (b *Backend) applyRoutes(ns netns.NsHandle, p redirect.Plan, reapply bool) error {
 	if b.via != nil {
-		return policyroute.ApplyVia(b.via.route, b.via.ns, p, reapply)
+		return policyroute.ApplyVia(b.guard, b.via.route, b.via.ns, p, reapply)
 	}
-	return policyroute.Apply(ns, p, reapply)
+	return policyroute.Apply(b.guard, ns, p, reapply)
 }
 
 func (b *Backend) removeRoutes(ns netns.NsHandle) error {
 	if b.via != nil {
-		return policyroute.RemoveVia(b.via.route, b.via.ns)
+		return policyroute.RemoveVia(b.guard, b.via.route, b.via.ns)
 	}
-	return policyroute.Remove(ns)
+	return policyroute.Remove(b.guard, ns)
 }
 
 func isNotExist(err error) bool {

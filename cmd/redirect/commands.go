@@ -125,7 +125,7 @@ before. On failure nothing is left behind. PATH is a netns file such as
 				return err
 			}
 			phase.Mark("planned")
-			capture.AllowOwnNetns(allowOwn)
+			pipeline = pipeline.AllowingOwnNetns(allowOwn)
 			ns, ctx, done, err := openVerb(cmd, netns, true)
 			if err != nil {
 				return err

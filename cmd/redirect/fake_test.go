@@ -13,8 +13,8 @@ import (
 	"testing"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/capture/capturetest"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/capturetest"
 )
 
 const fakeNetns = "/run/netns/cli-fake-pod"

@@ -17,12 +17,12 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/capture/capturetest"
 	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/capturetest"
 	"github.com/nftmesh/nftmesh/testkit/nonroot"
 	"github.com/nftmesh/nftmesh/testkit/syncbuf"
 )

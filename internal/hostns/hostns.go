@@ -13,7 +13,9 @@
 // own pod's, so "the namespace of this process" is never a pod we capture.
 // PID 1's namespace (the host's, seen from the host) is refused as well, and
 // so is every namespace registered with AddHost (the agent registers the
-// host's PID 1 as seen through the host /proc it mounts).
+// host's PID 1 as seen through the host /proc it mounts). A Guard value
+// carries the one setting of the check (AllowOwn), so that two callers in
+// one process can differ; the zero Guard refuses all three.
 //
 // Besides opening and comparing, it enters a namespace for its caller (Do),
 // the one way nftmesh switches a thread's namespace; it never writes to a
@@ -41,10 +43,15 @@ var ErrOwnNetns = errors.New("refusing to change capture rules in the host's net
 // network namespace file.
 var ErrNotNetns = errors.New("not a network namespace")
 
-// AllowOwn lifts the own-namespace check (`redirect apply --allow-own-netns`,
-// for deliberately capturing the namespace the CLI was started in). PID 1's
-// namespace and those registered with AddHost are still refused.
-var AllowOwn = false
+// Guard is the host check of one caller. The zero Guard refuses this
+// process's own namespace, PID 1's and every one registered with AddHost.
+type Guard struct {
+	// AllowOwn lets this process's own namespace through (`redirect apply
+	// --allow-own-netns`, for deliberately capturing the namespace the CLI
+	// was started in). PID 1's namespace and those registered with AddHost
+	// are still refused.
+	AllowOwn bool
+}
 
 var initNetns = "/proc/1/ns/net"
 
@@ -155,11 +162,13 @@ type Netns struct {
 
 // Stub is a Netns without a descriptor (Fd is -1, Close does nothing):
 // the identity of a namespace that exists only in an in-memory kernel, for
-// tests that run the capture pipeline without root. Refuse works on it as
-// on any other: a stub given the host's identity is refused.
+// tests that run the capture pipeline without root (testkit/capturetest).
+// Guard.Refuse works on it as on any other: a stub given the host's
+// identity is refused.
 func Stub(path string, id ID) *Netns { return &Netns{Path: path, ID: id, fd: -1} }
 
-// SelfID is this process's own network namespace, as Refuse compares it.
+// SelfID is this process's own network namespace, as Guard.Refuse compares
+// it (testkit/capturetest gives it to a namespace of its in-memory kernel).
 func SelfID() (ID, error) { return self, selfErr }
 
 // Fd is the namespace file descriptor (usable with setns and netlink's
@@ -284,7 +293,7 @@ func kind(mode uint32, fsType int64) string {
 func (n *Netns) Do(fn func() error) error {
 	if selfErr == nil && n.ID == self {
 		// n is where this process started (a command run inside the
-		// namespace it acts on, allowed with AllowOwn): every thread an
+		// namespace it acts on, allowed with Guard.AllowOwn): every thread an
 		// unlocked goroutine runs on is there (a thread inside another Do
 		// runs only that Do's goroutine), so fn runs here, without a
 		// goroutine, a locked thread (the first lock also starts the
@@ -331,20 +340,21 @@ func callGuarded(fn func() error) (err error) {
 	return fn()
 }
 
-// Refuse returns an error wrapping ErrOwnNetns when n is this process's
-// network namespace (unless AllowOwn), PID 1's, or registered with AddHost.
-func (n *Netns) Refuse() error { return refuseID(n.Path, n.ID) }
+// Refuse returns an error wrapping ErrOwnNetns when n is PID 1's network
+// namespace, registered with AddHost, or this process's own (unless
+// g.AllowOwn).
+func (g Guard) Refuse(n *Netns) error { return g.refuseID(n.Path, n.ID) }
 
 // RefuseFd is Refuse for a namespace descriptor opened elsewhere.
-func RefuseFd(fd int, path string) error {
+func (g Guard) RefuseFd(fd int, path string) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("checking netns %s: %w", path, err)
 	}
-	return refuseID(path, ID{Dev: st.Dev, Ino: st.Ino})
+	return g.refuseID(path, ID{Dev: st.Dev, Ino: st.Ino})
 }
 
-func refuseID(path string, id ID) error {
+func (g Guard) refuseID(path string, id ID) error {
 	// PID 1's namespace is read at every call: it is what PID 1 has now.
 	if host, err := statID(initNetns); err == nil && host == id {
 		return fmt.Errorf("netns %s is the namespace of PID 1: %w", path, ErrOwnNetns)
@@ -355,36 +365,26 @@ func refuseID(path string, id ID) error {
 	if isHost {
 		return fmt.Errorf("netns %s is the host's (%s): %w", path, hp, ErrOwnNetns)
 	}
-	if selfErr == nil && id == self && !AllowOwn {
+	if selfErr == nil && id == self && !g.AllowOwn {
 		return fmt.Errorf("netns %s is this process's own: %w", path, ErrOwnNetns)
 	}
 	return nil
 }
 
-// OpenGuarded opens path (see Open) and refuses the host's namespace (see
-// Refuse): what every path that writes into a namespace starts with.
-func OpenGuarded(path string) (*Netns, error) { return Guard(Open(path)) }
+// Open opens path (see the package's Open) and refuses what g refuses:
+// what every path that writes into a namespace starts with.
+func (g Guard) Open(path string) (*Netns, error) { return g.Check(Open(path)) }
 
-// Guard passes on what an open returned, closing the namespace and
-// returning Refuse's error instead when it is the host's: OpenGuarded for
+// Check passes on what an open returned, closing the namespace and
+// returning Refuse's error instead when g refuses it: Guard.Open for
 // namespaces opened another way.
-func Guard(n *Netns, err error) (*Netns, error) {
+func (g Guard) Check(n *Netns, err error) (*Netns, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := n.Refuse(); err != nil {
+	if err := g.Refuse(n); err != nil {
 		n.Close()
 		return nil, err
 	}
 	return n, nil
-}
-
-// Refuse is Refuse for a path, opened (see Open) just for the check. Any
-// error opening it is returned too: a caller about to write must not go on.
-func Refuse(path string) error {
-	n, err := OpenGuarded(path)
-	if err != nil {
-		return err
-	}
-	return n.Close()
 }

@@ -9,12 +9,60 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nftmesh/nftmesh/testkit/notnetns"
 )
+
+// refuse is g's Refuse for a path, opened just for the check; any error
+// opening it is returned too.
+func refuse(g Guard, path string) error {
+	n, err := g.Open(path)
+	if err != nil {
+		return err
+	}
+	return n.Close()
+}
+
+// TestGuardsDiffer: two guards in one process, one allowing its own
+// namespace and one not, each refuses as configured, whichever was made
+// or used last, and at once from many goroutines. With the allowance a
+// package-level setting (before Guard), allowing it for one caller allowed
+// it for every other in the process.
+func TestGuardsDiffer(t *testing.T) {
+	if selfErr != nil {
+		t.Skipf("this process's namespace cannot be read: %v", selfErr)
+	}
+	// PID 1's namespace, refused by both, is this process's when the test
+	// runs in the host's: out of the way here.
+	defer func(p string) { initNetns = p }(initNetns)
+	initNetns = "/nonexistent"
+	strict, allowing := Guard{}, Guard{AllowOwn: true}
+	own := Stub("own", self)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			if err := strict.Refuse(own); !errors.Is(err, ErrOwnNetns) {
+				t.Errorf("strict guard: Refuse(own) = %v, want ErrOwnNetns", err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			if err := allowing.Refuse(own); err != nil {
+				t.Errorf("allowing guard: Refuse(own) = %v, want nil", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := (Guard{}).Refuse(Stub("other", ID{Dev: 0, Ino: 1})); err != nil {
+		t.Errorf("Refuse(another namespace) = %v", err)
+	}
+}
 
 func TestRefuse(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -29,51 +77,50 @@ func TestRefuse(t *testing.T) {
 	if err := os.Symlink("/proc/1/ns/net", initLink); err != nil {
 		t.Fatal(err)
 	}
+	strict, allowing := Guard{}, Guard{AllowOwn: true}
 	for _, p := range []string{"/proc/self/ns/net", fmt.Sprintf("/proc/%d/ns/net", os.Getpid()), ownLink} {
-		if err := Refuse(p); !errors.Is(err, ErrOwnNetns) {
+		if err := refuse(strict, p); !errors.Is(err, ErrOwnNetns) {
 			t.Errorf("Refuse(%s) = %v, want ErrOwnNetns", p, err)
 		}
 	}
-	AllowOwn = true
-	if err := Refuse("/proc/self/ns/net"); err != nil && !strings.Contains(err.Error(), "PID 1") {
+	if err := refuse(allowing, "/proc/self/ns/net"); err != nil && !strings.Contains(err.Error(), "PID 1") {
 		t.Errorf("AllowOwn: Refuse(own netns) = %v", err)
 	}
-	AllowOwn = false
 	// PID 1's namespace is refused even with AllowOwn, through a symlink
 	// too. (Where PID 1 cannot be looked at, as in some sandboxes, the
 	// stand-in host test in cniplugin covers it.)
 	if _, err := os.Stat("/proc/1/ns/net"); err != nil {
 		t.Logf("skipping the PID 1 cases: %v", err)
 	} else {
-		for _, allow := range []bool{false, true} {
-			AllowOwn = allow
+		for _, g := range []Guard{strict, allowing} {
 			for _, p := range []string{"/proc/1/ns/net", initLink} {
-				if err := Refuse(p); !errors.Is(err, ErrOwnNetns) {
-					t.Errorf("AllowOwn=%t: Refuse(%s) = %v, want ErrOwnNetns", allow, p, err)
+				if err := refuse(g, p); !errors.Is(err, ErrOwnNetns) {
+					t.Errorf("AllowOwn=%t: Refuse(%s) = %v, want ErrOwnNetns", g.AllowOwn, p, err)
 				}
 			}
 		}
 	}
-	AllowOwn = false
 	name := fmt.Sprintf("hns-%d", os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("%v %s", err, out)
 	}
 	defer exec.Command("ip", "netns", "del", name).Run()
-	if err := Refuse("/run/netns/" + name); err != nil {
+	if err := refuse(strict, "/run/netns/"+name); err != nil {
 		t.Errorf("Refuse(fresh netns) = %v", err)
 	}
 	// A namespace registered as the host's is refused like PID 1's.
 	if err := AddHost("/run/netns/" + name); err != nil {
 		t.Fatal(err)
 	}
-	if err := Refuse("/run/netns/" + name); !errors.Is(err, ErrOwnNetns) {
-		t.Errorf("Refuse(registered host netns) = %v, want ErrOwnNetns", err)
+	for _, g := range []Guard{strict, allowing} {
+		if err := refuse(g, "/run/netns/"+name); !errors.Is(err, ErrOwnNetns) {
+			t.Errorf("AllowOwn=%t: Refuse(registered host netns) = %v, want ErrOwnNetns", g.AllowOwn, err)
+		}
 	}
 	hostsMu.Lock()
 	clear(hosts)
 	hostsMu.Unlock()
-	if err := Refuse("/run/netns/does-not-exist"); !errors.Is(err, fs.ErrNotExist) {
+	if err := refuse(strict, "/run/netns/does-not-exist"); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing path: got %v, want an error wrapping ErrNotExist", err)
 	}
 }
@@ -126,7 +173,7 @@ func TestOpenNotNetns(t *testing.T) {
 	if n.ID != (ID{Dev: st.Dev, Ino: st.Ino}) {
 		t.Errorf("ID = %v, want %d:%d", n.ID, st.Dev, st.Ino)
 	}
-	if err := RefuseFd(n.Fd(), n.Path); !errors.Is(err, ErrOwnNetns) {
+	if err := (Guard{}).RefuseFd(n.Fd(), n.Path); !errors.Is(err, ErrOwnNetns) {
 		t.Errorf("RefuseFd(own) = %v", err)
 	}
 }
@@ -143,7 +190,7 @@ func TestDo(t *testing.T) {
 		t.Fatalf("%v %s", err, out)
 	}
 	defer exec.Command("ip", "netns", "del", name).Run()
-	n, err := OpenGuarded("/run/netns/" + name)
+	n, err := Guard{}.Open("/run/netns/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +289,7 @@ func TestDoOwnNamespaceInPlace(t *testing.T) {
 		t.Fatalf("%v %s", err, out)
 	}
 	defer exec.Command("ip", "netns", "del", name).Run()
-	other, err := OpenGuarded("/run/netns/" + name)
+	other, err := Guard{}.Open("/run/netns/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}

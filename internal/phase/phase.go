@@ -56,13 +56,3 @@ func String() string {
 	}
 	return string(b)
 }
-
-// Since is the time since the process's start (as the marks count it).
-func Since() time.Duration { return time.Since(start) }
-
-// reset forgets every mark (tests).
-func reset() {
-	mu.Lock()
-	n = 0
-	mu.Unlock()
-}

@@ -8,6 +8,13 @@ import (
 	"testing"
 )
 
+// reset forgets every mark.
+func reset() {
+	mu.Lock()
+	n = 0
+	mu.Unlock()
+}
+
 func TestMarksInOrder(t *testing.T) {
 	reset()
 	Mark("a")

@@ -32,7 +32,7 @@ func BenchmarkApplyViaPassthrough(b *testing.B) {
 	p := redirect.Plan{LoopbackAddrs: []netip.Prefix{redirect.InboundPassthroughV6}}
 	cpu0 := cpuTime(b)
 	for b.Loop() {
-		if err := ApplyVia(h, n.Fd(), p, false); err != nil {
+		if err := ApplyVia(hostns.Guard{}, h, n.Fd(), p, false); err != nil {
 			b.Fatal(err)
 		}
 		if err := delPassthrough(h.nl); err != nil {

@@ -3,8 +3,8 @@
 // table, local default route on lo) and the ::6 passthrough address on lo,
 // through rtnetlink on a handle bound to the pod's namespace. Both backends
 // use it, so both add, undo, list and remove these the same way. Apply and
-// Remove refuse the host's own namespace themselves (the fwmark rules and
-// ::6 there belong to the node).
+// Remove refuse the host's own namespace themselves, by the caller's
+// hostns.Guard (the fwmark rules and ::6 there belong to the node).
 package policyroute
 
 import (
@@ -84,14 +84,15 @@ func OpenHere() (*Handle, error) {
 // Close closes the handle.
 func (h *Handle) Close() { h.nl.Close() }
 
-// Apply programs p's policy routes and loopback addresses. What it
-// adds is undone if a later step fails. With reapply, routes and addresses
-// of an earlier plan that p no longer has are removed.
-func Apply(ns netns.NsHandle, p redirect.Plan, reapply bool) error {
+// Apply programs p's policy routes and loopback addresses in ns, which g
+// must not refuse. What it adds is undone if a later step fails. With
+// reapply, routes and addresses of an earlier plan that p no longer has are
+// removed.
+func Apply(g hostns.Guard, ns netns.NsHandle, p redirect.Plan, reapply bool) error {
 	if len(p.Routes) == 0 && len(p.LoopbackAddrs) == 0 && !reapply {
 		return nil
 	}
-	if err := hostns.RefuseFd(int(ns), "of the policy routes"); err != nil {
+	if err := g.RefuseFd(int(ns), "of the policy routes"); err != nil {
 		return err
 	}
 	h, err := newHandle(ns)
@@ -103,12 +104,12 @@ func Apply(ns netns.NsHandle, p redirect.Plan, reapply bool) error {
 }
 
 // ApplyVia is Apply through h, opened inside the namespace ns
-// (OpenHere); ns is checked not to be the host's.
-func ApplyVia(h *Handle, ns int, p redirect.Plan, reapply bool) error {
+// (OpenHere); ns is checked by g.
+func ApplyVia(g hostns.Guard, h *Handle, ns int, p redirect.Plan, reapply bool) error {
 	if len(p.Routes) == 0 && len(p.LoopbackAddrs) == 0 && !reapply {
 		return nil
 	}
-	if err := hostns.RefuseFd(ns, "of the policy routes"); err != nil {
+	if err := g.RefuseFd(ns, "of the policy routes"); err != nil {
 		return err
 	}
 	return apply(h.nl, p, reapply)
@@ -217,9 +218,10 @@ func ours(r redirect.PolicyRoute) bool {
 	return r.Mark == redirect.TProxyMark && r.Table == redirect.TProxyRouteTab
 }
 
-// Remove deletes the TPROXY routes and ::6 whatever plan put them there.
-func Remove(ns netns.NsHandle) error {
-	if err := hostns.RefuseFd(int(ns), "of the policy routes"); err != nil {
+// Remove deletes the TPROXY routes and ::6 whatever plan put them there
+// from ns, which g must not refuse.
+func Remove(g hostns.Guard, ns netns.NsHandle) error {
+	if err := g.RefuseFd(int(ns), "of the policy routes"); err != nil {
 		return err
 	}
 	h, err := newHandle(ns)
@@ -231,9 +233,9 @@ func Remove(ns netns.NsHandle) error {
 }
 
 // RemoveVia is Remove through h, opened inside the namespace ns
-// (OpenHere); ns is checked not to be the host's.
-func RemoveVia(h *Handle, ns int) error {
-	if err := hostns.RefuseFd(ns, "of the policy routes"); err != nil {
+// (OpenHere); ns is checked by g.
+func RemoveVia(g hostns.Guard, h *Handle, ns int) error {
+	if err := g.RefuseFd(ns, "of the policy routes"); err != nil {
 		return err
 	}
 	return remove(h.nl)

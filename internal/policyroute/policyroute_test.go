@@ -74,7 +74,7 @@ func TestApplyListRemoveKeepsForeignRouting(t *testing.T) {
 	foreign := redirect.PolicyRoute{Family: redirect.FamilyIPv4, Mark: 0x100, Table: 100}
 
 	p := tproxyPlan()
-	if err := Apply(ns, p, false); err != nil {
+	if err := Apply(hostns.Guard{}, ns, p, false); err != nil {
 		t.Fatal(err)
 	}
 	routes, addrs, err := List(ns)
@@ -94,16 +94,16 @@ func TestApplyListRemoveKeepsForeignRouting(t *testing.T) {
 	}
 
 	// Re-apply without TPROXY: ours go, the foreign route stays.
-	if err := Apply(ns, redirect.Plan{}, true); err != nil {
+	if err := Apply(hostns.Guard{}, ns, redirect.Plan{}, true); err != nil {
 		t.Fatal(err)
 	}
 	if routes, addrs, _ = List(ns); !slices.Equal(routes, []redirect.PolicyRoute{foreign}) || len(addrs) != 0 {
 		t.Errorf("after re-apply without TPROXY: routes %+v addrs %v, want only the foreign route", routes, addrs)
 	}
-	if err := Apply(ns, p, true); err != nil {
+	if err := Apply(hostns.Guard{}, ns, p, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := Remove(ns); err != nil {
+	if err := Remove(hostns.Guard{}, ns); err != nil {
 		t.Fatal(err)
 	}
 	if routes, addrs, _ = List(ns); !slices.Equal(routes, []redirect.PolicyRoute{foreign}) || len(addrs) != 0 {
@@ -112,7 +112,7 @@ func TestApplyListRemoveKeepsForeignRouting(t *testing.T) {
 	if out := ipns(t, name, "-4", "rule"); !strings.Contains(out, "fwmark 0x100 lookup 100") || strings.Contains(out, "lookup 133") {
 		t.Errorf("ip rule after Remove:\n%s", out)
 	}
-	if err := Remove(ns); err != nil {
+	if err := Remove(hostns.Guard{}, ns); err != nil {
 		t.Errorf("Remove of nothing: %v", err)
 	}
 }
@@ -127,7 +127,7 @@ func TestApplyUndoesOnFailure(t *testing.T) {
 	}
 	p := tproxyPlan()
 	p.Routes = p.Routes[:1] // IPv4 only: its rule and route go in first
-	if err := Apply(ns, p, false); err == nil {
+	if err := Apply(hostns.Guard{}, ns, p, false); err == nil {
 		t.Fatal("adding ::6 to lo with IPv6 disabled succeeded")
 	}
 	routes, addrs, err := List(ns)
@@ -162,7 +162,7 @@ func TestHandleLoopbackAddrs(t *testing.T) {
 	defer h.Close()
 	p := redirect.Plan{LoopbackAddrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.6/32"), redirect.InboundPassthroughV6}}
 	for range 2 {
-		if err := ApplyVia(h, int(ns), p, false); err != nil {
+		if err := ApplyVia(hostns.Guard{}, h, int(ns), p, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -179,7 +179,7 @@ func TestHandleLoopbackAddrs(t *testing.T) {
 		t.Fatalf("List after ApplyVia = %v, %v; want %v", addrs, err, p.LoopbackAddrs)
 	}
 	for range 2 {
-		if err := RemoveVia(h, int(ns)); err != nil {
+		if err := RemoveVia(hostns.Guard{}, h, int(ns)); err != nil {
 			t.Fatal(err)
 		}
 	}

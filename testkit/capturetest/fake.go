@@ -431,7 +431,7 @@ func (f *Fake) Prepare(redirect.Plan) capture.Prepared { return nil }
 
 // Enter implements capture.Kernel: a visit reads the namespace at path as
 // it is at each call, as the kernel's sockets do.
-func (f *Fake) Enter(_ *capture.Netns, path string, _ capture.Prepared) (capture.Visit, error) {
+func (f *Fake) Enter(_ *capture.Netns, path string, _ capture.Prepared, _ capture.Guard) (capture.Visit, error) {
 	return &visit{f: f, path: path}, nil
 }
 
