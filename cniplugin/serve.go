@@ -220,6 +220,11 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 		return declined, OutcomeDeclined, "no answer for the pod here"
 	case err != nil:
 		return declined, OutcomeDeclined, err.Error()
+	case code != 0 && ctx.Err() != nil:
+		// The agent is stopping (or the front hung up) and cut the call
+		// short: its error says so, not what the pod needs. Declined, the
+		// front runs the call itself; every verb is idempotent.
+		return declined, OutcomeDeclined, "cut short: " + context.Cause(ctx).Error()
 	}
 	reply = cnisock.Reply{Status: cnisock.StatusOK, Stdout: out.Bytes(), Stderr: errOut.Bytes()}
 	status = OutcomeOK

@@ -515,3 +515,35 @@ func BenchmarkFrontAddAgent(b *testing.B) {
 		b.ReportMetric(a/o, "a/b")
 	}
 }
+
+// TestServeDeclinesWhenStopping: an agent that stops while it runs a call
+// (the pod looked up, the rules not yet written) declines it, so that the
+// front runs it itself, instead of failing the pod's ADD with "context
+// canceled" (TestAgentRestartMidBurst saw code 102 so, now and then).
+func TestServeDeclinesWhenStopping(t *testing.T) {
+	nstest.NeedRoot(t)
+	pod := loadPod(t, "injected.yaml")
+	pod.UID = "uid-stopping"
+	runDir := t.TempDir()
+	ln, err := agentsock.ListenAt(runDir, cnisock.SocketName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, RunDir: runDir,
+		Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
+			stop() // the agent is told to stop while it has the pod
+			return foundAnswer(t, pod)
+		})}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	_, nsPath := nstest.New(t, "cni-stop-")
+	r, ok := handOver(t, runDir, callFrame(t, "ADD", nsPath, runDir, pod), openPath(t, nsPath))
+	if err := <-done; err != nil {
+		t.Error(err)
+	}
+	if !ok || r.Status != cnisock.StatusDeclined {
+		t.Fatalf("reply %v (status %q, stdout %.300s), want declined: the front must run the call", ok, r.Status, r.Stdout)
+	}
+}
