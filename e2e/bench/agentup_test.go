@@ -43,6 +43,13 @@ func BenchmarkAgentUp(b *testing.B) {
 	if _, err := os.Stat(sock); err != nil {
 		b.Skipf("the agent serves no pod socket at %s (an agent without it): %v", sock, err)
 	}
+	// Without cni.sock the front execs the standalone plugin, which asks the
+	// agent only for the pod: every figure below would be the standalone
+	// plugin's, not the agent path's (as happened unnoticed where the host's
+	// network namespace could not be registered).
+	if _, err := os.Stat(filepath.Join(a.runDir, "agent-sock", "cni.sock")); err != nil {
+		b.Fatalf("the agent serves no CNI socket, so the front would run the standalone plugin and this would not measure the agent path: %v\nagent's reason: %s", err, agentRefusal(a.logs.String()))
+	}
 
 	// What the plugin needs of the chart's RBAC: get pods.
 	tok := api.ServiceAccount(b, agentNS, "nftmesh-cni")
@@ -137,10 +144,46 @@ func BenchmarkAgentUp(b *testing.B) {
 	// its GET.
 	b.ReportMetric(float64(reqs["nftmesh"])/float64(len(walls["nftmesh"])), "nftmesh-api-conns/add")
 	b.ReportMetric(float64(reqs["istio"])/float64(len(walls["istio"])), "istio-api-conns/add")
-	if data, err := os.ReadFile(filepath.Join(ours.runDir, "nftmesh-cni.log")); err == nil {
-		b.ReportMetric(float64(strings.Count(string(data), `"lookup":"agent"`))/float64(len(walls["nftmesh"])), "nftmesh-agent-answers/add")
-		reportInProcess(b, data, runs)
+	data, err := os.ReadFile(filepath.Join(ours.runDir, "nftmesh-cni.log"))
+	if err != nil {
+		b.Fatalf("reading our plugin's log: %v", err)
 	}
+	// Pod lookups the agent answered (the standalone plugin asks it too),
+	// and calls the agent itself ran: only those measure the agent path.
+	adds := float64(len(walls["nftmesh"]))
+	b.ReportMetric(float64(strings.Count(string(data), `"lookup":"agent"`))/adds, "nftmesh-agent-answers/add")
+	ranByAgent := ranBy(data, "agent")
+	b.ReportMetric(float64(ranByAgent)/adds, "nftmesh-ran-by-agent/add")
+	if ranByAgent < len(walls["nftmesh"]) {
+		b.Errorf("%d of our %d ADDs ran in the standalone plugin, not the agent: the figures are not the agent path's\nagent's reason: %s", len(walls["nftmesh"])-ranByAgent, len(walls["nftmesh"]), agentRefusal(a.logs.String()))
+	}
+	reportInProcess(b, data, runs)
+}
+
+// ranBy counts the plugin log's capture decisions whose ran_by is by.
+func ranBy(log []byte, by string) int {
+	n := 0
+	for _, line := range strings.Split(string(log), "\n") {
+		var e struct {
+			Decision string `json:"decision"`
+			RanBy    string `json:"ran_by"`
+		}
+		if json.Unmarshal([]byte(line), &e) == nil && e.Decision == "capture" && e.RanBy == by {
+			n++
+		}
+	}
+	return n
+}
+
+// agentRefusal is the agent's log line saying why it does not run the
+// plugin's CNI calls, or a note that it logged none.
+func agentRefusal(log string) string {
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "not running the plugin's CNI calls") {
+			return line
+		}
+	}
+	return "(none logged)"
 }
 
 // oursAgentPlugin is nftmesh-cni configured as the agent installs it, its
