@@ -61,13 +61,10 @@ func BenchmarkAgentUp(b *testing.B) {
 	if bin := os.Getenv("BENCH_BASELINE_BIN"); bin != "" {
 		// Another build of our plugin (e.g. main's, before a change) in the
 		// same rounds: the ratio of two builds without the machine's drift
-		// between two runs. Its own run dir (log, kubeconfig) reaches the
-		// same agent through a link to the socket's directory.
-		dir := b.TempDir()
-		if err := os.Symlink(filepath.Join(a.runDir, "agent-sock"), filepath.Join(dir, "agent-sock")); err != nil {
-			b.Fatal(err)
-		}
-		base := oursAgentPlugin(b, api, dir, conns.url, tok)
+		// between two runs. Its config names the agent's run dir, as ours
+		// does: the agent declines a call whose config names another, and
+		// the baseline would measure its standalone plugin instead.
+		base := oursAgentPlugin(b, api, a.runDir, conns.url, tok)
 		base.name, base.bin = "baseline", bin
 		ps = append(ps, base)
 	}
@@ -94,6 +91,7 @@ func BenchmarkAgentUp(b *testing.B) {
 	cpus := map[string][]time.Duration{}
 	agentCPUs := map[string][]time.Duration{}
 	runs := map[string]runResult{} // ours, by container ID
+	owner := map[string]string{}   // which plugin ran each container ID
 	reqs := map[string]int64{}
 	i := 0
 	for b.Loop() {
@@ -119,6 +117,7 @@ func BenchmarkAgentUp(b *testing.B) {
 			if p.name == "nftmesh" {
 				runs[r.id] = r
 			}
+			owner[r.id] = p.name
 			checkCaptured(b, p, name)
 			b.StartTimer()
 		}
@@ -151,28 +150,40 @@ func BenchmarkAgentUp(b *testing.B) {
 	// Pod lookups the agent answered (the standalone plugin asks it too),
 	// and calls the agent itself ran: only those measure the agent path.
 	adds := float64(len(walls["nftmesh"]))
-	b.ReportMetric(float64(strings.Count(string(data), `"lookup":"agent"`))/adds, "nftmesh-agent-answers/add")
-	ranByAgent := ranBy(data, "agent")
-	b.ReportMetric(float64(ranByAgent)/adds, "nftmesh-ran-by-agent/add")
-	if ranByAgent < len(walls["nftmesh"]) {
-		b.Errorf("%d of our %d ADDs ran in the standalone plugin, not the agent: the figures are not the agent path's\nagent's reason: %s", len(walls["nftmesh"])-ranByAgent, len(walls["nftmesh"]), agentRefusal(a.logs.String()))
+	answered, ranByAgent := agentShare(data, owner)
+	b.ReportMetric(float64(answered["nftmesh"])/adds, "nftmesh-agent-answers/add")
+	b.ReportMetric(float64(ranByAgent["nftmesh"])/adds, "nftmesh-ran-by-agent/add")
+	for _, name := range []string{"nftmesh", "baseline"} {
+		if n := len(walls[name]); ranByAgent[name] < n {
+			b.Errorf("%d of %s's %d ADDs ran in the standalone plugin, not the agent: the figures are not the agent path's\nagent's reason: %s", n-ranByAgent[name], name, n, agentRefusal(a.logs.String()))
+		}
 	}
 	reportInProcess(b, data, runs)
 }
 
-// ranBy counts the plugin log's capture decisions whose ran_by is by.
-func ranBy(log []byte, by string) int {
-	n := 0
+// agentShare counts, by the plugin that made each call (owner, by
+// container ID), the plugin log's capture decisions whose pod the agent
+// answered (lookup agent) and those the agent ran (ran_by agent).
+func agentShare(log []byte, owner map[string]string) (answered, ran map[string]int) {
+	answered, ran = map[string]int{}, map[string]int{}
 	for _, line := range strings.Split(string(log), "\n") {
 		var e struct {
 			Decision string `json:"decision"`
+			Lookup   string `json:"lookup"`
 			RanBy    string `json:"ran_by"`
+			ID       string `json:"container_id"`
 		}
-		if json.Unmarshal([]byte(line), &e) == nil && e.Decision == "capture" && e.RanBy == by {
-			n++
+		if json.Unmarshal([]byte(line), &e) != nil || e.Decision != "capture" || owner[e.ID] == "" {
+			continue
+		}
+		if e.Lookup == "agent" {
+			answered[owner[e.ID]]++
+		}
+		if e.RanBy == "agent" {
+			ran[owner[e.ID]]++
 		}
 	}
-	return n
+	return answered, ran
 }
 
 // agentRefusal is the agent's log line saying why it does not run the
