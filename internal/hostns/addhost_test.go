@@ -45,3 +45,28 @@ func TestAddHostFromProc(t *testing.T) {
 	}
 	t.Logf("registered %s", path)
 }
+
+// TestAddHostFromProcNoAncestorMessage: where PID 1's namespace cannot be
+// read and the walk reaches PID 1 without leaving this process's
+// namespace, the error says so without a stray "<nil>" (it printed "in
+// /proc (<nil>)" on the benchmark's machine).
+func TestAddHostFromProcNoAncestorMessage(t *testing.T) {
+	proc := t.TempDir()
+	// No 1/ns/net; self is PID 42, whose parent is PID 1.
+	if err := os.MkdirAll(proc+"/42", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(proc+"/42/status", []byte("Name:\tagent\nPPid:\t1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("42", proc+"/self"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := AddHostFromProc(proc)
+	if err == nil {
+		t.Fatal("registered a host namespace from a /proc without one")
+	}
+	if msg := err.Error(); strings.Contains(msg, "<nil>") || !strings.Contains(msg, "no ancestor of this process outside its network namespace") {
+		t.Errorf("error %q: want the no-ancestor reason without <nil>", msg)
+	}
+}

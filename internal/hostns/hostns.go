@@ -111,8 +111,11 @@ func AddHostFromProc(procDir string) (string, error) {
 	}
 	for range 32 {
 		ppid, err := parentPID(procDir, pid)
-		if err != nil || ppid <= 1 {
-			return "", errors.Join(initErr, fmt.Errorf("no ancestor of this process outside its network namespace in %s (%v)", procDir, err))
+		if err != nil {
+			return "", errors.Join(initErr, fmt.Errorf("no ancestor of this process outside its network namespace in %s: %w", procDir, err))
+		}
+		if ppid <= 1 {
+			return "", errors.Join(initErr, fmt.Errorf("no ancestor of this process outside its network namespace in %s (every one up to PID 1 shares it)", procDir))
 		}
 		path := filepath.Join(procDir, strconv.Itoa(ppid), "ns", "net")
 		id, err := statID(path)
