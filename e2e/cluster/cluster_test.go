@@ -358,9 +358,15 @@ func (c *Cluster) writeKubeconfig(file, token string) error {
 	if err != nil {
 		return fmt.Errorf("reading CA: %w", err)
 	}
+	return writeKubeconfigFile(file, &clientcmdapi.Cluster{Server: apiServer, CertificateAuthorityData: ca}, &clientcmdapi.AuthInfo{Token: token})
+}
+
+// writeKubeconfigFile writes a kubeconfig of one cluster and one user,
+// the current context, to file.
+func writeKubeconfigFile(file string, cluster *clientcmdapi.Cluster, auth *clientcmdapi.AuthInfo) error {
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["e2e"] = &clientcmdapi.Cluster{Server: apiServer, CertificateAuthorityData: ca}
-	cfg.AuthInfos["e2e"] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Clusters["e2e"] = cluster
+	cfg.AuthInfos["e2e"] = auth
 	cfg.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "e2e"}
 	cfg.CurrentContext = "e2e"
 	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {

@@ -18,7 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
@@ -182,19 +181,8 @@ func (w *workerNode) primaryConflist() string {
 }
 
 func (w *workerNode) writeKubeconfig(name string, auth *clientcmdapi.AuthInfo) error {
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["e2e"] = &clientcmdapi.Cluster{Server: "https://" + nodeIP + ":6443", CertificateAuthority: w.c.pki.CA}
-	cfg.AuthInfos["e2e"] = auth
-	cfg.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "e2e"}
-	cfg.CurrentContext = "e2e"
-	file := filepath.Join(w.Dir, "kubeconfig", name)
-	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
-		return fmt.Errorf("creating kubeconfig directory: %w", err)
-	}
-	if err := clientcmd.WriteToFile(*cfg, file); err != nil {
-		return fmt.Errorf("writing kubeconfig %s: %w", file, err)
-	}
-	return nil
+	return writeKubeconfigFile(filepath.Join(w.Dir, "kubeconfig", name),
+		&clientcmdapi.Cluster{Server: "https://" + nodeIP + ":6443", CertificateAuthority: w.c.pki.CA}, auth)
 }
 
 // startHolder starts the node's holder: private /run, the node's /var, the
