@@ -307,14 +307,8 @@ func (c *Cluster) writeFiles() error {
 	if err := os.MkdirAll(c.CNIConfDir, 0o755); err != nil {
 		return fmt.Errorf("creating CNI conf dir: %w", err)
 	}
-	plugins, err := os.ReadDir(refPluginDir)
-	if err != nil {
-		return fmt.Errorf("listing %s: %w", refPluginDir, err)
-	}
-	for _, p := range plugins {
-		if err := os.Symlink(filepath.Join(refPluginDir, p.Name()), filepath.Join(c.CNIBinDir, p.Name())); err != nil {
-			return fmt.Errorf("linking CNI plugin %s: %w", p.Name(), err)
-		}
+	if err := linkRefPlugins(c.CNIBinDir); err != nil {
+		return err
 	}
 	c.PrimaryConflist = filepath.Join(c.CNIConfDir, "10-bridge.conflist")
 	if err := writeFile(c.PrimaryConflist, primaryConflist, 0o644); err != nil {
@@ -352,6 +346,21 @@ const primaryConflist = `{
   ]
 }
 `
+
+// linkRefPlugins links each of Debian's reference CNI plugins into dir,
+// a node's CNI bin dir.
+func linkRefPlugins(dir string) error {
+	plugins, err := os.ReadDir(refPluginDir)
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", refPluginDir, err)
+	}
+	for _, p := range plugins {
+		if err := os.Symlink(filepath.Join(refPluginDir, p.Name()), filepath.Join(dir, p.Name())); err != nil {
+			return fmt.Errorf("linking CNI plugin %s: %w", p.Name(), err)
+		}
+	}
+	return nil
+}
 
 func (c *Cluster) writeKubeconfig(file, token string) error {
 	ca, err := os.ReadFile(c.pki.CA)

@@ -149,14 +149,8 @@ func (w *workerNode) writeFiles() error {
 	if err := os.MkdirAll(w.CNIBinDir, 0o755); err != nil {
 		return fmt.Errorf("creating CNI bin dir: %w", err)
 	}
-	plugins, err := os.ReadDir(refPluginDir)
-	if err != nil {
-		return fmt.Errorf("listing %s: %w", refPluginDir, err)
-	}
-	for _, p := range plugins {
-		if err := os.Symlink(filepath.Join(refPluginDir, p.Name()), filepath.Join(w.CNIBinDir, p.Name())); err != nil {
-			return fmt.Errorf("linking CNI plugin %s: %w", p.Name(), err)
-		}
+	if err := linkRefPlugins(w.CNIBinDir); err != nil {
+		return err
 	}
 	if err := writeFile(w.Conflist, w.primaryConflist(), 0o644); err != nil {
 		return err
