@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -338,5 +339,37 @@ func TestThreadCredsStayOnTheirThread(t *testing.T) {
 	}()
 	if ids := <-done; ids != [2]int{0, 0} {
 		t.Errorf("a thread of the test process runs as uid/gid %v", ids)
+	}
+}
+
+// TestDoAs: fn runs in the pod namespace (it sees the pod's address) as the
+// identity asked for, and the process keeps its own.
+func TestDoAs(t *testing.T) {
+	needRoot(t)
+	topo, _ := newTopo(t, TopologyOptions{})
+	var ids [2]int
+	var addrs []net.Addr
+	if err := topo.DoAs(1337, 1338, func() error {
+		ids = [2]int{syscall.Getuid(), syscall.Getgid()}
+		var err error
+		addrs, err = net.InterfaceAddrs()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if ids != [2]int{1337, 1338} {
+		t.Errorf("fn ran as uid/gid %v, want [1337 1338]", ids)
+	}
+	found := false
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr() == PodV4 {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("fn did not run in the pod namespace: addresses %v, want %s among them", addrs, PodV4)
+	}
+	if uid := syscall.Getuid(); uid != 0 {
+		t.Errorf("the calling thread runs as uid %d after DoAs", uid)
 	}
 }

@@ -138,6 +138,15 @@ func (t *Topology) hostCreds(uid, gid uint32) *creds {
 	return &creds{t.PodUIDBase + uid, t.PodGIDBase + gid}
 }
 
+// DoAs runs fn on a fresh OS thread in the pod namespace with in-pod uid
+// and gid (mapped as Probe maps them): sockets fn creates are the pod's and
+// are owned by that identity for netfilter, as a process of the pod
+// running as uid/gid would create them. Only that thread changes identity;
+// it is destroyed when fn returns.
+func (t *Topology) DoAs(uid, gid uint32, fn func() error) error {
+	return inNetns(t.PodNetnsPath(), t.hostCreds(uid, gid), fn)
+}
+
 // PodNetnsPath is the pod namespace's path, what a Backend's Apply takes.
 func (t *Topology) PodNetnsPath() string { return filepath.Join(netnsDir, t.PodNetns) }
 

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,6 +48,64 @@ func noIPv6(err error) bool {
 // CAP_NET_ADMIN: without it ServeTCP fails rather than listen in a way
 // TPROXY cannot reach).
 func (s *Server) ServeTCP(log *Log, name string, port uint16, transparent bool) error {
+	return s.listenTCP(log, name, port, transparent, func(c *net.TCPConn) { answerTCP(log, name, c) })
+}
+
+// DialFunc opens a forwarding listener's connection to an original
+// destination (net.Dialer.DialContext's signature). It must return a
+// *net.TCPConn.
+type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// ForwardTCP listens like ServeTCP but, as Envoy's outbound listener does,
+// relays each connection to its original destination instead of answering
+// it: dial connects there (nil means a net.Dialer: from the process's own
+// namespace and identity, UID 1337 or GID 1337 in a pod, which capture lets
+// out as it lets Envoy's upstream connections out), and bytes flow both
+// ways, each direction's end passed on as a half-close, until both ends are
+// done. Whoever answers at the destination answers the client.
+//
+// The "accepted" event comes when the relay ends and holds, besides the
+// original destination, ForwardFrom: the local address of the connection
+// to the destination, which the destination sees as its peer when no NAT
+// lies between. A connection whose original destination is unknown, is
+// this listener itself (forwarding it would loop) or cannot be reached is
+// closed without a reply and its event holds the error: the client sees
+// its connection fail, as behind Envoy, rather than an answer from the
+// proxy.
+func (s *Server) ForwardTCP(log *Log, name string, port uint16, transparent bool, dial DialFunc) error {
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	var inFlight atomic.Int32
+	return s.listenTCP(log, name, port, transparent, func(c *net.TCPConn) {
+		if n := inFlight.Add(1); n > maxForwards {
+			inFlight.Add(-1)
+			refuseForward(log, name, c, n-1)
+			return
+		}
+		defer inFlight.Add(-1)
+		forwardTCP(log, name, c, dial)
+	})
+}
+
+// maxForwards bounds the connections a forwarding listener relays at once.
+// A stand-in sees a handful; the bound is for a forwarding loop, where
+// capture sends the proxy's own connections back to it (the proxy not
+// running as the identity capture lets out): each would open the next
+// until file descriptors ran out, the pod spinning meanwhile.
+const maxForwards = 64
+
+// refuseForward closes c unanswered and logs why: n relays in flight.
+func refuseForward(log *Log, name string, c *net.TCPConn, n int32) {
+	defer c.Close()
+	log.Emit(Event{Event: EventAccepted, Proto: "tcp", Listener: name, Local: sockopt.AddrPort(c.LocalAddr()).String(), Peer: sockopt.AddrPort(c.RemoteAddr()).String(),
+		Error: fmt.Sprintf("not forwarding: %d connections in flight already, the most a stand-in relays at once (a forwarding loop? the proxy's own connections captured back to it)", n)})
+}
+
+// listenTCP listens on port (IPv4 and, if present, IPv6) and hands every
+// accepted connection to handle in a goroutine of its own.
+func (s *Server) listenTCP(log *Log, name string, port uint16, transparent bool, handle func(*net.TCPConn)) error {
 	for _, f := range families {
 		netw := "tcp" + f.suffix
 		addr := net.JoinHostPort(f.host, fmt.Sprint(port))
@@ -75,7 +135,7 @@ func (s *Server) ServeTCP(log *Log, name string, port uint16, transparent bool) 
 					time.Sleep(50 * time.Millisecond)
 					continue
 				}
-				s.group.Go(func() { answerTCP(log, name, c.(*net.TCPConn)) })
+				s.group.Go(func() { handle(c.(*net.TCPConn)) })
 			}
 		})
 	}
@@ -98,6 +158,58 @@ func answerTCP(log *Log, name string, c *net.TCPConn) {
 		e.Error = fmt.Sprintf("writing reply: %v", err)
 	}
 	log.Emit(e)
+}
+
+func forwardTCP(log *Log, name string, c *net.TCPConn, dial DialFunc) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(ioTimeout))
+	local := sockopt.AddrPort(c.LocalAddr())
+	e := Event{Event: EventAccepted, Proto: "tcp", Listener: name, Local: local.String(), Peer: sockopt.AddrPort(c.RemoteAddr()).String()}
+	defer func() { log.Emit(e) }()
+	orig, err := sockopt.Destination(c)
+	if err != nil {
+		e.Error = err.Error()
+		return
+	}
+	e.Orig = orig.String()
+	if orig == local {
+		e.Error = fmt.Sprintf("not forwarding a connection to %s: the original destination is this listener", orig)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ioTimeout)
+	upc, err := dial(ctx, "tcp", orig.String())
+	cancel()
+	if err != nil {
+		e.Error = fmt.Sprintf("forwarding to %s: %v", orig, err)
+		return
+	}
+	defer upc.Close()
+	up, ok := upc.(*net.TCPConn)
+	if !ok {
+		e.Error = fmt.Sprintf("forwarding to %s: the dialer returned a %T, not a TCP connection", orig, upc)
+		return
+	}
+	e.ForwardFrom = sockopt.AddrPort(up.LocalAddr()).String()
+	_ = up.SetDeadline(time.Now().Add(ioTimeout))
+	if err := relay(c, up); err != nil {
+		e.Error = fmt.Sprintf("relaying to %s: %v", orig, err)
+	}
+}
+
+// relay copies a to b and b to a until each side has sent its end, passing
+// each end on as a half-close, and returns the copies' errors.
+func relay(a, b *net.TCPConn) error {
+	errc := make(chan error, 2)
+	pipe := func(dst, src *net.TCPConn) {
+		_, err := io.Copy(dst, src)
+		if cerr := dst.CloseWrite(); err == nil && cerr != nil {
+			err = fmt.Errorf("passing on the end of the stream: %w", cerr)
+		}
+		errc <- err
+	}
+	go pipe(b, a)
+	go pipe(a, b)
+	return errors.Join(<-errc, <-errc)
 }
 
 // ServeUDP listens for datagrams on port (IPv4 and, if present, IPv6) and

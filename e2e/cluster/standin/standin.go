@@ -10,12 +10,16 @@
 //   - every TCP server (the proxy's 15001 and 15006, the app's ports)
 //     answers each connection with one JSON Reply line naming the pod, the
 //     listener and the connection's original destination, closes it, and
-//     logs an "accepted" event with the same facts;
+//     logs an "accepted" event with the same facts; except the proxy's
+//     15001 with -forward, which relays each connection to its original
+//     destination, as Envoy does, and logs where from (ForwardFrom);
 //   - every dialer connects to its targets periodically and logs a "dialed"
 //     event holding the Reply of whoever answered (or "dial_failed"), so the
 //     dialing side sees where its connection landed: its own proxy's
-//     outbound-15001 when captured, the destination's app-<port> when not,
-//     the destination's inbound-15006 when the destination captured it.
+//     outbound-15001 when captured (with -forward: whoever answers at the
+//     original destination), the destination's app-<port> when not
+//     captured, the destination's inbound-15006 when the destination
+//     captured it.
 //
 // The package owns the wire format and the servers and dialers; the
 // programs under cmd/ only parse flags and compose them. It never logs on
@@ -102,8 +106,12 @@ type Event struct {
 	Local    string `json:"local,omitempty"`
 	Peer     string `json:"peer,omitempty"`
 	Target   string `json:"target,omitempty"`
-	Reply    *Reply `json:"reply,omitempty"`
-	Error    string `json:"error,omitempty"`
+	// ForwardFrom is, on a forwarding listener's "accepted" event, the
+	// local address of the connection it opened to Orig: the peer the
+	// destination saw, where no NAT lies between.
+	ForwardFrom string `json:"forward_from,omitempty"`
+	Reply       *Reply `json:"reply,omitempty"`
+	Error       string `json:"error,omitempty"`
 	// Args are the arguments a program ignored ("ready" event of the
 	// proxy: the injected Envoy arguments).
 	Args []string `json:"args,omitempty"`

@@ -4,11 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
+	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nftmesh/nftmesh/netlab"
+	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/syncbuf"
 )
 
@@ -254,5 +260,202 @@ func TestLogStampsEvents(t *testing.T) {
 	}
 	if _, ok := e["uid"]; ok {
 		t.Errorf("unset uid was written: %v", e)
+	}
+}
+
+// forwardLab is a throw-away pod namespace with the default Istio capture
+// applied by the nft backend, wired to a peer namespace.
+type forwardLab struct {
+	topo *netlab.Topology
+	ctx  context.Context
+}
+
+func newForwardLab(t *testing.T) *forwardLab {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, applies nftables rules, dials as UID 1337")
+	}
+	topo, err := netlab.NewTopology(netlab.TopologyOptions{Prefix: "sti-"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := topo.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	plan, err := redirect.Build(redirect.DefaultSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	if err := nft.New().Apply(ctx, topo.PodNetnsPath(), plan); err != nil {
+		t.Fatal(err)
+	}
+	return &forwardLab{topo: topo, ctx: ctx}
+}
+
+// dialAs is a DialFunc that connects from the pod namespace as uid/gid.
+func (l *forwardLab) dialAs(uid, gid uint32) DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := l.topo.DoAs(uid, gid, func() error {
+			var err error
+			c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
+}
+
+// serveIn starts a Server's listeners in the namespace at ns through start.
+func serveIn(t *testing.T, ns string, start func(*Server) error) {
+	t.Helper()
+	srv := &Server{}
+	t.Cleanup(func() { _ = srv.Close() })
+	if err := netlab.Do(ns, func() error { return start(srv) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// appDial connects to target as the pod's app (UID 1000: captured).
+func (l *forwardLab) appDial(t *testing.T, target string) Event {
+	t.Helper()
+	var e Event
+	if err := l.topo.DoAs(netlab.AppUID, netlab.AppGID, func() error {
+		e = Dial(l.ctx, Target{"tcp", target})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// TestForwardTCPThroughCapture: a forwarding outbound listener, behind real
+// capture, makes the app's connection one connection end to end, as Envoy
+// does: the app (UID 1000, captured) is answered by the destination in the
+// peer namespace, not by the proxy; the proxy logged the connection with
+// its original destination, the app's address as peer and the address its
+// own connection left from (UID 1337, let out), and the destination saw
+// exactly that address as its peer. Without forwarding the proxy answers
+// the app itself. A connection that cannot be forwarded (its destination
+// refuses; it was made to the listener itself) fails at the app, with the
+// reason in the proxy's event.
+func TestForwardTCPThroughCapture(t *testing.T) {
+	lab := newForwardLab(t)
+	var proxyBuf, serverBuf syncbuf.Buffer
+	serveIn(t, lab.topo.PodNetnsPath(), func(s *Server) error {
+		return s.ForwardTCP(NewLog(&proxyBuf, "proxy", "client"), ListenerOutbound, 15001, false,
+			lab.dialAs(redirect.DefaultProxyID, redirect.DefaultProxyID))
+	})
+	serveIn(t, lab.topo.PeerNetnsPath(), func(s *Server) error {
+		return s.ServeTCP(NewLog(&serverBuf, "proxy", "server"), ListenerInbound, 7070, false)
+	})
+	dst := netip.AddrPortFrom(netlab.OtherV4Host, 7070)
+
+	e := lab.appDial(t, dst.String())
+	if e.Event != EventDialed || e.Reply == nil {
+		t.Fatalf("the app's connection to %s: %+v\nproxy log:\n%s", dst, e, proxyBuf.String())
+	}
+	if r := *e.Reply; r.Pod != "server" || r.Listener != ListenerInbound || r.Orig != dst.String() {
+		t.Fatalf("the app's connection to %s was answered by %+v, want the server's %s (orig %s)", dst, r, ListenerInbound, dst)
+	}
+	from := e.Reply.Peer
+	pe := waitAccepted(t, &proxyBuf, func(x Event) bool { return x.Orig == dst.String() })
+	if pe.Listener != ListenerOutbound || pe.Peer != e.Local || pe.ForwardFrom != from || pe.Error != "" {
+		t.Errorf("the proxy logged %+v, want %s from the app's %s forwarded from %s", pe, ListenerOutbound, e.Local, from)
+	}
+	if ap, err := netip.ParseAddrPort(from); err != nil || ap.Addr() != netlab.PodV4 {
+		t.Errorf("the forwarded connection came from %q, want the pod's address %s", from, netlab.PodV4)
+	}
+	se := waitAccepted(t, &serverBuf, func(x Event) bool { return x.Peer == from })
+	if se.Orig != dst.String() || se.Error != "" {
+		t.Errorf("the server logged %+v, want orig %s", se, dst)
+	}
+
+	// Refused at the destination: the app's connection fails, the proxy
+	// says why.
+	refused := netip.AddrPortFrom(netlab.OtherV4Host, 7071)
+	if e := lab.appDial(t, refused.String()); e.Event != EventDialFailed {
+		t.Errorf("a connection to %s, where nothing listens, got %+v through the proxy", refused, e)
+	}
+	pe = waitAccepted(t, &proxyBuf, func(x Event) bool { return x.Orig == refused.String() })
+	if !strings.Contains(pe.Error, "forwarding to "+refused.String()) || !strings.Contains(pe.Error, "refused") || pe.ForwardFrom != "" {
+		t.Errorf("the proxy logged %+v for a refused destination", pe)
+	}
+
+	// Made to the listener itself (loopback is not captured): forwarding
+	// it would loop.
+	self := "127.0.0.1:15001"
+	if e := lab.appDial(t, self); e.Event != EventDialFailed {
+		t.Errorf("a connection to the listener itself got %+v", e)
+	}
+	pe = waitAccepted(t, &proxyBuf, func(x Event) bool { return x.Orig == self })
+	if !strings.Contains(pe.Error, "the original destination is this listener") {
+		t.Errorf("the proxy logged %+v for a connection to itself", pe)
+	}
+}
+
+// TestForwardTCPLoopIsBounded: a proxy whose own connections are captured
+// (here it dials as root, which the capture does not let out) forwards
+// each connection back to itself; the chain stops at maxForwards relays,
+// the refused one says why, the app's connection fails and every relay
+// ends.
+func TestForwardTCPLoopIsBounded(t *testing.T) {
+	lab := newForwardLab(t)
+	var proxyBuf syncbuf.Buffer
+	serveIn(t, lab.topo.PodNetnsPath(), func(s *Server) error {
+		return s.ForwardTCP(NewLog(&proxyBuf, "proxy", "client"), ListenerOutbound, 15001, false, lab.dialAs(0, 0))
+	})
+	dst := netip.AddrPortFrom(netlab.OtherV4Host, 7070).String()
+	if e := lab.appDial(t, dst); e.Event != EventDialFailed {
+		t.Errorf("the app's connection through a looping proxy got %+v", e)
+	}
+	pe := waitAccepted(t, &proxyBuf, func(x Event) bool { return strings.Contains(x.Error, "in flight already") })
+	if !strings.Contains(pe.Error, fmt.Sprintf("not forwarding: %d connections", maxForwards)) || pe.Orig != "" {
+		t.Errorf("the refused connection's event: %+v", pe)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ev, err := ParseEvents(strings.NewReader(proxyBuf.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range ev {
+			if e.Event == EventAccepted {
+				n++
+			}
+		}
+		if n == maxForwards+1 {
+			break
+		}
+		if n > maxForwards+1 || time.Now().After(deadline) {
+			t.Fatalf("%d accepted events, want %d (every relay of the loop ended, the one refused)", n, maxForwards+1)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitAccepted returns the first "accepted" event in buf for which match
+// is true, waiting up to 5 s for it.
+func waitAccepted(t *testing.T, buf *syncbuf.Buffer, match func(Event) bool) Event {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ev, err := ParseEvents(strings.NewReader(buf.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ev {
+			if e.Event == EventAccepted && match(e) {
+				return e
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no matching accepted event within 5s; log:\n%s", buf.String())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

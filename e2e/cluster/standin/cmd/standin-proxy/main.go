@@ -6,7 +6,10 @@
 // and 15006 (inbound), IPv4 and IPv6, both IP_TRANSPARENT in TPROXY mode;
 // TCP and UDP 15053 (the DNS proxy). Each connection is answered with one
 // JSON line naming the pod, the listener and the original destination, and
-// logged as one JSON event on stdout (package standin has the format). It
+// logged as one JSON event on stdout (package standin has the format);
+// with -forward, a connection to 15001 is relayed to its original
+// destination instead, as Envoy relays it, so the client is answered by
+// whoever is there, and the event names the relay's own local address. It
 // serves readiness on 15021 (GET /healthz/ready, which the injected
 // readinessProbe and, for native sidecars, startupProbe hit) and answers
 // everything on the status port 15020 (the injected preStop drain request
@@ -40,6 +43,7 @@ func main() {
 	var (
 		targets standin.Targets
 		mode    = flag.String("mode", envOr("ISTIO_META_INTERCEPTION_MODE", "REDIRECT"), "interception mode: REDIRECT or TPROXY (TPROXY makes the capture listeners IP_TRANSPARENT)")
+		forward = flag.Bool("forward", false, "relay each connection to 15001 to its original destination, as Envoy does, instead of answering it (the relay connects from the proxy's identity, which capture lets out)")
 		every   = flag.Duration("every", 2*time.Second, "period of the -connect dials")
 		pod     = flag.String("pod", standin.PodName(), "pod name to report (default: the hostname, which Kubernetes sets to the pod's name)")
 	)
@@ -59,7 +63,12 @@ func main() {
 	var ready atomic.Bool
 	srv := &standin.Server{}
 	tproxy := *mode == "TPROXY"
-	err := srv.ServeTCP(log, standin.ListenerOutbound, 15001, tproxy)
+	var err error
+	if *forward {
+		err = srv.ForwardTCP(log, standin.ListenerOutbound, 15001, tproxy, nil)
+	} else {
+		err = srv.ServeTCP(log, standin.ListenerOutbound, 15001, tproxy)
+	}
 	if err == nil {
 		err = srv.ServeTCP(log, standin.ListenerInbound, 15006, tproxy)
 	}
