@@ -57,10 +57,12 @@ type meshNode struct {
 // join the control plane, the chart's DaemonSet must run a ready agent on
 // every node with our entry last in each node's conflist; Istio-injected
 // clients and servers on different nodes must have each cross-node
-// connection captured at both ends (the client's app reaches its own
-// sidecar on 15001 with the server as original destination, the client's
-// sidecar reaches the server's sidecar on 15006 with the server as
-// original destination and the client's pod address as peer); one node is
+// connection captured at both ends, one connection end to end as through
+// Envoy (the client's app dials the server's pod address; its sidecar
+// accepts it on 15001 with the server as original destination and relays
+// it, as UID 1337, from some address X; the server's sidecar accepts it on
+// 15006 with the server as original destination and X as peer, and
+// answers the app); one node is
 // drained and its agent pod deleted while the others keep starting mesh
 // pods, all of which must start captured. The nodes are taken out
 // afterwards, leaving nothing.
@@ -146,13 +148,16 @@ func TestMultiNode(t *testing.T) {
 	}
 
 	// 2. Cross-node capture: a server on every node, then a client on every
-	// node dialing every other node's server (app and sidecar both). The
+	// node whose app dials every other node's server through its
+	// forwarding sidecar. The
 	// clients need only the servers' addresses, which a pod has once its
 	// sandbox is up, before its containers run.
 	t0 = time.Now()
 	started := 0
 	servers := make([]*corev1.Pod, len(nodes))
-	base := injectedHTTPBin(t, istiotest.Standin{Image: standinImage, Every: dialEvery}).Spec.Template
+	// The sidecars forward, as Envoy does (the servers' only for likeness:
+	// nothing dials out of them).
+	base := injectedHTTPBin(t, istiotest.Standin{Image: standinImage, Every: dialEvery, ProxyForward: true}).Spec.Template
 	serversDone := make(chan error, 1)
 	go func() {
 		serversDone <- c.startMeshPods(ctx, len(nodes), func(i int) (*corev1.Pod, string) {
@@ -181,7 +186,7 @@ func TestMultiNode(t *testing.T) {
 				targets = append(targets, netip.AddrPortFrom(netip.MustParseAddr(ip), httpbinPort).String())
 			}
 		}
-		tmpl := injectedHTTPBin(t, istiotest.Standin{Image: standinImage, Every: dialEvery, AppConnect: targets, ProxyConnect: targets}).Spec.Template
+		tmpl := injectedHTTPBin(t, istiotest.Standin{Image: standinImage, Every: dialEvery, AppConnect: targets, ProxyForward: true}).Spec.Template
 		return meshPodOn(tmpl, fmt.Sprintf("mn-client-%d", i), nodes[i].name), nodes[i].name
 	}, clients)
 	if err := <-serversDone; err != nil {
@@ -297,12 +302,15 @@ func (c *Cluster) startMeshPods(ctx context.Context, n int, build func(int) (*co
 }
 
 // crossNode checks one client → server connection across nodes, from the
-// stand-ins' logs: the client's app is answered by its own sidecar's
-// outbound listener with the server as original destination (and that
-// sidecar logged it), and the client's sidecar is answered by the server's
-// sidecar's inbound listener with the server as original destination, and
-// the server's sidecar saw the client pod's own address as peer (no NAT
-// between the nodes).
+// three stand-ins' logs, as ONE connection end to end: the client's app
+// dialed the server's pod address from A and was answered by the server's
+// sidecar's inbound listener with the server as original destination, the
+// reply naming X as the peer it saw; the client's sidecar logged accepting
+// that connection on its outbound listener from A, with the server as
+// original destination, and forwarding it from X; the server's sidecar
+// logged accepting it on its inbound listener, to the server, from X
+// exactly (the same port: no NAT between the nodes, the same connection),
+// and X is the client pod's address.
 func (c *Cluster) crossNode(ctx context.Context, client, server *corev1.Pod) error {
 	target := netip.AddrPortFrom(netip.MustParseAddr(server.Status.PodIP), httpbinPort).String()
 	app := ""
@@ -313,33 +321,68 @@ func (c *Cluster) crossNode(ctx context.Context, client, server *corev1.Pod) err
 		}
 	}
 	if err := c.waitDial(ctx, "client app's connection", client.Name, app, target,
-		reply{pod: client.Name, listener: standin.ListenerOutbound, orig: target}); err != nil {
-		return err
-	}
-	ev, _, err := c.logEvents(ctx, meshNS, client.Name, istiotest.ProxyContainer)
-	if err != nil {
-		return err
-	}
-	if !accepted(ev, standin.ListenerOutbound, target) {
-		return fmt.Errorf("client %s's sidecar logged no accepted outbound connection to %s", client.Name, target)
-	}
-	if err := c.waitDial(ctx, "client sidecar's connection", client.Name, istiotest.ProxyContainer, target,
 		reply{pod: server.Name, listener: standin.ListenerInbound, orig: target}); err != nil {
 		return err
 	}
-	ev, _, err = c.logEvents(ctx, meshNS, server.Name, istiotest.ProxyContainer)
+	why := "no dial read yet"
+	err := c.poll(ctx, 30*time.Second, "one connection through both sidecars", func() (bool, error) {
+		appEv, _, err := c.logEvents(ctx, meshNS, client.Name, app)
+		if err != nil {
+			why = err.Error()
+			return false, nil
+		}
+		outEv, _, err := c.logEvents(ctx, meshNS, client.Name, istiotest.ProxyContainer)
+		if err != nil {
+			why = err.Error()
+			return false, nil
+		}
+		inEv, _, err := c.logEvents(ctx, meshNS, server.Name, istiotest.ProxyContainer)
+		if err != nil {
+			why = err.Error()
+			return false, nil
+		}
+		for _, d := range appEv {
+			if d.Event != standin.EventDialed || d.Target != target || d.Reply == nil {
+				continue
+			}
+			x := d.Reply.Peer
+			out := findAccepted(outEv, standin.ListenerOutbound, target, func(e standin.Event) bool { return e.ForwardFrom == x })
+			if out == nil {
+				why = fmt.Sprintf("client %s's sidecar logged no outbound connection to %s forwarded from %s (the peer the server's sidecar answered)", client.Name, target, x)
+				continue
+			}
+			if out.Peer != d.Local || out.Error != "" {
+				why = fmt.Sprintf("client %s's sidecar forwarded from %s a connection from %s (error %q), want the app's %s", client.Name, x, out.Peer, out.Error, d.Local)
+				continue
+			}
+			in := findAccepted(inEv, standin.ListenerInbound, target, func(e standin.Event) bool { return e.Peer == x })
+			if in == nil {
+				why = fmt.Sprintf("server %s's sidecar logged no inbound connection to %s from %s (the client sidecar's forwarding address)", server.Name, target, x)
+				continue
+			}
+			if xa, err := netip.ParseAddrPort(x); err != nil || xa.Addr().String() != client.Status.PodIP {
+				return false, fmt.Errorf("the connection to %s reached server %s from %s, not from the client pod's address %s", target, server.Name, x, client.Status.PodIP)
+			}
+			return true, nil
+		}
+		return false, nil
+	})
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %s", err, why)
 	}
-	for _, e := range ev {
-		if e.Event != standin.EventAccepted || e.Listener != standin.ListenerInbound || e.Orig != target {
-			continue
-		}
-		if peer, err := netip.ParseAddrPort(e.Peer); err == nil && peer.Addr().String() == client.Status.PodIP {
-			return nil
+	return nil
+}
+
+// findAccepted returns the first "accepted" event of listener for orig
+// for which match is true, or nil.
+func findAccepted(ev []standin.Event, listener, orig string, match func(standin.Event) bool) *standin.Event {
+	for i := range ev {
+		e := &ev[i]
+		if e.Event == standin.EventAccepted && e.Listener == listener && e.Orig == orig && match(*e) {
+			return e
 		}
 	}
-	return fmt.Errorf("server %s's sidecar logged no inbound connection to %s from the client %s (%s)", server.Name, target, client.Name, client.Status.PodIP)
+	return nil
 }
 
 // waitAgents waits until the DaemonSet runs one ready agent on each of n

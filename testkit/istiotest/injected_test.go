@@ -158,10 +158,11 @@ func TestInjectedPodsDecisions(t *testing.T) {
 // its injected arguments, the proxy keeps its arguments and environment
 // (nftmesh reads them), the app serves its container ports.
 func TestRewrite(t *testing.T) {
-	for _, p := range injectedPods(t) {
+	for i, p := range injectedPods(t) {
 		orig := p.Pod.Spec.DeepCopy()
 		spec := p.Pod.Spec.DeepCopy()
-		s := Standin{Image: "localhost/istio-standin:test", ProxyConnect: []string{"10.244.0.9:8080"}, AppConnect: []string{"10.96.0.20:9080"}, Every: "1s"}
+		s := Standin{Image: "localhost/istio-standin:test", ProxyConnect: []string{"10.244.0.9:8080"}, AppConnect: []string{"10.96.0.20:9080"}, Every: "1s",
+			ProxyForward: i%2 == 1} // every other pod: with and without -forward
 		if err := Rewrite(spec, s); err != nil {
 			t.Fatalf("%s: %v", p.File, err)
 		}
@@ -181,6 +182,9 @@ func TestRewrite(t *testing.T) {
 				}
 			case ProxyContainer:
 				want := []string{"/usr/local/bin/standin-proxy", "-every=1s", "-connect=10.244.0.9:8080"}
+				if s.ProxyForward {
+					want = slices.Insert(want, 1, "-forward")
+				}
 				if !slices.Equal(c.Command, want) || !slices.Equal(c.Args, o.Args) || c.Args[0] != "proxy" {
 					t.Errorf("%s: proxy runs %v %v", p.File, c.Command, c.Args)
 				}

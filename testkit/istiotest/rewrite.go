@@ -30,6 +30,11 @@ type Standin struct {
 	// as the proxy (UID 1337, or GID 1337 under TPROXY): capture must let
 	// them out untouched.
 	ProxyConnect []string
+	// ProxyForward makes the stand-in proxy relay what its outbound
+	// listener (15001) accepts to the original destination, as Envoy does
+	// (-forward), instead of answering it: the app's captured connection
+	// is then answered at its destination.
+	ProxyForward bool
 	// AppConnect are destinations the app dials periodically: a mesh pod's
 	// proxy must see them on 15001 with their original destination.
 	AppConnect []string
@@ -62,10 +67,11 @@ func (s Standin) paths() (agent, proxy, app string) {
 //     on 15001/15006, i.e. when capture is in place, and fails otherwise;
 //   - istio-proxy (a container, or an init container with restartPolicy
 //     Always for native sidecars) runs standin-proxy, connecting to
-//     ProxyConnect. Its injected arguments (`proxy sidecar ...`) and
-//     environment stay as they are, since nftmesh reads the pod's capture
-//     settings from them: the stand-in's own flags go into the command,
-//     and Go's flag parsing stops at the first injected argument;
+//     ProxyConnect, forwarding with ProxyForward. Its injected arguments
+//     (`proxy sidecar ...`) and environment stay as they are, since
+//     nftmesh reads the pod's capture settings from them: the stand-in's
+//     own flags go into the command, and Go's flag parsing stops at the
+//     first injected argument;
 //   - every other container runs standin-app listening on its
 //     containerPorts and connecting to AppConnect (command and arguments
 //     replaced: the application's own cannot run).
@@ -101,7 +107,7 @@ func Rewrite(spec *corev1.PodSpec, s Standin) error {
 		case ValidationContainer:
 			set(c, []string{agent}, nil)
 		case ProxyContainer:
-			set(c, append([]string{proxy}, connect(s.ProxyConnect)...), nil)
+			set(c, proxyCmd(proxy, s.ProxyForward, connect(s.ProxyConnect)), nil)
 		default:
 			return fmt.Errorf("rewriting pod spec: init container %q has no stand-in", c.Name)
 		}
@@ -109,7 +115,7 @@ func Rewrite(spec *corev1.PodSpec, s Standin) error {
 	for i := range spec.Containers {
 		c := &spec.Containers[i]
 		if c.Name == ProxyContainer {
-			set(c, append([]string{proxy}, connect(s.ProxyConnect)...), nil)
+			set(c, proxyCmd(proxy, s.ProxyForward, connect(s.ProxyConnect)), nil)
 			continue
 		}
 		var ports []string
@@ -128,4 +134,14 @@ func Rewrite(spec *corev1.PodSpec, s Standin) error {
 		set(c, []string{app}, args)
 	}
 	return nil
+}
+
+// proxyCmd is the stand-in proxy's command: the program, -forward if asked
+// for, its dial flags.
+func proxyCmd(proxy string, forward bool, dials []string) []string {
+	cmd := []string{proxy}
+	if forward {
+		cmd = append(cmd, "-forward")
+	}
+	return append(cmd, dials...)
 }
