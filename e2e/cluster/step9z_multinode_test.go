@@ -224,10 +224,12 @@ func TestMultiNode(t *testing.T) {
 			pairWG.Add(1)
 			go func() {
 				defer pairWG.Done()
-				if err := c.crossNode(ctx, clients[i], servers[j]); err != nil {
+				chain, err := c.crossNode(ctx, clients[i], servers[j])
+				if err != nil {
 					t.Errorf("client on %s → server on %s: %v", nodes[i].name, nodes[j].name, err)
 					return
 				}
+				t.Logf("client on %s → server on %s: %s", nodes[i].name, nodes[j].name, chain)
 				pairMu.Lock()
 				captured++
 				pairMu.Unlock()
@@ -310,8 +312,8 @@ func (c *Cluster) startMeshPods(ctx context.Context, n int, build func(int) (*co
 // original destination, and forwarding it from X; the server's sidecar
 // logged accepting it on its inbound listener, to the server, from X
 // exactly (the same port: no NAT between the nodes, the same connection),
-// and X is the client pod's address.
-func (c *Cluster) crossNode(ctx context.Context, client, server *corev1.Pod) error {
+// and X is the client pod's address. It returns that chain, for the log.
+func (c *Cluster) crossNode(ctx context.Context, client, server *corev1.Pod) (string, error) {
 	target := netip.AddrPortFrom(netip.MustParseAddr(server.Status.PodIP), httpbinPort).String()
 	app := ""
 	for _, ctr := range client.Spec.Containers {
@@ -322,9 +324,10 @@ func (c *Cluster) crossNode(ctx context.Context, client, server *corev1.Pod) err
 	}
 	if err := c.waitDial(ctx, "client app's connection", client.Name, app, target,
 		reply{pod: server.Name, listener: standin.ListenerInbound, orig: target}); err != nil {
-		return err
+		return "", err
 	}
 	why := "no dial read yet"
+	chain := ""
 	err := c.poll(ctx, 30*time.Second, "one connection through both sidecars", func() (bool, error) {
 		appEv, _, err := c.logEvents(ctx, meshNS, client.Name, app)
 		if err != nil {
@@ -363,14 +366,15 @@ func (c *Cluster) crossNode(ctx context.Context, client, server *corev1.Pod) err
 			if xa, err := netip.ParseAddrPort(x); err != nil || xa.Addr().String() != client.Status.PodIP {
 				return false, fmt.Errorf("the connection to %s reached server %s from %s, not from the client pod's address %s", target, server.Name, x, client.Status.PodIP)
 			}
+			chain = fmt.Sprintf("app %s → %s, its sidecar forwarded from %s, the server's sidecar saw peer %s on %s", d.Local, target, out.ForwardFrom, in.Peer, in.Listener)
 			return true, nil
 		}
 		return false, nil
 	})
 	if err != nil {
-		return fmt.Errorf("%w: %s", err, why)
+		return "", fmt.Errorf("%w: %s", err, why)
 	}
-	return nil
+	return chain, nil
 }
 
 // findAccepted returns the first "accepted" event of listener for orig
