@@ -450,24 +450,48 @@ func (w *workerNode) doStop() error {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+	// Pin the node's namespaces across the holder's exit: an ID names a
+	// namespace only while it lives, and the kernel gives a freed one's inode
+	// number to the next namespace anyone creates (another test's netns, an
+	// `nsenter … nft` in it), which the process check below would then
+	// report as the node's. Released before the wait for the veth, which
+	// needs the namespace gone.
+	pins := pinNamespaces(holderPID)
 	stop("holder")
 	w.c.forget(comps)
 	var errs []error
 	if err := removeCgroups(w.cgroupName); err != nil {
 		errs = append(errs, err)
 	}
-	if err := w.leftovers(holderPID, nsIDs); err != nil {
+	if err := w.leftovers(holderPID, nsIDs, pins); err != nil {
 		errs = append(errs, err)
 	}
 	w.c.logf("node %s: stopped %6.2fs", w.Name, time.Since(t0).Seconds())
 	return errors.Join(errs...)
 }
 
+// pinNamespaces opens the holder's mount and network namespaces, which
+// keeps them (and so their IDs) alive until the files are closed.
+func pinNamespaces(holderPID int) []*os.File {
+	var pins []*os.File
+	if holderPID <= 0 {
+		return nil
+	}
+	for _, ns := range []string{"mnt", "net"} {
+		if f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", holderPID, ns)); err == nil {
+			pins = append(pins, f)
+		}
+	}
+	return pins
+}
+
 // leftovers reports anything of the node still on the machine: processes
 // in its namespaces, its cgroups, mounts naming its directories or its
 // network namespace, and its veth end in the first node's namespace (which
-// goes with the node's namespace).
-func (w *workerNode) leftovers(holderPID int, nsIDs [2]string) error {
+// goes with the node's namespace). pins hold the namespaces so that their
+// IDs stay theirs while processes and mounts are matched; they are closed
+// before the veth check.
+func (w *workerNode) leftovers(holderPID int, nsIDs [2]string, pins []*os.File) error {
 	var found []string
 	if holderPID > 0 {
 		for _, pid := range nsProcs(holderPID, nsIDs) {
@@ -486,6 +510,9 @@ func (w *workerNode) leftovers(holderPID int, nsIDs [2]string) error {
 				found = append(found, "mount "+line)
 			}
 		}
+	}
+	for _, f := range pins {
+		f.Close()
 	}
 	// The kernel frees a network namespace (and its veth pair) a little
 	// after its last process exits.
