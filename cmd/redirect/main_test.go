@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/nftmesh/nftmesh/internal/oneproc"
@@ -254,8 +255,40 @@ func TestCLIExitCodesOnce(t *testing.T) {
 // with one P (internal/oneproc, imported by main), its tests need not.
 func TestMain(m *testing.M) {
 	runtime.GOMAXPROCS(oneproc.Procs)
-	os.Exit(m.Run())
+	code := m.Run()
+	if cliBinDir != "" {
+		os.RemoveAll(cliBinDir)
+	}
+	os.Exit(code)
 }
+
+// cliBinDir holds the binary cliBinary built; TestMain removes it.
+var cliBinDir string
+
+// cliBinary builds the redirect binary once for the tests that look at it
+// as a whole: static, as make builds it, with its symbol table.
+var cliBinary = func() func(t *testing.T) string {
+	var once sync.Once
+	var bin string
+	var err error
+	var out []byte
+	return func(t *testing.T) string {
+		t.Helper()
+		once.Do(func() {
+			if cliBinDir, err = os.MkdirTemp("", "redirect-bin-"); err != nil {
+				return
+			}
+			bin = filepath.Join(cliBinDir, "redirect")
+			build := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
+			build.Env = append(os.Environ(), "CGO_ENABLED=0")
+			out, err = build.CombinedOutput()
+		})
+		if err != nil {
+			t.Fatalf("building redirect: %v\n%s", err, out)
+		}
+		return bin
+	}
+}()
 
 // TestCLIOneP: the redirect binary sets GOMAXPROCS to 1 before os's
 // package initialisation, the first to start goroutines (internal/oneproc):
@@ -263,13 +296,7 @@ func TestMain(m *testing.M) {
 // of its CPU in idle threads woken for nothing. The binary as built runs
 // with GODEBUG=inittrace=1, which prints each package's init in order.
 func TestCLIOneP(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "redirect")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin, "version")
+	cmd := exec.Command(cliBinary(t), "version")
 	cmd.Env = append(os.Environ(), "GODEBUG=inittrace=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
