@@ -93,6 +93,11 @@ type Options struct {
 	// uses it to stop an interrupt from landing between the nftables batch
 	// and the routes that go with it (see cmd/redirect's holdInterrupt).
 	Locked func()
+	// RefuseForeign makes Apply refuse, with a *ForeignError and nothing
+	// written, a namespace that holds another installer's capture (see
+	// Foreign): looked for under the namespace's lock, from the visit the
+	// rules are then written through, so nothing can come in between.
+	RefuseForeign bool
 	// ApplyTimeout, when set, bounds an Apply (Add's included) from when
 	// it starts: a wedged netlink socket must not hang the caller.
 	ApplyTimeout time.Duration
@@ -191,6 +196,15 @@ func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 	}
 	defer v.Close()
 	phase.Mark("entered")
+	if o.RefuseForeign {
+		found, err := pl.foreignIn(v, path, n)
+		if err != nil {
+			return Applied{}, err
+		}
+		if len(found) > 0 {
+			return Applied{}, &ForeignError{Netns: n.Path, Found: found}
+		}
+	}
 	sel, err := pl.choose(ctx, o.backend(), v, path)
 	if err != nil {
 		return Applied{}, unpin(err, path, n)

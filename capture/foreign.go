@@ -22,6 +22,11 @@ func (pl *Pipeline) Foreign(ctx context.Context, n *Netns) ([]string, error) {
 		return nil, unpin(err, path, n)
 	}
 	defer v.Close()
+	return pl.foreignIn(v, path, n)
+}
+
+// foreignIn is Foreign through a visit of n, whose pinned path is path.
+func (pl *Pipeline) foreignIn(v Visit, path string, n *Netns) ([]string, error) {
 	var out []string
 	if pl.k.LegacyAvailable() == nil {
 		pr, err := v.LegacyPresence()
@@ -40,7 +45,8 @@ func (pl *Pipeline) Foreign(ctx context.Context, n *Netns) ([]string, error) {
 }
 
 // ForeignError is Foreign's finding as an error, for the verbs that must
-// not report a pod in sync while another installer's capture is there.
+// not report a pod in sync while another installer's capture is there, and
+// Apply's refusal with RefuseForeign.
 type ForeignError struct {
 	Netns string
 	Found []string

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
@@ -283,37 +282,32 @@ func (v *linuxVisit) NFTPresence() (ours, iptablesNFT bool, err error) {
 
 // NFTForeign lists the tables of Istio's native nftables mode (inet
 // istio-proxy-*) and, where iptables-nft tables exist, their ISTIO_*
-// chains.
+// chains, over the visit's own socket (no second entry into the
+// namespace).
 func (v *linuxVisit) NFTForeign() ([]string, error) {
-	netnsPath := v.path
-	c, err := nftables.New(nftables.WithNetNSFd(v.n.Fd()))
+	tables, err := v.nf.Tables()
 	if err != nil {
-		return nil, fmt.Errorf("looking for foreign capture in %s: %w", netnsPath, err)
-	}
-	defer c.CloseLasting()
-	tables, err := c.ListTables()
-	if err != nil {
-		return nil, fmt.Errorf("listing nftables tables in %s: %w", netnsPath, err)
+		return nil, fmt.Errorf("listing nftables tables in %s: %w", v.path, err)
 	}
 	var out []string
 	xt := false
 	for _, t := range tables {
 		switch {
-		case t.Family == nftables.TableFamilyINet && strings.HasPrefix(t.Name, "istio-proxy-"):
+		case t.Family == unix.NFPROTO_INET && strings.HasPrefix(t.Name, "istio-proxy-"):
 			out = append(out, "nftables table inet "+t.Name)
-		case t.Family == nftables.TableFamilyIPv4 || t.Family == nftables.TableFamilyIPv6:
+		case t.Family == unix.NFPROTO_IPV4 || t.Family == unix.NFPROTO_IPV6:
 			xt = true
 		}
 	}
 	if xt {
-		chains, err := c.ListChains()
+		chains, err := v.nf.Chains()
 		if err != nil {
-			return nil, fmt.Errorf("listing nftables chains in %s: %w", netnsPath, err)
+			return nil, fmt.Errorf("listing nftables chains in %s: %w", v.path, err)
 		}
 		for _, ch := range chains {
-			fam := map[nftables.TableFamily]string{nftables.TableFamilyIPv4: "ipv4", nftables.TableFamilyIPv6: "ipv6"}[ch.Table.Family]
+			fam := map[uint8]string{unix.NFPROTO_IPV4: "ipv4", unix.NFPROTO_IPV6: "ipv6"}[ch.Family]
 			if fam != "" && strings.HasPrefix(ch.Name, "ISTIO_") {
-				out = append(out, "iptables-nft "+fam+" "+ch.Table.Name+" "+ch.Name)
+				out = append(out, "iptables-nft "+fam+" "+ch.Table+" "+ch.Name)
 			}
 		}
 	}

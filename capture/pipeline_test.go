@@ -442,6 +442,45 @@ func TestFakeForeign(t *testing.T) {
 	}
 }
 
+// TestFakeApplyRefuseForeign: with RefuseForeign, Apply looks for another
+// installer's capture in the visit it writes through (one Enter in all)
+// and, finding some, fails with a *ForeignError naming it and writes
+// nothing; without the option, or where nothing is found, it applies.
+func TestFakeApplyRefuseForeign(t *testing.T) {
+	ctx := context.Background()
+	p := scenarios.MustPlan(t, "defaults")
+
+	f, pl, o := fake(t)
+	o.RefuseForeign = true
+	f.SetForeign(podNS, capturetest.Foreign{LegacyChains: []string{"ipv4 nat ISTIO_OUTPUT"}, NFTables: []string{"nftables table inet istio-proxy-nat"}})
+	_, err := pl.Apply(ctx, open(t, pl, podNS), p, o)
+	var fe *capture.ForeignError
+	want := []string{"iptables-legacy ipv4 nat ISTIO_OUTPUT", "nftables table inet istio-proxy-nat"}
+	if !errors.As(err, &fe) || fe.Netns != podNS || !slices.Equal(fe.Found, want) {
+		t.Fatalf("Apply over foreign capture = %v; want a ForeignError in %s naming %v", err, podNS, want)
+	}
+	if got := f.Backends(podNS); len(got) != 0 || len(f.Calls()) != 0 {
+		t.Errorf("the refused Apply wrote: backends %v, calls %v", got, f.Calls())
+	}
+	if n := f.Enters(); n != 1 {
+		t.Errorf("the refused Apply entered the namespace %d times, want 1", n)
+	}
+
+	o.RefuseForeign = false
+	if _, err := pl.Apply(ctx, open(t, pl, podNS), p, o); err != nil {
+		t.Fatalf("Apply without RefuseForeign over foreign capture: %v", err)
+	}
+
+	g, gpl, og := fake(t)
+	og.RefuseForeign = true
+	if _, err := gpl.Apply(ctx, open(t, gpl, podNS), p, og); err != nil {
+		t.Fatalf("Apply with RefuseForeign, nothing foreign: %v", err)
+	}
+	if got := g.Backends(podNS); !slices.Equal(got, []string{capture.NFTables}) || g.Enters() != 1 {
+		t.Errorf("Apply with RefuseForeign, nothing foreign: backends %v after %d visits; want nftables after 1", got, g.Enters())
+	}
+}
+
 // TestFakeDump: the fake shows a namespace as the renderers write it.
 func TestFakeDump(t *testing.T) {
 	ctx := context.Background()

@@ -74,6 +74,27 @@ func (c *Conn) Tables() ([]TableRef, error) {
 	return out, nil
 }
 
+// ChainRef names one nftables chain of a namespace and its table.
+type ChainRef struct {
+	Family uint8 // its table's family
+	Table  string
+	Name   string
+}
+
+// Chains lists every chain of every table of the namespace, in one dump
+// over the lasting connection.
+func (c *Conn) Chains() ([]ChainRef, error) {
+	cs, err := c.cc.ListChains()
+	if err != nil {
+		return nil, fmt.Errorf("dumping chains: %w", err)
+	}
+	out := make([]ChainRef, 0, len(cs))
+	for _, ch := range cs {
+		out = append(out, ChainRef{Family: uint8(ch.Table.Family), Table: ch.Table.Name, Name: ch.Name})
+	}
+	return out, nil
+}
+
 // Close closes the socket.
 func (c *Conn) Close() error { return errors.Join(c.cc.CloseLasting(), c.nf.Close()) }
 

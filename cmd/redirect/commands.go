@@ -132,19 +132,15 @@ before. On failure nothing is left behind. PATH is a netns file such as
 			}
 			defer done()
 			phase.Mark("opened")
-			if !force {
-				foreign, err := pipeline.Foreign(ctx, ns)
-				if err != nil {
-					return failure(err)
-				}
-				if len(foreign) > 0 {
-					return failure(fmt.Errorf("not applying capture rules for %s in %s: istio-cni capture present (%s), and a second capture would act on the same traffic; remove Istio's rules first (uninstall istio-cni, restart the pod), or pass --force to stack ours on them",
-						r.subject, netns, strings.Join(foreign, ", ")))
-				}
-			}
 			start := time.Now()
-			res, err := pipeline.Apply(ctx, ns, p, capture.Options{Backend: backend, RunDir: runDir, Locked: holdInterrupt})
+			// Istio's own capture is looked for by Apply, under the
+			// namespace's lock and in the visit that writes ours.
+			res, err := pipeline.Apply(ctx, ns, p, capture.Options{Backend: backend, RunDir: runDir, Locked: holdInterrupt, RefuseForeign: !force})
 			phase.Mark("applied")
+			if fe := (*capture.ForeignError)(nil); errors.As(err, &fe) {
+				return failure(fmt.Errorf("not applying capture rules for %s in %s: istio-cni capture present (%s), and a second capture would act on the same traffic; remove Istio's rules first (uninstall istio-cni, restart the pod), or pass --force to stack ours on them",
+					r.subject, netns, strings.Join(fe.Found, ", ")))
+			}
 			if err != nil {
 				return failure(fmt.Errorf("applying capture rules for %s in %s: %w", r.subject, netns, err))
 			}

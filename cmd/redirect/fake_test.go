@@ -126,3 +126,30 @@ func TestFakeApplyInspect(t *testing.T) {
 		t.Errorf("a failed apply left:\n%s", d)
 	}
 }
+
+// TestFakeApplyEntersOnce: apply looks for Istio's own capture in the one
+// visit of the namespace that writes the rules (entering a namespace is a
+// thread switch and a set of sockets, most of a short run's kernel work
+// besides the batch), and refuses, writing nothing, when it is there.
+func TestFakeApplyEntersOnce(t *testing.T) {
+	f := withFake(t, netip.MustParseAddr("198.51.100.7"))
+	if code, _, errOut := runCLI(t, "apply", "--netns", fakeNetns, "--run-dir", t.TempDir(), "--defaults"); code != exitOK {
+		t.Fatalf("apply: exit %d: %s", code, errOut)
+	}
+	if n := f.Enters(); n != 1 {
+		t.Errorf("apply entered the namespace %d times, want 1", n)
+	}
+
+	g := withFake(t, netip.MustParseAddr("198.51.100.7"))
+	g.SetForeign(fakeNetns, capturetest.Foreign{IptablesNFT: true, NFTables: []string{"iptables-nft ipv4 nat ISTIO_OUTPUT"}})
+	code, _, errOut := runCLI(t, "apply", "--netns", fakeNetns, "--run-dir", t.TempDir(), "--defaults")
+	if code != exitFailure || !strings.Contains(errOut, "istio-cni capture present (iptables-nft ipv4 nat ISTIO_OUTPUT)") || !strings.Contains(errOut, "--force") {
+		t.Errorf("apply over Istio's capture: exit %d %q; want a refusal naming it and --force", code, errOut)
+	}
+	if d := g.Dump(fakeNetns); d != "" || g.Enters() != 1 {
+		t.Errorf("the refused apply entered %d times and left:\n%s", g.Enters(), d)
+	}
+	if code, _, errOut := runCLI(t, "apply", "--netns", fakeNetns, "--run-dir", t.TempDir(), "--defaults", "--force"); code != exitOK {
+		t.Errorf("apply --force over Istio's capture: exit %d: %s", code, errOut)
+	}
+}

@@ -3,11 +3,15 @@ package main
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/nftmesh/nftmesh/internal/oneproc"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -244,5 +248,70 @@ func TestCLIExitCodesOnce(t *testing.T) {
 		if strings.Contains(help, "3  inspect --pod") || !strings.Contains(help, "Exit codes: see redirect --help") {
 			t.Errorf("%s --help repeats the table or does not point at it:\n%s", c.Name(), help)
 		}
+	}
+}
+
+// TestMain gives the tests the runtime's GOMAXPROCS back: the CLI runs
+// with one P (internal/oneproc, imported by main), its tests need not.
+func TestMain(m *testing.M) {
+	runtime.GOMAXPROCS(oneproc.Procs)
+	code := m.Run()
+	if cliBinDir != "" {
+		os.RemoveAll(cliBinDir)
+	}
+	os.Exit(code)
+}
+
+// cliBinDir holds the binary cliBinary built; TestMain removes it.
+var cliBinDir string
+
+// cliBinary builds the redirect binary once for the tests that look at it
+// as a whole: static, as make builds it, with its symbol table.
+var cliBinary = func() func(t *testing.T) string {
+	var once sync.Once
+	var bin string
+	var err error
+	var out []byte
+	return func(t *testing.T) string {
+		t.Helper()
+		once.Do(func() {
+			if cliBinDir, err = os.MkdirTemp("", "redirect-bin-"); err != nil {
+				return
+			}
+			bin = filepath.Join(cliBinDir, "redirect")
+			build := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
+			build.Env = append(os.Environ(), "CGO_ENABLED=0")
+			out, err = build.CombinedOutput()
+		})
+		if err != nil {
+			t.Fatalf("building redirect: %v\n%s", err, out)
+		}
+		return bin
+	}
+}()
+
+// TestCLIOneP: the redirect binary sets GOMAXPROCS to 1 before os's
+// package initialisation, the first to start goroutines (internal/oneproc):
+// nothing it does runs in parallel, and a second P costs an apply a tenth
+// of its CPU in idle threads woken for nothing. The binary as built runs
+// with GODEBUG=inittrace=1, which prints each package's init in order.
+func TestCLIOneP(t *testing.T) {
+	cmd := exec.Command(cliBinary(t), "version")
+	cmd.Env = append(os.Environ(), "GODEBUG=inittrace=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("redirect version: %v\n%s", err, out)
+	}
+	at := map[string]int{}
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "init" {
+			at[f[1]] = n
+			n++
+		}
+	}
+	one, ok := at["github.com/nftmesh/nftmesh/internal/oneproc"]
+	if osAt, ok2 := at["os"]; !ok || !ok2 || one > osAt {
+		t.Errorf("oneproc initialised at %d (found: %t), os at %d (found: %t): want oneproc first\n%s", one, ok, osAt, ok2, out)
 	}
 }

@@ -32,6 +32,12 @@ func Get() string {
 
 // Line is what `--version` prints: the program, its version, and the Go
 // toolchain and platform it was built with.
-func Line(program string) string {
-	return fmt.Sprintf("%s %s (%s %s/%s)", program, Get(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+func Line(program string) string { return program + " " + Build() }
+
+// Build is the version and the Go toolchain and platform it was built
+// with, "v0.2.0 (go1.26.1 linux/amd64)": Line without the program, for a
+// command line library that prints the program itself (cobra's
+// "redirect version ...").
+func Build() string {
+	return fmt.Sprintf("%s (%s %s/%s)", Get(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }

@@ -40,6 +40,7 @@ type Fake struct {
 	faults       []fault
 	blocks       []*block
 	calls        []string
+	enters       int
 }
 
 // block holds one call of op on backend until released.
@@ -432,7 +433,18 @@ func (f *Fake) Prepare(redirect.Plan) capture.Prepared { return nil }
 // Enter implements capture.Kernel: a visit reads the namespace at path as
 // it is at each call, as the kernel's sockets do.
 func (f *Fake) Enter(_ *capture.Netns, path string, _ capture.Prepared, _ capture.Guard) (capture.Visit, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.enters++
 	return &visit{f: f, path: path}, nil
+}
+
+// Enters counts the visits (Enter) so far. On the running kernel each one
+// is a switch of a thread into the namespace and back, and its sockets.
+func (f *Fake) Enters() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.enters
 }
 
 // visit is a capture.Visit of the fake kernel.
