@@ -24,6 +24,8 @@ type procRun struct {
 	container   string // CNI_CONTAINERID
 	pod, ns     string // from CNI_ARGS K8S_POD_NAME, K8S_POD_NAMESPACE
 	marker      string // the value of chainMarkerEnv: a marked container's process
+	exe         string // base name of its latest exec's executable
+	verb        string // a runc run's command: create, start, delete, ...
 	fork        int64  // the runtime's fork of it
 	exec        int64  // its first exec
 	exit        int64
@@ -53,6 +55,7 @@ type procWatch struct {
 	live    map[int]*procRun
 	runs    []*procRun // exited CNI plugin runs
 	starts  []*procRun // marked containers' execs
+	runcs   []*procRun // exited runc runs
 	missed  int        // execs whose /proc entries were gone before read
 	err     error      // the monitor's end, if it ended early
 	stop    chan struct{}
@@ -116,6 +119,16 @@ func (w *procWatch) handle(ev netlink.ProcEvent) {
 			return
 		}
 		r.execs++
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", r.pid))
+		if err == nil {
+			r.exe = filepath.Base(exe)
+		}
+		if r.exe == "runc" && r.execs == 1 {
+			if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", r.pid)); err == nil {
+				r.verb = runcVerb(strings.Split(string(cmdline), "\x00"))
+			}
+			return
+		}
 		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", r.pid))
 		if err != nil {
 			w.missed++
@@ -135,8 +148,7 @@ func (w *procWatch) handle(ev netlink.ProcEvent) {
 		if r.execs > 1 || vars["CNI_COMMAND"] == "" {
 			return // the front's exec of the standalone plugin keeps the front's name
 		}
-		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", r.pid))
-		if err != nil {
+		if exe == "" {
 			w.missed++
 			return
 		}
@@ -164,6 +176,9 @@ func (w *procWatch) handle(ev netlink.ProcEvent) {
 		if r.command != "" {
 			w.runs = append(w.runs, r)
 		}
+		if r.verb != "" {
+			w.runcs = append(w.runcs, r)
+		}
 	}
 }
 
@@ -178,6 +193,45 @@ func (w *procWatch) snapshot() (runs, starts []procRun, missed int, err error) {
 		starts = append(starts, *s)
 	}
 	return runs, starts, w.missed, w.err
+}
+
+// runcRuns returns copies of the runc runs seen so far.
+func (w *procWatch) runcRuns() []procRun {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]procRun, 0, len(w.runcs))
+	for _, r := range w.runcs {
+		out = append(out, *r)
+	}
+	return out
+}
+
+// pidByExe is a running process of containerd's tree whose latest exec
+// was of an executable named name, or 0.
+func (w *procWatch) pidByExe(name string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for pid, r := range w.live {
+		if r.exe == name {
+			return pid
+		}
+	}
+	return 0
+}
+
+// runcCommands are runc's commands, as its command line names them after
+// the global flags.
+var runcCommands = map[string]bool{"create": true, "start": true, "delete": true, "kill": true, "state": true,
+	"exec": true, "update": true, "pause": true, "resume": true, "ps": true, "events": true, "features": true}
+
+// runcVerb is the command of a runc command line.
+func runcVerb(args []string) string {
+	for _, a := range args[min(1, len(args)):] {
+		if runcCommands[a] {
+			return a
+		}
+	}
+	return "other"
 }
 
 // waitFor polls what was seen until cond holds.
