@@ -25,18 +25,22 @@ const (
 	chainFront = "nftmesh-cni" // the plugin binary the runtime runs
 	// chainOrder is the blocks of plain pods, A without nftmesh-cni in the
 	// chain, B with it (helm install / uninstall between), each block's
-	// pods deleted and gone before the next. Each side's blocks sit at the
-	// same mean position (ABBA twice), so a load that drifts linearly over
-	// the run weighs on both sides alike, and both see the same node: no
-	// other measured pod on it, the agent the only difference.
-	chainOrder = "ABBABAAB"
-	// chainBlockPods are the pods measured whole per block: 4 blocks of 8
+	// pods deleted and gone before the next, so both sides see the same
+	// node: no other measured pod on it, the agent the only difference.
+	// The order is the Thue–Morse sequence: a load that drifts over the
+	// run as a polynomial of degree up to 3 weighs on both sides alike, and
+	// short blocks spread a passing load spike over both.
+	chainOrder = "ABBABAABBAABABBA"
+	// chainBlockPods are the pods measured whole per block: 8 blocks of 4
 	// make 32 per side.
-	chainBlockPods = 8
+	chainBlockPods = 4
 	// chainSettle is the pause after a block's pods are gone and after each
 	// helm install or uninstall, before the next block: the DELs, the
 	// agent's start or stop, and the kubelet's follow-up work end first.
 	chainSettle = 3 * time.Second
+	// chainIdle is how long the agent's idle CPU is read after each
+	// install has settled.
+	chainIdle = 2 * time.Second
 )
 
 // chainPhase is one batch of pods started one after the other, with what the
@@ -122,6 +126,7 @@ func chainTimings(t *testing.T) {
 			t.Error(err)
 		}
 	}()
+	var idle usageDelta // the agent settled, before a block with it
 	setChart := func(on bool) {
 		if on == chartOn {
 			return
@@ -133,6 +138,12 @@ func chainTimings(t *testing.T) {
 		}
 		chartOn = on
 		time.Sleep(chainSettle)
+		if on {
+			// The agent's CPU with no pod changing, for its share per pod.
+			u0 := sampleUsage(w, pids)
+			time.Sleep(chainIdle)
+			idle = idle.add(sampleUsage(w, pids).since(u0))
+		}
 	}
 	var blocks []chainBlock
 	for i, side := range chainOrder {
@@ -223,6 +234,10 @@ func chainTimings(t *testing.T) {
 		}
 	}
 	record("chain: node CPU while the pods started: without %s; with %s", uw.describe(nw), uc.describe(nc))
+	if ia, ca := idle.cpu["agent"], uc.cpu["agent"]; idle.wall > 0 && uc.wall > 0 {
+		record("chain: the agent's CPU: %.1f ms/s idle (%.1fs read), %.1f ms/s while the with blocks' pods started (%.1f ms per pod)",
+			msf(ia)/idle.wall.Seconds(), idle.wall.Seconds(), msf(ca)/uc.wall.Seconds(), msf(ca)/float64(max(nc, 1)))
+	}
 }
 
 func sideName(with bool) string {
