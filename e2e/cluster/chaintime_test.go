@@ -166,6 +166,10 @@ func chainTimings(t *testing.T) {
 			}
 		}
 		blocks = append(blocks, b)
+		// Each block's line now: a later failure keeps them.
+		runs, starts, _, _ := w.snapshot()
+		s := b.ph.summarize(t, runs, starts, w.runcRuns(), with, chainBlockPods)
+		t.Logf("block %d %s: %s; %s", i, sideName(with), s.brief(), b.use.describe(len(ph.created)))
 		if err := c.deletePodsWithin(ctx, ph.ns, chainLabel+"="+name, 3*time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -197,15 +201,16 @@ func chainTimings(t *testing.T) {
 	runcs := w.runcRuns()
 	var sides [2][]*chainPhase
 	var agentMS [2][]float64
-	for i, b := range blocks {
+	for _, b := range blocks {
 		k := 0
 		if b.with {
 			k = 1
 		}
 		sides[k] = append(sides[k], b.ph)
 		agentMS[k] = append(agentMS[k], b.agent...)
-		s := b.ph.summarize(t, runs, starts, runcs, b.with, chainBlockPods)
-		t.Logf("block %d %s: %s; %s", i, sideName(b.with), s.brief(), b.use.describe(len(b.ph.created)))
+	}
+	if n := w.overrunCount(); n > 0 {
+		t.Logf("the kernel dropped process events %d times (ENOBUFS, a busy machine); the pods they touched were measured again", n)
 	}
 	sw := mergePhases("chain-without", sides[0]).summarize(t, runs, starts, runcs, false, chainPods)
 	sc := mergePhases("chain-with", sides[1]).summarize(t, runs, starts, runcs, true, chainPods)
@@ -599,7 +604,7 @@ func (ph *chainPhase) summarize(t *testing.T, runs, starts, runcs []procRun, wit
 		t.Errorf("%s: %d pods measured whole of %d created, want %d", ph.name, s.pods, len(ph.created), want)
 	}
 	if partial > 0 {
-		t.Logf("%s: %d pods not measured whole (an exec's /proc entry gone before it was read)", ph.name, partial)
+		t.Logf("%s: %d pods not measured whole (an exec's /proc entry gone before it was read, or its events dropped)", ph.name, partial)
 	}
 	if len(started) > 0 {
 		s.started = [2]time.Duration{quantile(started, 0.5), quantile(started, 0.99)}

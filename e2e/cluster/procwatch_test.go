@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -51,47 +52,84 @@ const chainMarkerEnv = "NFTMESH_E2E_CHAIN_POD"
 type procWatch struct {
 	root int // containerd's pid
 
-	mu      sync.Mutex
-	live    map[int]*procRun
-	runs    []*procRun // exited CNI plugin runs
-	starts  []*procRun // marked containers' execs
-	runcs   []*procRun // exited runc runs
-	missed  int        // execs whose /proc entries were gone before read
-	err     error      // the monitor's end, if it ended early
-	stop    chan struct{}
-	stopped chan struct{}
+	mu       sync.Mutex
+	live     map[int]*procRun
+	runs     []*procRun // exited CNI plugin runs
+	starts   []*procRun // marked containers' execs
+	runcs    []*procRun // exited runc runs
+	missed   int        // execs whose /proc entries were gone before read
+	overruns int        // times the kernel dropped events (ENOBUFS)
+	err      error      // the monitor's end, if it ended early
+	stop     chan struct{}
+	stopped  chan struct{}
 }
 
 // watchProcs starts following containerd (pid root).
 func watchProcs(root int) (*procWatch, error) {
 	w := &procWatch{root: root, live: map[int]*procRun{}, stop: make(chan struct{}), stopped: make(chan struct{})}
-	ch := make(chan netlink.ProcEvent, 1<<16)
-	errc := make(chan error, 2)
-	if err := netlink.ProcEventMonitor(ch, w.stop, errc); err != nil {
-		return nil, fmt.Errorf("subscribing to the kernel's process events: %w", err)
+	ch, errc, done, err := subscribeProcEvents()
+	if err != nil {
+		return nil, err
 	}
 	go func() {
 		defer close(w.stopped)
+		defer func() { close(done) }()
 		for {
 			select {
+			case <-w.stop:
+				return
 			case ev, ok := <-ch:
 				if !ok {
-					return
+					ch = nil // the monitor ended; its error is on errc
+					continue
 				}
 				w.handle(ev)
 			case err := <-errc:
-				select {
-				case <-w.stop:
-				default:
-					w.mu.Lock()
-					w.err = fmt.Errorf("the process events monitor ended: %w", err)
-					w.mu.Unlock()
+				if errors.Is(err, unix.ENOBUFS) {
+					// The kernel dropped events the socket had no room
+					// for (every process of the machine is reported, and
+					// the machine is shared): the runs they belonged to
+					// are not whole, and chainPhase measures more pods.
+					// Listen again.
+					close(done)
+					var serr error
+					if ch, errc, done, serr = subscribeProcEvents(); serr == nil {
+						w.mu.Lock()
+						w.overruns++
+						w.mu.Unlock()
+						continue
+					}
+					done = make(chan struct{})
+					err = fmt.Errorf("%w; listening again: %w", err, serr)
 				}
+				w.mu.Lock()
+				w.err = fmt.Errorf("the process events monitor ended: %w", err)
+				w.mu.Unlock()
 				return
 			}
 		}
 	}()
 	return w, nil
+}
+
+// subscribeProcEvents listens to the kernel's process events until done is
+// closed; the monitor's end is reported on errc.
+func subscribeProcEvents() (chan netlink.ProcEvent, chan error, chan struct{}, error) {
+	ch := make(chan netlink.ProcEvent, 1<<16)
+	errc := make(chan error, 2)
+	done := make(chan struct{})
+	if err := netlink.ProcEventMonitor(ch, done, errc); err != nil {
+		return nil, nil, nil, fmt.Errorf("subscribing to the kernel's process events: %w", err)
+	}
+	return ch, errc, done, nil
+}
+
+// overrunCount is how often the kernel dropped events and the watch
+// listened again.
+func (w *procWatch) overrunCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.overruns
 }
 
 func (w *procWatch) Stop() {
