@@ -126,7 +126,7 @@ func chainTimings(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	var idle usageDelta // the agent settled, before a block with it
+	var idle, idleAfter usageDelta // the agent settled: after its start, after a block's pods are gone
 	setChart := func(on bool) {
 		if on == chartOn {
 			return
@@ -140,9 +140,7 @@ func chainTimings(t *testing.T) {
 		time.Sleep(chainSettle)
 		if on {
 			// The agent's CPU with no pod changing, for its share per pod.
-			u0 := sampleUsage(w, pids)
-			time.Sleep(chainIdle)
-			idle = idle.add(sampleUsage(w, pids).since(u0))
+			idle = idle.add(readIdle(t, w, pids, "after its start"))
 		}
 	}
 	var blocks []chainBlock
@@ -174,6 +172,9 @@ func chainTimings(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(chainSettle)
+		if with {
+			idleAfter = idleAfter.add(readIdle(t, w, pids, "after a block"))
+		}
 	}
 	setChart(true)
 	injected := c.chainPhase(ctx, t, w, "chain-mesh", chainPods, true, func(name string) *corev1.Pod {
@@ -239,10 +240,21 @@ func chainTimings(t *testing.T) {
 		}
 	}
 	record("chain: node CPU while the pods started: without %s; with %s", uw.describe(nw), uc.describe(nc))
-	if ia, ca := idle.cpu["agent"], uc.cpu["agent"]; idle.wall > 0 && uc.wall > 0 {
-		record("chain: the agent's CPU: %.1f ms/s idle (%.1fs read), %.1f ms/s while the with blocks' pods started (%.1f ms per pod)",
-			msf(ia)/idle.wall.Seconds(), idle.wall.Seconds(), msf(ca)/uc.wall.Seconds(), msf(ca)/float64(max(nc, 1)))
+	if ca := uc.cpu["agent"]; idle.wall > 0 && idleAfter.wall > 0 && uc.wall > 0 {
+		record("chain: the agent's CPU: %.1f ms/s idle after its start (%.1fs read), %.1f ms/s idle after a block (%.1fs read), %.1f ms/s while the with blocks' pods started (%.1f ms per pod)",
+			msf(idle.cpu["agent"])/idle.wall.Seconds(), idle.wall.Seconds(), msf(idleAfter.cpu["agent"])/idleAfter.wall.Seconds(), idleAfter.wall.Seconds(),
+			msf(ca)/uc.wall.Seconds(), msf(ca)/float64(max(nc, 1)))
 	}
+}
+
+// readIdle reads the node's usage over chainIdle with no pod changing, and
+// logs the agent's part.
+func readIdle(t *testing.T, w *procWatch, pids map[string]int, when string) usageDelta {
+	u0 := sampleUsage(w, pids)
+	time.Sleep(chainIdle)
+	d := sampleUsage(w, pids).since(u0)
+	t.Logf("the agent (pid %d) idle %s: %.0f ms CPU in %.1fs", w.pidByExe("nftmesh-agent"), when, msf(d.cpu["agent"]), d.wall.Seconds())
+	return d
 }
 
 func sideName(with bool) string {

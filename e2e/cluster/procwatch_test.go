@@ -245,12 +245,16 @@ func (w *procWatch) runcRuns() []procRun {
 }
 
 // pidByExe is a running process of containerd's tree whose latest exec
-// was of an executable named name, or 0.
+// was of an executable named name, or 0. One whose exit event the kernel
+// dropped is skipped: its /proc entry is gone, or another process's.
 func (w *procWatch) pidByExe(name string) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for pid, r := range w.live {
-		if r.exe == name {
+		if r.exe != name {
+			continue
+		}
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && filepath.Base(exe) == name {
 			return pid
 		}
 	}
