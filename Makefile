@@ -155,9 +155,9 @@ e2e-cluster: image kube-binaries helm pilot-agent
 	$(GO) test -count=1 -v -timeout 25m $(if $(RUN),-run '$(RUN)') ./e2e/cluster/
 
 ## chain-timings: the real chain's figures (docs/performance.md): each
-## plugin's ADD as containerd runs it and pod create → Running, without and
-## with nftmesh-cni, 30 pods each, on the cluster e2e's node. A measurement,
-## so not in `make test`.
+## plugin's ADD as containerd runs it and pod create → app started, without
+## and with nftmesh-cni in interleaved blocks (32 pods each side), then 30
+## injected pods, on the cluster e2e's node. A measurement, so not in `make test`.
 chain-timings: image kube-binaries helm pilot-agent
 	NFTMESH_E2E_CHAIN=1 $(GO) test -count=1 -v -timeout 25m -run 'TestClusterUp|TestPodStartWithoutPlugin|TestChainTimings' ./e2e/cluster/
 

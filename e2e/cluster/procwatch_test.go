@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -24,6 +25,8 @@ type procRun struct {
 	container   string // CNI_CONTAINERID
 	pod, ns     string // from CNI_ARGS K8S_POD_NAME, K8S_POD_NAMESPACE
 	marker      string // the value of chainMarkerEnv: a marked container's process
+	exe         string // base name of its latest exec's executable
+	verb        string // a runc run's command: create, start, delete, ...
 	fork        int64  // the runtime's fork of it
 	exec        int64  // its first exec
 	exit        int64
@@ -49,46 +52,84 @@ const chainMarkerEnv = "NFTMESH_E2E_CHAIN_POD"
 type procWatch struct {
 	root int // containerd's pid
 
-	mu      sync.Mutex
-	live    map[int]*procRun
-	runs    []*procRun // exited CNI plugin runs
-	starts  []*procRun // marked containers' execs
-	missed  int        // execs whose /proc entries were gone before read
-	err     error      // the monitor's end, if it ended early
-	stop    chan struct{}
-	stopped chan struct{}
+	mu       sync.Mutex
+	live     map[int]*procRun
+	runs     []*procRun // exited CNI plugin runs
+	starts   []*procRun // marked containers' execs
+	runcs    []*procRun // exited runc runs
+	missed   int        // execs whose /proc entries were gone before read
+	overruns int        // times the kernel dropped events (ENOBUFS)
+	err      error      // the monitor's end, if it ended early
+	stop     chan struct{}
+	stopped  chan struct{}
 }
 
 // watchProcs starts following containerd (pid root).
 func watchProcs(root int) (*procWatch, error) {
 	w := &procWatch{root: root, live: map[int]*procRun{}, stop: make(chan struct{}), stopped: make(chan struct{})}
-	ch := make(chan netlink.ProcEvent, 1<<16)
-	errc := make(chan error, 2)
-	if err := netlink.ProcEventMonitor(ch, w.stop, errc); err != nil {
-		return nil, fmt.Errorf("subscribing to the kernel's process events: %w", err)
+	ch, errc, done, err := subscribeProcEvents()
+	if err != nil {
+		return nil, err
 	}
 	go func() {
 		defer close(w.stopped)
+		defer func() { close(done) }()
 		for {
 			select {
+			case <-w.stop:
+				return
 			case ev, ok := <-ch:
 				if !ok {
-					return
+					ch = nil // the monitor ended; its error is on errc
+					continue
 				}
 				w.handle(ev)
 			case err := <-errc:
-				select {
-				case <-w.stop:
-				default:
-					w.mu.Lock()
-					w.err = fmt.Errorf("the process events monitor ended: %w", err)
-					w.mu.Unlock()
+				if errors.Is(err, unix.ENOBUFS) {
+					// The kernel dropped events the socket had no room
+					// for (every process of the machine is reported, and
+					// the machine is shared): the runs they belonged to
+					// are not whole, and chainPhase measures more pods.
+					// Listen again.
+					close(done)
+					var serr error
+					if ch, errc, done, serr = subscribeProcEvents(); serr == nil {
+						w.mu.Lock()
+						w.overruns++
+						w.mu.Unlock()
+						continue
+					}
+					done = make(chan struct{})
+					err = fmt.Errorf("%w; listening again: %w", err, serr)
 				}
+				w.mu.Lock()
+				w.err = fmt.Errorf("the process events monitor ended: %w", err)
+				w.mu.Unlock()
 				return
 			}
 		}
 	}()
 	return w, nil
+}
+
+// subscribeProcEvents listens to the kernel's process events until done is
+// closed; the monitor's end is reported on errc.
+func subscribeProcEvents() (chan netlink.ProcEvent, chan error, chan struct{}, error) {
+	ch := make(chan netlink.ProcEvent, 1<<16)
+	errc := make(chan error, 2)
+	done := make(chan struct{})
+	if err := netlink.ProcEventMonitor(ch, done, errc); err != nil {
+		return nil, nil, nil, fmt.Errorf("subscribing to the kernel's process events: %w", err)
+	}
+	return ch, errc, done, nil
+}
+
+// overrunCount is how often the kernel dropped events and the watch
+// listened again.
+func (w *procWatch) overrunCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.overruns
 }
 
 func (w *procWatch) Stop() {
@@ -116,6 +157,16 @@ func (w *procWatch) handle(ev netlink.ProcEvent) {
 			return
 		}
 		r.execs++
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", r.pid))
+		if err == nil {
+			r.exe = filepath.Base(exe)
+		}
+		if r.exe == "runc" && r.execs == 1 {
+			if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", r.pid)); err == nil {
+				r.verb = runcVerb(strings.Split(string(cmdline), "\x00"))
+			}
+			return
+		}
 		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", r.pid))
 		if err != nil {
 			w.missed++
@@ -135,8 +186,7 @@ func (w *procWatch) handle(ev netlink.ProcEvent) {
 		if r.execs > 1 || vars["CNI_COMMAND"] == "" {
 			return // the front's exec of the standalone plugin keeps the front's name
 		}
-		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", r.pid))
-		if err != nil {
+		if exe == "" {
 			w.missed++
 			return
 		}
@@ -164,6 +214,9 @@ func (w *procWatch) handle(ev netlink.ProcEvent) {
 		if r.command != "" {
 			w.runs = append(w.runs, r)
 		}
+		if r.verb != "" {
+			w.runcs = append(w.runcs, r)
+		}
 	}
 }
 
@@ -178,6 +231,49 @@ func (w *procWatch) snapshot() (runs, starts []procRun, missed int, err error) {
 		starts = append(starts, *s)
 	}
 	return runs, starts, w.missed, w.err
+}
+
+// runcRuns returns copies of the runc runs seen so far.
+func (w *procWatch) runcRuns() []procRun {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]procRun, 0, len(w.runcs))
+	for _, r := range w.runcs {
+		out = append(out, *r)
+	}
+	return out
+}
+
+// pidByExe is a running process of containerd's tree whose latest exec
+// was of an executable named name, or 0. One whose exit event the kernel
+// dropped is skipped: its /proc entry is gone, or another process's.
+func (w *procWatch) pidByExe(name string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for pid, r := range w.live {
+		if r.exe != name {
+			continue
+		}
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && filepath.Base(exe) == name {
+			return pid
+		}
+	}
+	return 0
+}
+
+// runcCommands are runc's commands, as its command line names them after
+// the global flags.
+var runcCommands = map[string]bool{"create": true, "start": true, "delete": true, "kill": true, "state": true,
+	"exec": true, "update": true, "pause": true, "resume": true, "ps": true, "events": true, "features": true}
+
+// runcVerb is the command of a runc command line.
+func runcVerb(args []string) string {
+	for _, a := range args[min(1, len(args)):] {
+		if runcCommands[a] {
+			return a
+		}
+	}
+	return "other"
 }
 
 // waitFor polls what was seen until cond holds.

@@ -102,11 +102,12 @@ func TestPodStartWithoutPlugin(t *testing.T) {
 }
 
 // TestChainTimings: what the runtime sees of each plugin of the node's
-// chain, and pod create → Running without and with nftmesh-cni in it
-// (chaintime_test.go). Here, between the baseline and the chart install,
-// it installs the chart once for both. It is a measurement (90 pods one
-// after the other), so like the benchmarks it stays out of `make test`:
-// `make chain-timings` runs it (NFTMESH_E2E_CHAIN=1).
+// chain, and pod create → app started without and with nftmesh-cni in it
+// (chaintime_test.go), in blocks between which it installs and uninstalls
+// the chart; here, between the baseline and TestHelmInstall, it leaves the
+// chart installed. It is a measurement (94 pods one after the other), so
+// like the benchmarks it stays out of `make test`: `make chain-timings`
+// runs it (NFTMESH_E2E_CHAIN=1).
 func TestChainTimings(t *testing.T) {
 	if os.Getenv("NFTMESH_E2E_CHAIN") != "1" {
 		t.Skip("a measurement, not part of `make test`: `make chain-timings` (NFTMESH_E2E_CHAIN=1) runs it")

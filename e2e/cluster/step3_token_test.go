@@ -169,15 +169,17 @@ func (c *Cluster) whoAmI(ctx context.Context, tok string) (user, pod string, err
 	return rev.Status.UserInfo.Username, pod, nil
 }
 
-// pluginLine is the part of a plugin decision line the churn test reads.
+// pluginLine is the part of a plugin decision line the churn test and the
+// chain timings read.
 type pluginLine struct {
-	Time     time.Time `json:"time"`
-	Command  string    `json:"command"`
-	Pod      string    `json:"pod"`
-	Decision string    `json:"decision"`
-	Error    string    `json:"error"`
-	RanBy    string    `json:"ran_by"`
-	Lookup   string    `json:"lookup"`
+	Time       time.Time `json:"time"`
+	Command    string    `json:"command"`
+	Pod        string    `json:"pod"`
+	Decision   string    `json:"decision"`
+	Error      string    `json:"error"`
+	RanBy      string    `json:"ran_by"`
+	Lookup     string    `json:"lookup"`
+	DurationMS float64   `json:"duration_ms"`
 }
 
 // pluginLines reads the node's plugin log (and its rotated part) for the
