@@ -200,7 +200,7 @@ func TestNodePodsListPeakHeap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lw, err := NodePods{Node: "node-1"}.listWatch(client)
+	lw, err := NodePods{Node: "node-1"}.listWatch(client.CoreV1())
 	if err != nil {
 		t.Fatal(err)
 	}

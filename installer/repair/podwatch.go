@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -31,14 +31,19 @@ type NodePods struct {
 }
 
 // Informer builds the informer (not started) of w's pods through client.
-func (w NodePods) Informer(client kubernetes.Interface) (cache.SharedIndexInformer, error) {
+func (w NodePods) Informer(client corev1client.CoreV1Interface) (cache.SharedIndexInformer, error) {
 	lw, err := w.listWatch(client)
 	if err != nil {
 		return nil, err
 	}
 	// As the generated informers do: a client without streaming lists
-	// (client-go's fake clientset) gets a plain list first.
-	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	// (client-go's fake, whose typed clients have no REST client) gets a
+	// plain list first.
+	var semantics any = client
+	if !canStream(client) {
+		semantics = noWatchList{}
+	}
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, semantics), &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	// Only what the agent reads is cached (see SlimPod); a watch event
 	// carries the whole pod.
 	if err := inf.SetTransform(SlimPod); err != nil {
@@ -48,7 +53,7 @@ func (w NodePods) Informer(client kubernetes.Interface) (cache.SharedIndexInform
 }
 
 // listWatch is the informer's list and watch of w's pods through client.
-func (w NodePods) listWatch(client kubernetes.Interface) (*cache.ListWatch, error) {
+func (w NodePods) listWatch(client corev1client.CoreV1Interface) (*cache.ListWatch, error) {
 	if w.Node == "" {
 		return nil, fmt.Errorf("watching a node's pods: no node name")
 	}
@@ -74,10 +79,10 @@ func (w NodePods) listWatch(client kubernetes.Interface) (*cache.ListWatch, erro
 	// A list answer is read a pod at a time (StreamedPodLister) by a
 	// client that can stream (client-go's fake clientset cannot).
 	list := func(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
-		return client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
+		return client.Pods(metav1.NamespaceAll).List(ctx, o)
 	}
-	if rc, ok := client.CoreV1().RESTClient().(*rest.RESTClient); ok && rc != nil {
-		list = StreamedPodLister(rc)
+	if canStream(client) {
+		list = StreamedPodLister(client.RESTClient())
 	}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -94,10 +99,23 @@ func (w NodePods) listWatch(client kubernetes.Interface) (*cache.ListWatch, erro
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			tweak(&o)
-			wi, err := client.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, o)
+			wi, err := client.Pods(metav1.NamespaceAll).Watch(ctx, o)
 			called(ctx, err)
 			return wi, err
 		},
 	}
 	return lw, nil
 }
+
+// canStream says whether client talks to an API server (client-go's fake
+// typed clients have no REST client).
+func canStream(client corev1client.CoreV1Interface) bool {
+	rc, ok := client.RESTClient().(*rest.RESTClient)
+	return ok && rc != nil
+}
+
+// noWatchList tells the reflector that its client serves no streaming
+// lists (client-go's util/watchlist asks this of the client).
+type noWatchList struct{}
+
+func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }
