@@ -394,10 +394,12 @@ func goMemStats(b *testing.B, addr string) map[string]float64 {
 }
 
 // saveHeapProfile writes the agent's heap profile (in use and allocated
-// since start) to path, for go tool pprof.
+// since start) to path, for go tool pprof, after a collection (gc=1), so
+// that in use is what is live now, not at the last collection (which may
+// have run mid-list). It runs after every figure is taken.
 func saveHeapProfile(b *testing.B, addr, path string) {
 	b.Helper()
-	r, err := http.Get("http://" + addr + "/debug/pprof/heap")
+	r, err := http.Get("http://" + addr + "/debug/pprof/heap?gc=1")
 	if err != nil {
 		b.Fatalf("reading the agent's heap profile: %v", err)
 	}
