@@ -206,7 +206,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		// The controller authenticates as the chart's ServiceAccount.
 		c := kubernetes.NewForConfigOrDie(s.ConfigFor(s.TokenFor(t, agentNS, "nftmesh-agent")))
 		m := metrics.New()
-		rcon, err := repair.New(c, cfg.Repair, nil, zerolog.New(io.Discard), m)
+		rcon, err := repair.New(c.CoreV1(), cfg.Repair, nil, zerolog.New(io.Discard), m)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -334,7 +334,7 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		}
 		c := kubernetes.NewForConfigOrDie(s.ConfigFor(s.TokenFor(t, agentNS, "nftmesh-agent")))
 		m := metrics.New()
-		rcon, err := repair.New(c, cfg.Repair, r, zerolog.New(io.Discard), m)
+		rcon, err := repair.New(c.CoreV1(), cfg.Repair, r, zerolog.New(io.Discard), m)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -121,11 +121,11 @@ func TestChartAgentPatchesOnlyItsOwnNode(t *testing.T) {
 	}
 
 	// Another node, with the agent's own token: refused, untouched.
-	if _, err := (&nodetaint.Untainter{Client: agent, Node: "node-2", Key: nodetaint.DefaultKey}).Remove(ctx); !apierrors.IsForbidden(err) {
+	if _, err := (&nodetaint.Untainter{Client: agent.CoreV1(), Node: "node-2", Key: nodetaint.DefaultKey}).Remove(ctx); !apierrors.IsForbidden(err) {
 		t.Errorf("untainting node-2 from node-1's agent: %v, want forbidden", err)
 	}
 	// Its own node with a token bound to no pod: refused.
-	if _, err := (&nodetaint.Untainter{Client: unbound, Node: "node-1", Key: nodetaint.DefaultKey}).Remove(ctx); !apierrors.IsForbidden(err) {
+	if _, err := (&nodetaint.Untainter{Client: unbound.CoreV1(), Node: "node-1", Key: nodetaint.DefaultKey}).Remove(ctx); !apierrors.IsForbidden(err) {
 		t.Errorf("untainting node-1 with an unbound token: %v, want forbidden", err)
 	}
 	// Its own node, but adding a taint or changing a label: refused.
@@ -144,7 +144,7 @@ func TestChartAgentPatchesOnlyItsOwnNode(t *testing.T) {
 		t.Fatalf("node-1 changed by refused requests: %v", got)
 	}
 	// Its own node: our taint goes (both effects), the other stays.
-	n, err := (&nodetaint.Untainter{Client: agent, Node: "node-1", Key: nodetaint.DefaultKey}).Remove(ctx)
+	n, err := (&nodetaint.Untainter{Client: agent.CoreV1(), Node: "node-1", Key: nodetaint.DefaultKey}).Remove(ctx)
 	if err != nil || n != 2 {
 		t.Fatalf("untainting its own node: %d, %v", n, err)
 	}

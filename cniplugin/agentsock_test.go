@@ -116,8 +116,8 @@ func startAgent(t testing.TB, runDir string) *agent {
 	t.Helper()
 	a := &agent{}
 	client := env.api.Client()
-	pods := podcache.NodeInformer(client, testNode)
-	get := podcache.APIGetter(client)
+	pods := podcache.NodeInformer(client.CoreV1(), testNode)
+	get := podcache.APIGetter(client.CoreV1())
 	src := podcache.New(pods.GetIndexer(), pods.HasSynced, func(ctx context.Context, ns, name string) (*corev1.Pod, error) {
 		a.gets.Add(1)
 		return get(ctx, ns, name)

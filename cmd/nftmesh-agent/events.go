@@ -6,7 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nftmesh/nftmesh/installer"
@@ -23,7 +23,7 @@ type podEvents struct {
 	pods cache.Indexer
 }
 
-func newPodEvents(cfg *installer.Config, client kubernetes.Interface) *podEvents {
+func newPodEvents(cfg *installer.Config, client corev1client.CoreV1Interface) *podEvents {
 	if !cfg.PodEvents || client == nil {
 		return nil
 	}

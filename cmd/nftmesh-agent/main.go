@@ -26,7 +26,7 @@ import (
 	"github.com/go-logr/zerologr"
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
@@ -108,7 +108,7 @@ type agent struct {
 	log       zerolog.Logger
 	m         *metrics.Metrics
 	in        *installer.Installer
-	client    kubernetes.Interface
+	client    corev1client.CoreV1Interface
 	repairCtl *repair.Controller
 	events    *podEvents
 	sock      *podSocket
@@ -295,7 +295,7 @@ func goRun(f func() error) <-chan error {
 
 // repairClient talks to the API server as the agent's service account; the
 // token file is re-read, so projected-token rotation needs nothing more.
-func repairClient(cfg *installer.Config) (kubernetes.Interface, error) {
+func repairClient(cfg *installer.Config) (corev1client.CoreV1Interface, error) {
 	if cfg.ServiceAccountDir == "" {
 		return nil, errors.New("the repair controller needs --service-account-dir and an API server")
 	}
@@ -319,7 +319,7 @@ func repairClient(cfg *installer.Config) (kubernetes.Interface, error) {
 			AcceptContentTypes: "application/vnd.kubernetes.protobuf,application/json",
 		},
 	}
-	c, err := kubernetes.NewForConfig(rc)
+	c, err := corev1client.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("building the repair controller's API client: %w", err)
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nftmesh/nftmesh/cniplugin"
@@ -70,7 +70,7 @@ func (s *podSocket) apiCalled(ctx context.Context, err error) {
 //
 // The CNI calls the front hands over are run only while hostNetns is nil:
 // the host's network namespace is then registered to be refused.
-func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl *repair.Controller, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
+func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
 	node := cfg.NodeName
 	if node == "" {
 		node = cfg.Repair.NodeName
@@ -121,7 +121,7 @@ func newPodSocket(cfg *installer.Config, client kubernetes.Interface, repairCtl 
 
 // watchPods takes the repair controller's pod watch when it sees every pod
 // of the node, else sets up the socket's own.
-func (s *podSocket) watchPods(cfg *installer.Config, client kubernetes.Interface, repairCtl *repair.Controller, node string) error {
+func (s *podSocket) watchPods(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, node string) error {
 	if repairCtl != nil && cfg.Repair.NodeName == node {
 		if pods, nodeOnly := repairCtl.PodInformer(); nodeOnly {
 			s.pods = pods

@@ -46,11 +46,11 @@ func TestRepairClientNeverShowsTheToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.CoreV1().Pods("shop").List(context.Background(), metav1.ListOptions{})
+	_, err = c.Pods("shop").List(context.Background(), metav1.ListOptions{})
 	if err == nil || !strings.Contains(err.Error(), "upstream failed") || strings.Contains(err.Error(), "YWdlbnQtc2VjcmV0") {
 		t.Fatalf("err = %v, want the page without the token", err)
 	}
-	_, err = c.CoreV1().Pods("shop").List(context.Background(), metav1.ListOptions{Limit: 1})
+	_, err = c.Pods("shop").List(context.Background(), metav1.ListOptions{Limit: 1})
 	if err == nil || !strings.Contains(err.Error(), "redirect (HTTP 302)") || elsewhere != 0 {
 		t.Fatalf("err = %v, %d requests elsewhere; want the redirect refused", err, elsewhere)
 	}

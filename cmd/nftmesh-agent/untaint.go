@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/nodetaint"
@@ -37,7 +37,7 @@ func canProgramPods(in *installer.Installer, sock *podSocket) func() error {
 
 // untaintNode removes the not-ready taint from this node once ready passes
 // (nothing when turned off, or without an API client or node name).
-func untaintNode(ctx context.Context, cfg *installer.Config, client kubernetes.Interface, ready func() error, log zerolog.Logger) {
+func untaintNode(ctx context.Context, cfg *installer.Config, client corev1client.CoreV1Interface, ready func() error, log zerolog.Logger) {
 	if !cfg.RemoveNodeTaint {
 		return
 	}

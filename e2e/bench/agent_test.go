@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -65,6 +66,7 @@ type agent struct {
 	metrics string // host:port of /readyz and /metrics
 	started time.Time
 	logs    *syncbuf.Buffer
+	pprof   string // host:port of Go's profiles (NFTMESH_BENCH_AGENT_PROFILE only)
 }
 
 // startAgent runs the agent binary as the DaemonSet runs it, with repair in
@@ -100,9 +102,14 @@ func startAgent(b *testing.B, api *kubetest.Server) *agent {
 		"--service-account-dir", sa, "--kube-api-server", api.Host,
 		"--health-addr", a.metrics, "--metrics-addr", a.metrics,
 		"--repair-enabled", "--repair-pods", "--host-proc", "/proc", "--node-name", agentNode)
+	a.cmd.Env = os.Environ()
 	// NFTMESH_BENCH_AGENT_GODEBUG=gctrace=1 shows where the agent's heap goes.
 	if v := os.Getenv("NFTMESH_BENCH_AGENT_GODEBUG"); v != "" {
-		a.cmd.Env = append(os.Environ(), "GODEBUG="+v)
+		a.cmd.Env = append(a.cmd.Env, "GODEBUG="+v)
+	}
+	if env.profileDir != "" {
+		a.pprof = freeAddr(b)
+		a.cmd.Env = append(a.cmd.Env, "NFTMESH_PPROF_ADDR="+a.pprof)
 	}
 	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
 	a.started = time.Now()
@@ -197,6 +204,17 @@ func agentAtScale(b *testing.B) {
 	anon, file := procStatus(b, pid, "RssAnon"), procStatus(b, pid, "RssFile")
 	b.Logf("agent ready with %d node pods listed %v after start; RSS %.1f MiB (anonymous %.1f, file %.1f), peak %.1f MiB; idle CPU %v over %v (%.2f%% of a core)",
 		nodePods, synced.Round(time.Millisecond), float64(rss)/1024, float64(anon)/1024, float64(file)/1024, float64(hwm)/1024, cpu, window.Round(time.Millisecond), share*100)
+	// The Go runtime's own account (the agent's /metrics): the heap in
+	// use, what it holds free but not yet returned to the kernel, the
+	// goroutine stacks, and everything it has mapped.
+	ms := goMemStats(b, a.metrics)
+	b.Logf("agent Go runtime: heap in use %.1f MiB, heap free not released %.1f MiB, stacks %.1f MiB, runtime sys %.1f MiB, next GC at %.1f MiB",
+		ms["go_memstats_heap_inuse_bytes"]/mib, (ms["go_memstats_heap_idle_bytes"]-ms["go_memstats_heap_released_bytes"])/mib,
+		ms["go_memstats_stack_inuse_bytes"]/mib, ms["go_memstats_sys_bytes"]/mib, ms["go_memstats_next_gc_bytes"]/mib)
+	b.ReportMetric(ms["go_memstats_heap_inuse_bytes"]/mib, "heap-inuse-MiB")
+	if a.pprof != "" {
+		saveHeapProfile(b, a.pprof, filepath.Join(env.profileDir, "agent-heap.pprof"))
+	}
 	b.ReportMetric(float64(rss)/1024, "rss-MiB")
 	b.ReportMetric(float64(hwm)/1024, "peak-rss-MiB")
 	b.ReportMetric(share*100, "idle-cpu-%")
@@ -345,6 +363,55 @@ func procCPU(b *testing.B, pid int) time.Duration {
 		b.Fatalf("parsing /proc/%d/stat: %q", pid, data)
 	}
 	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+const mib = 1 << 20
+
+// goMemStats reads the agent's go_memstats_* gauges from its /metrics.
+func goMemStats(b *testing.B, addr string) map[string]float64 {
+	b.Helper()
+	r, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		b.Fatalf("reading the agent's metrics: %v", err)
+	}
+	defer r.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(r.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok || !strings.HasPrefix(name, "go_memstats_") {
+			continue
+		}
+		if v, err := strconv.ParseFloat(val, 64); err == nil {
+			out[name] = v
+		}
+	}
+	if _, ok := out["go_memstats_heap_inuse_bytes"]; !ok {
+		b.Fatalf("the agent's metrics have no go_memstats_heap_inuse_bytes")
+	}
+	return out
+}
+
+// saveHeapProfile writes the agent's heap profile (in use and allocated
+// since start) to path, for go tool pprof, after a collection (gc=1), so
+// that in use is what is live now, not at the last collection (which may
+// have run mid-list). It runs after every figure is taken.
+func saveHeapProfile(b *testing.B, addr, path string) {
+	b.Helper()
+	r, err := http.Get("http://" + addr + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		b.Fatalf("reading the agent's heap profile: %v", err)
+	}
+	defer r.Body.Close()
+	data, err := io.ReadAll(r.Body)
+	if err != nil || r.StatusCode != http.StatusOK {
+		b.Fatalf("reading the agent's heap profile: %v (HTTP %d)", err, r.StatusCode)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("agent heap profile: %s (go tool pprof -sample_index=inuse_space %s)", path, path)
 }
 
 func freeAddr(b *testing.B) string {

@@ -38,6 +38,10 @@ var env struct {
 	agent    string // nftmesh-agent, likewise
 	istioCNI string // Istio's istio-cni from .cache/ (make istio-cni)
 	spawn    string // the spawner that measures a child's peak RSS
+	// profileDir (NFTMESH_BENCH_AGENT_PROFILE) gets the agent's heap
+	// profile; the agent is then built with its profiles served (the
+	// nftmesh_pprof build tag), which the shipped binary is not.
+	profileDir string
 }
 
 func TestMain(m *testing.M) {
@@ -83,6 +87,9 @@ func run(m *testing.M) int {
 	env.dir = dir
 	env.ours = filepath.Join(dir, "bin", "nftmesh-cni")
 	env.agent = filepath.Join(dir, "bin", "nftmesh-agent")
+	if d := os.Getenv("NFTMESH_BENCH_AGENT_PROFILE"); d != "" {
+		env.profileDir, _ = filepath.Abs(d)
+	}
 	return m.Run()
 }
 
@@ -120,8 +127,11 @@ var buildOnce = sync.OnceValue(func() error {
 	// Built as `make build` builds them (static, stripped), so the figures
 	// are the shipped binaries'. The plugin's companion goes next to it,
 	// where the agent takes it from (and the front finds it).
-	build := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=",
-		"-o", filepath.Join(env.dir, "bin")+"/", "../../cmd/nftmesh-cni", "../../cmd/nftmesh-cni-standalone", "../../cmd/nftmesh-agent")
+	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid="}
+	if env.profileDir != "" {
+		args = append(args, "-tags=nftmesh_pprof")
+	}
+	build := exec.Command("go", append(args, "-o", filepath.Join(env.dir, "bin")+"/", "../../cmd/nftmesh-cni", "../../cmd/nftmesh-cni-standalone", "../../cmd/nftmesh-agent")...)
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the binaries: %v\n%s", err, out)

@@ -118,7 +118,7 @@ func TestRepairControllerInPlace(t *testing.T) {
 	}
 	m := metrics.New()
 	var logs syncbuf.Buffer
-	rc, err := repair.New(agent, cfg, r, zerolog.New(&logs), m)
+	rc, err := repair.New(agent.CoreV1(), cfg, r, zerolog.New(&logs), m)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,7 +104,7 @@ func runInPlace(t *testing.T, client *fake.Clientset, node *fakeNode, backend st
 	cfg.Enabled, cfg.RepairPods, cfg.NodeName = true, true, "n1"
 	m := metrics.New()
 	var log lockedLog
-	c, err := repair.New(client, cfg, node.repairer(t, backend), zerolog.New(&log), m)
+	c, err := repair.New(client.CoreV1(), cfg, node.repairer(t, backend), zerolog.New(&log), m)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/util/retry"
 )
 
@@ -33,7 +33,7 @@ const DefaultKey = "cni.istio.io/not-ready"
 
 // Untainter removes every taint with Key (all effects) from Node.
 type Untainter struct {
-	Client kubernetes.Interface
+	Client corev1client.CoreV1Interface
 	Node   string
 	Key    string
 
@@ -52,7 +52,7 @@ func (u *Untainter) Remove(ctx context.Context) (removed int, err error) {
 		return 0, errors.New("removing the node taint: no node name or taint key")
 	}
 	err = retry.OnError(retry.DefaultRetry, lostRace, func() error {
-		node, err := u.Client.CoreV1().Nodes().Get(ctx, u.Node, metav1.GetOptions{})
+		node, err := u.Client.Nodes().Get(ctx, u.Node, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -73,7 +73,7 @@ func (u *Untainter) Remove(ctx context.Context) (removed int, err error) {
 		if u.beforePatch != nil {
 			u.beforePatch()
 		}
-		_, err = u.Client.CoreV1().Nodes().Patch(ctx, u.Node, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: "nftmesh-agent"})
+		_, err = u.Client.Nodes().Patch(ctx, u.Node, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: "nftmesh-agent"})
 		return err
 	})
 	if err != nil {

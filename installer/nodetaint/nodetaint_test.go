@@ -62,7 +62,7 @@ func TestRemoveOnlyOurs(t *testing.T) {
 	newNode(t, c, "node-2", maintenance)
 	newNode(t, c, "node-3", oursNoSchedule)
 
-	u := &Untainter{Client: c, Node: "node-1", Key: DefaultKey}
+	u := &Untainter{Client: c.CoreV1(), Node: "node-1", Key: DefaultKey}
 	n, err := u.Remove(ctx)
 	if err != nil || n != 2 {
 		t.Fatalf("Remove = %d, %v; want 2 removed", n, err)
@@ -74,13 +74,13 @@ func TestRemoveOnlyOurs(t *testing.T) {
 	if n, err := u.Remove(ctx); err != nil || n != 0 {
 		t.Errorf("second Remove = %d, %v; want 0, nil", n, err)
 	}
-	if n, err := (&Untainter{Client: c, Node: "node-2", Key: DefaultKey}).Remove(ctx); err != nil || n != 0 {
+	if n, err := (&Untainter{Client: c.CoreV1(), Node: "node-2", Key: DefaultKey}).Remove(ctx); err != nil || n != 0 {
 		t.Errorf("Remove on a node without the taint = %d, %v", n, err)
 	}
 	if got := taintsOf(t, c, "node-2"); !slices.Equal(got, []string{"example.com/maintenance:NoSchedule"}) {
 		t.Errorf("node-2 taints %v", got)
 	}
-	if n, err := (&Untainter{Client: c, Node: "node-3", Key: DefaultKey}).Remove(ctx); err != nil || n != 1 {
+	if n, err := (&Untainter{Client: c.CoreV1(), Node: "node-3", Key: DefaultKey}).Remove(ctx); err != nil || n != 1 {
 		t.Errorf("Remove on a node with only ours = %d, %v", n, err)
 	}
 	if got := taintsOf(t, c, "node-3"); len(got) != 0 {
@@ -88,7 +88,7 @@ func TestRemoveOnlyOurs(t *testing.T) {
 	}
 	// A custom key (Istio 1.31's configurable name) leaves the default one.
 	newNode(t, c, "node-4", oursNoSchedule, corev1.Taint{Key: "example.com/cni-not-ready", Effect: corev1.TaintEffectNoSchedule})
-	if n, err := (&Untainter{Client: c, Node: "node-4", Key: "example.com/cni-not-ready"}).Remove(ctx); err != nil || n != 1 {
+	if n, err := (&Untainter{Client: c.CoreV1(), Node: "node-4", Key: "example.com/cni-not-ready"}).Remove(ctx); err != nil || n != 1 {
 		t.Errorf("Remove with a custom key = %d, %v", n, err)
 	}
 	if got := taintsOf(t, c, "node-4"); !slices.Equal(got, []string{DefaultKey + ":NoSchedule"}) {
@@ -105,7 +105,7 @@ func TestRemoveKeepsConcurrentEdit(t *testing.T) {
 	ctx := context.Background()
 	newNode(t, c, "node-1", oursNoSchedule, maintenance)
 	races := 0
-	u := &Untainter{Client: c, Node: "node-1", Key: DefaultKey, beforePatch: func() {
+	u := &Untainter{Client: c.CoreV1(), Node: "node-1", Key: DefaultKey, beforePatch: func() {
 		races++
 		if races > 1 {
 			return
@@ -144,7 +144,7 @@ func TestRemoveWhenReady(t *testing.T) {
 		}
 		return nil
 	}
-	u := &Untainter{Client: c, Node: "node-late", Key: DefaultKey}
+	u := &Untainter{Client: c.CoreV1(), Node: "node-late", Key: DefaultKey}
 	var errs []error
 	created := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

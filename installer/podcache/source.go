@@ -20,7 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nftmesh/nftmesh/installer/repair"
@@ -212,7 +212,7 @@ func answer(pod *corev1.Pod) agentsock.Answer {
 
 // NodeInformer is an informer of the pods on node (not empty), paged and
 // slimmed as the agent's own watch is (repair.NodePods).
-func NodeInformer(client kubernetes.Interface, node string) cache.SharedIndexInformer {
+func NodeInformer(client corev1client.CoreV1Interface, node string) cache.SharedIndexInformer {
 	inf, err := repair.NodePods{Node: node}.Informer(client)
 	if err != nil {
 		// Without selectors to parse, only an empty node name fails: a
@@ -224,8 +224,8 @@ func NodeInformer(client kubernetes.Interface, node string) cache.SharedIndexInf
 
 // APIGetter is a GetFunc reading with client (a consistent read: the
 // informer is the cached view already).
-func APIGetter(client kubernetes.Interface) GetFunc {
+func APIGetter(client corev1client.CoreV1Interface) GetFunc {
 	return func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
-		return client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		return client.Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	}
 }

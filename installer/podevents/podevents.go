@@ -17,7 +17,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
@@ -51,9 +50,9 @@ type Recorder struct {
 }
 
 // New starts the broadcaster; Shutdown stops it.
-func New(ctx context.Context, client kubernetes.Interface, node string, lookup func(namespace, name string) *corev1.Pod) *Recorder {
+func New(ctx context.Context, client typedcorev1.CoreV1Interface, node string, lookup func(namespace, name string) *corev1.Pod) *Recorder {
 	b := record.NewBroadcaster(record.WithContext(ctx))
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.Events("")})
 	return &Recorder{
 		b:      b,
 		rec:    b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: Component, Host: node}),

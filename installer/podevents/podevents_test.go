@@ -71,7 +71,7 @@ func TestEventsOnPods(t *testing.T) {
 	cache := map[string]*corev1.Pod{"shop/web-1": web1, "shop/web-2": web2, "shop/web-3": web3}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	r := New(ctx, agent, "node-1", func(ns, name string) *corev1.Pod { return cache[ns+"/"+name] })
+	r := New(ctx, agent.CoreV1(), "node-1", func(ns, name string) *corev1.Pod { return cache[ns+"/"+name] })
 	defer r.Shutdown()
 
 	r.Decision("ADD", "error", "shop", "web-1", "agent", "applying capture for pod shop/web-1: operation not permitted")

@@ -96,7 +96,7 @@ func labelRepairConfig(t *testing.T) Config {
 
 func runController(t *testing.T, client kubernetes.Interface, m *metrics.Metrics, log *lockedBuf) {
 	t.Helper()
-	c, err := New(client, labelRepairConfig(t), nil, zerolog.New(log), m)
+	c, err := New(client.CoreV1(), labelRepairConfig(t), nil, zerolog.New(log), m)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
@@ -81,7 +81,7 @@ const apiOutageLogEvery = time.Minute
 
 // New builds the controller with the strategy of cfg's mode (see
 // NewStrategy; repairer may be nil unless the mode is repair in place).
-func New(client kubernetes.Interface, cfg Config, repairer PodRepairer, log zerolog.Logger, m *metrics.Metrics) (*Controller, error) {
+func New(client corev1client.CoreV1Interface, cfg Config, repairer PodRepairer, log zerolog.Logger, m *metrics.Metrics) (*Controller, error) {
 	s, err := NewStrategy(cfg, client, repairer)
 	if err != nil {
 		return nil, err
@@ -91,7 +91,7 @@ func New(client kubernetes.Interface, cfg Config, repairer PodRepairer, log zero
 
 // NewController builds a controller that watches cfg.NodeName's pods
 // through client and hands the broken ones to s. m may be nil.
-func NewController(client kubernetes.Interface, cfg Config, s Strategy, log zerolog.Logger, m *metrics.Metrics) (*Controller, error) {
+func NewController(client corev1client.CoreV1Interface, cfg Config, s Strategy, log zerolog.Logger, m *metrics.Metrics) (*Controller, error) {
 	if s == nil || s.Mode() == None {
 		return nil, errors.New("repair controller: no repair mode is enabled")
 	}

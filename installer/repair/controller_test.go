@@ -137,7 +137,7 @@ func TestRepairControllerInPlaceBookkeeping(t *testing.T) {
 		"flaky":      errors.New("no network namespace holds the pod's IPs yet"),
 	}}
 	m := metrics.New()
-	c, err := New(client, cfg, fr, testLogger(), m)
+	c, err := New(client.CoreV1(), cfg, fr, testLogger(), m)
 	if err != nil {
 		t.Fatal(err)
 	}

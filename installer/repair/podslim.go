@@ -5,6 +5,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 )
 
 // SlimPod is the node pod informer's transform: it keeps of a pod only what
@@ -51,17 +53,23 @@ func SlimPod(obj any) (any, error) {
 	return out, nil
 }
 
-// slimContainers keeps what the in-mesh decision reads of a container: its
-// name, arguments, restart policy (a native sidecar), environment
-// variables' names and literal values, and the user and group it
-// runs as.
+// slimContainers keeps what the in-mesh decision reads of a container:
+// every container's name (and restart policy, a native sidecar), and of
+// the proxy's (meshpod.ProxyContainer) its arguments, environment
+// variables' names and literal values, and the user and group it runs as.
+// An application's arguments and environment, often the bulk of its
+// container, are read by nothing in the agent.
 func slimContainers(cs []corev1.Container) []corev1.Container {
 	if cs == nil {
 		return nil
 	}
 	out := make([]corev1.Container, len(cs))
 	for i, c := range cs {
-		out[i] = corev1.Container{Name: c.Name, Args: c.Args, RestartPolicy: c.RestartPolicy}
+		out[i] = corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy}
+		if c.Name != meshpod.ProxyContainer {
+			continue
+		}
+		out[i].Args = c.Args
 		if c.Env != nil {
 			// A value from a field or secret is not resolved here (the
 			// decision reads literal values only); the name stays.

@@ -9,7 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -30,7 +31,29 @@ type NodePods struct {
 }
 
 // Informer builds the informer (not started) of w's pods through client.
-func (w NodePods) Informer(client kubernetes.Interface) (cache.SharedIndexInformer, error) {
+func (w NodePods) Informer(client corev1client.CoreV1Interface) (cache.SharedIndexInformer, error) {
+	lw, err := w.listWatch(client)
+	if err != nil {
+		return nil, err
+	}
+	// As the generated informers do: a client without streaming lists
+	// (client-go's fake, whose typed clients have no REST client) gets a
+	// plain list first.
+	var semantics any = client
+	if !canStream(client) {
+		semantics = noWatchList{}
+	}
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, semantics), &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	// Only what the agent reads is cached (see SlimPod); a watch event
+	// carries the whole pod.
+	if err := inf.SetTransform(SlimPod); err != nil {
+		return nil, fmt.Errorf("setting the pod informer's transform: %w", err)
+	}
+	return inf, nil
+}
+
+// listWatch is the informer's list and watch of w's pods through client.
+func (w NodePods) listWatch(client corev1client.CoreV1Interface) (*cache.ListWatch, error) {
 	if w.Node == "" {
 		return nil, fmt.Errorf("watching a node's pods: no node name")
 	}
@@ -53,11 +76,19 @@ func (w NodePods) Informer(client kubernetes.Interface) (cache.SharedIndexInform
 	// Every list and watch call reports its outcome, which says whether
 	// the API is reachable. (The informer's watch error handler would miss
 	// most failures: its streaming list retries them inside the reflector.)
+	// A list answer is read a pod at a time (StreamedPodLister) by a
+	// client that can stream (client-go's fake clientset cannot).
+	list := func(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
+		return client.Pods(metav1.NamespaceAll).List(ctx, o)
+	}
+	if canStream(client) {
+		list = StreamedPodLister(client.RESTClient())
+	}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			tweak(&o)
 			l, err := ListSlimPods(ctx, func(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
-				l, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
+				l, err := list(ctx, o)
 				called(ctx, err)
 				return l, err
 			}, o)
@@ -68,18 +99,23 @@ func (w NodePods) Informer(client kubernetes.Interface) (cache.SharedIndexInform
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			tweak(&o)
-			wi, err := client.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, o)
+			wi, err := client.Pods(metav1.NamespaceAll).Watch(ctx, o)
 			called(ctx, err)
 			return wi, err
 		},
 	}
-	// As the generated informers do: a client without streaming lists
-	// (client-go's fake clientset) gets a plain list first.
-	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	// Only what the agent reads is cached (see SlimPod); a watch event
-	// carries the whole pod.
-	if err := inf.SetTransform(SlimPod); err != nil {
-		return nil, fmt.Errorf("setting the pod informer's transform: %w", err)
-	}
-	return inf, nil
+	return lw, nil
 }
+
+// canStream says whether client talks to an API server (client-go's fake
+// typed clients have no REST client).
+func canStream(client corev1client.CoreV1Interface) bool {
+	rc, ok := client.RESTClient().(*rest.RESTClient)
+	return ok && rc != nil
+}
+
+// noWatchList tells the reflector that its client serves no streaming
+// lists (client-go's util/watchlist asks this of the client).
+type noWatchList struct{}
+
+func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }

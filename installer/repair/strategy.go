@@ -13,7 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 )
 
 // Result is the outcome of handling one broken pod, as the result label of
@@ -85,7 +85,7 @@ var ErrNoInPlaceRepair = errors.New("repair in place (repair.repairPods, --repai
 // NewStrategy returns the strategy for cfg's mode. client is the API the
 // delete and label strategies write to; repairer is needed for repair in
 // place only.
-func NewStrategy(cfg Config, client kubernetes.Interface, repairer PodRepairer) (Strategy, error) {
+func NewStrategy(cfg Config, client corev1client.CoreV1Interface, repairer PodRepairer) (Strategy, error) {
 	switch cfg.Mode() {
 	case InPlace:
 		if repairer == nil {
@@ -164,13 +164,13 @@ func (s *inPlace) Repair(ctx context.Context, pod *corev1.Pod, log zerolog.Logge
 // deletePod deletes the pod so its controller recreates it, this time with
 // the plugin in place.
 type deletePod struct {
-	client kubernetes.Interface
+	client corev1client.CoreV1Interface
 	node   string
 }
 
 // NewDeletePod is Istio's deletePods mode; node names this node in the
 // events it records.
-func NewDeletePod(client kubernetes.Interface, node string) Strategy {
+func NewDeletePod(client corev1client.CoreV1Interface, node string) Strategy {
 	return &deletePod{client: client, node: node}
 }
 
@@ -178,7 +178,7 @@ func (s *deletePod) Mode() Mode { return Delete }
 
 func (s *deletePod) Repair(ctx context.Context, pod *corev1.Pod, log zerolog.Logger) (Result, error) {
 	uid, rv := pod.UID, pod.ResourceVersion
-	err := s.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+	err := s.client.Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 		Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv},
 	})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
@@ -195,14 +195,14 @@ func (s *deletePod) Repair(ctx context.Context, pod *corev1.Pod, log zerolog.Log
 // labelPod marks the pod with a label for an operator or another
 // controller to act on.
 type labelPod struct {
-	client     kubernetes.Interface
+	client     corev1client.CoreV1Interface
 	node       string
 	key, value string
 }
 
 // NewLabelPod is Istio's labelPods mode: it sets key=value on the pod
 // through pods/status.
-func NewLabelPod(client kubernetes.Interface, node, key, value string) Strategy {
+func NewLabelPod(client corev1client.CoreV1Interface, node, key, value string) Strategy {
 	return &labelPod{client: client, node: node, key: key, value: value}
 }
 
@@ -214,7 +214,7 @@ func (s *labelPod) Repair(ctx context.Context, pod *corev1.Pod, log zerolog.Logg
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{s.key: s.value}}})
 	// Through pods/status: the lower privilege Istio uses for this.
-	_, err := s.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+	_, err := s.client.Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
 	if apierrors.IsNotFound(err) {
 		return Skip, nil
 	}
@@ -228,7 +228,7 @@ func (s *labelPod) Repair(ctx context.Context, pod *corev1.Pod, log zerolog.Logg
 
 // recordEvent records a Warning on the pod; failing to record it does not
 // fail the repair.
-func recordEvent(ctx context.Context, client kubernetes.Interface, node string, pod *corev1.Pod, reason, msg string, log zerolog.Logger) {
+func recordEvent(ctx context.Context, client corev1client.CoreV1Interface, node string, pod *corev1.Pod, reason, msg string, log zerolog.Logger) {
 	now := metav1.NewTime(time.Now())
 	ev := &corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: pod.Name + ".", Namespace: pod.Namespace},
@@ -239,7 +239,7 @@ func recordEvent(ctx context.Context, client kubernetes.Interface, node string, 
 		FirstTimestamp: now, LastTimestamp: now,
 		Source: corev1.EventSource{Component: "nftmesh-agent", Host: node},
 	}
-	if _, err := client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	if _, err := client.Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		log.Warn().Err(err).Msg("recording event")
 	}
 }

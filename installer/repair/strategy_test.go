@@ -52,7 +52,7 @@ func healthyPod(name, node string) *corev1.Pod {
 // test ends; its log goes to log.
 func startController(t *testing.T, client *fake.Clientset, cfg Config, s Strategy, m *metrics.Metrics, log *lockedBuf) *Controller {
 	t.Helper()
-	c, err := NewController(client, cfg, s, zerolog.New(log), m)
+	c, err := NewController(client.CoreV1(), cfg, s, zerolog.New(log), m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestRootFreeDeleteAndLabelStrategies(t *testing.T) {
 			client := fake.NewSimpleClientset(meshPod("web", "n1", true), meshPod("plain", "n1", false),
 				healthyPod("healthy", "n1"))
 			cfg := testConfig(mode, "n1")
-			s, err := NewStrategy(cfg, client, nil)
+			s, err := NewStrategy(cfg, client.CoreV1(), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -173,7 +173,7 @@ func TestRootFreeStrategyFailuresCounted(t *testing.T) {
 			cfg := testConfig(tc.mode, "n1")
 			m := metrics.New()
 			var log lockedBuf
-			c, err := New(client, cfg, nil, zerolog.New(&log), m)
+			c, err := New(client.CoreV1(), cfg, nil, zerolog.New(&log), m)
 			if err != nil {
 				t.Fatal(err)
 			}
