@@ -180,10 +180,11 @@ func standalone(stdin []byte, env []string) {
 // all of them on the node's cores at once) are paid by every process. Set
 // in the environment, it holds from the runtime's start, before any
 // goroutine exists; set from the plugin's main it would come after them.
-// BenchmarkBurst's 100 ADDs, alternated in one burst with and without it
-// (the same conditions for both halves, load 15-26 on 2 cores): CPU per
-// ADD 81.9 vs 88.9 ms (-8%; an A/A burst differs by 3%), page faults per
-// ADD 943 vs 1018.
+// Bursts of 100 ADDs as BenchmarkBurst's, half of them with and half
+// without it, alternating ADD by ADD (the same conditions for both halves;
+// load 11-90 on 2 cores, shared): CPU per ADD 81.9 vs 88.9, 88.5 vs 91.1
+// and 75.9 vs 78.2 ms (-8%, -3%, -3%; two halves of one build differed by
+// 3%), page faults per ADD 943 vs 1018 in every run.
 func standaloneEnv(env []string) []string {
 	for _, kv := range env {
 		if len(kv) >= len("GOMAXPROCS=") && kv[:len("GOMAXPROCS=")] == "GOMAXPROCS=" {
