@@ -12,7 +12,8 @@ import "github.com/nftmesh/nftmesh/cniplugin"
 // The //go:debug line above keeps the runtime from starting the goroutine
 // (and thread) that re-reads the cgroup's CPU limit while the process runs:
 // a run lasts milliseconds. (Go reads the cgroup files once at start
-// whatever the settings.) GOMAXPROCS is the runtime's default: the
-// standalone plugin is the fallback path, where start-up microseconds are
-// no reason for a trick (issue 21).
+// whatever the settings.) GOMAXPROCS is 1 when the nftmesh-cni front runs
+// it (it sets GOMAXPROCS=1 in the plugin's environment unless the runtime
+// set one, see its standaloneEnv: the figure is from the 100-ADD burst),
+// the runtime's default when run on its own.
 func main() { cniplugin.Main() }

@@ -108,15 +108,19 @@ func reportAdds(b *testing.B, walls map[string][]time.Duration, reqs map[string]
 const burstSize = 100
 
 // BenchmarkBurst starts burstSize ADDs at once, each into its own fresh
-// netns, and times the whole burst (first start to last exit) and each ADD.
-// One b.N is one burst per plugin, alternating which goes first. Every pod
-// must end up captured.
+// netns, and times the whole burst (first start to last exit) and each ADD,
+// and takes each ADD's CPU (user + system, wait4's rusage of the process
+// the runtime started, which counts the children it waited for: ours is the
+// front and the standalone plugin it became, Istio's its plugin and the
+// iptables processes it runs). One b.N is one burst per plugin, alternating
+// which goes first. Every pod must end up captured.
 func BenchmarkBurst(b *testing.B) {
 	needEnv(b)
 	api := newFakeAPI(b)
 	ps := []plugin{oursPlugin(b, api.url), istioPlugin(b, api.url)}
 	bursts := map[string][]time.Duration{}
 	adds := map[string][]time.Duration{}
+	cpus := map[string][]time.Duration{}
 	reqs := map[string]int64{}
 	for i := 0; b.Loop(); i++ {
 		for j := range ps {
@@ -137,6 +141,7 @@ func BenchmarkBurst(b *testing.B) {
 			time.Sleep(3 * time.Second)
 			before := api.requests.Load()
 			walls := make([]time.Duration, burstSize)
+			cpu := make([]time.Duration, burstSize)
 			var wg sync.WaitGroup
 			gate := make(chan struct{})
 			for k := range ts {
@@ -144,7 +149,8 @@ func BenchmarkBurst(b *testing.B) {
 				go func() {
 					defer wg.Done()
 					<-gate
-					walls[k] = addPod(b, p, ts[k].pod, ts[k].path).wall
+					r := addPod(b, p, ts[k].pod, ts[k].path)
+					walls[k], cpu[k] = r.wall, r.cpu
 				}()
 			}
 			b.StartTimer()
@@ -159,6 +165,7 @@ func BenchmarkBurst(b *testing.B) {
 			reqs[p.name] += api.requests.Load() - before
 			bursts[p.name] = append(bursts[p.name], whole)
 			adds[p.name] = append(adds[p.name], walls...)
+			cpus[p.name] = append(cpus[p.name], cpu...)
 			for _, t := range ts {
 				checkCaptured(b, p, t.name)
 			}
@@ -178,7 +185,21 @@ func BenchmarkBurst(b *testing.B) {
 	b.ReportMetric(pct(adds["nftmesh"], .99), "nftmesh-add-p99-ms")
 	b.ReportMetric(pct(adds["istio"], .5), "istio-add-p50-ms")
 	b.ReportMetric(pct(adds["istio"], .99), "istio-add-p99-ms")
+	b.ReportMetric(meanMS(cpus["nftmesh"]), "nftmesh-add-cpu-mean-ms")
+	b.ReportMetric(meanMS(cpus["istio"]), "istio-add-cpu-mean-ms")
 	b.ReportMetric(float64(reqs["nftmesh"])/float64(len(adds["nftmesh"])), "nftmesh-api-req/add")
 	b.ReportMetric(float64(reqs["istio"])/float64(len(adds["istio"])), "istio-api-req/add")
 	b.ReportMetric(0, "ns/op")
+}
+
+// meanMS is the mean of ds in milliseconds.
+func meanMS(ds []time.Duration) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return float64(sum.Microseconds()) / 1000 / float64(len(ds))
 }
