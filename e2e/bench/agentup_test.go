@@ -161,6 +161,77 @@ func BenchmarkAgentUp(b *testing.B) {
 	reportInProcess(b, data, runs)
 }
 
+// BenchmarkBurstAgentUp starts burstSize ADDs at once on a node whose agent
+// is up (a deployment scaled up onto it, pods rescheduled from a drained
+// node): ours is the front handing each call to the real nftmesh-agent over
+// its socket, the pod from its informer over a real kube-apiserver; Istio's
+// plugin GETs each pod from the same API server. The pods exist, bound to
+// the agent's node, before each burst. Every one of our ADDs must have run
+// in the agent. One b.N is one burst per plugin, alternating which goes
+// first.
+//
+//	go test -run '^$' -bench BurstAgentUp -benchtime 3x -timeout 30m ./e2e/bench/
+func BenchmarkBurstAgentUp(b *testing.B) {
+	needEnv(b)
+	api := kubetest.Start(b)
+	a := startAgent(b, api)
+	a.waitSynced(b)
+	if _, err := os.Stat(filepath.Join(a.runDir, "agent-sock", "cni.sock")); err != nil {
+		b.Fatalf("the agent serves no CNI socket, so the front would run the standalone plugin and this would not measure the agent path: %v\nagent's reason: %s", err, agentRefusal(a.logs.String()))
+	}
+	tok := api.ServiceAccount(b, agentNS, "nftmesh-cni")
+	api.Grant(b, agentNS, "nftmesh-cni", true, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}})
+	conns := countingProxy(b, strings.TrimPrefix(api.Host, "https://"))
+	ours := oursAgentPlugin(b, api, a.runDir, conns.url, tok)
+	ps := []plugin{ours, istioAPIPlugin(b, api, conns.url, tok)}
+	api.EnsureNamespace(b, "shop")
+	f := newBurstFigures()
+	reqs := map[string]int64{}
+	var agentCPU time.Duration
+	for i := 0; b.Loop(); i++ {
+		for j := range ps {
+			p := ps[(i+j)%len(ps)]
+			b.StopTimer()
+			pods := make([]*corev1.Pod, burstSize)
+			for k := range pods {
+				pod := benchPod(b)
+				pod.UID, pod.ResourceVersion, pod.Status = "", "", corev1.PodStatus{}
+				pod.Spec.NodeName = agentNode
+				got, err := api.Client().CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{})
+				if err != nil {
+					b.Fatalf("creating pod: %v", err)
+				}
+				pods[k] = got
+			}
+			time.Sleep(time.Second) // the informer has them: no ADD waits on the watch
+			before, cpuBefore := conns.count.Load(), a.cpu(b)
+			f.run(b, p, pods)
+			b.StopTimer()
+			reqs[p.name] += conns.count.Load() - before
+			if p.name == "nftmesh" {
+				agentCPU += a.cpu(b) - cpuBefore
+			}
+			b.StartTimer()
+		}
+	}
+	b.StopTimer()
+	f.report(b)
+	adds := float64(len(f.adds["nftmesh"]))
+	// The agent's CPU for the bursts, per ADD, on top of the front's.
+	b.ReportMetric(float64(agentCPU.Microseconds())/1000/adds, "nftmesh-agent-cpu-mean-ms")
+	b.ReportMetric(float64(reqs["nftmesh"])/adds, "nftmesh-api-conns/add")
+	b.ReportMetric(float64(reqs["istio"])/float64(len(f.adds["istio"])), "istio-api-conns/add")
+	data, err := os.ReadFile(filepath.Join(ours.runDir, "nftmesh-cni.log"))
+	if err != nil {
+		b.Fatalf("reading our plugin's log: %v", err)
+	}
+	_, ran := agentShare(data, f.ids)
+	b.ReportMetric(float64(ran["nftmesh"])/adds, "nftmesh-ran-by-agent/add")
+	if n := int(adds); ran["nftmesh"] < n {
+		b.Errorf("%d of our %d ADDs ran in the standalone plugin, not the agent: the figures are not the agent path's\nagent's reason: %s", n-ran["nftmesh"], n, agentRefusal(a.logs.String()))
+	}
+}
+
 // agentShare counts, by the plugin that made each call (owner, by
 // container ID), the plugin log's capture decisions whose pod the agent
 // answered (lookup agent) and those the agent ran (ran_by agent).
