@@ -71,28 +71,23 @@ func Probe(netns string) (Presence, error) {
 		return Presence{}, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
 	}
 	defer s.Close()
-	pr, err := probe(s)
+	pr, err := s.Probe()
 	if err != nil {
 		return pr, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
 	}
 	return pr, nil
 }
 
-func probe(s *nsSockets) (Presence, error) {
+// Probe is the package-level Probe on sockets opened by OpenHere: it reads
+// the tables as they are now.
+func (s *Sockets) Probe() (Presence, error) {
 	var pr Presence
 	for _, fam := range allFamilies {
-		for _, name := range []string{"mangle", "nat", "raw"} {
+		for _, name := range readOrder {
 			if !s.tables[fam][name] {
 				continue
 			}
-			var t *table
-			var err error
-			for attempt := 1; ; attempt++ {
-				t, err = readTable(s.fd[fam], layoutFor(fam), name)
-				if !errors.Is(err, unix.EAGAIN) || attempt == maxAttempts {
-					break
-				}
-			}
+			t, err := readTableRetry(s.fd[fam], layoutFor(fam), name)
 			if err != nil {
 				return pr, fmt.Errorf("reading %s table %s: %w", fam, name, err)
 			}

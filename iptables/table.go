@@ -58,7 +58,6 @@ type table struct {
 	info   tableInfo
 	chains []*tchain
 	end    *tentry // the final ERROR entry
-	counts []byte  // counters returned by the replace, indexed by oldIdx
 }
 
 func (t *table) chain(name string) *tchain {
@@ -112,6 +111,17 @@ func readTable(fd int, l *layout, name string) (*table, error) {
 		return nil, fmt.Errorf("parsing %s table %s: %w", l.fam, name, err)
 	}
 	return t, nil
+}
+
+// readTableRetry is readTable, again while another writer changes the
+// table in between (EAGAIN), at most maxAttempts times.
+func readTableRetry(fd int, l *layout, name string) (t *table, err error) {
+	for range maxAttempts {
+		if t, err = readTable(fd, l, name); !errors.Is(err, unix.EAGAIN) {
+			break
+		}
+	}
+	return t, err
 }
 
 // parseTable splits a table blob into chains and resolves jumps. It never
@@ -361,9 +371,9 @@ func setOffsets(l *layout, b []byte, targetOff int) {
 }
 
 // layout orders the chains (builtins by hook, user chains by name), assigns
-// offsets, and returns the entries and the new hook entry / underflow
-// offsets. Jump verdicts are patched into copies of the entries.
-func (t *table) layout() (blob []byte, n int, hookEntry, underflow [numHooks]uint32, err error) {
+// offsets, and returns the entries in that order, their blob with jump
+// verdicts patched in, and the new hook entry / underflow offsets.
+func (t *table) layout() (blob []byte, order []*tentry, hookEntry, underflow [numHooks]uint32, err error) {
 	slices.SortStableFunc(t.chains, func(a, b *tchain) int {
 		switch {
 		case a.hook >= 0 && b.hook >= 0:
@@ -375,7 +385,6 @@ func (t *table) layout() (blob []byte, n int, hookEntry, underflow [numHooks]uin
 		}
 		return strings.Compare(a.name, b.name)
 	})
-	var order []*tentry
 	for _, c := range t.chains {
 		if c.head != nil {
 			order = append(order, c.head)
@@ -406,13 +415,13 @@ func (t *table) layout() (blob []byte, n int, hookEntry, underflow [numHooks]uin
 		case e.jumpChain != "":
 			c := t.chain(e.jumpChain)
 			if c == nil || c.hook >= 0 {
-				return nil, 0, hookEntry, underflow, fmt.Errorf("table %s: jump to missing user chain %s", t.name, e.jumpChain)
+				return nil, nil, hookEntry, underflow, fmt.Errorf("table %s: jump to missing user chain %s", t.name, e.jumpChain)
 			}
 			dst = c.start()
 		case e.jumpTo != nil:
 			dst = e.jumpTo
 			if !slices.Contains(order, dst) {
-				return nil, 0, hookEntry, underflow, fmt.Errorf("table %s: a kept rule jumps into a removed entry", t.name)
+				return nil, nil, hookEntry, underflow, fmt.Errorf("table %s: a kept rule jumps into a removed entry", t.name)
 			}
 		default:
 			continue
@@ -420,14 +429,14 @@ func (t *table) layout() (blob []byte, n int, hookEntry, underflow [numHooks]uin
 		to := int(hostEndian.Uint16(e.raw[t.l.tgtOffOff:]))
 		hostEndian.PutUint32(blob[start+to+xtMatchHdrLen:], uint32(dst.off))
 	}
-	return blob, len(order), hookEntry, underflow, nil
+	return blob, order, hookEntry, underflow, nil
 }
 
 // replace writes the table with IPT_SO_SET_REPLACE, passing the number of
 // entries we read (the kernel answers EAGAIN if the table changed since),
 // then restores the counters of the entries we kept.
 func (t *table) replace(fd int) error {
-	blob, n, hookEntry, underflow, err := t.layout()
+	blob, order, hookEntry, underflow, err := t.layout()
 	if err != nil {
 		return err
 	}
@@ -436,7 +445,7 @@ func (t *table) replace(fd int) error {
 	b := make([]byte, replaceHdrLen+len(blob))
 	copy(b[:xtTableMaxNameLen-1], t.name)
 	hostEndian.PutUint32(b[32:], t.info.validHooks)
-	hostEndian.PutUint32(b[36:], uint32(n))
+	hostEndian.PutUint32(b[36:], uint32(len(order)))
 	hostEndian.PutUint32(b[40:], uint32(len(blob)))
 	for h := 0; h < numHooks; h++ {
 		hostEndian.PutUint32(b[44+4*h:], hookEntry[h])
@@ -453,42 +462,28 @@ func (t *table) replace(fd int) error {
 		}
 		return fmt.Errorf("replacing %s table %s: %w", t.l.fam, t.name, err)
 	}
-	t.counts = counters
-	t.addCounters(fd, n)
+	t.addCounters(fd, order, counters)
 	return nil
 }
 
-// addCounters gives kept entries back the packet/byte counts they had, as
-// libiptc does after a replace. Best effort: if another writer replaced the
-// table in between, the kernel refuses and the counts start from zero.
-func (t *table) addCounters(fd, n int) {
-	b := make([]byte, countersInfoHd+n*counterLen)
+// addCounters gives the entries of order that were kept the packet/byte
+// counts old (the replaced table's, by oldIdx) had for them, as libiptc
+// does after a replace. Best effort: if another writer replaced the table
+// in between, the kernel refuses and the counts start from zero.
+func (t *table) addCounters(fd int, order []*tentry, old []byte) {
+	b := make([]byte, countersInfoHd+len(order)*counterLen)
 	any := false
-	i := 0
-	each := func(e *tentry) {
-		if e.oldIdx >= 0 && (e.oldIdx+1)*counterLen <= len(t.counts) {
-			c := t.counts[e.oldIdx*counterLen : (e.oldIdx+1)*counterLen]
+	for i, e := range order {
+		if e.oldIdx >= 0 && (e.oldIdx+1)*counterLen <= len(old) {
+			c := old[e.oldIdx*counterLen : (e.oldIdx+1)*counterLen]
 			copy(b[countersInfoHd+i*counterLen:], c)
-			for _, x := range c {
-				any = any || x != 0
-			}
+			any = any || !allZero(c)
 		}
-		i++
 	}
-	for _, c := range t.chains {
-		if c.head != nil {
-			each(c.head)
-		}
-		for _, e := range c.rules {
-			each(e)
-		}
-		each(c.tail)
-	}
-	each(t.end)
 	if !any {
 		return
 	}
 	copy(b[:xtTableMaxNameLen-1], t.name)
-	hostEndian.PutUint32(b[32:], uint32(n))
+	hostEndian.PutUint32(b[32:], uint32(len(order)))
 	_ = setsockopt(fd, t.l.sockLevel, soSetAddCounters, b)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -111,15 +112,12 @@ const (
 // kernel supports.
 type encoder struct {
 	l    *layout
-	revs map[string]uint8 // extension name -> chosen revision (targets prefixed "T:")
+	revs map[string]uint8 // target name -> chosen revision (see chooseRevisions)
 }
 
-func (e *encoder) rev(target bool, name string, def uint8) uint8 {
-	key := name
-	if target {
-		key = "T:" + name
-	}
-	if r, ok := e.revs[key]; ok {
+// rev is the chosen revision of a target, def when none was chosen.
+func (e *encoder) rev(name string, def uint8) uint8 {
+	if r, ok := e.revs[name]; ok {
 		return r
 	}
 	return def
@@ -166,7 +164,7 @@ func (e *encoder) match(m xmatch) ([]byte, error) {
 			hostEndian.PutUint16(d[148:], xtConntrackStat)
 		}
 		hostEndian.PutUint16(d[150:], uint16(m.states))
-		return extBlob("conntrack", e.rev(false, "conntrack", 3), d), nil
+		return extBlob("conntrack", 3, d), nil
 	case mComment:
 		if len(m.text) >= commentLen {
 			return nil, fmt.Errorf("comment of %d bytes exceeds %d", len(m.text), commentLen-1)
@@ -275,7 +273,7 @@ func (e *encoder) target(t xtarget) ([]byte, error) {
 		d := make([]byte, connmarkTgLen)
 		hostEndian.PutUint32(d[4:], t.ctmask)
 		hostEndian.PutUint32(d[8:], t.nfmask)
-		rev := e.rev(true, "CONNMARK", 2)
+		rev := e.rev("CONNMARK", 2)
 		if rev >= 2 {
 			d[14] = t.mode
 		} else {
@@ -285,7 +283,7 @@ func (e *encoder) target(t xtarget) ([]byte, error) {
 	case tCT:
 		d := make([]byte, ctTgLen)
 		hostEndian.PutUint16(d[2:], t.zone)
-		return extBlob("CT", e.rev(true, "CT", 2), d), nil
+		return extBlob("CT", e.rev("CT", 2), d), nil
 	}
 	return nil, fmt.Errorf("no encoder for target %T", t)
 }
@@ -484,13 +482,10 @@ func (e rawEntry) comment() (string, bool) {
 // unconditional reports an all-zero ip header and no matches (a chain
 // policy or a user chain's trailing RETURN).
 func (e rawEntry) unconditional(l *layout) bool {
-	for _, c := range e.b[:l.nfcacheOff] {
-		if c != 0 {
-			return false
-		}
-	}
-	return len(e.matches) == 0
+	return allZero(e.b[:l.nfcacheOff]) && len(e.matches) == 0
 }
+
+func allZero(b []byte) bool { return !slices.ContainsFunc(b, func(c byte) bool { return c != 0 }) }
 
 // decodeRule turns one of our entries back into an xrule. Jump targets are
 // resolved by the caller (jump names the chain, filled from the verdict).
@@ -723,7 +718,7 @@ func decodeTarget(l *layout, e rawEntry) (xtarget, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !bytes.Equal(d[8:24], make([]byte, 16)) {
+		if !allZero(d[8:24]) {
 			return nil, fmt.Errorf("%w: TPROXY --on-ip", errNotOurs)
 		}
 		return tTProxy{mask: hostEndian.Uint32(d), mark: hostEndian.Uint32(d[4:]), port: binary.BigEndian.Uint16(d[24:])}, nil
@@ -754,7 +749,7 @@ func decodeTarget(l *layout, e rawEntry) (xtarget, error) {
 		if err != nil {
 			return nil, err
 		}
-		if hostEndian.Uint16(d) != 0 || !bytes.Equal(d[4:60], make([]byte, 56)) {
+		if hostEndian.Uint16(d) != 0 || !allZero(d[4:60]) {
 			return nil, fmt.Errorf("%w: CT options besides --zone", errNotOurs)
 		}
 		return tCT{zone: hostEndian.Uint16(d[2:])}, nil
