@@ -43,12 +43,8 @@ var builtinHooks = map[string][]int{
 }
 
 func hookOf(chain string) (int, bool) {
-	for h, n := range hookChainNames {
-		if n == chain {
-			return h, true
-		}
-	}
-	return 0, false
+	h := slices.Index(hookChainNames[:], chain)
+	return h, h >= 0
 }
 
 // xrule is one x_tables rule: the fixed ip header part, matches, a target.
@@ -169,16 +165,11 @@ func lowerPlan(p redirect.Plan, fam redirect.Family) ([]xtable, error) {
 				any = true
 			}
 			if _, builtin := hookOf(c.Name); builtin {
-				found := false
-				for i := range xt.chains {
-					if xt.chains[i].name == c.Name {
-						xt.chains[i].rules = append(xt.chains[i].rules, rules...)
-						found = true
-					}
-				}
-				if !found {
+				i := slices.IndexFunc(xt.chains, func(x xchain) bool { return x.name == c.Name })
+				if i < 0 {
 					return nil, fmt.Errorf("lowering plan: table %s has no builtin chain %s", t.Name, c.Name)
 				}
+				xt.chains[i].rules = append(xt.chains[i].rules, rules...)
 				continue
 			}
 			if !strings.HasPrefix(c.Name, ourChainPref) || len(c.Name) > maxChainName {

@@ -128,16 +128,10 @@ func (m mMark) save(b *strings.Builder) {
 	if m.conn {
 		name = "connmark"
 	}
-	fmt.Fprintf(b, " -m %s%s --mark %s", name, bang(m.inv), markMask(m.value, m.mask))
-}
-
-// markMask prints mark[/mask] as libxt_mark does: the mask only when it is
-// not all ones.
-func markMask(v, mask uint32) string {
-	if mask == 0xffffffff {
-		return fmt.Sprintf("0x%x", v)
+	fmt.Fprintf(b, " -m %s%s --mark 0x%x", name, bang(m.inv), m.value)
+	if m.mask != 0xffffffff { // libxt_mark prints a mask that is not all ones
+		fmt.Fprintf(b, "/0x%x", m.mask)
 	}
-	return fmt.Sprintf("0x%x/0x%x", v, mask)
 }
 
 // ctStateNames is libxt_conntrack's print order.
@@ -168,28 +162,16 @@ func (m mComment) save(b *strings.Builder) {
 // saveString quotes like xtables_save_string: bare when only letters,
 // digits, '-' and '_', else in double quotes with '"' and '\' escaped.
 func saveString(s string) string {
-	bare := s != ""
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			bare = false
-			break
-		}
+	special := func(c rune) bool {
+		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_')
 	}
-	if bare {
+	if s != "" && !strings.ContainsFunc(s, special) {
 		return s
 	}
-	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		if s[i] == '"' || s[i] == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	b.WriteByte('"')
-	return b.String()
+	return `"` + saveEscaper.Replace(s) + `"`
 }
+
+var saveEscaper = strings.NewReplacer(`"`, `\"`, `\`, `\\`)
 
 func (t tVerdict) save(b *strings.Builder, _ redirect.Family) {
 	switch t.v {

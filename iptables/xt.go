@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 
@@ -316,8 +317,7 @@ func (e *encoder) entry(r xrule) ([]byte, error) {
 			return fmt.Errorf("address %s in an %s entry", p, l.fam)
 		}
 		copy(hdr[at:], p.Addr().AsSlice())
-		mask := netip.PrefixFrom(allOnes(l.addrLen), p.Bits()).Masked().Addr().AsSlice()
-		copy(hdr[at+2*l.addrLen:], mask)
+		copy(hdr[at+2*l.addrLen:], net.CIDRMask(p.Bits(), 8*l.addrLen))
 		return nil
 	}
 	if err := put(0, r.src); err != nil {
@@ -373,12 +373,6 @@ func (e *encoder) entry(r xrule) ([]byte, error) {
 	}
 	hostEndian.PutUint16(body[l.tgtOffOff+2:], uint16(len(body)))
 	return body, nil
-}
-
-func allOnes(n int) netip.Addr {
-	b := bytes.Repeat([]byte{0xff}, n)
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }
 
 // putIface stores a name and its mask as xtables_parse_interface does: a
@@ -501,8 +495,8 @@ func decodeRule(l *layout, e rawEntry) (xrule, error) {
 			}
 			return netip.Prefix{}, nil
 		}
-		bits := maskBits(m.AsSlice())
-		if bits < 0 {
+		bits, size := net.IPMask(m.AsSlice()).Size()
+		if size == 0 {
 			return netip.Prefix{}, fmt.Errorf("non-contiguous address mask %s", m)
 		}
 		return netip.PrefixFrom(a, bits), nil
@@ -539,24 +533,6 @@ func decodeRule(l *layout, e rawEntry) (xrule, error) {
 	}
 	r.target, err = decodeTarget(l, e)
 	return r, err
-}
-
-// maskBits returns the prefix length of a contiguous mask, or -1.
-func maskBits(m []byte) int {
-	bits, zero := 0, false
-	for _, c := range m {
-		for i := 7; i >= 0; i-- {
-			switch {
-			case c&(1<<i) == 0:
-				zero = true
-			case zero:
-				return -1
-			default:
-				bits++
-			}
-		}
-	}
-	return bits
 }
 
 func need(m []byte, n int, what string) ([]byte, error) {
