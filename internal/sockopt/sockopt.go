@@ -1,11 +1,9 @@
 // Package sockopt reads and sets the socket options a stand-in for Envoy
-// needs: SO_ORIGINAL_DST (where a connection was going before a REDIRECT)
-// and IP_TRANSPARENT (to accept connections a TPROXY rule delivers to a
-// socket that does not own the destination address).
-//
-// It is shared by the real-traffic lab (netlab) and the stand-in
-// proxy the cluster end-to-end test runs in place of Envoy, so both read
-// original destinations the same way. It owns no sockets and never logs.
+// needs: SO_ORIGINAL_DST (where a connection was going before a REDIRECT),
+// IP_TRANSPARENT (to accept connections a TPROXY rule delivers to a socket
+// that does not own the destination address) and IP_PKTINFO. netlab and the
+// cluster end-to-end stand-in share it, so both read original destinations
+// the same way. It owns no sockets and never logs.
 package sockopt
 
 import (
@@ -24,21 +22,19 @@ import (
 // IP6T_SO_ORIGINAL_DST (IPv6, level SOL_IPV6): both 80.
 const soOriginalDst = 80
 
-// ErrNoOriginalDst is returned by OriginalDst when conntrack does not track
-// the connection, so the kernel knows no destination other than the
-// socket's local address.
-var ErrNoOriginalDst = errors.New("connection has no original destination (not redirected)")
-
-// OriginalDst reads SO_ORIGINAL_DST of an accepted TCP connection: the
-// destination before a REDIRECT (nat) rule changed it. The address family
-// follows the connection's local address; IPv4-mapped addresses are
-// unmapped.
-func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
+// Destination is where an accepted TCP connection was going:
+// SO_ORIGINAL_DST, which conntrack answers for every tracked connection
+// (after a REDIRECT the destination before it; without NAT, as after
+// TPROXY, the local address), or the local address when conntrack does not
+// track the connection (ENOENT). The address family follows the local
+// address; IPv4-mapped addresses are unmapped.
+func Destination(c *net.TCPConn) (netip.AddrPort, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("reading SO_ORIGINAL_DST: %w", err)
 	}
-	v6 := AddrPort(c.LocalAddr()).Addr().Is6()
+	local := AddrPort(c.LocalAddr())
+	v6 := local.Addr().Is6()
 	// A struct sockaddr_in or sockaddr_in6, the port in network order.
 	var sa [unix.SizeofSockaddrInet6]byte
 	var serr error
@@ -57,7 +53,7 @@ func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
 		return netip.AddrPort{}, fmt.Errorf("reading SO_ORIGINAL_DST: %w", cerr)
 	}
 	if errors.Is(serr, unix.ENOENT) {
-		return netip.AddrPort{}, ErrNoOriginalDst
+		return local, nil
 	}
 	if serr != nil {
 		return netip.AddrPort{}, fmt.Errorf("reading SO_ORIGINAL_DST: %w", serr)
@@ -67,18 +63,6 @@ func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
 		return netip.AddrPortFrom(netip.AddrFrom16([16]byte(sa[8:24])).Unmap(), port), nil
 	}
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(sa[4:8])), port), nil
-}
-
-// Destination is where an accepted connection was going: SO_ORIGINAL_DST,
-// which conntrack answers for every tracked connection (after a REDIRECT the
-// destination before it; without NAT, as after TPROXY, the local address),
-// or the local address when conntrack does not track the connection.
-func Destination(c *net.TCPConn) (netip.AddrPort, error) {
-	orig, err := OriginalDst(c)
-	if errors.Is(err, ErrNoOriginalDst) {
-		return AddrPort(c.LocalAddr()), nil
-	}
-	return orig, err
 }
 
 // Transparent is a net.ListenConfig Control function that sets
