@@ -49,7 +49,6 @@ var allFamilies = []redirect.Family{redirect.FamilyIPv4, redirect.FamilyIPv6}
 // namespace makes iptables-save print mangle, nat, raw, as Render does.
 var ourTables = []string{"raw", "nat", "mangle"}
 
-// readOrder is the order List and Probe read tables in.
 var readOrder = []string{"mangle", "nat", "raw"}
 
 // maxAttempts bounds the re-read/re-write loop when another writer changes
@@ -68,9 +67,8 @@ func (b *Backend) encoder(fd int, fam redirect.Family) *encoder {
 	return &encoder{l: l, revs: r}
 }
 
-// Apply implements redirect.Backend. Each table is replaced whole, keeping
-// every entry that is not ours; tables are written one after the other, and
-// if one fails the ones already written are put back as they were.
+// Apply implements redirect.Backend: each table is replaced whole, keeping
+// every entry that is not ours (see rewrite, which rolls back on failure).
 func (b *Backend) Apply(ctx context.Context, netns string, p redirect.Plan) error {
 	if err := p.Verify(); err != nil {
 		return fmt.Errorf("applying plan to netns %s: %w", netns, err)

@@ -119,7 +119,6 @@ const (
 	xtConnmarkRestore = 2
 )
 
-// xchain is one chain of a lowered table.
 type xchain struct {
 	name    string
 	builtin bool
@@ -240,7 +239,6 @@ func (lw *lowering) setAddr(x *xrule, src bool, pr netip.Prefix, inv bool) error
 	return nil
 }
 
-// addMatch appends a match to the base rule.
 func (lw *lowering) addMatch(m xmatch) { lw.base.matches = append(lw.base.matches, m) }
 
 // alternatives makes each of ms one alternative of the rule, in place of a
@@ -252,8 +250,6 @@ func (lw *lowering) alternatives(ms []xmatch) {
 	lw.addMatch(nil)
 }
 
-// tcpOrUDP reports whether the protocol matched so far is tcp or udp, and
-// whether it is udp.
 func (lw *lowering) tcpOrUDP() (ok, udp bool) {
 	ok = lw.haveProto && (lw.proto == redirect.ProtoTCP || lw.proto == redirect.ProtoUDP)
 	return ok, lw.proto == redirect.ProtoUDP

@@ -11,12 +11,10 @@ import (
 // Render prints the Plan's rules for one family in iptables-save syntax,
 // exactly as iptables-legacy-save (FamilyIPv4) or ip6tables-legacy-save
 // (FamilyIPv6) prints a fresh network namespace after Apply, minus the
-// "# Generated/Completed" comment lines. Tables come in the order the Plan
-// lists them (mangle, nat, raw); Apply instantiates them so that
-// iptables-save lists them in the same order (the kernel lists tables newest
-// first, so in a namespace where some table already existed the order of
-// whole tables may differ; each table's text does not). A family with no
-// rules renders as the empty string.
+// "# Generated/Completed" comment lines; a family with no rules renders as
+// "". Tables come in the Plan's order (mangle, nat, raw), as Apply makes a
+// fresh namespace list them (see ourTables); where a table already existed
+// the order of whole tables may differ, each table's text does not.
 func Render(p redirect.Plan, family redirect.Family) (string, error) {
 	tables, err := lowerPlan(p, family)
 	if err != nil {

@@ -3,6 +3,7 @@ package iptables
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -93,24 +94,12 @@ func (s *Sockets) Probe() (Presence, error) {
 			}
 			mine := t.ourChains()
 			for _, c := range t.chains {
-				if c.hook < 0 {
-					if mine[c.name] {
-						pr.Ours = true
-					} else if ourChain(c.name) {
-						pr.Foreign = append(pr.Foreign, fam.String()+" "+name+" "+c.name)
-					}
-					if name != "raw" {
-						pr.NatOrMangleRules = true
-					}
+				user := c.hook < 0
+				if user && !mine[c.name] && ourChain(c.name) {
+					pr.Foreign = append(pr.Foreign, fam.String()+" "+name+" "+c.name)
 				}
-				for _, e := range c.rules {
-					if ours(e) {
-						pr.Ours = true
-					}
-					if name != "raw" {
-						pr.NatOrMangleRules = true
-					}
-				}
+				pr.Ours = pr.Ours || user && mine[c.name] || slices.ContainsFunc(c.rules, ours)
+				pr.NatOrMangleRules = pr.NatOrMangleRules || name != "raw" && (user || len(c.rules) > 0)
 			}
 		}
 	}

@@ -51,7 +51,6 @@ func (c *tchain) start() *tentry {
 	return c.tail
 }
 
-// table is a parsed x_tables table.
 type table struct {
 	name   string
 	l      *layout
@@ -75,10 +74,6 @@ func getInfo(fd int, l *layout, name string) (tableInfo, error) {
 	if _, err := getsockopt(fd, l.sockLevel, soGetInfo, b); err != nil {
 		return tableInfo{}, fmt.Errorf("reading %s table %s info: %w", l.fam, name, err)
 	}
-	return parseInfo(b), nil
-}
-
-func parseInfo(b []byte) tableInfo {
 	var in tableInfo
 	in.validHooks = hostEndian.Uint32(b[32:])
 	for h := 0; h < numHooks; h++ {
@@ -87,7 +82,7 @@ func parseInfo(b []byte) tableInfo {
 	}
 	in.numEntries = hostEndian.Uint32(b[76:])
 	in.size = hostEndian.Uint32(b[80:])
-	return in
+	return in, nil
 }
 
 // readTable reads and parses one table. The table changing between the
@@ -143,14 +138,18 @@ func parseTable(l *layout, name string, info tableInfo, blob []byte) (*table, er
 	if err != nil {
 		return nil, err
 	}
+	builtins := 0
 	for i := 0; i < len(ents)-1; {
 		var c *tchain
 		if c, i, err = nextChain(l, info, ents, byOff, hookAt, i); err != nil {
 			return nil, err
 		}
+		if c.hook >= 0 {
+			builtins++
+		}
 		t.chains = append(t.chains, c)
 	}
-	if len(hookAt) != len(t.builtins()) {
+	if len(hookAt) != builtins {
 		return nil, fmt.Errorf("hook entries overlap")
 	}
 	if err := t.resolveJumps(ents, byOff); err != nil {
@@ -251,16 +250,6 @@ func (t *table) resolveJumps(ents []*tentry, byOff map[int]int) error {
 		}
 	}
 	return nil
-}
-
-func (t *table) builtins() []*tchain {
-	var out []*tchain
-	for _, c := range t.chains {
-		if c.hook >= 0 {
-			out = append(out, c)
-		}
-	}
-	return out
 }
 
 // ours reports whether an entry of a builtin chain is one of our rules.

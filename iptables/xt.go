@@ -40,7 +40,6 @@ const (
 	getRevisionLen = 30 // struct xt_get_revision
 )
 
-// Per-family entry layout.
 type layout struct {
 	fam        redirect.Family
 	entryLen   int // sizeof(struct ipt_entry) / ip6t_entry
@@ -236,9 +235,7 @@ func encodeOwner(m mOwner) []byte {
 	return extBlob("owner", 1, d)
 }
 
-// target encodes everything but jumps, whose verdict the table layout
-// fills in; it returns the verdict offset within the blob for standard
-// targets (-1 otherwise).
+// target encodes t; a jump's verdict is left for the table layout to fill.
 func (e *encoder) target(t xtarget) ([]byte, error) {
 	switch t := t.(type) {
 	case tVerdict:
@@ -388,8 +385,6 @@ func putIface(name, mask []byte, s string) {
 		mask[i] = 0xff
 	}
 }
-
-// ---- decoding ----
 
 var errNotOurs = errors.New("entry uses a match or target nftmesh does not install")
 
