@@ -171,17 +171,14 @@ func saveString(s string) string {
 
 var saveEscaper = strings.NewReplacer(`"`, `\"`, `\`, `\\`)
 
+var verdictNames = map[int32]string{verdictAccept: "ACCEPT", verdictDrop: "DROP", verdictReturn: "RETURN"}
+
 func (t tVerdict) save(b *strings.Builder, _ redirect.Family) {
-	switch t.v {
-	case verdictAccept:
-		b.WriteString(" -j ACCEPT")
-	case verdictDrop:
-		b.WriteString(" -j DROP")
-	case verdictReturn:
-		b.WriteString(" -j RETURN")
-	default:
-		fmt.Fprintf(b, " -j <verdict %d>", t.v)
+	if name, ok := verdictNames[t.v]; ok {
+		b.WriteString(" -j " + name)
+		return
 	}
+	fmt.Fprintf(b, " -j <verdict %d>", t.v)
 }
 
 func (t tJump) save(b *strings.Builder, _ redirect.Family) { b.WriteString(" -j " + t.chain) }

@@ -29,18 +29,15 @@ func LegacyAvailable() error {
 }
 
 func legacyAvailable(fam redirect.Family) error {
-	af := unix.AF_INET
-	if fam == redirect.FamilyIPv6 {
-		af = unix.AF_INET6
-	}
-	fd, err := unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	l := layoutFor(fam)
+	fd, err := unix.Socket(l.af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
 	if err != nil {
 		return fmt.Errorf("probing %s x_tables: creating raw socket: %w", fam, err)
 	}
 	defer unix.Close(fd)
 	b := make([]byte, getRevisionLen)
 	copy(b, "ERROR")
-	_, err = getsockopt(fd, layoutFor(fam).sockLevel, soGetRevisionTarget, b)
+	_, err = getsockopt(fd, l.sockLevel, soGetRevisionTarget, b)
 	switch {
 	case err == nil:
 		return nil

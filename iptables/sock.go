@@ -70,9 +70,9 @@ func openSockets(path string, fams []redirect.Family, write *hostns.Guard) (*Soc
 func openHere(fams []redirect.Family, always bool) (*Sockets, error) {
 	s := &Sockets{fd: map[redirect.Family]int{}, tables: map[redirect.Family]map[string]bool{}}
 	for _, f := range fams {
-		af, names := unix.AF_INET, "ip_tables_names"
+		names := "ip_tables_names"
 		if f == redirect.FamilyIPv6 {
-			af, names = unix.AF_INET6, "ip6_tables_names"
+			names = "ip6_tables_names"
 		}
 		s.tables[f] = map[string]bool{}
 		// /proc/thread-self/net follows this thread's namespace. A kernel
@@ -89,7 +89,7 @@ func openHere(fams []redirect.Family, always bool) (*Sockets, error) {
 		if !always && len(s.tables[f]) == 0 {
 			continue
 		}
-		fd, err := unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+		fd, err := unix.Socket(layoutFor(f).af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("creating %s raw socket: %w", f, err)

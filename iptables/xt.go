@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"slices"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -52,14 +54,15 @@ type layout struct {
 	tgtOffOff  int // target_offset u16; next_offset follows
 	comeOff    int
 	cntOff     int
+	af         int // AF_INET / AF_INET6 for the raw socket
 	sockLevel  int // SOL_IP / SOL_IPV6 for the getsockopt calls
 }
 
 var (
 	layout4 = layout{fam: redirect.FamilyIPv4, entryLen: 112, addrLen: 4, ifaceOff: 16, protoOff: 80, flagsOff: 82, invOff: 83,
-		nfcacheOff: 84, tgtOffOff: 88, comeOff: 92, cntOff: 96, sockLevel: 0}
+		nfcacheOff: 84, tgtOffOff: 88, comeOff: 92, cntOff: 96, af: unix.AF_INET, sockLevel: unix.SOL_IP}
 	layout6 = layout{fam: redirect.FamilyIPv6, entryLen: 168, addrLen: 16, ifaceOff: 64, protoOff: 128, flagsOff: 131, invOff: 132,
-		nfcacheOff: 136, tgtOffOff: 140, comeOff: 144, cntOff: 152, sockLevel: 41}
+		nfcacheOff: 136, tgtOffOff: 140, comeOff: 144, cntOff: 152, af: unix.AF_INET6, sockLevel: unix.SOL_IPV6}
 )
 
 func layoutFor(f redirect.Family) *layout {

@@ -93,14 +93,12 @@ func setFlag(rc syscall.RawConn, v6 bool, opt4, opt6 int) error {
 // AddrPort is a TCP or UDP socket address as a netip.AddrPort, an
 // IPv4-mapped IPv6 address unmapped (the zero AddrPort for other kinds).
 func AddrPort(a net.Addr) netip.AddrPort {
-	var ap netip.AddrPort
+	var ap netip.AddrPort // the zero AddrPort stays zero
 	switch a := a.(type) {
 	case *net.TCPAddr:
 		ap = a.AddrPort()
 	case *net.UDPAddr:
 		ap = a.AddrPort()
-	default:
-		return netip.AddrPort{}
 	}
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
