@@ -49,6 +49,8 @@ var allFamilies = []redirect.Family{redirect.FamilyIPv4, redirect.FamilyIPv6}
 // namespace makes iptables-save print mangle, nat, raw, as Render does.
 var ourTables = []string{"raw", "nat", "mangle"}
 
+var readOrder = []string{"mangle", "nat", "raw"}
+
 // maxAttempts bounds the re-read/re-write loop when another writer changes
 // a table between our read and our replace (EAGAIN).
 const maxAttempts = 50
@@ -65,9 +67,8 @@ func (b *Backend) encoder(fd int, fam redirect.Family) *encoder {
 	return &encoder{l: l, revs: r}
 }
 
-// Apply implements redirect.Backend. Each table is replaced whole, keeping
-// every entry that is not ours; tables are written one after the other, and
-// if one fails the ones already written are put back as they were.
+// Apply implements redirect.Backend: each table is replaced whole, keeping
+// every entry that is not ours (see rewrite, which rolls back on failure).
 func (b *Backend) Apply(ctx context.Context, netns string, p redirect.Plan) error {
 	if err := p.Verify(); err != nil {
 		return fmt.Errorf("applying plan to netns %s: %w", netns, err)
@@ -83,52 +84,62 @@ func (b *Backend) Apply(ctx context.Context, netns string, p redirect.Plan) erro
 			want[fam][x.name] = x
 		}
 	}
+	if err := b.rewrite(ctx, netns, want, true, func() error { return applyRoutes(b.guard, netns, p) }); err != nil {
+		return fmt.Errorf("applying plan to netns %s: %w", netns, err)
+	}
+	return nil
+}
+
+// rewrite replaces our part of each legacy table of netns with want's (none
+// when want has nothing for it), then runs after, all under the xtables
+// lock. With rollback, a failure writes the tables already replaced back
+// as they were.
+func (b *Backend) rewrite(ctx context.Context, netns string, want map[redirect.Family]map[string]xtable, rollback bool, after func() error) error {
 	s, err := openSockets(netns, allFamilies, &b.guard)
 	if err != nil {
-		return fmt.Errorf("applying plan to netns %s: %w", netns, err)
+		return err
 	}
 	defer s.Close()
 	release, err := xtablesLock(ctx)
 	if err != nil {
-		return fmt.Errorf("applying plan to netns %s: %w", netns, err)
+		return err
 	}
 	defer release()
 	var undo []func() error
-	rollback := func(err error) error {
-		for i := len(undo) - 1; i >= 0; i-- {
+	fail := func(err error) error {
+		for i := len(undo) - 1; rollback && i >= 0; i-- {
 			if uerr := undo[i](); uerr != nil {
 				err = errors.Join(err, fmt.Errorf("restoring earlier table: %w", uerr))
 			}
 		}
-		return fmt.Errorf("applying plan to netns %s: %w", netns, err)
+		return err
 	}
 	for _, fam := range allFamilies {
 		fd := s.fd[fam]
-		enc := b.encoder(fd, fam)
 		for _, name := range ourTables {
 			x, wanted := want[fam][name]
 			if !wanted && !s.tables[fam][name] {
 				continue // never instantiate a table we have nothing for
 			}
-			restore, err := updateTable(ctx, fd, enc.l, name, func(t *table) error {
+			restore, err := updateTable(ctx, fd, layoutFor(fam), name, func(t *table) error {
 				if _, err := t.stripOurs(); err != nil {
 					return err
 				}
 				if wanted {
-					return t.addOurs(enc, x)
+					return t.addOurs(b.encoder(fd, fam), x)
 				}
 				return nil
 			})
 			if err != nil {
-				return rollback(err)
+				return fail(err)
 			}
 			if restore != nil {
 				undo = append(undo, restore)
 			}
 		}
 	}
-	if err := applyRoutes(b.guard, netns, p); err != nil {
-		return rollback(err)
+	if err := after(); err != nil {
+		return fail(err)
 	}
 	return nil
 }
@@ -140,22 +151,19 @@ func updateTable(ctx context.Context, fd int, l *layout, name string, edit func(
 	for attempt := 1; ; attempt++ {
 		orig, err := readTable(fd, l, name)
 		if err == nil {
-			var t *table
-			t, err = readTableCopy(orig)
+			t := orig.clone()
+			if err = edit(t); err != nil {
+				return nil, fmt.Errorf("%s table %s: %w", l.fam, name, err)
+			}
+			var same bool
+			if same, err = sameTable(orig, t); err == nil && same {
+				return nil, nil
+			}
 			if err == nil {
-				if err = edit(t); err != nil {
-					return nil, fmt.Errorf("%s table %s: %w", l.fam, name, err)
-				}
-				var same bool
-				if same, err = sameTable(orig, t); err == nil && same {
-					return nil, nil
-				}
-				if err == nil {
-					err = t.replace(fd)
-				}
-				if err == nil {
-					return func() error { return writeBack(ctx, fd, l, name, orig) }, nil
-				}
+				err = t.replace(fd)
+			}
+			if err == nil {
+				return func() error { return writeBack(ctx, fd, l, name, orig) }, nil
 			}
 		}
 		if !errors.Is(err, unix.EAGAIN) || attempt == maxAttempts {
@@ -167,9 +175,9 @@ func updateTable(ctx context.Context, fd int, l *layout, name string, edit func(
 	}
 }
 
-// readTableCopy returns a copy of t whose chains and entries can be
-// edited without touching t (entry bytes are shared; nothing edits them).
-func readTableCopy(t *table) (*table, error) {
+// clone returns a copy of t whose chains and entries can be edited without
+// touching t (entry bytes are shared; nothing edits them).
+func (t *table) clone() *table {
 	m := map[*tentry]*tentry{}
 	cp := func(e *tentry) *tentry {
 		if e == nil {
@@ -196,21 +204,21 @@ func readTableCopy(t *table) (*table, error) {
 			c.jumpTo = cp(c.jumpTo)
 		}
 	}
-	return nt, nil
+	return nt
 }
 
 // sameTable compares the entries that would be written with those read,
 // ignoring what the kernel fills in (comefrom, counters).
 func sameTable(a, b *table) (bool, error) {
-	ab, an, ah, au, err := a.layout()
+	ab, ao, ah, au, err := a.layout()
 	if err != nil {
 		return false, err
 	}
-	bb, bn, bh, bu, err := b.layout()
+	bb, bo, bh, bu, err := b.layout()
 	if err != nil {
 		return false, err
 	}
-	if an != bn || ah != bh || au != bu || len(ab) != len(bb) {
+	if len(ao) != len(bo) || ah != bh || au != bu || len(ab) != len(bb) {
 		return false, nil
 	}
 	return bytes.Equal(scrub(a.l, ab), scrub(b.l, bb)), nil
@@ -254,17 +262,11 @@ func (b *Backend) List(ctx context.Context, netns string) (redirect.Plan, error)
 	byFam := map[redirect.Family][]decodedTable{}
 	for _, fam := range allFamilies {
 		l := layoutFor(fam)
-		for _, name := range []string{"mangle", "nat", "raw"} {
+		for _, name := range readOrder {
 			if !s.tables[fam][name] {
 				continue
 			}
-			var t *table
-			for attempt := 1; ; attempt++ {
-				t, err = readTable(s.fd[fam], l, name)
-				if !errors.Is(err, unix.EAGAIN) || attempt == maxAttempts {
-					break
-				}
-			}
+			t, err := readTableRetry(s.fd[fam], l, name)
 			if err != nil {
 				return redirect.Plan{}, fmt.Errorf("listing rules in netns %s: %w", netns, err)
 			}
@@ -326,31 +328,7 @@ func (b *Backend) Check(ctx context.Context, netns string, p redirect.Plan) erro
 // chains, our policy routes and loopback address go; foreign entries stay.
 // A table that does not exist is left uninstantiated.
 func (b *Backend) Remove(ctx context.Context, netns string) error {
-	s, err := openSockets(netns, allFamilies, &b.guard)
-	if err != nil {
-		return fmt.Errorf("removing rules from netns %s: %w", netns, err)
-	}
-	defer s.Close()
-	release, err := xtablesLock(ctx)
-	if err != nil {
-		return fmt.Errorf("removing rules from netns %s: %w", netns, err)
-	}
-	defer release()
-	for _, fam := range allFamilies {
-		for _, name := range ourTables {
-			if !s.tables[fam][name] {
-				continue
-			}
-			_, err := updateTable(ctx, s.fd[fam], layoutFor(fam), name, func(t *table) error {
-				_, err := t.stripOurs()
-				return err
-			})
-			if err != nil {
-				return fmt.Errorf("removing rules from netns %s: %w", netns, err)
-			}
-		}
-	}
-	if err := removeRoutes(b.guard, netns); err != nil {
+	if err := b.rewrite(ctx, netns, nil, false, func() error { return removeRoutes(b.guard, netns) }); err != nil {
 		return fmt.Errorf("removing rules from netns %s: %w", netns, err)
 	}
 	return nil

@@ -43,12 +43,8 @@ var builtinHooks = map[string][]int{
 }
 
 func hookOf(chain string) (int, bool) {
-	for h, n := range hookChainNames {
-		if n == chain {
-			return h, true
-		}
-	}
-	return 0, false
+	h := slices.Index(hookChainNames[:], chain)
+	return h, h >= 0
 }
 
 // xrule is one x_tables rule: the fixed ip header part, matches, a target.
@@ -123,7 +119,6 @@ const (
 	xtConnmarkRestore = 2
 )
 
-// xchain is one chain of a lowered table.
 type xchain struct {
 	name    string
 	builtin bool
@@ -169,16 +164,11 @@ func lowerPlan(p redirect.Plan, fam redirect.Family) ([]xtable, error) {
 				any = true
 			}
 			if _, builtin := hookOf(c.Name); builtin {
-				found := false
-				for i := range xt.chains {
-					if xt.chains[i].name == c.Name {
-						xt.chains[i].rules = append(xt.chains[i].rules, rules...)
-						found = true
-					}
-				}
-				if !found {
+				i := slices.IndexFunc(xt.chains, func(x xchain) bool { return x.name == c.Name })
+				if i < 0 {
 					return nil, fmt.Errorf("lowering plan: table %s has no builtin chain %s", t.Name, c.Name)
 				}
+				xt.chains[i].rules = append(xt.chains[i].rules, rules...)
 				continue
 			}
 			if !strings.HasPrefix(c.Name, ourChainPref) || len(c.Name) > maxChainName {
@@ -249,7 +239,6 @@ func (lw *lowering) setAddr(x *xrule, src bool, pr netip.Prefix, inv bool) error
 	return nil
 }
 
-// addMatch appends a match to the base rule.
 func (lw *lowering) addMatch(m xmatch) { lw.base.matches = append(lw.base.matches, m) }
 
 // alternatives makes each of ms one alternative of the rule, in place of a
@@ -261,8 +250,6 @@ func (lw *lowering) alternatives(ms []xmatch) {
 	lw.addMatch(nil)
 }
 
-// tcpOrUDP reports whether the protocol matched so far is tcp or udp, and
-// whether it is udp.
 func (lw *lowering) tcpOrUDP() (ok, udp bool) {
 	ok = lw.haveProto && (lw.proto == redirect.ProtoTCP || lw.proto == redirect.ProtoUDP)
 	return ok, lw.proto == redirect.ProtoUDP

@@ -100,15 +100,15 @@ func canonicalMatches(ms []redirect.Match) []redirect.Match {
 // rules equal but for the family (on a longest common subsequence) become
 // one FamilyAny rule; between them, IPv4-only rules come before IPv6-only.
 func mergeFamilies(v4, v6 []redirect.Rule) []redirect.Rule {
-	key := func(r redirect.Rule) string { r.Family = redirect.FamilyAny; return r.String() }
-	a := make([]string, len(v4))
-	for i, r := range v4 {
-		a[i] = key(r)
+	keys := func(rs []redirect.Rule) []string {
+		out := make([]string, len(rs))
+		for i, r := range rs {
+			r.Family = redirect.FamilyAny
+			out[i] = r.String()
+		}
+		return out
 	}
-	b := make([]string, len(v6))
-	for i, r := range v6 {
-		b[i] = key(r)
-	}
+	a, b := keys(v4), keys(v6)
 	var out []redirect.Rule
 	for _, st := range redirect.Align(len(a), len(b), func(i, j int) bool { return a[i] == b[j] }, true) {
 		switch {
@@ -169,11 +169,8 @@ func raise(byFam map[redirect.Family][]decodedTable) (redirect.Plan, error) {
 			fr := chains[name]
 			c := redirect.Chain{Name: name, Rules: mergeFamilies(fr[redirect.FamilyIPv4], fr[redirect.FamilyIPv6])}
 			if h, ok := hookOf(name); ok {
-				if h != hookPrerouting && h != hookOutput {
-					return p, fmt.Errorf("our rules in %s/%s, a chain nftmesh never uses", tname, name)
-				}
 				bc, ok := redirect.BuiltinChain(tname, name)
-				if !ok {
+				if !ok || h != hookPrerouting && h != hookOutput {
 					return p, fmt.Errorf("our rules in %s/%s, a chain nftmesh never uses", tname, name)
 				}
 				c.Hook, c.Type, c.Priority = bc.Hook, bc.Type, bc.Priority

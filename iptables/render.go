@@ -11,12 +11,10 @@ import (
 // Render prints the Plan's rules for one family in iptables-save syntax,
 // exactly as iptables-legacy-save (FamilyIPv4) or ip6tables-legacy-save
 // (FamilyIPv6) prints a fresh network namespace after Apply, minus the
-// "# Generated/Completed" comment lines. Tables come in the order the Plan
-// lists them (mangle, nat, raw); Apply instantiates them so that
-// iptables-save lists them in the same order (the kernel lists tables newest
-// first, so in a namespace where some table already existed the order of
-// whole tables may differ; each table's text does not). A family with no
-// rules renders as the empty string.
+// "# Generated/Completed" comment lines; a family with no rules renders as
+// "". Tables come in the Plan's order (mangle, nat, raw), as Apply makes a
+// fresh namespace list them (see ourTables); where a table already existed
+// the order of whole tables may differ, each table's text does not.
 func Render(p redirect.Plan, family redirect.Family) (string, error) {
 	tables, err := lowerPlan(p, family)
 	if err != nil {
@@ -128,16 +126,10 @@ func (m mMark) save(b *strings.Builder) {
 	if m.conn {
 		name = "connmark"
 	}
-	fmt.Fprintf(b, " -m %s%s --mark %s", name, bang(m.inv), markMask(m.value, m.mask))
-}
-
-// markMask prints mark[/mask] as libxt_mark does: the mask only when it is
-// not all ones.
-func markMask(v, mask uint32) string {
-	if mask == 0xffffffff {
-		return fmt.Sprintf("0x%x", v)
+	fmt.Fprintf(b, " -m %s%s --mark 0x%x", name, bang(m.inv), m.value)
+	if m.mask != 0xffffffff { // libxt_mark prints a mask that is not all ones
+		fmt.Fprintf(b, "/0x%x", m.mask)
 	}
-	return fmt.Sprintf("0x%x/0x%x", v, mask)
 }
 
 // ctStateNames is libxt_conntrack's print order.
@@ -168,40 +160,25 @@ func (m mComment) save(b *strings.Builder) {
 // saveString quotes like xtables_save_string: bare when only letters,
 // digits, '-' and '_', else in double quotes with '"' and '\' escaped.
 func saveString(s string) string {
-	bare := s != ""
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			bare = false
-			break
-		}
+	special := func(c rune) bool {
+		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_')
 	}
-	if bare {
+	if s != "" && !strings.ContainsFunc(s, special) {
 		return s
 	}
-	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		if s[i] == '"' || s[i] == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	b.WriteByte('"')
-	return b.String()
+	return `"` + saveEscaper.Replace(s) + `"`
 }
 
+var saveEscaper = strings.NewReplacer(`"`, `\"`, `\`, `\\`)
+
+var verdictNames = map[int32]string{verdictAccept: "ACCEPT", verdictDrop: "DROP", verdictReturn: "RETURN"}
+
 func (t tVerdict) save(b *strings.Builder, _ redirect.Family) {
-	switch t.v {
-	case verdictAccept:
-		b.WriteString(" -j ACCEPT")
-	case verdictDrop:
-		b.WriteString(" -j DROP")
-	case verdictReturn:
-		b.WriteString(" -j RETURN")
-	default:
-		fmt.Fprintf(b, " -j <verdict %d>", t.v)
+	if name, ok := verdictNames[t.v]; ok {
+		b.WriteString(" -j " + name)
+		return
 	}
+	fmt.Fprintf(b, " -j <verdict %d>", t.v)
 }
 
 func (t tJump) save(b *strings.Builder, _ redirect.Family) { b.WriteString(" -j " + t.chain) }

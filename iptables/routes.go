@@ -23,8 +23,6 @@ func withNetns(path string, fn func(ns netns.NsHandle) error) error {
 	return fn(netns.NsHandle(n.Fd()))
 }
 
-// applyRoutes makes the namespace's policy routes and loopback addresses
-// those of p; on failure what it added is undone. g checks the namespace.
 func applyRoutes(g hostns.Guard, path string, p redirect.Plan) error {
 	return withNetns(path, func(ns netns.NsHandle) error { return policyroute.Apply(g, ns, p, true) })
 }

@@ -3,6 +3,7 @@ package iptables
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -28,18 +29,15 @@ func LegacyAvailable() error {
 }
 
 func legacyAvailable(fam redirect.Family) error {
-	af := unix.AF_INET
-	if fam == redirect.FamilyIPv6 {
-		af = unix.AF_INET6
-	}
-	fd, err := unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	l := layoutFor(fam)
+	fd, err := unix.Socket(l.af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
 	if err != nil {
 		return fmt.Errorf("probing %s x_tables: creating raw socket: %w", fam, err)
 	}
 	defer unix.Close(fd)
 	b := make([]byte, getRevisionLen)
 	copy(b, "ERROR")
-	_, err = getsockopt(fd, layoutFor(fam).sockLevel, soGetRevisionTarget, b)
+	_, err = getsockopt(fd, l.sockLevel, soGetRevisionTarget, b)
 	switch {
 	case err == nil:
 		return nil
@@ -71,51 +69,34 @@ func Probe(netns string) (Presence, error) {
 		return Presence{}, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
 	}
 	defer s.Close()
-	pr, err := probe(s)
+	pr, err := s.Probe()
 	if err != nil {
 		return pr, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
 	}
 	return pr, nil
 }
 
-func probe(s *nsSockets) (Presence, error) {
+// Probe is the package-level Probe on sockets opened by OpenHere: it reads
+// the tables as they are now.
+func (s *Sockets) Probe() (Presence, error) {
 	var pr Presence
 	for _, fam := range allFamilies {
-		for _, name := range []string{"mangle", "nat", "raw"} {
+		for _, name := range readOrder {
 			if !s.tables[fam][name] {
 				continue
 			}
-			var t *table
-			var err error
-			for attempt := 1; ; attempt++ {
-				t, err = readTable(s.fd[fam], layoutFor(fam), name)
-				if !errors.Is(err, unix.EAGAIN) || attempt == maxAttempts {
-					break
-				}
-			}
+			t, err := readTableRetry(s.fd[fam], layoutFor(fam), name)
 			if err != nil {
 				return pr, fmt.Errorf("reading %s table %s: %w", fam, name, err)
 			}
 			mine := t.ourChains()
 			for _, c := range t.chains {
-				if c.hook < 0 {
-					if mine[c.name] {
-						pr.Ours = true
-					} else if ourChain(c.name) {
-						pr.Foreign = append(pr.Foreign, fam.String()+" "+name+" "+c.name)
-					}
-					if name != "raw" {
-						pr.NatOrMangleRules = true
-					}
+				user := c.hook < 0
+				if user && !mine[c.name] && ourChain(c.name) {
+					pr.Foreign = append(pr.Foreign, fam.String()+" "+name+" "+c.name)
 				}
-				for _, e := range c.rules {
-					if ours(e) {
-						pr.Ours = true
-					}
-					if name != "raw" {
-						pr.NatOrMangleRules = true
-					}
-				}
+				pr.Ours = pr.Ours || user && mine[c.name] || slices.ContainsFunc(c.rules, ours)
+				pr.NatOrMangleRules = pr.NatOrMangleRules || name != "raw" && (user || len(c.rules) > 0)
 			}
 		}
 	}

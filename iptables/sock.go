@@ -21,19 +21,19 @@ const (
 	soSetAddCounters    = 65
 	soGetInfo           = 64
 	soGetEntries        = 65
-	soGetRevisionMatch  = 66
 	soGetRevisionTarget = 67
 )
 
-// nsSockets are raw sockets bound to one network namespace, plus the
+// Sockets are raw sockets bound to one network namespace, plus the legacy
 // tables that existed there when they were opened (read from procfs inside
 // the namespace, so that merely looking does not instantiate a table).
-type nsSockets struct {
+type Sockets struct {
 	fd     map[redirect.Family]int
 	tables map[redirect.Family]map[string]bool
 }
 
-func (s *nsSockets) Close() {
+// Close closes the sockets.
+func (s *Sockets) Close() {
 	for _, fd := range s.fd {
 		unix.Close(fd)
 	}
@@ -43,7 +43,7 @@ func (s *nsSockets) Close() {
 // inside it. With a write guard, what it refuses is refused (the sockets
 // are for replacing tables) and every family gets a socket, tables or not;
 // a nil one opens for reading.
-func openSockets(path string, fams []redirect.Family, write *hostns.Guard) (*nsSockets, error) {
+func openSockets(path string, fams []redirect.Family, write *hostns.Guard) (*Sockets, error) {
 	open := hostns.Open
 	if write != nil {
 		open = write.Open
@@ -53,7 +53,7 @@ func openSockets(path string, fams []redirect.Family, write *hostns.Guard) (*nsS
 		return nil, err
 	}
 	defer n.Close()
-	var s *nsSockets
+	var s *Sockets
 	err = n.Do(func() (err error) {
 		s, err = openHere(fams, write != nil)
 		return err
@@ -67,12 +67,12 @@ func openSockets(path string, fams []redirect.Family, write *hostns.Guard) (*nsS
 // there is nothing to read). A socket keeps the namespace it was created
 // in, so everything after this runs on ordinary goroutines. It must run on a
 // thread inside the namespace (hostns.Netns.Do).
-func openHere(fams []redirect.Family, always bool) (*nsSockets, error) {
-	s := &nsSockets{fd: map[redirect.Family]int{}, tables: map[redirect.Family]map[string]bool{}}
+func openHere(fams []redirect.Family, always bool) (*Sockets, error) {
+	s := &Sockets{fd: map[redirect.Family]int{}, tables: map[redirect.Family]map[string]bool{}}
 	for _, f := range fams {
-		af, names := unix.AF_INET, "ip_tables_names"
+		names := "ip_tables_names"
 		if f == redirect.FamilyIPv6 {
-			af, names = unix.AF_INET6, "ip6_tables_names"
+			names = "ip6_tables_names"
 		}
 		s.tables[f] = map[string]bool{}
 		// /proc/thread-self/net follows this thread's namespace. A kernel
@@ -89,7 +89,7 @@ func openHere(fams []redirect.Family, always bool) (*nsSockets, error) {
 		if !always && len(s.tables[f]) == 0 {
 			continue
 		}
-		fd, err := unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+		fd, err := unix.Socket(layoutFor(f).af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("creating %s raw socket: %w", f, err)
@@ -127,28 +127,11 @@ func readProc(path string) ([]byte, error) {
 	}
 }
 
-// Sockets are the legacy x_tables of one network namespace as a verb
-// reads them, opened from inside it by OpenHere, so the caller enters the
-// namespace once for everything it opens there.
-type Sockets struct{ s *nsSockets }
-
-// OpenHere reads which legacy tables exist in the calling thread's network
-// namespace and opens what reading them takes. It must run on a thread
-// inside the namespace (hostns.Netns.Do); nothing is instantiated.
-func OpenHere() (*Sockets, error) {
-	s, err := openHere(allFamilies, false)
-	if err != nil {
-		return nil, err
-	}
-	return &Sockets{s: s}, nil
-}
-
-// Probe is the package-level Probe on sockets opened by OpenHere: it reads
-// the tables as they are now.
-func (s *Sockets) Probe() (Presence, error) { return probe(s.s) }
-
-// Close closes the sockets.
-func (s *Sockets) Close() { s.s.Close() }
+// OpenHere opens the Sockets of the calling thread's network namespace for
+// reading, so a verb enters the namespace once for everything it opens
+// there. It must run on a thread inside it (hostns.Netns.Do); nothing is
+// instantiated.
+func OpenHere() (*Sockets, error) { return openHere(allFamilies, false) }
 
 func getsockopt(fd, level, opt int, buf []byte) (int, error) {
 	n := uint32(len(buf))
@@ -202,40 +185,19 @@ func xtablesLock(ctx context.Context) (release func(), err error) {
 	}
 }
 
-// revisionSupported asks the kernel whether it has revision rev of an
-// extension (the question libxtables asks before choosing a revision).
-func revisionSupported(fd int, l *layout, target bool, name string, rev uint8) bool {
-	b := make([]byte, getRevisionLen)
-	copy(b[:xtExtMaxNameLen], name)
-	b[xtExtMaxNameLen] = rev
-	opt := soGetRevisionMatch
-	if target {
-		opt = soGetRevisionTarget
-	}
-	_, err := getsockopt(fd, l.sockLevel, opt, b)
-	return err == nil
-}
-
-// chooseRevisions picks, for the extensions whose revision is a choice, the
-// newest one both we and the kernel know (as iptables does), so entries we
-// write are byte-identical to what iptables-legacy-restore writes.
+// chooseRevisions picks, for the targets whose revision is a choice, the
+// newest one both we and the kernel know (libxtables asks the kernel the
+// same way), so entries we write are byte-identical to what
+// iptables-legacy-restore writes.
 func chooseRevisions(fd int, l *layout) map[string]uint8 {
 	out := map[string]uint8{}
-	for _, c := range []struct {
-		target bool
-		name   string
-		revs   []uint8
-	}{
-		{true, "CONNMARK", []uint8{2, 1}},
-		{true, "CT", []uint8{2, 1}},
-	} {
-		for _, r := range c.revs {
-			if revisionSupported(fd, l, c.target, c.name, r) {
-				key := c.name
-				if c.target {
-					key = "T:" + c.name
-				}
-				out[key] = r
+	for _, name := range []string{"CONNMARK", "CT"} {
+		for _, rev := range []uint8{2, 1} {
+			b := make([]byte, getRevisionLen)
+			copy(b[:xtExtMaxNameLen], name)
+			b[xtExtMaxNameLen] = rev
+			if _, err := getsockopt(fd, l.sockLevel, soGetRevisionTarget, b); err == nil {
+				out[name] = rev
 				break
 			}
 		}

@@ -51,14 +51,12 @@ func (c *tchain) start() *tentry {
 	return c.tail
 }
 
-// table is a parsed x_tables table.
 type table struct {
 	name   string
 	l      *layout
 	info   tableInfo
 	chains []*tchain
 	end    *tentry // the final ERROR entry
-	counts []byte  // counters returned by the replace, indexed by oldIdx
 }
 
 func (t *table) chain(name string) *tchain {
@@ -76,10 +74,6 @@ func getInfo(fd int, l *layout, name string) (tableInfo, error) {
 	if _, err := getsockopt(fd, l.sockLevel, soGetInfo, b); err != nil {
 		return tableInfo{}, fmt.Errorf("reading %s table %s info: %w", l.fam, name, err)
 	}
-	return parseInfo(b), nil
-}
-
-func parseInfo(b []byte) tableInfo {
 	var in tableInfo
 	in.validHooks = hostEndian.Uint32(b[32:])
 	for h := 0; h < numHooks; h++ {
@@ -88,7 +82,7 @@ func parseInfo(b []byte) tableInfo {
 	}
 	in.numEntries = hostEndian.Uint32(b[76:])
 	in.size = hostEndian.Uint32(b[80:])
-	return in
+	return in, nil
 }
 
 // readTable reads and parses one table. The table changing between the
@@ -114,6 +108,17 @@ func readTable(fd int, l *layout, name string) (*table, error) {
 	return t, nil
 }
 
+// readTableRetry is readTable, again while another writer changes the
+// table in between (EAGAIN), at most maxAttempts times.
+func readTableRetry(fd int, l *layout, name string) (t *table, err error) {
+	for range maxAttempts {
+		if t, err = readTable(fd, l, name); !errors.Is(err, unix.EAGAIN) {
+			break
+		}
+	}
+	return t, err
+}
+
 // parseTable splits a table blob into chains and resolves jumps. It never
 // panics on malformed input (FuzzParseTable).
 func parseTable(l *layout, name string, info tableInfo, blob []byte) (*table, error) {
@@ -133,14 +138,18 @@ func parseTable(l *layout, name string, info tableInfo, blob []byte) (*table, er
 	if err != nil {
 		return nil, err
 	}
+	builtins := 0
 	for i := 0; i < len(ents)-1; {
 		var c *tchain
 		if c, i, err = nextChain(l, info, ents, byOff, hookAt, i); err != nil {
 			return nil, err
 		}
+		if c.hook >= 0 {
+			builtins++
+		}
 		t.chains = append(t.chains, c)
 	}
-	if len(hookAt) != len(t.builtins()) {
+	if len(hookAt) != builtins {
 		return nil, fmt.Errorf("hook entries overlap")
 	}
 	if err := t.resolveJumps(ents, byOff); err != nil {
@@ -241,16 +250,6 @@ func (t *table) resolveJumps(ents []*tentry, byOff map[int]int) error {
 		}
 	}
 	return nil
-}
-
-func (t *table) builtins() []*tchain {
-	var out []*tchain
-	for _, c := range t.chains {
-		if c.hook >= 0 {
-			out = append(out, c)
-		}
-	}
-	return out
 }
 
 // ours reports whether an entry of a builtin chain is one of our rules.
@@ -361,9 +360,9 @@ func setOffsets(l *layout, b []byte, targetOff int) {
 }
 
 // layout orders the chains (builtins by hook, user chains by name), assigns
-// offsets, and returns the entries and the new hook entry / underflow
-// offsets. Jump verdicts are patched into copies of the entries.
-func (t *table) layout() (blob []byte, n int, hookEntry, underflow [numHooks]uint32, err error) {
+// offsets, and returns the entries in that order, their blob with jump
+// verdicts patched in, and the new hook entry / underflow offsets.
+func (t *table) layout() (blob []byte, order []*tentry, hookEntry, underflow [numHooks]uint32, err error) {
 	slices.SortStableFunc(t.chains, func(a, b *tchain) int {
 		switch {
 		case a.hook >= 0 && b.hook >= 0:
@@ -375,7 +374,6 @@ func (t *table) layout() (blob []byte, n int, hookEntry, underflow [numHooks]uin
 		}
 		return strings.Compare(a.name, b.name)
 	})
-	var order []*tentry
 	for _, c := range t.chains {
 		if c.head != nil {
 			order = append(order, c.head)
@@ -406,13 +404,13 @@ func (t *table) layout() (blob []byte, n int, hookEntry, underflow [numHooks]uin
 		case e.jumpChain != "":
 			c := t.chain(e.jumpChain)
 			if c == nil || c.hook >= 0 {
-				return nil, 0, hookEntry, underflow, fmt.Errorf("table %s: jump to missing user chain %s", t.name, e.jumpChain)
+				return nil, nil, hookEntry, underflow, fmt.Errorf("table %s: jump to missing user chain %s", t.name, e.jumpChain)
 			}
 			dst = c.start()
 		case e.jumpTo != nil:
 			dst = e.jumpTo
 			if !slices.Contains(order, dst) {
-				return nil, 0, hookEntry, underflow, fmt.Errorf("table %s: a kept rule jumps into a removed entry", t.name)
+				return nil, nil, hookEntry, underflow, fmt.Errorf("table %s: a kept rule jumps into a removed entry", t.name)
 			}
 		default:
 			continue
@@ -420,14 +418,14 @@ func (t *table) layout() (blob []byte, n int, hookEntry, underflow [numHooks]uin
 		to := int(hostEndian.Uint16(e.raw[t.l.tgtOffOff:]))
 		hostEndian.PutUint32(blob[start+to+xtMatchHdrLen:], uint32(dst.off))
 	}
-	return blob, len(order), hookEntry, underflow, nil
+	return blob, order, hookEntry, underflow, nil
 }
 
 // replace writes the table with IPT_SO_SET_REPLACE, passing the number of
 // entries we read (the kernel answers EAGAIN if the table changed since),
 // then restores the counters of the entries we kept.
 func (t *table) replace(fd int) error {
-	blob, n, hookEntry, underflow, err := t.layout()
+	blob, order, hookEntry, underflow, err := t.layout()
 	if err != nil {
 		return err
 	}
@@ -436,7 +434,7 @@ func (t *table) replace(fd int) error {
 	b := make([]byte, replaceHdrLen+len(blob))
 	copy(b[:xtTableMaxNameLen-1], t.name)
 	hostEndian.PutUint32(b[32:], t.info.validHooks)
-	hostEndian.PutUint32(b[36:], uint32(n))
+	hostEndian.PutUint32(b[36:], uint32(len(order)))
 	hostEndian.PutUint32(b[40:], uint32(len(blob)))
 	for h := 0; h < numHooks; h++ {
 		hostEndian.PutUint32(b[44+4*h:], hookEntry[h])
@@ -453,42 +451,28 @@ func (t *table) replace(fd int) error {
 		}
 		return fmt.Errorf("replacing %s table %s: %w", t.l.fam, t.name, err)
 	}
-	t.counts = counters
-	t.addCounters(fd, n)
+	t.addCounters(fd, order, counters)
 	return nil
 }
 
-// addCounters gives kept entries back the packet/byte counts they had, as
-// libiptc does after a replace. Best effort: if another writer replaced the
-// table in between, the kernel refuses and the counts start from zero.
-func (t *table) addCounters(fd, n int) {
-	b := make([]byte, countersInfoHd+n*counterLen)
+// addCounters gives the entries of order that were kept the packet/byte
+// counts old (the replaced table's, by oldIdx) had for them, as libiptc
+// does after a replace. Best effort: if another writer replaced the table
+// in between, the kernel refuses and the counts start from zero.
+func (t *table) addCounters(fd int, order []*tentry, old []byte) {
+	b := make([]byte, countersInfoHd+len(order)*counterLen)
 	any := false
-	i := 0
-	each := func(e *tentry) {
-		if e.oldIdx >= 0 && (e.oldIdx+1)*counterLen <= len(t.counts) {
-			c := t.counts[e.oldIdx*counterLen : (e.oldIdx+1)*counterLen]
+	for i, e := range order {
+		if e.oldIdx >= 0 && (e.oldIdx+1)*counterLen <= len(old) {
+			c := old[e.oldIdx*counterLen : (e.oldIdx+1)*counterLen]
 			copy(b[countersInfoHd+i*counterLen:], c)
-			for _, x := range c {
-				any = any || x != 0
-			}
+			any = any || !allZero(c)
 		}
-		i++
 	}
-	for _, c := range t.chains {
-		if c.head != nil {
-			each(c.head)
-		}
-		for _, e := range c.rules {
-			each(e)
-		}
-		each(c.tail)
-	}
-	each(t.end)
 	if !any {
 		return
 	}
 	copy(b[:xtTableMaxNameLen-1], t.name)
-	hostEndian.PutUint32(b[32:], uint32(n))
+	hostEndian.PutUint32(b[32:], uint32(len(order)))
 	_ = setsockopt(fd, t.l.sockLevel, soSetAddCounters, b)
 }

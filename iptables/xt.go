@@ -5,7 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"slices"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -38,7 +42,6 @@ const (
 	getRevisionLen = 30 // struct xt_get_revision
 )
 
-// Per-family entry layout.
 type layout struct {
 	fam        redirect.Family
 	entryLen   int // sizeof(struct ipt_entry) / ip6t_entry
@@ -51,14 +54,15 @@ type layout struct {
 	tgtOffOff  int // target_offset u16; next_offset follows
 	comeOff    int
 	cntOff     int
+	af         int // AF_INET / AF_INET6 for the raw socket
 	sockLevel  int // SOL_IP / SOL_IPV6 for the getsockopt calls
 }
 
 var (
 	layout4 = layout{fam: redirect.FamilyIPv4, entryLen: 112, addrLen: 4, ifaceOff: 16, protoOff: 80, flagsOff: 82, invOff: 83,
-		nfcacheOff: 84, tgtOffOff: 88, comeOff: 92, cntOff: 96, sockLevel: 0}
+		nfcacheOff: 84, tgtOffOff: 88, comeOff: 92, cntOff: 96, af: unix.AF_INET, sockLevel: unix.SOL_IP}
 	layout6 = layout{fam: redirect.FamilyIPv6, entryLen: 168, addrLen: 16, ifaceOff: 64, protoOff: 128, flagsOff: 131, invOff: 132,
-		nfcacheOff: 136, tgtOffOff: 140, comeOff: 144, cntOff: 152, sockLevel: 41}
+		nfcacheOff: 136, tgtOffOff: 140, comeOff: 144, cntOff: 152, af: unix.AF_INET6, sockLevel: unix.SOL_IPV6}
 )
 
 func layoutFor(f redirect.Family) *layout {
@@ -111,15 +115,12 @@ const (
 // kernel supports.
 type encoder struct {
 	l    *layout
-	revs map[string]uint8 // extension name -> chosen revision (targets prefixed "T:")
+	revs map[string]uint8 // target name -> chosen revision (see chooseRevisions)
 }
 
-func (e *encoder) rev(target bool, name string, def uint8) uint8 {
-	key := name
-	if target {
-		key = "T:" + name
-	}
-	if r, ok := e.revs[key]; ok {
+// rev is the chosen revision of a target, def when none was chosen.
+func (e *encoder) rev(name string, def uint8) uint8 {
+	if r, ok := e.revs[name]; ok {
 		return r
 	}
 	return def
@@ -166,7 +167,7 @@ func (e *encoder) match(m xmatch) ([]byte, error) {
 			hostEndian.PutUint16(d[148:], xtConntrackStat)
 		}
 		hostEndian.PutUint16(d[150:], uint16(m.states))
-		return extBlob("conntrack", e.rev(false, "conntrack", 3), d), nil
+		return extBlob("conntrack", 3, d), nil
 	case mComment:
 		if len(m.text) >= commentLen {
 			return nil, fmt.Errorf("comment of %d bytes exceeds %d", len(m.text), commentLen-1)
@@ -237,9 +238,7 @@ func encodeOwner(m mOwner) []byte {
 	return extBlob("owner", 1, d)
 }
 
-// target encodes everything but jumps, whose verdict the table layout
-// fills in; it returns the verdict offset within the blob for standard
-// targets (-1 otherwise).
+// target encodes t; a jump's verdict is left for the table layout to fill.
 func (e *encoder) target(t xtarget) ([]byte, error) {
 	switch t := t.(type) {
 	case tVerdict:
@@ -275,7 +274,7 @@ func (e *encoder) target(t xtarget) ([]byte, error) {
 		d := make([]byte, connmarkTgLen)
 		hostEndian.PutUint32(d[4:], t.ctmask)
 		hostEndian.PutUint32(d[8:], t.nfmask)
-		rev := e.rev(true, "CONNMARK", 2)
+		rev := e.rev("CONNMARK", 2)
 		if rev >= 2 {
 			d[14] = t.mode
 		} else {
@@ -285,7 +284,7 @@ func (e *encoder) target(t xtarget) ([]byte, error) {
 	case tCT:
 		d := make([]byte, ctTgLen)
 		hostEndian.PutUint16(d[2:], t.zone)
-		return extBlob("CT", e.rev(true, "CT", 2), d), nil
+		return extBlob("CT", e.rev("CT", 2), d), nil
 	}
 	return nil, fmt.Errorf("no encoder for target %T", t)
 }
@@ -318,8 +317,7 @@ func (e *encoder) entry(r xrule) ([]byte, error) {
 			return fmt.Errorf("address %s in an %s entry", p, l.fam)
 		}
 		copy(hdr[at:], p.Addr().AsSlice())
-		mask := netip.PrefixFrom(allOnes(l.addrLen), p.Bits()).Masked().Addr().AsSlice()
-		copy(hdr[at+2*l.addrLen:], mask)
+		copy(hdr[at+2*l.addrLen:], net.CIDRMask(p.Bits(), 8*l.addrLen))
 		return nil
 	}
 	if err := put(0, r.src); err != nil {
@@ -377,12 +375,6 @@ func (e *encoder) entry(r xrule) ([]byte, error) {
 	return body, nil
 }
 
-func allOnes(n int) netip.Addr {
-	b := bytes.Repeat([]byte{0xff}, n)
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
-
 // putIface stores a name and its mask as xtables_parse_interface does: a
 // trailing '+' is kept in the name and the mask covers the prefix only;
 // otherwise the mask covers the name and its NUL.
@@ -396,8 +388,6 @@ func putIface(name, mask []byte, s string) {
 		mask[i] = 0xff
 	}
 }
-
-// ---- decoding ----
 
 var errNotOurs = errors.New("entry uses a match or target nftmesh does not install")
 
@@ -484,13 +474,10 @@ func (e rawEntry) comment() (string, bool) {
 // unconditional reports an all-zero ip header and no matches (a chain
 // policy or a user chain's trailing RETURN).
 func (e rawEntry) unconditional(l *layout) bool {
-	for _, c := range e.b[:l.nfcacheOff] {
-		if c != 0 {
-			return false
-		}
-	}
-	return len(e.matches) == 0
+	return allZero(e.b[:l.nfcacheOff]) && len(e.matches) == 0
 }
+
+func allZero(b []byte) bool { return !slices.ContainsFunc(b, func(c byte) bool { return c != 0 }) }
 
 // decodeRule turns one of our entries back into an xrule. Jump targets are
 // resolved by the caller (jump names the chain, filled from the verdict).
@@ -506,8 +493,8 @@ func decodeRule(l *layout, e rawEntry) (xrule, error) {
 			}
 			return netip.Prefix{}, nil
 		}
-		bits := maskBits(m.AsSlice())
-		if bits < 0 {
+		bits, size := net.IPMask(m.AsSlice()).Size()
+		if size == 0 {
 			return netip.Prefix{}, fmt.Errorf("non-contiguous address mask %s", m)
 		}
 		return netip.PrefixFrom(a, bits), nil
@@ -544,24 +531,6 @@ func decodeRule(l *layout, e rawEntry) (xrule, error) {
 	}
 	r.target, err = decodeTarget(l, e)
 	return r, err
-}
-
-// maskBits returns the prefix length of a contiguous mask, or -1.
-func maskBits(m []byte) int {
-	bits, zero := 0, false
-	for _, c := range m {
-		for i := 7; i >= 0; i-- {
-			switch {
-			case c&(1<<i) == 0:
-				zero = true
-			case zero:
-				return -1
-			default:
-				bits++
-			}
-		}
-	}
-	return bits
 }
 
 func need(m []byte, n int, what string) ([]byte, error) {
@@ -723,7 +692,7 @@ func decodeTarget(l *layout, e rawEntry) (xtarget, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !bytes.Equal(d[8:24], make([]byte, 16)) {
+		if !allZero(d[8:24]) {
 			return nil, fmt.Errorf("%w: TPROXY --on-ip", errNotOurs)
 		}
 		return tTProxy{mask: hostEndian.Uint32(d), mark: hostEndian.Uint32(d[4:]), port: binary.BigEndian.Uint16(d[24:])}, nil
@@ -754,7 +723,7 @@ func decodeTarget(l *layout, e rawEntry) (xtarget, error) {
 		if err != nil {
 			return nil, err
 		}
-		if hostEndian.Uint16(d) != 0 || !bytes.Equal(d[4:60], make([]byte, 56)) {
+		if hostEndian.Uint16(d) != 0 || !allZero(d[4:60]) {
 			return nil, fmt.Errorf("%w: CT options besides --zone", errNotOurs)
 		}
 		return tCT{zone: hostEndian.Uint16(d[2:])}, nil

@@ -173,11 +173,11 @@ func emptyTable(t testing.TB, l *layout, name string) *table {
 // round trip would.
 func writeAndReparse(t testing.TB, tb *table) *table {
 	t.Helper()
-	blob, n, he, uf, err := tb.layout()
+	blob, order, he, uf, err := tb.layout()
 	if err != nil {
 		t.Fatal(err)
 	}
-	info := tableInfo{validHooks: tb.info.validHooks, hookEntry: he, underflow: uf, numEntries: uint32(n), size: uint32(len(blob))}
+	info := tableInfo{validHooks: tb.info.validHooks, hookEntry: he, underflow: uf, numEntries: uint32(len(order)), size: uint32(len(blob))}
 	out, err := parseTable(tb.l, tb.name, info, blob)
 	if err != nil {
 		t.Fatalf("re-parsing our own blob: %v", err)
@@ -271,7 +271,7 @@ func TestStripKeepsForeign(t *testing.T) {
 		if x.name != "mangle" {
 			continue
 		}
-		withOurs, _ := readTableCopy(base)
+		withOurs := base.clone()
 		if err := withOurs.addOurs(enc, x); err != nil {
 			t.Fatal(err)
 		}
