@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 
 	"github.com/google/nftables/binaryutil"
@@ -192,7 +193,7 @@ func (d *ruleDecoder) meta(key expr.MetaKey) (redirect.Match, redirect.Verdict, 
 				return nil, redirect.SaveMark{}, nil
 			}
 		case *expr.Bitwise:
-			if isMetaSetAfterBitwise(d.es, d.i) {
+			if d.i+1 < len(d.es) && isMetaSet(d.es[d.i+1], expr.MetaKeyMARK) {
 				v, mask, err := d.maskedMarkSet()
 				if err != nil {
 					return nil, nil, err
@@ -210,10 +211,6 @@ func (d *ruleDecoder) meta(key expr.MetaKey) (redirect.Match, redirect.Verdict, 
 		return m, nil, err
 	}
 	return nil, nil, d.errf("unsupported meta key %d", key)
-}
-
-func isMetaSetAfterBitwise(es []any, i int) bool {
-	return i+1 < len(es) && isMetaSet(es[i+1], expr.MetaKeyMARK)
 }
 
 // maskedMarkSet consumes "bitwise(^mask, value); meta mark set" after a
@@ -329,11 +326,11 @@ func (d *ruleDecoder) payload(p *expr.Payload) (redirect.Match, redirect.Verdict
 			if b.Len != p.Len || !bytes.Equal(b.Xor, make([]byte, p.Len)) {
 				return nil, nil, d.errf("address mask is not a plain AND")
 			}
-			n, ok := maskBits(b.Mask)
-			if !ok {
+			ones, size := net.IPMask(b.Mask).Size()
+			if size != 8*len(b.Mask) {
 				return nil, nil, d.errf("address mask %x is not a prefix", b.Mask)
 			}
-			bits = n
+			bits = ones
 		}
 		data, neg, err := d.cmp(int(p.Len))
 		if err != nil {
@@ -423,24 +420,6 @@ func (d *ruleDecoder) immediate(imm *expr.Immediate) (redirect.Verdict, error) {
 		return redirect.SetCTZone{Zone: binaryutil.NativeEndian.Uint16(imm.Data)}, nil
 	}
 	return nil, d.errf("immediate not followed by redirect, tproxy, mark or zone")
-}
-
-func maskBits(m []byte) (int, bool) {
-	n := 0
-	for _, b := range m {
-		for bit := 7; bit >= 0; bit-- {
-			if b&(1<<bit) == 0 {
-				goto rest
-			}
-			n++
-		}
-	}
-rest:
-	want := make([]byte, len(m))
-	for i := 0; i < n; i++ {
-		want[i/8] |= 0x80 >> (i % 8)
-	}
-	return n, bytes.Equal(want, m)
 }
 
 func ifnameFromBytes(b []byte) (string, error) {
