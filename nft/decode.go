@@ -21,11 +21,9 @@ type ruleDecoder struct {
 	table redirect.TableName
 	es    []any
 	i     int
-	// anon maps anonymous set names (__setN) to their ports.
-	anon map[string][]uint16
-	// sets maps named sets to their kind.
-	sets map[string]redirect.SetKind
-	fam  redirect.Family
+	anon  map[string][]uint16         // anonymous sets' (__setN) ports
+	sets  map[string]redirect.SetKind // named sets' kinds
+	fam   redirect.Family
 }
 
 func (d *ruleDecoder) peek() any {
@@ -297,11 +295,8 @@ func (d *ruleDecoder) payload(p *expr.Payload) (redirect.Match, redirect.Verdict
 		}
 		return redirect.MatchPort{Source: source, Ports: []uint16{binary.BigEndian.Uint16(data)}, Negate: neg}, nil, nil
 	case expr.PayloadBaseNetworkHeader:
-		alen := uint32(4)
-		saddr, daddr := uint32(ip4SaddrOff), uint32(ip4DaddrOff)
-		if d.fam == redirect.FamilyIPv6 {
-			alen, saddr, daddr = 16, ip6SaddrOff, ip6DaddrOff
-		}
+		saddr, alen := addrField(d.fam, true)
+		daddr, _ := addrField(d.fam, false)
 		// nft -f loads only the bytes a prefix covers (10.0.0.0/8 → one
 		// byte); we load the whole address. Both start at the field.
 		if d.fam == redirect.FamilyAny || (p.Offset != saddr && p.Offset != daddr) || p.Len == 0 || p.Len > alen {
@@ -348,8 +343,6 @@ func (d *ruleDecoder) payload(p *expr.Payload) (redirect.Match, redirect.Verdict
 	return nil, nil, d.errf("unsupported payload base %d", p.Base)
 }
 
-// verdict handles verdict expressions; immediates that start a nat/mark
-// statement are handled by immediate.
 func (d *ruleDecoder) verdict(v *expr.Verdict) (redirect.Verdict, error) {
 	switch v.Kind {
 	case expr.VerdictAccept:
