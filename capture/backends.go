@@ -1,12 +1,9 @@
 package capture
 
-// Backend selection: nftables (the default) or iptables-legacy. "auto"
-// looks at the netns itself, not at binaries on PATH, so capture rules
-// never end up split across the two netfilter worlds.
-
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/nftmesh/nftmesh/redirect"
 )
@@ -23,39 +20,33 @@ var BackendNames = []string{Auto, NFTables, Legacy}
 
 // ValidateBackend checks a backend name.
 func ValidateBackend(name string) error {
-	for _, n := range BackendNames {
-		if name == n {
-			return nil
-		}
+	if slices.Contains(BackendNames, name) {
+		return nil
 	}
 	return fmt.Errorf("backend %q: want auto, nftables or iptables-legacy", name)
 }
 
 // selection is the backend chosen for a netns, why, and whether nftmesh's
-// rules were already there in it before this run (a failed Apply may then
-// only clean up what it added itself, never an earlier run's rules).
+// rules were there before this run (see Apply).
 type selection struct {
 	backend redirect.Backend
 	why     string
 	oursWas bool
 }
 
-// choose returns the backend to use for the visited namespace and why. An
-// explicit choice is refused when the other backend already holds
-// nftmesh's rules there (they would be split across both worlds); "auto"
-// picks iptables-legacy only when legacy nat/mangle tables there already
-// hold rules (a primary CNI or tool that lives in legacy tables), the
+// choose returns the backend to use for the visited namespace and why,
+// from the namespace itself, never binaries on PATH, so capture rules never
+// end up split across the two netfilter worlds. An explicit choice is
+// refused when the other backend already holds nftmesh's rules there;
+// "auto" picks iptables-legacy only when legacy nat/mangle tables there
+// already hold rules (a primary CNI that lives in legacy tables), the
 // kernel supports legacy x_tables and the netns is owned by this process's
-// user namespace. iptables-legacy is refused outright for a netns owned by
-// another user namespace (see ErrUserNamespaced): the kernel would refuse
-// its owner match there.
+// user namespace (see ErrUserNamespaced).
 //
-// It runs on every CNI ADD, so it reads the namespace as cheaply as it can:
-// one nftables table dump (which the nftables backend's Apply reuses), one
-// ioctl for the owning user namespace and one pass over the legacy tables
-// that exist. The host kernel is probed for legacy x_tables only where
-// legacy tables hold something: a namespace without legacy rules gets
-// nftables whatever the kernel supports.
+// It runs on every CNI ADD, so it reads as little as it can: one table
+// dump (which the nftables backend's Apply reuses), one ioctl for the
+// owning user namespace, one pass over the legacy tables that exist, and
+// the kernel's legacy x_tables support only where those hold something.
 func (pl *Pipeline) choose(ctx context.Context, name string, v Visit, netnsPath string) (selection, error) {
 	if err := ValidateBackend(name); err != nil {
 		return selection{}, err
@@ -108,16 +99,14 @@ func (pl *Pipeline) choose(ctx context.Context, name string, v Visit, netnsPath 
 // another user namespace (see ErrUserNamespaced).
 const UsernsReason = "auto: netns owned by another user namespace (hostUsers: false), where the kernel refuses the iptables owner match"
 
-// chooseNFTables is choose for an explicit nftables: refused where the
-// legacy backend holds nftmesh's rules.
+// chooseNFTables is choose for an explicit nftables.
 func (pl *Pipeline) chooseNFTables(v Visit, netnsPath string) (selection, error) {
 	pr, err := v.LegacyPresence()
 	if err != nil {
 		return selection{}, fmt.Errorf("selecting a backend for %s: %w", netnsPath, err)
 	}
-	// Rules of ours that a kernel without legacy x_tables holds (one
-	// family's module loaded, not the other's) are not refused: the
-	// legacy backend cannot be used there either.
+	// Rules of ours on a kernel without legacy x_tables (one family's
+	// module loaded) are not refused: legacy cannot be used there either.
 	if pr.Ours && pl.k.LegacyAvailable() == nil {
 		return selection{}, fmt.Errorf("netns %s already has nftmesh rules from the iptables-legacy backend: refusing to add nftables rules beside them (remove them with `redirect clean --backend iptables-legacy`, or use --backend iptables-legacy)", netnsPath)
 	}
@@ -128,9 +117,7 @@ func (pl *Pipeline) chooseNFTables(v Visit, netnsPath string) (selection, error)
 	return selection{v.Backend(NFTables), "requested", ours}, nil
 }
 
-// chooseLegacy is choose for an explicit iptables-legacy: refused for a
-// namespace of another user namespace, on a kernel without legacy
-// x_tables, and where the nftables backend holds nftmesh's rules.
+// chooseLegacy is choose for an explicit iptables-legacy.
 func (pl *Pipeline) chooseLegacy(v Visit, netnsPath string) (selection, error) {
 	foreign, err := v.ForeignUserns()
 	if err != nil {

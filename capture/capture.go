@@ -1,15 +1,12 @@
-// Package capture is the capture pipeline between the front ends (the CNI
+// Package capture is the one pipeline between the front ends (the CNI
 // plugin, the agent's repair, the `redirect` CLI) and the kernel backends:
 // it opens and validates the pod's network namespace, refuses the host's,
 // serializes every verb on one namespace with a per-namespace lock, selects
-// the backend, and applies, checks or removes a Plan. It is the one package
-// the front ends call for kernel work; it owns the backend names and rule
-// counts.
+// the backend, and applies, checks or removes a Plan.
 //
-// The verbs are methods of a Pipeline over a Kernel: Linux() (also behind
-// the package-level functions) drives the running kernel, and
-// testkit/capturetest's in-memory kernel lets tests run every decision of
-// the pipeline, and of the front ends above it, without root.
+// The verbs are methods of a Pipeline over a Kernel: Linux() drives the
+// running kernel, and testkit/capturetest's in-memory kernel lets tests run
+// every decision of the pipeline and the front ends without root.
 //
 // It does not decide what a pod gets (podinfo and redirect.Build do) and
 // does not know about Kubernetes or CNI.
@@ -36,20 +33,17 @@ import (
 // Netns is an opened network namespace whose type has been checked.
 type Netns = hostns.Netns
 
-// NotNetnsError is the error for a path that exists but is not a network
-// namespace (a FIFO, a regular file, a directory, ...).
+// NotNetnsError is the error for a path that is not a network namespace.
 type NotNetnsError = hostns.NotNetnsError
 
 // ErrHostNetns is wrapped by every error that refuses the host's own
 // network namespace.
 var ErrHostNetns = hostns.ErrOwnNetns
 
-// Open opens the network namespace at path for a verb on a pod's capture
-// (apply, check, remove): without blocking whatever the path names, checked
-// to be a network namespace, and refused when it is the host's (the
+// Open opens the network namespace at path for a verb on a pod's capture,
+// without blocking whatever the path names, and refuses the host's (the
 // caller's own unless the pipeline allows it, PID 1's, or one registered
-// with AddHostNetnsFromProc), however the path reaches it (symlinks and
-// bind mounts are seen through).
+// with AddHostNetnsFromProc) however the path reaches it.
 func (pl *Pipeline) Open(path string) (*Netns, error) {
 	return pl.guard.Check(pl.k.OpenNetns(path))
 }
@@ -59,14 +53,13 @@ func (pl *Pipeline) Open(path string) (*Netns, error) {
 func (pl *Pipeline) OpenForReading(path string) (*Netns, error) { return pl.k.OpenNetns(path) }
 
 // Addrs lists the addresses of the network namespace at path in the
-// kernel's order, what IPv6 capture is decided from (see Plan).
+// kernel's order (see Plan).
 func (pl *Pipeline) Addrs(path string) ([]netip.Addr, error) { return pl.k.Addrs(path) }
 
-// AllowingOwnNetns returns a copy of pl that lets the caller's own
-// namespace be programmed (`redirect apply --allow-own-netns`) when allow
-// is set, down to the backends' own checks; PID 1's and registered host
-// namespaces stay refused. pl itself is unchanged: two pipelines of one
-// process keep their own setting.
+// AllowingOwnNetns returns a copy of pl that, with allow, lets the
+// caller's own namespace be programmed (`redirect apply --allow-own-netns`),
+// down to the backends' own checks; PID 1's and registered host namespaces
+// stay refused.
 func (pl *Pipeline) AllowingOwnNetns(allow bool) *Pipeline {
 	cp := *pl
 	cp.guard.AllowOwn = allow
@@ -82,24 +75,19 @@ func AddHostNetnsFromProc(procDir string) (string, error) { return hostns.AddHos
 type Options struct {
 	// Backend is auto (the default when empty), nftables or iptables-legacy.
 	Backend string
-	// RunDir holds the per-namespace lock files (the agent run dir, shared
-	// by the plugin, the agent and the CLI: runs serialize only with runs
-	// of the same run dir). Empty: DefaultRunDir, or a directory of this
-	// user's in the temp dir when that cannot be created. It must be a
-	// directory only its owner (this user or root) can write (see lockDir).
+	// RunDir holds the per-namespace lock files: runs serialize only with
+	// runs of the same run dir. Empty: see lockDir.
 	RunDir string
 	// Locked, when set, is called once the namespace's lock is held,
-	// before anything there is read or written. A short-lived front end
-	// uses it to stop an interrupt from landing between the nftables batch
-	// and the routes that go with it (see cmd/redirect's holdInterrupt).
+	// before anything there is read or written (see cmd/redirect's
+	// holdInterrupt).
 	Locked func()
 	// RefuseForeign makes Apply refuse, with a *ForeignError and nothing
 	// written, a namespace that holds another installer's capture (see
-	// Foreign): looked for under the namespace's lock, from the visit the
-	// rules are then written through, so nothing can come in between.
+	// Foreign), looked for under the lock through the visit that writes.
 	RefuseForeign bool
-	// ApplyTimeout, when set, bounds an Apply (Add's included) from when
-	// it starts: a wedged netlink socket must not hang the caller.
+	// ApplyTimeout, when set, bounds an Apply (Add's included): a wedged
+	// netlink socket must not hang the caller.
 	ApplyTimeout time.Duration
 }
 
@@ -110,8 +98,7 @@ func (o Options) backend() string {
 	return o.Backend
 }
 
-// lock guards n against the host check and takes its namespace lock: the
-// start of every verb.
+// lock refuses the host's n and takes n's lock: the start of every verb.
 func (pl *Pipeline) lock(ctx context.Context, n *Netns, o Options) (*netnsLock, error) {
 	if err := ValidateBackend(o.backend()); err != nil {
 		return nil, err
@@ -126,11 +113,11 @@ func (pl *Pipeline) lock(ctx context.Context, n *Netns, o Options) (*netnsLock, 
 	return lk, err
 }
 
-// pin returns a path that names exactly n: the magic link of its
-// descriptor in /proc/self/fd. The backends open namespaces by path, and
-// given the pinned one they program the namespace that was checked and
-// locked, not whatever n.Path names by then (a PID reused, a bind mount
-// or symlink swapped). Where /proc/self does not lead back to n, n.Path.
+// pin returns a path that names exactly n, its descriptor's magic link in
+// /proc/self/fd, so the backends, which open by path, program the
+// namespace that was checked and locked, not whatever n.Path names by then
+// (a PID reused, a bind mount swapped). Where /proc/self does not lead
+// back to n, n.Path.
 func pin(n *Netns) string {
 	p := "/proc/self/fd/" + strconv.Itoa(n.Fd())
 	var st unix.Stat_t
@@ -140,8 +127,7 @@ func pin(n *Netns) string {
 	return p
 }
 
-// pinnedError shows the caller's path where a backend's error names the
-// pinned one.
+// pinnedError shows n.Path where a backend's error names the pinned one.
 type pinnedError struct {
 	err          error
 	pinned, path string
@@ -168,11 +154,10 @@ type Applied struct {
 // after the verb's own context expired.
 const cleanupTimeout = 5 * time.Second
 
-// Apply programs p into n with the selected backend, under n's lock. A
-// backend's Apply leaves either the new plan or what was there before. When
-// nftmesh had nothing there before, a failure is followed by a Remove, so
-// nothing that looks like capture stays; rules an earlier run installed are
-// never removed by a failed Apply (another run's success must not be undone).
+// Apply programs p into n with the selected backend, under n's lock. When
+// nftmesh had nothing there before, a failure is followed by a Remove;
+// rules an earlier run installed are never removed by a failed Apply
+// (another run's success must not be undone).
 func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Options) (Applied, error) {
 	if o.ApplyTimeout > 0 {
 		var cancel context.CancelFunc
@@ -225,8 +210,8 @@ func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 }
 
 // Check compares what n holds with p using the selected backend, under n's
-// lock (so a concurrent Apply is not seen half done). A difference is a
-// *redirect.DriftError. It returns the backend's name.
+// lock; a difference is a *redirect.DriftError. It returns the backend's
+// name.
 func (pl *Pipeline) Check(ctx context.Context, n *Netns, p redirect.Plan, o Options) (string, error) {
 	lk, err := pl.lock(ctx, n, o)
 	if err != nil {
@@ -268,8 +253,7 @@ type Removed struct {
 	Backend string   // nftables, iptables-legacy, or "routes" for the shared part
 	What    []string // e.g. "table inet nftmesh (12 rules in 5 chains, 3 sets)"
 	// Unread, when set, is why what was there could not be read before it
-	// was removed by name (a counter or a kind of set nftmesh does not
-	// write, added by someone else): What then names only what went.
+	// was removed by name: What then names only what went.
 	Unread string
 }
 
@@ -293,10 +277,8 @@ func (r Removal) String() string {
 
 // Remove deletes nftmesh's rules from n, under its lock: with backend auto
 // from every backend that holds them, else from the named one; then the
-// TPROXY policy routes and ::6, which belong to whichever backend. Foreign
-// rules stay (other tables, untagged rules, another installer's ISTIO_*
-// chains). Nothing of ours there is success with an empty Removal, and
-// nothing is written. The plugin's DEL and `redirect clean` both call it.
+// TPROXY policy routes and ::6. Foreign rules stay. Nothing of ours there
+// is success with an empty Removal, and nothing is written.
 func (pl *Pipeline) Remove(ctx context.Context, n *Netns, o Options) (Removal, error) {
 	lk, err := pl.lock(ctx, n, o)
 	if err != nil {
@@ -316,9 +298,8 @@ func (pl *Pipeline) Remove(ctx context.Context, n *Netns, o Options) (Removal, e
 		bs = []redirect.Backend{v.Backend(o.backend())}
 	default:
 		bs = []redirect.Backend{v.Backend(NFTables)}
-		// The legacy backend has something to remove only where its
-		// tables hold rules of ours, and can only be used on a kernel
-		// that has legacy x_tables.
+		// Legacy only where its tables hold ours and the kernel has
+		// legacy x_tables.
 		pr, err := v.LegacyPresence()
 		if err != nil {
 			return nil, unpin(fmt.Errorf("looking for legacy rules to remove: %w", err), path, n)
@@ -347,12 +328,10 @@ func remove(ctx context.Context, bs []redirect.Backend, path string) (Removal, e
 	for i, b := range bs {
 		live, err := b.List(ctx, path)
 		if err != nil {
-			// What cannot be read (a counter, a timeout set, a verdict map
-			// someone added to our table; a target in our chain we do
-			// not decode) is ours all the same, and a DEL that fails on
-			// it would keep the pod Terminating for good: the backend's
-			// Remove deletes its objects by name, without reading them,
-			// routes included. The listing error goes with the Removal.
+			// What cannot be read (a counter someone added to our
+			// table) is ours all the same, and a DEL that fails on it
+			// would keep the pod Terminating for good: Remove deletes by
+			// name, without reading. The listing error goes with it.
 			if rerr := b.Remove(ctx, path); rerr != nil {
 				return out, errors.Join(fmt.Errorf("listing %s rules before removing them: %w", b.Name(), err),
 					fmt.Errorf("removing %s rules without listing them: %w", b.Name(), rerr))
@@ -362,8 +341,8 @@ func remove(ctx context.Context, bs []redirect.Backend, path string) (Removal, e
 			continue
 		}
 		if i == 0 {
-			// Routes and ::6 are listed by every backend: the first
-			// listing, before anything is removed, has them.
+			// Every backend lists routes and ::6: take the first
+			// listing, before anything is removed.
 			routes = ourRoutes(live)
 		}
 		if len(live.Tables) == 0 && len(live.Sets) == 0 {
@@ -376,7 +355,7 @@ func remove(ctx context.Context, bs []redirect.Backend, path string) (Removal, e
 		out = append(out, Removed{Backend: b.Name(), What: []string{describeRules(b.Name(), live)}})
 	}
 	if len(routes) > 0 {
-		// A backend's Remove takes the routes too; left-overs without any
+		// A backend's Remove takes the routes too; left-overs without
 		// rules still need one.
 		if remover == nil {
 			if err := bs[0].Remove(ctx, path); err != nil {
@@ -388,8 +367,8 @@ func remove(ctx context.Context, bs []redirect.Backend, path string) (Removal, e
 	return out, nil
 }
 
-// ourRoutes names the TPROXY policy routes and passthrough address of ours
-// in a listed plan (another tool's fwmark routing is not listed).
+// ourRoutes names our TPROXY policy routes and passthrough address in a
+// listed plan.
 func ourRoutes(p redirect.Plan) []string {
 	var out []string
 	for _, r := range p.Routes {
@@ -427,8 +406,7 @@ func describeRules(backend string, p redirect.Plan) string {
 	return s + " (tables " + strings.Join(slices.Compact(slices.Sorted(slices.Values(tables))), ", ") + ")"
 }
 
-// RuleCount is the number of rules in a plan (sets count as one lookup
-// each, inside the rule that uses them).
+// RuleCount is the number of rules in a plan.
 func RuleCount(p redirect.Plan) int {
 	n := 0
 	for _, t := range p.Tables {

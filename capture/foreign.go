@@ -7,11 +7,9 @@ import (
 )
 
 // Foreign lists the traffic capture another installer left in n, which
-// would act on the pod's traffic next to (or instead of) ours: Istio's
-// iptables chains (ISTIO_* user chains that are not ours) in legacy
-// x_tables or in the iptables-nft tables, and the tables of Istio's native
-// nftables mode (inet istio-proxy-*). Each entry says where it is; none
-// means nothing foreign was found.
+// would act on the pod's traffic next to or instead of ours: Istio's
+// ISTIO_* chains that are not ours, in legacy x_tables or iptables-nft,
+// and the tables of Istio's native nftables mode (inet istio-proxy-*).
 func (pl *Pipeline) Foreign(ctx context.Context, n *Netns) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -44,9 +42,8 @@ func (pl *Pipeline) foreignIn(v Visit, path string, n *Netns) ([]string, error) 
 	return append(out, nf...), nil
 }
 
-// ForeignError is Foreign's finding as an error, for the verbs that must
-// not report a pod in sync while another installer's capture is there, and
-// Apply's refusal with RefuseForeign.
+// ForeignError is Foreign's finding as an error: no pod is in sync beside
+// another installer's capture (and see RefuseForeign).
 type ForeignError struct {
 	Netns string
 	Found []string

@@ -17,50 +17,41 @@ import (
 )
 
 // Kernel is everything the pipeline reads and writes below itself: the
-// network namespace files, the two backends, and the few probes backend
-// selection and CHECK read. The pipeline keeps every decision (the host
-// guard, the lock, selection, clean-up after a failure, counts); a Kernel
-// only answers. Linux() drives the running kernel; testkit/capturetest has an
-// in-memory one, so the pipeline and the front ends run without root.
+// network namespace files, the two backends, and the probes selection and
+// CHECK read. The pipeline keeps every decision (the host guard, the lock,
+// selection, clean-up after a failure); a Kernel only answers.
+// testkit/capturetest has an in-memory one.
 //
-// Paths passed to the methods are what the pipeline hands the backends: a
-// namespace's pinned /proc/self/fd path or, for a Netns without a
-// descriptor, its Path.
+// Paths passed to the methods are a namespace's pinned path (see pin).
 type Kernel interface {
 	// OpenNetns opens the network namespace file at path without blocking
-	// and checks that it is one (see hostns.Open); it does not refuse the
-	// host's: the pipeline does.
+	// and checks that it is one (see hostns.Open); the pipeline refuses
+	// the host's.
 	OpenNetns(path string) (*Netns, error)
-	// Prepare lets the kernel start on p, the plan an Apply is about to
-	// write, while the pipeline takes the lock and selects the backend
-	// (the nftables backend encodes and marshals its batch on another
-	// goroutine). Its result goes to Enter; it may be nil.
+	// Prepare starts on p, the plan an Apply is about to write, while the
+	// pipeline locks and selects; the result (maybe nil) goes to Enter.
 	Prepare(p redirect.Plan) Prepared
-	// Enter opens what one verb reads and writes in the namespace n, whose
-	// pinned path is path, entering it once (see Visit); the visit's
-	// backends use prep (nil for none) when asked to apply its plan, and
-	// refuse what g refuses (the pipeline's own host guard, which it
-	// checked n with). The pipeline enters after the host guard and the
-	// lock, so what the visit reads is what the verb's writes start from.
+	// Enter opens what one verb reads and writes in n, whose pinned path is
+	// path (see Visit); the visit's backends use prep (nil for none) for
+	// its plan and refuse what g, the pipeline's host guard, refuses. The
+	// pipeline enters after the host guard and the lock, so what the visit
+	// reads is what the verb's writes start from.
 	Enter(n *Netns, path string, prep Prepared, g Guard) (Visit, error)
 	// LegacyAvailable is nil when the kernel has legacy x_tables.
 	LegacyAvailable() error
-	// Addrs lists the namespace's addresses in the kernel's order (see
-	// netnsaddr.List).
+	// Addrs lists the namespace's addresses in the kernel's order.
 	Addrs(path string) ([]netip.Addr, error)
 }
 
 // Visit is one verb's way into one namespace: on Linux, sockets opened from
-// inside it by one thread that entered it once (a socket keeps the
-// namespace it was created in), through which selection reads and the
-// nftables backend writes. Close releases them; the Netns stays open.
+// inside it by one thread that entered it once. Close releases them; the
+// Netns stays open.
 type Visit interface {
 	// Backend returns the backend named NFTables or Legacy, working in
 	// the visited namespace.
 	Backend(name string) redirect.Backend
 	// LegacyPresence reads the namespace's legacy tables: nothing where
-	// none exists, as on a kernel without legacy x_tables (whether the
-	// kernel could write them is LegacyAvailable's question).
+	// none exists, as on a kernel without legacy x_tables.
 	LegacyPresence() (LegacyPresence, error)
 	// NFTPresence reports whether nftmesh's table and iptables-nft
 	// nat/mangle tables exist in the namespace.
@@ -74,8 +65,8 @@ type Visit interface {
 	Close() error
 }
 
-// Prepared is a Kernel's work on a plan ahead of its Apply (see
-// Kernel.Prepare); only the Kernel that made it reads it.
+// Prepared is a Kernel's work on a plan ahead of its Apply, read only by
+// the Kernel that made it.
 type Prepared any
 
 // LegacyPresence is what the legacy tables of a namespace hold.
@@ -84,9 +75,8 @@ type LegacyPresence = iptables.Presence
 // Guard is the host check a pipeline applies (see AllowingOwnNetns).
 type Guard = hostns.Guard
 
-// Pipeline runs the verbs against one Kernel. Front ends hold one (Linux()
-// in production) so that tests can hand them an in-memory kernel. Its
-// guard is its own: the zero value refuses every namespace of the host's.
+// Pipeline runs the verbs against one Kernel. Its guard is its own: the
+// zero value refuses every namespace of the host's.
 type Pipeline struct {
 	k     Kernel
 	guard Guard
@@ -97,20 +87,17 @@ func New(k Kernel) *Pipeline { return &Pipeline{k: k} }
 
 var linux = New(linuxKernel{})
 
-// Linux is the pipeline over the running kernel; the package-level verbs
-// use it.
+// Linux is the pipeline over the running kernel.
 func Linux() *Pipeline { return linux }
 
 // LinuxVia is the pipeline over the running kernel in which the namespace
-// file at path is reached through fd, a descriptor for it (O_PATH is
-// enough) that another process opened in its own mount namespace and passed
-// over a unix socket; other paths are opened as they are. Errors name
-// path. fd stays the caller's to close.
+// file at path is reached through fd (O_PATH is enough), opened by another
+// process in its own mount namespace and passed over a unix socket. Errors
+// name path. fd stays the caller's to close.
 //
-// It starts listing the namespace's addresses at once, on a goroutine of
-// its own with a descriptor of its own: the process it runs in (the agent)
-// has a core to spare while the call's config is parsed and its pod looked
-// up, and the plan needs the addresses next.
+// It starts listing the namespace's addresses at once, on a goroutine with
+// a descriptor of its own: the agent has a core to spare while the call's
+// pod is looked up, and the plan needs the addresses next.
 func LinuxVia(path string, fd int) *Pipeline {
 	k := viaKernel{path: path, fd: fd, addrs: &addrsResult{done: make(chan struct{})}}
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
@@ -122,9 +109,8 @@ func LinuxVia(path string, fd int) *Pipeline {
 	go func() {
 		defer close(k.addrs.done)
 		defer unix.Close(dup)
-		// This goroutine is outside the caller's recover: a panic here
-		// would end the agent with every call in flight. It fails this
-		// call's address list instead, and so the call.
+		// Outside the caller's recover a panic would end the agent with
+		// every call in flight; it fails this call instead.
 		defer func() {
 			if p := recover(); p != nil {
 				k.addrs.list, k.addrs.err = nil, fmt.Errorf("listing addresses of netns %s: panic: %v", path, p)
@@ -144,14 +130,12 @@ func LinuxVia(path string, fd int) *Pipeline {
 // listAddrsIn is netnsaddr.ListIn; tests replace it to make it panic.
 var listAddrsIn = netnsaddr.ListIn
 
-// addrsResult is the address list LinuxVia started.
 type addrsResult struct {
 	done chan struct{}
 	list []netip.Addr
 	err  error
 }
 
-// linuxKernel is the running kernel.
 type linuxKernel struct{}
 
 // viaKernel is the running kernel with one namespace path reached through
@@ -182,19 +166,15 @@ func (linuxKernel) OpenNetns(path string) (*Netns, error) { return hostns.Open(p
 
 func (linuxKernel) LegacyAvailable() error { return iptables.LegacyAvailable() }
 
-// Prepare encodes p for the nftables backend and marshals the batch that
-// creates its table on another goroutine, the likeliest backend's CPU
-// work done while the pipeline waits on system calls; a namespace that
-// gets iptables-legacy leaves it unused.
+// Prepare has the nftables backend, the likeliest, prepare p on another
+// goroutine (see nft.Backend.Prepare).
 func (linuxKernel) Prepare(p redirect.Plan) Prepared { return nft.New().Prepare(p) }
 
 func (linuxKernel) Addrs(path string) ([]netip.Addr, error) { return netnsaddr.List(path) }
 
-// Enter opens, from one thread inside n, the sockets a verb uses there: a
-// netfilter netlink socket for the table dump and the batch, an rtnetlink
-// handle for the policy routes and ::6, and the legacy tables' names (with
-// a raw socket per family that has any). Entering costs a thread switch and
-// back, each socket one system call.
+// Enter opens, from one thread inside n, the sockets a verb uses there:
+// nftables (nft.DialHere), rtnetlink for the policy routes and ::6, and
+// the legacy tables'. Entering costs a thread switch and back.
 func (linuxKernel) Enter(n *Netns, path string, prep Prepared, g Guard) (Visit, error) {
 	pr, _ := prep.(*nft.Prepared)
 	v := &linuxVisit{n: n, path: path, prep: pr, guard: g}
@@ -215,7 +195,6 @@ func (linuxKernel) Enter(n *Netns, path string, prep Prepared, g Guard) (Visit, 
 	return v, nil
 }
 
-// linuxVisit is a Visit of the running kernel.
 type linuxVisit struct {
 	n     *Netns
 	path  string
@@ -261,9 +240,8 @@ func (v *linuxVisit) LegacyPresence() (LegacyPresence, error) {
 
 func (v *linuxVisit) ForeignUserns() (bool, error) { return ownerIsForeign(v.n.Fd(), v.path) }
 
-// NFTPresence reads, from one table dump, whether our table exists and
-// whether iptables-nft tables (ip/ip6 "nat" or "mangle") do. The nftables
-// backend of this visit takes our table's existence from the same dump.
+// NFTPresence reads one table dump, which the visit's nftables backend
+// reuses.
 func (v *linuxVisit) NFTPresence() (ours, iptablesNFT bool, err error) {
 	tables, err := v.nf.Tables()
 	if err != nil {
@@ -282,8 +260,7 @@ func (v *linuxVisit) NFTPresence() (ours, iptablesNFT bool, err error) {
 
 // NFTForeign lists the tables of Istio's native nftables mode (inet
 // istio-proxy-*) and, where iptables-nft tables exist, their ISTIO_*
-// chains, over the visit's own socket (no second entry into the
-// namespace).
+// chains.
 func (v *linuxVisit) NFTForeign() ([]string, error) {
 	tables, err := v.nf.Tables()
 	if err != nil {

@@ -13,32 +13,27 @@ import (
 	"github.com/nftmesh/nftmesh/internal/hostns"
 )
 
-// DefaultRunDir is the agent run dir of a default install, where the lock
-// files go when no run dir is given.
+// DefaultRunDir is the agent run dir of a default install.
 const DefaultRunDir = "/var/run/nftmesh"
 
 // lockSubdir holds one lock file per network namespace.
 const lockSubdir = "netns-locks"
 
-// netnsLock is an exclusive flock on one network namespace. Every verb that
-// reads or changes a namespace's capture holds it, in every process (plugin
-// runs, the agent's repair, the CLI), so two runs never interleave their
-// reads and writes in one namespace.
+// netnsLock is an exclusive flock on one network namespace, held by every
+// verb in every process (plugin, agent repair, CLI) that shares the run
+// dir, so two runs never interleave in one namespace.
 //
-// The lock is a file named by the namespace's identity (the device and
-// inode of its nsfs file) in the run dir's lock directory, which only its
-// owner (root) can write: every path to one namespace shares one lock, and
-// no other user can hold it. The namespace file itself is not locked: it is
-// world-readable, and a flock needs only a descriptor, so any local user
-// could hold that one and wedge every verb on the pod. Processes share the
-// lock only when they share the run dir (the plugin, the agent and the CLI
-// default to DefaultRunDir).
+// The lock is a file named by the namespace's identity (device and inode
+// of its nsfs file), so every path to one namespace shares one lock, in a
+// directory only its owner can write, so no other user can hold it. The
+// namespace file itself is not locked: it is world-readable, and a flock
+// needs only a descriptor, so any local user could wedge every verb on the
+// pod.
 //
 // DEL, the namespace's last verb, removes the file. One left by a namespace
-// that went without a DEL stays, harmless: it is an empty file nobody holds,
-// and the kernel reuses namespace inode numbers (the lowest free one), so
-// the next namespace given that number takes it over; there are never more
-// of them than namespace numbers in use at once.
+// that went without a DEL is harmless: nobody holds it, and the next
+// namespace given that inode number (the kernel reuses the lowest free one)
+// takes it over.
 type netnsLock struct {
 	dir  int    // the lock directory, held open: the file is unlinked through it
 	name string // the lock file's name in dir
@@ -46,15 +41,14 @@ type netnsLock struct {
 	fd   int
 }
 
-// lockDir opens the directory the lock files live in: runDir's
-// subdirectory, or when no run dir was configured, DefaultRunDir's, falling
-// back to one under the temp dir if that cannot be created (a CLI run on a
-// machine without the agent, as a user who cannot write /var/run). Missing
-// directories are created (mode 0700); each one from the run dir down, and
-// any missing parent created, must be a directory owned by this user or
-// root that nobody else can write, reached without following a symlink: a
-// directory another user made or can write (a /tmp/nftmesh-<uid> made
-// ahead of us) is refused, as its lock files could be held or replaced.
+// lockDir opens the lock directory: runDir's subdirectory, or without a
+// run dir DefaultRunDir's, falling back to one under the temp dir if that
+// cannot be used (a CLI run as a user who cannot write /var/run). Missing
+// directories are created (mode 0700); the run dir, its lock directory and
+// any parent created must be directories owned by this user or root that
+// nobody else can write, reached without following a symlink: one another
+// user made or can write (a /tmp/nftmesh-<uid> made ahead of us) is
+// refused, as its lock files could be held or replaced.
 func lockDir(runDir string) (fd int, path string, err error) {
 	if runDir != "" {
 		return openLockDir(runDir)
@@ -78,7 +72,6 @@ func lockDir(runDir string) (fd int, path string, err error) {
 // defaultRunDir is DefaultRunDir; tests point it elsewhere.
 var defaultRunDir = DefaultRunDir
 
-// openLockDir opens runDir's lock subdirectory (see lockDir).
 func openLockDir(runDir string) (int, string, error) {
 	run, err := openPrivateDir(filepath.Clean(runDir))
 	if err != nil {
@@ -93,10 +86,10 @@ func openLockDir(runDir string) (int, string, error) {
 	return fd, path, nil
 }
 
-// openPrivateDir opens dir (an O_PATH descriptor), creating it and its
-// missing parents, and checks it and the parents it created (see
-// checkPrivate). The parents that exist are taken as they are (/var/run,
-// /tmp): dir's own check is what keeps other users out.
+// openPrivateDir opens dir (O_PATH), creating it and its missing parents,
+// and checks it and the parents it created (see checkPrivate). Existing
+// parents (/var/run, /tmp) are taken as they are: dir's own check keeps
+// other users out.
 func openPrivateDir(dir string) (int, error) {
 	parent, name := filepath.Dir(dir), filepath.Base(dir)
 	if parent == dir {
@@ -115,9 +108,9 @@ func openPrivateDir(dir string) (int, error) {
 	return openPrivateAt(pfd, name, dir)
 }
 
-// openPrivateAt opens the directory name in dirfd (path names it in
-// errors), creating it with mode 0700 when missing, without following a
-// symlink, and checks it (see checkPrivate).
+// openPrivateAt opens the directory name in dirfd (path in errors),
+// creating it with mode 0700 when missing, without following a symlink,
+// and checks it.
 func openPrivateAt(dirfd int, name, path string) (int, error) {
 	const flags = unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
 	fd, err := unix.Openat(dirfd, name, flags, 0)
@@ -165,8 +158,7 @@ func checkPrivate(fd int, path string) error {
 }
 
 // insecureDirError refuses a lock directory, or one of its parents, that
-// another user could write: that user could hold the lock files (wedging
-// every verb on a pod) or put others in their place.
+// another user could write.
 type insecureDirError struct{ path, why string }
 
 func (e *insecureDirError) Error() string {
@@ -183,11 +175,6 @@ func fileKind(mode uint32) string {
 		return "directory"
 	}
 	return fmt.Sprintf("file of mode %#o", mode&unix.S_IFMT)
-}
-
-// lockNetns takes the lock of namespace n, waiting until ctx is done.
-func lockNetns(ctx context.Context, runDir string, n *hostns.Netns, what string) (*netnsLock, error) {
-	return lockFile(ctx, runDir, n.ID, what)
 }
 
 // flockWait takes an exclusive flock on fd, polling with backoff until ctx
@@ -211,16 +198,13 @@ func flockWait(ctx context.Context, fd int, what, holder string) error {
 	}
 }
 
-// lockFile locks the file standing for the namespace id in the run dir's
-// lock directory. The file is named by the namespace's device and inode,
-// so every path to one namespace (bind mount, /proc/PID/ns/net, symlink)
-// shares one lock.
-func lockFile(ctx context.Context, runDir string, id hostns.ID, what string) (*netnsLock, error) {
+// lockNetns takes the lock of namespace n, waiting until ctx is done.
+func lockNetns(ctx context.Context, runDir string, n *hostns.Netns, what string) (*netnsLock, error) {
 	dir, dirPath, err := lockDir(runDir)
 	if err != nil {
 		return nil, err
 	}
-	name := fmt.Sprintf("netns-%d-%d.lock", id.Dev, id.Ino)
+	name := fmt.Sprintf("netns-%d-%d.lock", n.ID.Dev, n.ID.Ino)
 	path := filepath.Join(dirPath, name)
 	for {
 		fd, err := unix.Openat(dir, name, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)

@@ -18,8 +18,7 @@ type Decision struct {
 }
 
 // AddrSource reads the addresses of the pod's network namespace in the
-// kernel's order (Pipeline.Addrs of its path, usually). Plan calls it only
-// for a pod in the mesh, so a pod that is skipped costs no read.
+// kernel's order. Plan calls it only for a pod in the mesh.
 type AddrSource func() ([]netip.Addr, error)
 
 // Steps of Plan, as PlanError names them.
@@ -34,8 +33,7 @@ const (
 )
 
 // PlanError is the error of Plan and Add: the step that failed and its
-// error, whose text it keeps unchanged (the front ends show it to the user
-// as is).
+// error, whose text it keeps unchanged.
 type PlanError struct {
 	Step string
 	Err  error
@@ -53,16 +51,12 @@ func PlanStep(err error) string {
 	return ""
 }
 
-// Plan decides what pod gets, as every front end must: the in-mesh
-// decision and the spec from its annotations and proxy container
-// (meshpod.Decide), then for a pod in the mesh IPv6 capture as Istio
-// decides it, from the addresses inside the pod's namespace (addrs) and
-// the sidecar's ISTIO_DUAL_STACK, then redirect.Build. Capturing IPv6 for
-// a sidecar that does not listen on it would break the app's IPv6
-// connections. A nil addrs keeps Decide's prediction from the pod's IPs.
-//
-// A pod that is not in the mesh is a Decision with InMesh false and its
-// reason. Errors are *PlanError.
+// Plan decides what pod gets, for every front end: meshpod.Decide, then
+// for a pod in the mesh IPv6 capture as Istio decides it, from the
+// addresses inside the pod's namespace (addrs; nil keeps Decide's
+// prediction from the pod's IPs) and the sidecar's ISTIO_DUAL_STACK, then
+// redirect.Build. Capturing IPv6 for a sidecar that does not listen on it
+// would break the app's IPv6 connections. Errors are *PlanError.
 func Plan(pod *meshpod.Pod, addrs AddrSource) (Decision, error) {
 	in, reason, spec, err := meshpod.Decide(pod)
 	if err != nil {

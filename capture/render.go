@@ -28,7 +28,6 @@ func RenderIptables(p redirect.Plan) (string, error) {
 	return "# iptables-save\n" + v4 + "# ip6tables-save\n" + v6, nil
 }
 
-// hasIPv6 reports whether any rule applies to IPv6.
 func hasIPv6(p redirect.Plan) bool {
 	for _, t := range p.Tables {
 		for _, c := range t.Chains {

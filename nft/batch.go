@@ -7,14 +7,11 @@ import (
 	"github.com/mdlayher/netlink"
 )
 
-// queue puts prog's batch on cc, marshalled by google/nftables: the table
-// created exclusively (the batch fails if it exists) or, with replace,
-// deleted and re-created in one transaction; then, in the order nft sends
-// them, the named sets with their first elements, the chains, each rule
-// after the anonymous sets it uses, and the named sets' further elements,
-// maxElemsPerMsg per message. Flush sends it as one batch, which the
-// kernel commits whole or not at all. A set's element list too long for
-// one netlink attribute is refused before anything is queued.
+// queue puts prog's batch on cc: the table created exclusively or, with
+// replace, deleted and re-created; then, in the order nft sends them, the
+// named sets with their first elements, the chains, each rule after its
+// anonymous sets, and the named sets' further elements, maxElemsPerMsg per
+// message. The kernel commits a batch whole or not at all.
 func queue(cc *nftables.Conn, prog *program, replace bool) error {
 	if err := prog.fits(); err != nil {
 		return err
@@ -53,9 +50,8 @@ func queue(cc *nftables.Conn, prog *program, replace bool) error {
 	return nil
 }
 
-// batchSize guesses the size of prog's batch on the wire, from above for
-// the plans encode makes (~8 KiB for the default dual-stack pod): whether
-// the socket's send buffer must grow to take it in one sendmsg.
+// batchSize bounds from above the size of prog's batch on the wire (~8 KiB
+// for the default dual-stack pod): whether a send buffer must grow.
 func (prog *program) batchSize() int {
 	n := 256 + 64*len(prog.chains) + 320*len(prog.rules)
 	for _, s := range prog.sets {
@@ -68,11 +64,9 @@ func (prog *program) batchSize() int {
 const maxAttrLen = 0xffff
 
 // fits refuses a program with an element list longer than one netlink
-// attribute holds. The marshalling google/nftables v0.3.0 uses
-// (mdlayher/netlink's MarshalAttributes) writes such a length modulo 2^16
-// without an error, which the kernel would read as a shorter list and the
-// rest as garbage. Named sets go in chunks of maxElemsPerMsg, which fit;
-// an anonymous set (a rule's port list) goes in one message.
+// attribute holds: google/nftables v0.3.0 (mdlayher/netlink's
+// MarshalAttributes) writes such a length modulo 2^16 without an error.
+// Named sets go in chunks of maxElemsPerMsg; an anonymous set in one.
 func (prog *program) fits() error {
 	check := func(s *nftables.Set, elems []nftables.SetElement) error {
 		if n := elemListLen(elems); n > maxAttrLen {
@@ -100,9 +94,9 @@ func (prog *program) fits() error {
 	return nil
 }
 
-// elemListLen is the length of NFTA_SET_ELEM_LIST_ELEMENTS for elems: per
-// element a nest, its flags when it ends an interval, and its key's
-// NFTA_DATA_VALUE in a nest, each attribute padded to 4 bytes.
+// elemListLen is the length of NFTA_SET_ELEM_LIST_ELEMENTS: per element a
+// nest, flags for an interval end, and the key's NFTA_DATA_VALUE in a
+// nest, each padded to 4 bytes.
 func elemListLen(elems []nftables.SetElement) int {
 	n := 4
 	for _, e := range elems {
@@ -114,11 +108,10 @@ func elemListLen(elems []nftables.SetElement) int {
 	return n
 }
 
-// marshal is the batch that creates prog's table, as google/nftables
-// marshals it (queue), taken from the Conn instead of sent: the Conn is
-// given a dial function that keeps what Flush sends and acknowledges it.
-// The echo flag the library sets on each rule is cleared (see sendBatch);
-// sequence, PID and length are left for the sending socket to fill in.
+// marshal is the batch that creates prog's table as google/nftables
+// marshals it, caught by a dial function that keeps and acknowledges what
+// Flush sends. The echo flag on each rule is cleared (raw.go, 1);
+// sequence, PID and length are left to the sending socket.
 func marshal(prog *program) ([]netlink.Message, error) {
 	var msgs []netlink.Message
 	cc, err := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {

@@ -15,23 +15,19 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
-// Conn is the backend's way into one network namespace for a caller that
-// enters it once for everything it opens there (capture): a lasting
-// google/nftables connection and a netfilter netlink socket, both created
-// from inside the namespace (DialHere). The caller's look at the tables
-// (Tables) goes over the first, the batch that creates the backend's table
-// over the second (sendBatch), anything else the backend sends over the
-// first.
+// Conn is a lasting google/nftables connection and a netfilter netlink
+// socket, both created inside one namespace (DialHere) by a caller that
+// enters it once for everything (capture). The creating batch goes over
+// the raw socket (sendBatch), everything else over the first.
 type Conn struct {
 	cc *nftables.Conn
 	nf *netlink.Conn
-	// dumped is the last Tables answer, until a batch through the Conn
-	// changes what the namespace holds; dumpedOK says there is one.
+	// dumped is the last Tables answer (dumpedOK), until a batch through
+	// the Conn.
 	dumped   []TableRef
 	dumpedOK bool
-	// spoiled: an exchange failed and may have left replies unread, or a
-	// marshalling error on the connection that its next Flush would
-	// return; the backend then opens a connection of its own.
+	// spoiled: a failed exchange may have left replies unread, or an error
+	// for the next Flush; the backend then opens a connection of its own.
 	spoiled bool
 }
 
@@ -41,9 +37,8 @@ type TableRef struct {
 	Name   string
 }
 
-// DialHere opens a lasting nftables connection in the calling thread's
-// network namespace. It must run on a thread inside the namespace
-// (hostns.Netns.Do); the socket stays there when the thread leaves.
+// DialHere opens a Conn in the calling thread's network namespace (run it
+// inside hostns.Netns.Do); the sockets stay there when the thread leaves.
 func DialHere() (*Conn, error) {
 	cc, err := nftables.New(nftables.AsLasting())
 	if err != nil {
@@ -57,10 +52,9 @@ func DialHere() (*Conn, error) {
 	return &Conn{cc: cc, nf: nf}, nil
 }
 
-// Tables lists every nftables table of the namespace, of every family, in
-// one dump. A Backend working through c (Via) takes whether its table exists
-// from this answer instead of asking again; the caller's lock on the
-// namespace keeps the answer true until the backend's batch.
+// Tables lists every table of the namespace in one dump. A Backend working
+// through c (Via) takes whether its table exists from this answer; the
+// caller's lock on the namespace keeps it true until the backend's batch.
 func (c *Conn) Tables() ([]TableRef, error) {
 	ts, err := c.cc.ListTables()
 	if err != nil {
@@ -81,8 +75,7 @@ type ChainRef struct {
 	Name   string
 }
 
-// Chains lists every chain of every table of the namespace, in one dump
-// over the lasting connection.
+// Chains lists every chain of the namespace in one dump.
 func (c *Conn) Chains() ([]ChainRef, error) {
 	cs, err := c.cc.ListChains()
 	if err != nil {
@@ -95,11 +88,11 @@ func (c *Conn) Chains() ([]ChainRef, error) {
 	return out, nil
 }
 
-// Close closes the socket.
+// Close closes the sockets.
 func (c *Conn) Close() error { return errors.Join(c.cc.CloseLasting(), c.nf.Close()) }
 
-// known reports whether the last Tables answer, still valid, holds the inet
-// table name.
+// known reports whether the last Tables answer, if still valid (ok),
+// holds the inet table name.
 func (c *Conn) known(name string) (exists, ok bool) {
 	if !c.dumpedOK {
 		return false, false
@@ -112,22 +105,19 @@ func (c *Conn) known(name string) (exists, ok bool) {
 	return false, true
 }
 
-// changed forgets the last Tables answer: a batch went through.
 func (c *Conn) changed() { c.dumped, c.dumpedOK = nil, false }
 
-// via is what a Backend bound with Via works through.
 type via struct {
 	ns    int
 	conn  *Conn
 	route *policyroute.Handle
 }
 
-// Via returns a copy of b that works in the namespace whose descriptor is
-// ns through sockets the caller opened inside it: c (DialHere) and route
-// (policyroute.OpenHere). Apply and Remove then open nothing and name their
-// netnsPath only in messages; List and Check still read by path. The write
-// path still refuses ns when it is the host's. The caller keeps ownership
-// of ns, c and route.
+// Via returns a copy of b whose Apply and Remove work in the namespace ns
+// (a descriptor) through sockets the caller opened inside it, c (DialHere)
+// and route (policyroute.OpenHere), still refusing the host's; netnsPath
+// then only names it in messages. List and Check still read by path. The
+// caller keeps ownership of ns, c and route.
 func (b *Backend) Via(ns int, c *Conn, route *policyroute.Handle) *Backend {
 	cp := *b
 	cp.via = &via{ns: ns, conn: c, route: route}
@@ -135,11 +125,9 @@ func (b *Backend) Via(ns int, c *Conn, route *policyroute.Handle) *Backend {
 }
 
 // Prepared is a plan encoded, and the batch that creates its table
-// marshalled, ahead of Apply on another goroutine (Prepare): CPU work that
-// then overlaps what the caller does until Apply (taking the namespace's
-// lock, entering it, choosing the backend). A namespace that already has
-// the table needs a batch that replaces it: Apply has google/nftables
-// marshal that one from the same encoding.
+// marshalled, on another goroutine ahead of Apply (Prepare), overlapping
+// the caller's lock, entry and backend choice. Replacing an existing table
+// takes another batch, which Apply marshals from the same encoding.
 type Prepared struct {
 	plan   redirect.Plan
 	table  string
@@ -149,25 +137,22 @@ type Prepared struct {
 	err    error
 }
 
-// Prepare starts encoding p for b's table and marshalling the batch that
-// creates it, on another goroutine. Pass the result to With. With one P
-// (the CLI, the standalone plugin) it does the work before it returns: a
-// goroutine could not run beside the caller there.
+// Prepare starts preparing p for b's table; pass the result to With. With
+// one P (the CLI, the standalone plugin) it does the work before it
+// returns: a goroutine could not run beside the caller there.
 func (b *Backend) Prepare(p redirect.Plan) *Prepared {
 	return prepare(p, b.table, runtime.GOMAXPROCS(0) > 1)
 }
 
-// prepareHook, when set, runs at the start of prepare's work; tests use it
-// to inject a panic there.
+// prepareHook, when set, starts prepare's work; tests inject a panic.
 var prepareHook func()
 
 func prepare(p redirect.Plan, table string, async bool) *Prepared {
 	pr := &Prepared{plan: p, table: table, done: make(chan struct{})}
 	work := func() {
 		defer close(pr.done)
-		// On its own goroutine the work is outside the caller's recover: a
-		// panic here would end the process with every call in flight. It
-		// fails this plan's Apply instead (nothing is sent).
+		// Outside the caller's recover a panic would end the process with
+		// every call in flight; it fails this plan's Apply instead.
 		defer func() {
 			if r := recover(); r != nil {
 				pr.prog, pr.create = nil, nil
@@ -178,8 +163,7 @@ func prepare(p redirect.Plan, table string, async bool) *Prepared {
 			prepareHook()
 		}
 		if msgs, ok := created.lookup(p, table); ok {
-			// The encoding is left for the rare Apply that replaces a
-			// table.
+			// Encoding is left to the rare Apply that replaces a table.
 			pr.create = msgs
 			return
 		}
@@ -199,12 +183,9 @@ func prepare(p redirect.Plan, table string, async bool) *Prepared {
 }
 
 // created remembers the creating batches of the last plans prepared. The
-// agent runs the plugin's ADD for every pod start on its node, and most
-// pods get one of a few plans; marshalling the batch through
-// google/nftables is then most of the CPU, and of the memory, an ADD costs
-// there (BenchmarkMarshal: 0.4-1.0 ms and 80 KB for the default pod on a
-// loaded 2-core machine). A process that prepares one plan (the standalone
-// plugin, the CLI) pays a plan's copy.
+// agent runs every pod's ADD on its node, most pods get one of a few plans,
+// and marshalling is then most of an ADD's CPU and memory (BenchmarkMarshal:
+// 0.4-1.0 ms and 80 KB for the default pod on a loaded 2-core machine).
 var created = batchCache{max: 16}
 
 // batchCache maps plans (by Equal) to the messages of the batch that
@@ -221,9 +202,8 @@ type cachedBatch struct {
 	msgs  []netlink.Message
 }
 
-// lookup returns a copy of the batch for p's table in table, whose headers
-// the caller may change (sending sets flags and sequence numbers); the
-// messages' data is shared and must not be.
+// lookup returns a copy of the batch for p in table: the caller may change
+// the headers, not the shared data.
 func (c *batchCache) lookup(p redirect.Plan, table string) ([]netlink.Message, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -237,8 +217,7 @@ func (c *batchCache) lookup(p redirect.Plan, table string) ([]netlink.Message, b
 	return nil, false
 }
 
-// remember keeps msgs, the batch just marshalled for p, for the next
-// lookups; msgs stays the caller's (a copy of the headers is kept).
+// remember keeps a copy of msgs' headers, the batch marshalled for p.
 func (c *batchCache) remember(p redirect.Plan, table string, msgs []netlink.Message) {
 	if c.max == 0 {
 		return
@@ -253,9 +232,9 @@ func (c *batchCache) remember(p redirect.Plan, table string, msgs []netlink.Mess
 	c.entries[0] = e
 }
 
-// isFor reports whether pr was prepared from p itself for table: the same
-// Plan value, its slices the same arrays. The caller must not change the
-// plan in place between Prepare and Apply; any other plan is encoded anew.
+// isFor reports whether pr was prepared from p itself (its slices the same
+// arrays) for table. The caller must not change the plan in place between
+// Prepare and Apply; any other plan is encoded anew.
 func (pr *Prepared) isFor(p redirect.Plan, table string) bool {
 	q := pr.plan
 	return pr.table == table && same(q.Tables, p.Tables) && same(q.Sets, p.Sets) &&
@@ -264,8 +243,7 @@ func (pr *Prepared) isFor(p redirect.Plan, table string) bool {
 
 func same[T any](a, b []T) bool { return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0]) }
 
-// With returns a copy of b whose Apply of the plan pr was prepared from
-// uses pr's work (waiting for it); Apply of any other plan encodes its own.
+// With returns a copy of b whose Apply of pr's plan uses (waits for) pr.
 func (b *Backend) With(pr *Prepared) *Backend {
 	cp := *b
 	cp.prepared = pr

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 
 	"github.com/google/nftables/binaryutil"
@@ -20,11 +21,9 @@ type ruleDecoder struct {
 	table redirect.TableName
 	es    []any
 	i     int
-	// anon maps anonymous set names (__setN) to their ports.
-	anon map[string][]uint16
-	// sets maps named sets to their kind.
-	sets map[string]redirect.SetKind
-	fam  redirect.Family
+	anon  map[string][]uint16         // anonymous sets' (__setN) ports
+	sets  map[string]redirect.SetKind // named sets' kinds
+	fam   redirect.Family
 }
 
 func (d *ruleDecoder) peek() any {
@@ -192,7 +191,7 @@ func (d *ruleDecoder) meta(key expr.MetaKey) (redirect.Match, redirect.Verdict, 
 				return nil, redirect.SaveMark{}, nil
 			}
 		case *expr.Bitwise:
-			if isMetaSetAfterBitwise(d.es, d.i) {
+			if d.i+1 < len(d.es) && isMetaSet(d.es[d.i+1], expr.MetaKeyMARK) {
 				v, mask, err := d.maskedMarkSet()
 				if err != nil {
 					return nil, nil, err
@@ -210,10 +209,6 @@ func (d *ruleDecoder) meta(key expr.MetaKey) (redirect.Match, redirect.Verdict, 
 		return m, nil, err
 	}
 	return nil, nil, d.errf("unsupported meta key %d", key)
-}
-
-func isMetaSetAfterBitwise(es []any, i int) bool {
-	return i+1 < len(es) && isMetaSet(es[i+1], expr.MetaKeyMARK)
 }
 
 // maskedMarkSet consumes "bitwise(^mask, value); meta mark set" after a
@@ -300,11 +295,8 @@ func (d *ruleDecoder) payload(p *expr.Payload) (redirect.Match, redirect.Verdict
 		}
 		return redirect.MatchPort{Source: source, Ports: []uint16{binary.BigEndian.Uint16(data)}, Negate: neg}, nil, nil
 	case expr.PayloadBaseNetworkHeader:
-		alen := uint32(4)
-		saddr, daddr := uint32(ip4SaddrOff), uint32(ip4DaddrOff)
-		if d.fam == redirect.FamilyIPv6 {
-			alen, saddr, daddr = 16, ip6SaddrOff, ip6DaddrOff
-		}
+		saddr, alen := addrField(d.fam, true)
+		daddr, _ := addrField(d.fam, false)
 		// nft -f loads only the bytes a prefix covers (10.0.0.0/8 → one
 		// byte); we load the whole address. Both start at the field.
 		if d.fam == redirect.FamilyAny || (p.Offset != saddr && p.Offset != daddr) || p.Len == 0 || p.Len > alen {
@@ -329,11 +321,11 @@ func (d *ruleDecoder) payload(p *expr.Payload) (redirect.Match, redirect.Verdict
 			if b.Len != p.Len || !bytes.Equal(b.Xor, make([]byte, p.Len)) {
 				return nil, nil, d.errf("address mask is not a plain AND")
 			}
-			n, ok := maskBits(b.Mask)
-			if !ok {
+			ones, size := net.IPMask(b.Mask).Size()
+			if size != 8*len(b.Mask) {
 				return nil, nil, d.errf("address mask %x is not a prefix", b.Mask)
 			}
-			bits = n
+			bits = ones
 		}
 		data, neg, err := d.cmp(int(p.Len))
 		if err != nil {
@@ -351,8 +343,6 @@ func (d *ruleDecoder) payload(p *expr.Payload) (redirect.Match, redirect.Verdict
 	return nil, nil, d.errf("unsupported payload base %d", p.Base)
 }
 
-// verdict handles verdict expressions; immediates that start a nat/mark
-// statement are handled by immediate.
 func (d *ruleDecoder) verdict(v *expr.Verdict) (redirect.Verdict, error) {
 	switch v.Kind {
 	case expr.VerdictAccept:
@@ -423,24 +413,6 @@ func (d *ruleDecoder) immediate(imm *expr.Immediate) (redirect.Verdict, error) {
 		return redirect.SetCTZone{Zone: binaryutil.NativeEndian.Uint16(imm.Data)}, nil
 	}
 	return nil, d.errf("immediate not followed by redirect, tproxy, mark or zone")
-}
-
-func maskBits(m []byte) (int, bool) {
-	n := 0
-	for _, b := range m {
-		for bit := 7; bit >= 0; bit-- {
-			if b&(1<<bit) == 0 {
-				goto rest
-			}
-			n++
-		}
-	}
-rest:
-	want := make([]byte, len(m))
-	for i := 0; i < n; i++ {
-		want[i/8] |= 0x80 >> (i % 8)
-	}
-	return n, bytes.Equal(want, m)
 }
 
 func ifnameFromBytes(b []byte) (string, error) {

@@ -21,7 +21,11 @@ func asLive(ro ruleObj) ([]any, map[string][]uint16) {
 		name := "__set" + string(rune('0'+i))
 		ports, _ := decodePorts(a.elems)
 		anon[name] = ports
-		a.lookup.SetName = name
+		for _, e := range ro.exprs {
+			if lk, ok := e.(*expr.Lookup); ok && lk.SetID == a.set.ID {
+				lk.SetName = name
+			}
+		}
 	}
 	for _, e := range ro.exprs {
 		if t, ok := e.(*expr.TProxy); ok {
@@ -173,4 +177,12 @@ func FuzzParseRule(f *testing.F) {
 		_, _ = d.decode()
 		_, _ = parseRule(b)
 	})
+}
+
+// TestParseRuleMalformed: a rule message whose attributes do not parse
+// names what failed.
+func TestParseRuleMalformed(t *testing.T) {
+	if _, err := parseRule([]byte{1, 2, 3}); err == nil || !strings.HasPrefix(err.Error(), "parsing rule: ") {
+		t.Fatalf("parseRule(3 bytes) = %v, want a \"parsing rule: \" error", err)
+	}
 }

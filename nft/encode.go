@@ -1,8 +1,10 @@
 package nft
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 
@@ -31,8 +33,8 @@ const (
 	thDportOff  = 2
 )
 
-// program is a Plan translated into nftables objects, ready to be queued on
-// a Conn. Building it is pure; only queue talks to a Conn.
+// program is a Plan translated into nftables objects. Building it is pure;
+// only queue talks to a Conn.
 type program struct {
 	table  *nftables.Table
 	sets   []setObj
@@ -48,21 +50,13 @@ type setObj struct {
 type ruleObj struct {
 	chain *nftables.Chain
 	exprs []expr.Any
-	// anon are anonymous sets the rule's lookups use; they are queued right
-	// before the rule, as nft does.
-	anon []anonSet
-}
-
-type anonSet struct {
-	setObj
-	lookup *expr.Lookup
+	anon  []setObj // the rule's anonymous sets, queued right before it as nft does
 }
 
 // maxElemsPerMsg keeps one NEWSETELEM message well below the 64 KiB limit
 // of a netlink attribute (an interval element is ~40 bytes).
 const maxElemsPerMsg = 1024
 
-// encode translates p into a program for the inet table named table.
 func encode(p redirect.Plan, table string) (*program, error) {
 	if err := p.Verify(); err != nil {
 		return nil, fmt.Errorf("verifying plan: %w", err)
@@ -90,28 +84,16 @@ func encode(p redirect.Plan, table string) (*program, error) {
 			}
 			ch := &nftables.Chain{Name: ChainName(t.Name, c.Name), Table: prog.table}
 			if c.IsBase() {
-				hook, err := encodeHook(c.Hook)
-				if err != nil {
-					return nil, fmt.Errorf("chain %s/%s: %w", t.Name, c.Name, err)
-				}
-				typ, err := encodeChainType(c.Type)
-				if err != nil {
+				hook, herr := encodeHook(c.Hook)
+				typ, terr := encodeChainType(c.Type)
+				if err := cmp.Or(herr, terr); err != nil {
 					return nil, fmt.Errorf("chain %s/%s: %w", t.Name, c.Name, err)
 				}
 				accept := nftables.ChainPolicyAccept
-				ch.Hooknum = hook
+				ch.Hooknum, ch.Type, ch.Policy = hook, typ, &accept
 				ch.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(c.Priority))
-				ch.Type = typ
-				ch.Policy = &accept
 			}
 			prog.chains = append(prog.chains, ch)
-		}
-	}
-	next := 0 // prog.chains is in the order of the loops above
-	for _, t := range p.Tables {
-		for _, c := range t.Chains {
-			ch := prog.chains[next]
-			next++
 			for i, r := range c.Rules {
 				ro, err := encodeRule(prog.table, t.Name, r, sets, id)
 				if err != nil {
@@ -125,22 +107,17 @@ func encode(p redirect.Plan, table string) (*program, error) {
 	return prog, nil
 }
 
-type elemChunk struct {
-	set   *nftables.Set
-	elems []nftables.SetElement
-}
-
 // tailChunks are the named sets' elements beyond the first chunk, one
 // NEWSETELEM message each. They may go anywhere after the set in the batch.
-func (prog *program) tailChunks() []elemChunk {
-	var out []elemChunk
+func (prog *program) tailChunks() []setObj {
+	var out []setObj
 	for _, s := range prog.sets {
 		if len(s.elems) <= maxElemsPerMsg {
 			continue
 		}
 		for rest := s.elems[maxElemsPerMsg:]; len(rest) > 0; {
 			n := min(len(rest), maxElemsPerMsg)
-			out = append(out, elemChunk{s.set, rest[:n]})
+			out = append(out, setObj{s.set, rest[:n]})
 			rest = rest[n:]
 		}
 	}
@@ -205,13 +182,7 @@ func intervalElements(rs []redirect.AddrRange) []nftables.SetElement {
 	buf := make([]byte, 0, 2*n*len(rs))
 	key := func(a netip.Addr) []byte {
 		start := len(buf)
-		if a.Is4() {
-			b := a.As4()
-			buf = append(buf, b[:]...)
-		} else {
-			b := a.As16()
-			buf = append(buf, b[:]...)
-		}
+		buf, _ = a.AppendBinary(buf) // no zone: 4 or 16 bytes
 		return buf[start:len(buf):len(buf)]
 	}
 	for _, r := range rs {
@@ -243,8 +214,8 @@ func cmpOp(negate bool) expr.CmpOp {
 	return expr.CmpOpEq
 }
 
-// encodeRule translates one rule: a family guard for one-family rules, the
-// matches in order, then the verdict.
+// encodeRule: a family guard for one-family rules, the matches in order,
+// then the verdict.
 func encodeRule(nt *nftables.Table, table redirect.TableName, r redirect.Rule, sets map[string]*nftables.Set, id func() uint32) (ruleObj, error) {
 	// A family guard, three expressions a match at most, three for the
 	// verdict, the mark after a tproxy: room for all, one allocation.
@@ -281,7 +252,7 @@ func (ro *ruleObj) match(nt *nftables.Table, fam redirect.Family, m redirect.Mat
 		pfx := m.Prefix.Masked()
 		if pfx.Bits() < pfx.Addr().BitLen() {
 			ro.add(&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: length,
-				Mask: prefixMask(pfx), Xor: make([]byte, length)})
+				Mask: net.CIDRMask(pfx.Bits(), pfx.Addr().BitLen()), Xor: make([]byte, length)})
 		}
 		ro.add(&expr.Cmp{Op: cmpOp(m.Negate), Register: reg, Data: pfx.Addr().AsSlice()})
 	case redirect.MatchSet:
@@ -338,9 +309,8 @@ func (ro *ruleObj) portMatch(nt *nftables.Table, m redirect.MatchPort, id func()
 	for _, p := range redirect.SortedPorts(m.Ports) {
 		elems = append(elems, nftables.SetElement{Key: be16(p)})
 	}
-	lk := &expr.Lookup{SourceRegister: reg, SetName: set.Name, SetID: set.ID, Invert: m.Negate}
-	ro.anon = append(ro.anon, anonSet{setObj: setObj{set: set, elems: elems}, lookup: lk})
-	ro.add(lk)
+	ro.anon = append(ro.anon, setObj{set: set, elems: elems})
+	ro.add(&expr.Lookup{SourceRegister: reg, SetName: set.Name, SetID: set.ID, Invert: m.Negate})
 }
 
 func (ro *ruleObj) setMatch(fam redirect.Family, m redirect.MatchSet, sets map[string]*nftables.Set) error {
@@ -433,15 +403,6 @@ func addrField(f redirect.Family, source bool) (off, length uint32) {
 		return ip4SaddrOff, 4
 	}
 	return ip4DaddrOff, 4
-}
-
-func prefixMask(p netip.Prefix) []byte {
-	n := p.Addr().BitLen() / 8
-	out := make([]byte, n)
-	for i := 0; i < p.Bits(); i++ {
-		out[i/8] |= 0x80 >> (i % 8)
-	}
-	return out
 }
 
 // ifnameBytes is the comparison operand for an interface name: the name

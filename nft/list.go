@@ -11,22 +11,23 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/internal/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
-// List implements redirect.Backend: it reads our table (chains, sets with
-// their elements, rules), the policy routes and lo's extra addresses, and
-// decodes them into a Plan. Without our table the nftables part is empty.
+// List implements redirect.Backend: our table (empty without one), the
+// policy routes and lo's extra addresses.
 func (b *Backend) List(ctx context.Context, netnsPath string) (redirect.Plan, error) {
 	var p redirect.Plan
 	if err := ctx.Err(); err != nil {
 		return p, err
 	}
-	ns, err := openNetns(netnsPath)
+	n, err := hostns.Open(netnsPath)
 	if err != nil {
 		return p, err
 	}
+	ns := netns.NsHandle(n.Take())
 	defer ns.Close()
 	if err := b.listTable(ns, &p); err != nil {
 		return redirect.Plan{}, fmt.Errorf("reading table inet %s in netns %s: %w", b.table, netnsPath, err)
@@ -38,7 +39,7 @@ func (b *Backend) List(ctx context.Context, netnsPath string) (redirect.Plan, er
 }
 
 func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
-	cc, err := dial(ns)
+	cc, err := nftables.New(nftables.WithNetNSFd(int(ns)), nftables.AsLasting())
 	if err != nil {
 		return err
 	}
@@ -83,9 +84,8 @@ func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
 	return nil
 }
 
-// refuseObjects fails on any stateful object: nftmesh writes none, so one
-// there (a named counter or quota someone added) makes the table not one
-// of ours as written.
+// refuseObjects fails on any stateful object (a named counter someone
+// added): nftmesh writes none.
 func refuseObjects(cc *nftables.Conn, table *nftables.Table) error {
 	objs, err := cc.GetNamedObjects(table)
 	if err != nil {
@@ -104,9 +104,8 @@ func refuseObjects(cc *nftables.Conn, table *nftables.Table) error {
 	return redirect.Unreadable(fmt.Errorf("an object %T: nftmesh writes no objects", objs[0]))
 }
 
-// listSets reads the table's sets: named ones go into p, anonymous port
-// sets (a rule's port list) are returned by name, with the named sets'
-// kinds.
+// listSets adds the named sets to p and returns the anonymous port sets'
+// ports and the named sets' kinds, by name.
 func listSets(cc *nftables.Conn, table *nftables.Table, p *redirect.Plan) (map[string][]uint16, map[string]redirect.SetKind, error) {
 	sets, err := cc.GetSets(table)
 	if err != nil {
@@ -140,8 +139,8 @@ func listSets(cc *nftables.Conn, table *nftables.Table, p *redirect.Plan) (map[s
 	return anon, kinds, nil
 }
 
-// listChains adds our table's chains to p and returns where each went, by
-// nft chain name: table index, chain index.
+// listChains adds our table's chains to p and returns where each went
+// (table index, chain index) by nft chain name.
 func (b *Backend) listChains(cc *nftables.Conn, p *redirect.Plan) (map[string][2]int, error) {
 	chains, err := cc.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
@@ -171,7 +170,6 @@ func (b *Backend) listChains(cc *nftables.Conn, p *redirect.Plan) (map[string][2
 	return idx, nil
 }
 
-// decodeChain reads a chain's hook, priority, type and policy.
 func decodeChain(c *nftables.Chain, name string) (redirect.Chain, error) {
 	rc := redirect.Chain{Name: name}
 	if c.Hooknum == nil {
@@ -273,18 +271,11 @@ func decodeIntervals(elems []nftables.SetElement, v6 bool) ([]redirect.AddrRange
 			r.To = bs[i+1].addr.Prev()
 			i++
 		} else {
-			r.To = allOnes(v6)
+			r.To = lastOf(netip.PrefixFrom(r.From, 0))
 		}
 		out = append(out, r)
 	}
 	return out, nil
-}
-
-func allOnes(v6 bool) netip.Addr {
-	if v6 {
-		return netip.AddrFrom16([16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
-	}
-	return netip.AddrFrom4([4]byte{0xff, 0xff, 0xff, 0xff})
 }
 
 // rangePrefixes splits an inclusive range into the fewest prefixes.

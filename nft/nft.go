@@ -17,18 +17,14 @@ import (
 
 // Backend programs Plans with nftables over netlink.
 type Backend struct {
-	// table is the name of the inet table the backend owns: TableName, or
-	// another for tests that run two independent owners side by side
-	// (Render always prints TableName).
-	table string
-	// via, when set, are the sockets the backend works through (see Via).
-	via *via
-	// prepared, when set, is a plan encoded ahead of Apply (see With).
-	prepared *Prepared
-	// guard is the host check of the write path (see WithGuard).
-	guard hostns.Guard
-	// afterBatch, when set, runs after the nft batch committed and before
-	// routes are programmed; tests use it to inject a failure there.
+	// table is TableName, or another name for tests that run two owners
+	// side by side (Render always prints TableName).
+	table    string
+	via      *via      // see Via
+	prepared *Prepared // see With
+	guard    hostns.Guard
+	// afterBatch, when set, runs between the batch and the routes; tests
+	// inject a failure there.
 	afterBatch func() error
 }
 
@@ -36,8 +32,7 @@ type Backend struct {
 type Option func(*Backend)
 
 // WithGuard makes the write path refuse what g refuses instead of every
-// namespace of the host's (the zero hostns.Guard): `redirect apply
-// --allow-own-netns` lets the CLI's own namespace through.
+// namespace of the host's (`redirect apply --allow-own-netns`).
 func WithGuard(g hostns.Guard) Option { return func(b *Backend) { b.guard = g } }
 
 // New returns an nftables backend.
@@ -52,34 +47,17 @@ func New(opts ...Option) *Backend {
 // Name implements redirect.Backend.
 func (b *Backend) Name() string { return redirect.BackendNFTables }
 
-// dial opens a lasting google/nftables connection into the namespace (the
-// read path).
-func dial(ns netns.NsHandle) (*nftables.Conn, error) {
-	return nftables.New(nftables.WithNetNSFd(int(ns)), nftables.AsLasting())
-}
-
-// openNetns opens a namespace file that must be a network namespace (a
-// FIFO or other file is refused without blocking on it).
-func openNetns(path string) (netns.NsHandle, error) {
-	n, err := hostns.Open(path)
-	if err != nil {
-		return netns.None(), err
-	}
-	return netns.NsHandle(n.Take()), nil
-}
-
 // sendBufferDefault is what a batch may take without growing the
 // socket's send buffer: a netlink sendmsg larger than the buffer fails.
 const sendBufferDefault = 200 << 10
 
-// connect is the write path's way into the namespace: the Conn of Via, or
-// else the namespace opened by path with a lasting google/nftables
-// connection and a raw socket of its own. Either way the host's
-// namespaces are refused (by b's guard). A batch of batchSize bytes over what a socket
-// takes by default gets connections of their own, their send buffers
-// grown to hold it (the Via connection's cannot be reached through
-// google/nftables). Without raw, no raw socket is opened for a caller that
-// sends nothing through one. done releases what connect opened.
+// connect is the write path's way into the namespace, refusing the host's
+// (b's guard): the Conn of Via, or else the namespace opened by path with
+// a lasting google/nftables connection and, with raw, a raw socket. A
+// batch of batchSize bytes over what a socket takes by default gets
+// connections of their own with grown send buffers (the Via connection's
+// cannot be reached through google/nftables). done releases what connect
+// opened.
 func (b *Backend) connect(netnsPath string, batchSize int, raw bool) (netns.NsHandle, *nftables.Conn, *netlink.Conn, func(), error) {
 	if v := b.via; v != nil && !v.conn.spoiled && batchSize <= sendBufferDefault {
 		if err := b.guard.RefuseFd(v.ns, netnsPath); err != nil {
@@ -123,15 +101,14 @@ func (b *Backend) connect(netnsPath string, batchSize int, raw bool) (netns.NsHa
 	return ns, cc, nf, func() { nf.Close(); cc.CloseLasting(); ns.Close() }, nil
 }
 
-// spoil marks the connection of Via unfit for another exchange after err.
+// spoil marks the Via connection unfit for another exchange after err.
 func (b *Backend) spoil(err error) {
 	if err != nil && b.via != nil {
 		b.via.conn.spoiled = true
 	}
 }
 
-// changed marks that a batch is going out: a table list read before it no
-// longer holds.
+// changed forgets the Via connection's table list: a batch is going out.
 func (b *Backend) changed() {
 	if b.via != nil {
 		b.via.conn.changed()
@@ -152,17 +129,13 @@ func (b *Backend) removeRoutes(ns netns.NsHandle) error {
 	return policyroute.Remove(b.guard, ns)
 }
 
-func isNotExist(err error) bool {
-	return errors.Is(err, unix.ENOENT)
-}
-
 // tableExists asks the kernel for our one table: a single non-dump request.
 func (b *Backend) tableExists(cc *nftables.Conn) (bool, error) {
 	_, err := cc.ListTableOfFamily(b.table, nftables.TableFamilyINet)
 	switch {
 	case err == nil:
 		return true, nil
-	case isNotExist(err):
+	case errors.Is(err, unix.ENOENT):
 		return false, nil
 	}
 	return false, fmt.Errorf("querying table inet %s: %w", b.table, err)
@@ -170,11 +143,10 @@ func (b *Backend) tableExists(cc *nftables.Conn) (bool, error) {
 
 // Apply implements redirect.Backend. The table goes in with one netlink
 // batch: into a namespace without our table the batch only adds (a delete
-// would cost the kernel an RCU grace period); otherwise the old table is
-// deleted and the new one added in the same batch, so the swap is atomic.
-// Routes and loopback addresses follow; if they fail, what this call added
-// is undone: a table it created is removed, a table it replaced is put back
-// as it was (an earlier run's rules are not this call's to remove).
+// would cost the kernel an RCU grace period); otherwise it deletes and
+// re-adds the table, atomically. Routes and loopback addresses follow; if
+// they fail, a table this call created is removed and one it replaced is
+// put back (an earlier run's rules are not this call's to remove).
 func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -211,7 +183,7 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 				return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, err)
 			}
 		}
-		err = b.sendProgram(cc, prog, true)
+		err = replaceTable(cc, prog)
 	} else {
 		err = sendBatch(nf, pr.create)
 	}
@@ -235,13 +207,10 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 	return nil
 }
 
-// existed reports whether our table is in the namespace. It decides
-// Apply's batch: into a namespace without it (the CNI ADD case) the batch
-// only adds; otherwise it deletes and re-adds the table atomically. A
-// caller that listed the namespace's tables through the same connection
-// already knows; otherwise one cheap query asks. Creating optimistically
-// and retrying on EEXIST was measured: it saves ~25µs on a fresh namespace
-// but the refused batch costs a re-apply a second RCU grace period (~14ms).
+// existed reports whether our table is in the namespace, from the Via
+// connection's table list when it has one, else by one query. Creating
+// optimistically and retrying on EEXIST was measured: it saves ~25µs on a
+// fresh namespace but costs a re-apply a second RCU grace period (~14ms).
 func (b *Backend) existed(cc *nftables.Conn) (bool, error) {
 	if b.via != nil && cc == b.via.conn.cc {
 		if existed, known := b.via.conn.known(b.table); known {
@@ -251,9 +220,8 @@ func (b *Backend) existed(cc *nftables.Conn) (bool, error) {
 	return b.tableExists(cc)
 }
 
-// restorePoint is what a failed Apply must restore: the table there now,
-// if any. A table this backend cannot read back (edited by hand) cannot be
-// restored: a failure then removes it.
+// restorePoint is the table a failed Apply must restore, if any; one this
+// backend cannot read back (edited by hand) is removed instead.
 func (b *Backend) restorePoint(ns netns.NsHandle, existed bool) *program {
 	if !existed {
 		return nil
@@ -269,11 +237,11 @@ func (b *Backend) restorePoint(ns netns.NsHandle, existed bool) *program {
 	return old
 }
 
-// rollback undoes a committed batch: the table it replaced goes back, or
-// without one, the table goes.
+// rollback undoes a committed batch: the old table goes back, or without
+// one, the table goes.
 func (b *Backend) rollback(cc *nftables.Conn, old *program) error {
 	if old != nil {
-		err := b.sendProgram(cc, old, true)
+		err := replaceTable(cc, old)
 		if err == nil {
 			return nil
 		}
@@ -289,10 +257,9 @@ func (b *Backend) rollback(cc *nftables.Conn, old *program) error {
 	return nil
 }
 
-// sendProgram sends prog as one batch: replacing our table (delete, then
-// add) or creating it exclusively.
-func (b *Backend) sendProgram(cc *nftables.Conn, prog *program, replace bool) error {
-	if err := queue(cc, prog, replace); err != nil {
+// replaceTable sends prog as one batch that deletes and re-adds our table.
+func replaceTable(cc *nftables.Conn, prog *program) error {
+	if err := queue(cc, prog, true); err != nil {
 		return err
 	}
 	return cc.Flush()
@@ -301,7 +268,7 @@ func (b *Backend) sendProgram(cc *nftables.Conn, prog *program, replace bool) er
 // deleteTable deletes our table; a missing table is success.
 func (b *Backend) deleteTable(cc *nftables.Conn) error {
 	cc.DelTable(&nftables.Table{Name: b.table, Family: nftables.TableFamilyINet})
-	if err := cc.Flush(); err != nil && !isNotExist(err) {
+	if err := cc.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
 		return err
 	}
 	return nil
@@ -312,9 +279,8 @@ func (b *Backend) Check(ctx context.Context, netnsPath string, p redirect.Plan) 
 	return redirect.CheckAgainst(ctx, b, netnsPath, p)
 }
 
-// Remove implements redirect.Backend: it deletes our table, the TPROXY
-// policy routes and the ::6 passthrough address. Anything already gone is
-// success.
+// Remove implements redirect.Backend: our table, the TPROXY policy routes
+// and the ::6 passthrough address go; anything already gone is success.
 func (b *Backend) Remove(ctx context.Context, netnsPath string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -324,8 +290,6 @@ func (b *Backend) Remove(ctx context.Context, netnsPath string) error {
 		return err
 	}
 	defer done()
-	// No existence query: deleting a missing table fails with ENOENT,
-	// which is the success case here.
 	b.changed()
 	if err := b.deleteTable(cc); err != nil {
 		b.spoil(err)

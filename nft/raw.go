@@ -45,16 +45,14 @@ import (
 //     byte and fails); and (c) panics on a short verdict (still so
 //     upstream at 1db35da), which unmarshalExpr turns into an error.
 
-// batchTimeout bounds the wait for acks; the kernel processes a batch
-// inside sendmsg, so they are normally queued before we read.
+// batchTimeout bounds the wait for acks, normally queued by the time
+// sendmsg returns.
 const batchTimeout = 10 * time.Second
 
 // sendBatch sends msgs in one sendmsg. Only the last command asks for an
 // ack: the kernel reports a failing command whether asked or not, in order,
-// and answers the acked last command after all others, so its ack (or the
-// first error before it) ends the wait. One reply instead of one per
-// command saves a receive per rule. The kernel commits the batch whole or
-// not at all.
+// so the last one's ack (or the first error before it) ends the wait, one
+// receive instead of one per rule.
 func sendBatch(conn *netlink.Conn, msgs []netlink.Message) error {
 	last := -1
 	for i := range msgs {
@@ -108,13 +106,11 @@ func msgsSize(msgs []netlink.Message) int {
 	return n
 }
 
-// dialRaw opens a netfilter netlink socket in the namespace.
 func dialRaw(ns netns.NsHandle) (*netlink.Conn, error) {
 	return netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
 }
 
-// forceSendBuffer makes the raw socket's send buffer hold a whole batch,
-// which goes out in one sendmsg.
+// forceSendBuffer makes a socket's send buffer hold n bytes.
 func forceSendBuffer(c *netlink.Conn, n int) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -134,9 +130,6 @@ func forceSendBuffer(c *netlink.Conn, n int) error {
 	return serr
 }
 
-// 2. The rule dump, read and decoded here (google/nftables' expr types,
-// our attribute walk): see dumpRules for why not Conn.GetRules.
-
 // liveRule is one rule as dumped by the kernel, its expressions parsed.
 type liveRule struct {
 	chain  string
@@ -144,19 +137,15 @@ type liveRule struct {
 	exprs  []any
 }
 
-// tproxyExpr is the kernel's tproxy expression. google/nftables v0.3.0 can
-// marshal it but not parse it back (it does not know the name and skips it;
-// upstream later reads the 4-byte family as one byte), so the dump decodes
-// it here.
+// tproxyExpr is the kernel's tproxy expression, which google/nftables
+// cannot parse back (2b above).
 type tproxyExpr struct {
 	family  uint32
 	regAddr uint32
 	regPort uint32
 }
 
-// dumpRules reads every rule of the inet table in one dump. It decodes the
-// expressions itself instead of using Conn.GetRules so that an expression
-// type we do not know is an error rather than silently dropped.
+// dumpRules reads every rule of the inet table in one dump (2 above).
 func dumpRules(conn *netlink.Conn, table string) ([]liveRule, error) {
 	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
 		{Type: unix.NFTA_RULE_TABLE, Data: []byte(table + "\x00")},
@@ -174,9 +163,8 @@ func dumpRules(conn *netlink.Conn, table string) ([]liveRule, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dumping rules of table %s: %w", table, err)
 	}
-	// What the kernel answered but we cannot parse (an expression nftmesh
-	// does not write) is content, not a failure to read: see
-	// redirect.UnreadableError.
+	// What we cannot parse is content, not a failure to read (see
+	// redirect.UnreadableError).
 	out := make([]liveRule, 0, len(msgs))
 	for _, m := range msgs {
 		if len(m.Data) < 4 {
@@ -209,13 +197,8 @@ func walkAttrs(b []byte, fn func(ad *netlink.AttributeDecoder) error) error {
 
 func parseRule(b []byte) (liveRule, error) {
 	var r liveRule
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return r, err
-	}
-	ad.ByteOrder = binary.BigEndian
 	var exprData []byte
-	for ad.Next() {
+	err := walkAttrs(b, func(ad *netlink.AttributeDecoder) error {
 		switch ad.Type() {
 		case unix.NFTA_RULE_CHAIN:
 			r.chain = ad.String()
@@ -224,49 +207,42 @@ func parseRule(b []byte) (liveRule, error) {
 		case unix.NFTA_RULE_EXPRESSIONS:
 			exprData = ad.Bytes()
 		}
-	}
-	if err := ad.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return r, fmt.Errorf("parsing rule: %w", err)
 	}
-	r.exprs, err = parseExprs(exprData)
-	if err != nil {
+	if r.exprs, err = parseExprs(exprData); err != nil {
 		return r, fmt.Errorf("chain %s rule handle %d: %w", r.chain, r.handle, err)
 	}
 	return r, nil
 }
 
 func parseExprs(b []byte) ([]any, error) {
-	list, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return nil, err
-	}
 	var out []any
-	for list.Next() {
-		ad, err := netlink.NewAttributeDecoder(list.Bytes())
-		if err != nil {
-			return nil, err
-		}
-		ad.ByteOrder = binary.BigEndian
+	err := walkAttrs(b, func(list *netlink.AttributeDecoder) error {
 		var name string
 		var data []byte
-		for ad.Next() {
+		err := walkAttrs(list.Bytes(), func(ad *netlink.AttributeDecoder) error {
 			switch ad.Type() {
 			case unix.NFTA_EXPR_NAME:
 				name = ad.String()
 			case unix.NFTA_EXPR_DATA:
 				data = ad.Bytes()
 			}
-		}
-		if err := ad.Err(); err != nil {
-			return nil, err
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		e, err := parseExpr(name, data)
 		if err != nil {
-			return nil, fmt.Errorf("expression %q: %w", name, err)
+			return fmt.Errorf("expression %q: %w", name, err)
 		}
 		out = append(out, e)
-	}
-	return out, list.Err()
+		return nil
+	})
+	return out, err
 }
 
 var errUnknownExpr = errors.New("unknown expression type")
@@ -286,8 +262,7 @@ func parseExpr(name string, data []byte) (any, error) {
 	case "lookup":
 		e = &expr.Lookup{}
 	case "ct":
-		// Parsed here: google/nftables drops NFTA_CT_SREG, which is what
-		// tells "ct mark set" from "ct mark".
+		// Parsed here for NFTA_CT_SREG (2a above).
 		c := &expr.Ct{}
 		err := walkAttrs(data, func(ad *netlink.AttributeDecoder) error {
 			switch ad.Type() {
@@ -347,10 +322,8 @@ func parseExpr(name string, data []byte) (any, error) {
 	return e, nil
 }
 
-// unmarshalExpr is expr.Unmarshal that reports malformed attributes as an
-// error: google/nftables v0.3.0 indexes some of them without a length check
-// (a short verdict panics), and what we decode comes from a netlink dump we
-// must never crash on.
+// unmarshalExpr is expr.Unmarshal with its panics on malformed attributes
+// (2c above) turned into errors: a netlink dump must never crash us.
 func unmarshalExpr(fam byte, data []byte, e expr.Any) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
