@@ -27,18 +27,15 @@ const SocketName = "cni.sock"
 // Path is the socket's path for the agent_run_dir runDir.
 func Path(runDir string) string { return runDir + "/agent-sock/" + SocketName }
 
-// Frame limits. A request is a call's variables and its config: a real
-// config with a primary's prevResult (a pod's interfaces, addresses,
-// routes and DNS) is one to a few kilobytes, so MaxRequest leaves a margin
-// of tens; a call bigger than that runs in the standalone plugin instead,
-// and the agent reads no more. A reply (MaxFrame) is what the agent's
-// plugin printed: the prevResult again, re-encoded.
+// Frame limits. A real config with its prevResult is one to a few
+// kilobytes, so MaxRequest leaves a margin of tens; a bigger call runs in
+// the standalone plugin. A reply (MaxFrame) is what the plugin printed:
+// the prevResult again, re-encoded.
 const (
 	HeaderLen  = 8
 	MaxRequest = 64 << 10
 	MaxFrame   = 4 << 20
-	// MaxEnv bounds the variables of one request (the CNI protocol has
-	// seven).
+	// MaxEnv bounds the variables of one request (CNI has seven).
 	MaxEnv = 32
 )
 
@@ -54,9 +51,8 @@ const (
 	StatusOK uint32 = 0
 	// StatusError: the plugin exited 1 (the CNI error is on stdout).
 	StatusError uint32 = 1
-	// StatusDeclined: the agent did not run the call (it has no answer
-	// for the pod, the config names another run dir, or it is stopping);
-	// nothing was written to the namespace.
+	// StatusDeclined: the agent did not run the call; nothing was
+	// written to the namespace.
 	StatusDeclined uint32 = 2
 )
 
