@@ -189,11 +189,9 @@ func (l *Listeners) startUDP(ns, name string, port uint16, v6 bool, owner *creds
 	addr := fmt.Sprintf("%s:%d", host, port)
 	var pc *net.UDPConn
 	err := inNetns(ns, owner, func() error {
-		// PKTINFO tells each datagram's destination (a wildcard socket has
-		// no single local address), and replies are sent from it so
-		// conntrack recognises them and undoes the REDIRECT. Asked for
-		// before the first datagram can arrive: the probes come after
-		// NewListeners returns.
+		// PKTINFO tells each datagram's destination, which replies are
+		// sent from (see serve.AnswerDatagrams); asked for before the
+		// first probe can arrive.
 		var err error
 		if pc, err = net.ListenUDP(netw, &net.UDPAddr{Port: int(port)}); err != nil {
 			return err

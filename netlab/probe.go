@@ -99,8 +99,7 @@ func (t *Topology) Probe(p Probe) Result {
 	case FromApp:
 		c = t.hostCreds(p.UID, p.GID)
 	case FromPassthrough:
-		c = t.hostCreds(p.UID, p.GID)
-		local = PassthroughV4
+		c, local = t.hostCreds(p.UID, p.GID), PassthroughV4
 		if p.Dst.Addr().Is6() {
 			local = PassthroughV6
 		}
@@ -151,11 +150,7 @@ func exchange(proto redirect.Proto, local netip.Addr, dst netip.AddrPort) ([]byt
 		}
 		return buf[:n], nil
 	}
-	line, err := bufio.NewReader(conn).ReadBytes('\n')
-	if err != nil {
-		return nil, err
-	}
-	return line, nil
+	return bufio.NewReader(conn).ReadBytes('\n')
 }
 
 func classify(err error) string {

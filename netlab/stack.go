@@ -7,9 +7,8 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 )
 
-// The pod's own addresses in every test topology (given to the pod's
-// interface as its Stack says): 198.18.0.0/15
-// (benchmarking range) and a ULA.
+// The pod's own addresses in every topology (as its Stack says):
+// 198.18.0.0/15 (benchmarking range) and a ULA.
 var (
 	PodV4 = netip.MustParseAddr("198.18.0.2")
 	PodV6 = netip.MustParseAddr("fd00:6e74:7300::2")
