@@ -29,14 +29,11 @@ const (
 	FromPeer
 )
 
+var fromNames = [...]string{FromApp: "pod", FromPassthrough: "passthrough", FromPeer: "peer"}
+
 func (f From) String() string {
-	switch f {
-	case FromApp:
-		return "pod"
-	case FromPassthrough:
-		return "passthrough"
-	case FromPeer:
-		return "peer"
+	if int(f) < len(fromNames) {
+		return fromNames[f]
 	}
 	return fmt.Sprintf("from(%d)", uint8(f))
 }

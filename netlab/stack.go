@@ -29,16 +29,11 @@ const (
 	StackIPv6
 )
 
+var stackNames = [...]string{StackDual: "dual-stack", StackDualV6First: "dual-stack, IPv6 first", StackIPv4: "IPv4 only", StackIPv6: "IPv6 only"}
+
 func (st Stack) String() string {
-	switch st {
-	case StackDual:
-		return "dual-stack"
-	case StackDualV6First:
-		return "dual-stack, IPv6 first"
-	case StackIPv4:
-		return "IPv4 only"
-	case StackIPv6:
-		return "IPv6 only"
+	if int(st) < len(stackNames) {
+		return stackNames[st]
 	}
 	return fmt.Sprintf("stack(%d)", uint8(st))
 }

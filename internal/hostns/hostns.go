@@ -245,25 +245,24 @@ func OpenFD(pfd int, path string) (*Netns, error) {
 	return &Netns{Path: path, ID: ID{Dev: st.Dev, Ino: st.Ino}, fd: fd}, nil
 }
 
+var kinds = map[uint32]string{
+	unix.S_IFIFO:  "FIFO",
+	unix.S_IFSOCK: "socket",
+	unix.S_IFCHR:  "character device",
+	unix.S_IFBLK:  "block device",
+	unix.S_IFDIR:  "directory",
+	unix.S_IFREG:  "regular file",
+}
+
 func kind(mode uint32, fsType int64) string {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFIFO:
-		return "FIFO"
-	case unix.S_IFSOCK:
-		return "socket"
-	case unix.S_IFCHR:
-		return "character device"
-	case unix.S_IFBLK:
-		return "block device"
-	case unix.S_IFDIR:
-		return "directory"
-	case unix.S_IFREG:
-		if fsType == unix.NSFS_MAGIC {
-			return "namespace file of another kind than network"
-		}
-		return "regular file"
+	t := mode & unix.S_IFMT
+	if t == unix.S_IFREG && fsType == unix.NSFS_MAGIC {
+		return "namespace file of another kind than network"
 	}
-	return fmt.Sprintf("file of mode %#o", mode&unix.S_IFMT)
+	if k, ok := kinds[t]; ok {
+		return k
+	}
+	return fmt.Sprintf("file of mode %#o", t)
 }
 
 // Do runs fn on an OS thread switched into n's network namespace (n's
