@@ -79,11 +79,10 @@ func openLogFile(dir string) *os.File {
 }
 
 // setLogFormat sets zerolog's package-wide time format once: the agent
-// runs calls concurrently.
+// runs calls concurrently. UTC: local time would load /etc/localtime in
+// every run, for a log the agent reads by machine.
 var setLogFormat = sync.OnceFunc(func() {
 	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
-	// UTC: formatting local time would load and parse /etc/localtime in
-	// every run, for a log the agent reads by machine.
 	zerolog.TimestampFunc = func() time.Time { return time.Now().UTC() }
 })
 

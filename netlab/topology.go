@@ -66,8 +66,7 @@ type TopologyOptions struct {
 	// Prefix starts both namespace names ("nts-" if empty); a random suffix
 	// makes them unique.
 	Prefix string
-	// PodIface names the pod's end of the veth ("eth0" if empty). Scenarios
-	// that exclude or reroute an interface name it after that interface.
+	// PodIface names the pod's end of the veth ("eth0" if empty).
 	PodIface string
 	// AppPorts are the TCP ports the pod's app serves (DefaultAppPorts if nil).
 	AppPorts []uint16
@@ -79,10 +78,9 @@ type TopologyOptions struct {
 	// gets them (StackDual if zero).
 	Stack Stack
 	// NewPodNetns, when set, creates the pod namespace bind-mounted at the
-	// path it is given instead of a plain one, and returns what removes it
-	// (Close calls it). Tests make it a namespace owned by its own user
-	// namespace, as for a pod with hostUsers: false; this package runs no
-	// process, which that takes.
+	// path it is given, and returns what removes it (Close calls it): tests
+	// make one owned by its own user namespace (hostUsers: false), which
+	// takes a process, and this package runs none.
 	NewPodNetns func(path string) (io.Closer, error)
 	// PodUIDBase / PodGIDBase: in-pod UIDs and GIDs 0, 1, ... are the
 	// host's PodUIDBase, PodUIDBase+1, ... (its user namespace's ID map).

@@ -5,14 +5,11 @@
 // and what the plugin wrote on stdout and stderr, or "declined" (run the
 // standalone plugin instead).
 //
-// The frame is a few length-prefixed byte strings (the config travels as
-// the runtime wrote it); the front reads the config's agent_run_dir with
-// encoding/json, as the plugin does (RunDir).
-//
 // A frame is a 4-byte magic, a big-endian uint32 length, and that many
 // bytes. A request's body: a uint32 count of "NAME=value" strings, each a
-// uint32 length and its bytes, then the config as one such string. A
-// reply's body: a uint32 status, then stdout and stderr as such strings.
+// uint32 length and its bytes, then the config, as the runtime wrote it, as
+// one such string. A reply's body: a uint32 status, then stdout and stderr
+// as such strings.
 package cnisock
 
 import (
