@@ -1,6 +1,7 @@
 package netlab
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -153,12 +154,8 @@ func ExternalHosts() []netip.Addr {
 // NewTopology builds the namespaces, the veth pair, addresses and routes. On
 // error everything created so far is removed again.
 func NewTopology(opts TopologyOptions) (_ *Topology, err error) {
-	if opts.Prefix == "" {
-		opts.Prefix = "nts-"
-	}
-	if opts.PodIface == "" {
-		opts.PodIface = "eth0"
-	}
+	opts.Prefix = cmp.Or(opts.Prefix, "nts-")
+	opts.PodIface = cmp.Or(opts.PodIface, "eth0")
 	// The suffix only has to differ from concurrent topologies' (a clash
 	// fails), not be secret: crypto/rand would link the FIPS module into
 	// the redirect CLI, whose every run pays its package inits.
