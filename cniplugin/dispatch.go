@@ -1,14 +1,13 @@
 package cniplugin
 
-// The CNI protocol's entry. The plugin's own process (Main) is the CNI
-// library's skel itself. The agent, which runs many calls at once, each
-// with the environment and stdio the front handed it, cannot use skel
-// (skel reads the process's own environment and stdio); dispatch is skel's
-// sequence for such a call, built from the library's own rules
-// (utils.Validate*, version.ConfigDecoder, version.Reconciler), proven
-// equal to skel by TestDispatchMatchesSkel and its fuzz target. It leaves
-// out skel's second look at CNI_NETNS after ADD and DEL: the plugin refuses
-// its own namespace by identity before it touches anything.
+// The CNI protocol's entry. The plugin's own process (Main) uses the CNI
+// library's skel. The agent runs many calls at once, each with the
+// environment and stdio the front handed it, which skel cannot take (it
+// reads the process's own): dispatch is skel's sequence built from the
+// library's own rules (utils.Validate*, version.ConfigDecoder,
+// version.Reconciler), proven equal to skel by TestDispatchMatchesSkel and
+// its fuzz target. It leaves out skel's second look at CNI_NETNS after ADD
+// and DEL: the plugin refuses its own namespace before it touches anything.
 
 import (
 	"encoding/json"
@@ -35,8 +34,8 @@ type cniEnv struct {
 	stderr io.Writer
 }
 
-// Which CNI_* variables each verb requires (CNI_COMMAND always is), as
-// skel has them.
+// The CNI_* variables each verb requires besides CNI_COMMAND, as skel has
+// them.
 var requiredFor = map[string][]string{
 	"ADD":    {"CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"},
 	"CHECK":  {"CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"},

@@ -23,10 +23,8 @@ const (
 	lookupAPI   = "api"
 )
 
-// askAgent asks the node agent for the pod over its socket and returns the
-// pod's decision fields, or nil (with inv.agentMiss saying why) when the
-// plugin must ask the API server itself: no UID to ask with, no agent, no
-// answer in time, "unknown", or an answer that is not about this pod.
+// askAgent asks the node agent for the pod over its socket, or returns nil
+// (inv.agentMiss says why) when the plugin must ask the API server itself.
 func (inv *invocation) askAgent(ctx context.Context) *meshpod.Pod {
 	if inv.k8s.PodUID == "" {
 		// Without the UID a cached pod cannot be told from an older one
@@ -58,12 +56,10 @@ func (inv *invocation) askAgent(ctx context.Context) *meshpod.Pod {
 	return a.Pod
 }
 
-// routeClientLogs sends client-go's klog lines into the run's log (JSON,
-// with the run's fields) at log level debug, and drops them otherwise: what
-// they say of a failed GET (a connection closed mid-answer, retried) the
-// run's one decision line says too. Only the plugin's own process asks the
-// API server (in the agent a miss declines the call), so the process-wide
-// klog setting is the run's.
+// routeClientLogs sends client-go's klog lines into the run's log at log
+// level debug, and drops them otherwise: the run's decision line says what
+// they would of a failed GET. Only the plugin's own process asks the API
+// server, so the process-wide klog setting is the run's.
 func routeClientLogs(inv *invocation) {
 	if inv.r.env.Ask != nil {
 		return
@@ -77,7 +73,7 @@ func routeClientLogs(inv *invocation) {
 }
 
 // getPod reads the pod from the API server within timeout (failing
-// closed) and returns its decision fields or the CNI error.
+// closed).
 func (inv *invocation) getPod(ctx context.Context, timeout time.Duration) (*meshpod.Pod, *types.Error) {
 	inv.lookupPath = lookupAPI
 	if _, serr := os.Stat(inv.conf.Kubeconfig); serr != nil {

@@ -19,23 +19,16 @@ const (
 	maxLogSize  = 10 << 20
 )
 
-// newLogger builds the one logger of a plugin run: JSON lines to stderr and,
-// when agent_run_dir exists, to the capped log file. It never writes to
-// stdout. close flushes and closes the file.
-func newLogger(stderr io.Writer, conf *cniconf.Config, command string) (log zerolog.Logger, close func()) {
-	log, _, close = newLoggers(stderr, conf, command)
-	return log, close
-}
-
 // RecordOnlyField marks a decision line written below the plugin's log
 // level: the agent counts and times it but does not print it.
 const RecordOnlyField = "record_only"
 
-// newLoggers is newLogger plus the run's record logger: the log file only,
-// with no level, each line marked RecordOnlyField. The run's decision goes
-// there when the log level hides it, so the agent's counters and latency
-// histograms see every decision whatever the level (the file is the agent's
-// intake). Without a log file it discards.
+// newLoggers builds the loggers of a plugin run. log writes JSON lines to
+// stderr and, when agent_run_dir exists, to the capped log file; never to
+// stdout. record writes to the log file only, with no level, each line
+// marked RecordOnlyField: the run's decision goes there when the log level
+// hides it, so the agent's counters and latency histograms (the file is
+// their intake) see every decision. close closes the file.
 func newLoggers(stderr io.Writer, conf *cniconf.Config, command string) (log, record zerolog.Logger, close func()) {
 	setLogFormat()
 	writers := []io.Writer{stderr}
@@ -86,11 +79,10 @@ func openLogFile(dir string) *os.File {
 }
 
 // setLogFormat sets zerolog's package-wide time format once: the agent
-// runs calls concurrently.
+// runs calls concurrently. UTC: local time would load /etc/localtime in
+// every run, for a log the agent reads by machine.
 var setLogFormat = sync.OnceFunc(func() {
 	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
-	// UTC: formatting local time would load and parse /etc/localtime in
-	// every run, for a log the agent reads by machine.
 	zerolog.TimestampFunc = func() time.Time { return time.Now().UTC() }
 })
 

@@ -36,11 +36,9 @@ const (
 	// CodeDrift: CHECK found live rules that differ from the pod's plan,
 	// or another installer's capture (Istio's) next to them.
 	CodeDrift uint = 103
-	// CodeBackendUnsupported: the configured backend cannot program the
-	// pod's netns: "backend": "iptables-legacy" for a pod whose netns is
-	// owned by its own user namespace (hostUsers: false), where the kernel
-	// refuses the iptables owner match. Retrying cannot help; the config
-	// must say auto or nftables.
+	// CodeBackendUnsupported: "backend": "iptables-legacy" for a pod whose
+	// netns is owned by its own user namespace (hostUsers: false), where the
+	// kernel refuses the iptables owner match; only auto or nftables can.
 	CodeBackendUnsupported uint = 104
 )
 
@@ -80,12 +78,10 @@ type invocation struct {
 	r     *run
 	verb  string
 	start time.Time
-	// lookupMS is how long the pod lookup took (kubeconfig, client, GET);
-	// lookedUp says whether there was one.
-	lookupMS float64
-	lookedUp bool
-	// lookupPath is where the pod came from: lookupAgent or lookupAPI;
-	// agentMiss says why the agent did not answer, when it did not.
+	// lookupMS is how long the pod lookup took, if lookedUp; lookupPath is
+	// lookupAgent or lookupAPI; agentMiss says why the agent did not answer.
+	lookupMS              float64
+	lookedUp              bool
 	lookupPath, agentMiss string
 	args                  *cmdArgs
 	conf                  *cniconf.Config
@@ -102,7 +98,7 @@ func (r *run) begin(verb string, args *cmdArgs) (*invocation, func(), error) {
 	inv := &invocation{r: r, verb: verb, start: time.Now(), args: args, record: zerolog.Nop()}
 	conf, err := cniconf.ParseConfig(args.StdinData)
 	if err != nil {
-		inv.log, _ = newLogger(r.env.Stderr, nil, verb)
+		inv.log, _, _ = newLoggers(r.env.Stderr, nil, verb)
 		inv.log.Error().Str("error", detail(err)).Msg("invalid plugin config")
 		return inv, func() {}, types.NewError(types.ErrInvalidNetworkConfig, "nftmesh-cni: invalid plugin config", detail(err))
 	}
@@ -126,10 +122,9 @@ func (r *run) begin(verb string, args *cmdArgs) (*invocation, func(), error) {
 	return inv, closeLog, nil
 }
 
-// decision starts the run's one decision line at level l. It is always
-// written: through the run's logger when its level allows, else to the log
-// file alone marked record_only, so the agent counts and times every
-// decision whatever the plugin's log level.
+// decision starts the run's one decision line at level l: through the
+// run's logger when its level allows, else to the log file alone marked
+// record_only (see newLoggers).
 func (inv *invocation) decision(l zerolog.Level) *zerolog.Event {
 	if e := inv.log.WithLevel(l); e != nil {
 		return e
@@ -158,18 +153,15 @@ func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
 	return e
 }
 
-// refusedHere reports whether the kernel refused err's operation to this
-// process (EPERM, EACCES): in the agent, whose container may hold fewer
-// capabilities or a stricter security profile than the plugin's process on
-// the host, the call is then declined, and the front runs the standalone
-// plugin, which does it all again (every verb is idempotent and takes the
-// namespace's lock).
+// refusedHere reports whether the kernel refused err's operation (EPERM,
+// EACCES) to the agent, whose container may hold fewer capabilities than
+// the plugin's process on the host: the call is then declined and the
+// standalone plugin does it all again (every verb is idempotent).
 func (inv *invocation) refusedHere(err error) bool {
 	return inv.r.env.Ask != nil && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES))
 }
 
-// ranBy names the process that ran the call: the agent, for a call the
-// nftmesh-cni front handed it, or the standalone plugin.
+// ranBy names the process that ran the call.
 func (inv *invocation) ranBy() string {
 	if inv.r.env.Ask != nil {
 		return RanByAgent
@@ -216,7 +208,6 @@ func (inv *invocation) printPrevResult() error {
 		}
 		res = conf.PrevResult
 	}
-	// types.PrintResult, to w.
 	out, err := res.GetAsVersion(conf.CNIVersion)
 	if err != nil {
 		return err
@@ -232,13 +223,12 @@ func (inv *invocation) fetchPod(ctx context.Context) (*meshpod.Pod, error) {
 	defer func() { inv.lookupMS = durationMS(start) }()
 	pod := inv.askAgent(ctx)
 	phase.Mark("asked")
-	if pod == nil && inv.r.env.Ask != nil {
-		// The agent runs this call and has no answer: the plugin's own
-		// process asks the API server.
-		return nil, inv.r.decline()
-	}
 	if pod != nil {
 		return pod, nil
+	}
+	if inv.r.env.Ask != nil {
+		// The plugin's own process asks the API server.
+		return nil, inv.r.decline()
 	}
 	pod, terr := inv.getPod(ctx, inv.conf.APITimeout-time.Since(start))
 	if terr != nil {
@@ -267,9 +257,8 @@ func (inv *invocation) lookup(ctx context.Context) (plan *redirect.Plan, reason 
 	return &d.Plan, d.Reason, nil
 }
 
-// planFailed is the CNI error of a failed step of capture.Plan (or of
-// capture.Add's planning), logged; or the call declined where the kernel
-// refused this process.
+// planFailed is the logged CNI error of a failed step of capture.Plan (or
+// of capture.Add's planning), or the call declined (refusedHere).
 func (inv *invocation) planFailed(err error) error {
 	if inv.refusedHere(err) {
 		return inv.r.decline()
@@ -325,8 +314,8 @@ func (r *run) cmdAdd(args *cmdArgs) error {
 	return inv.printPrevResult()
 }
 
-// addFailed is the CNI error of a failed capture.Add, logged, by the step
-// that failed; or the call declined where the kernel refused this process.
+// addFailed is the logged CNI error of a failed capture.Add, by the step
+// that failed, or the call declined (refusedHere).
 func (inv *invocation) addFailed(added capture.Added, err error) error {
 	step := capture.PlanStep(err)
 	var pe *capture.PlanError
@@ -486,11 +475,10 @@ func netnsError(path string, err error) *types.Error {
 }
 
 // openNetns opens and checks CNI_NETNS before anything else reads or
-// writes: a FIFO or other file there is refused without blocking on it, and
-// so is the host's namespace, by identity. With missingOK, a path that does
-// not exist gives (nil, nil): it can neither block nor be the host's, and the
-// pod lookup that follows has the more useful error if it fails too; the
-// caller opens it again before the kernel work.
+// writes: a FIFO there is refused without blocking on it, and so is the
+// host's namespace, by identity. With missingOK, a missing path gives (nil,
+// nil): it can neither block nor be the host's, and the pod lookup that
+// follows has the more useful error; the caller opens it again later.
 func (inv *invocation) openNetns(missingOK bool) (*capture.Netns, error) {
 	ns, err := inv.r.pipeline().Open(inv.args.Netns)
 	if inv.refusedHere(err) {
@@ -505,11 +493,9 @@ func (inv *invocation) openNetns(missingOK bool) (*capture.Netns, error) {
 	return ns, nil
 }
 
-// netnsAndPlan is the start of CHECK: CNI_NETNS opened and checked before
-// anything else reads or writes (see openNetns), the pod's plan looked up
-// (nil: not in the mesh, and reason says why), and then the namespace
-// opened for good if it was missing before the lookup. (ADD's is
-// capture.Add.)
+// netnsAndPlan is the start of CHECK (ADD's is capture.Add): CNI_NETNS
+// checked (openNetns), the pod's plan looked up (nil: not in the mesh,
+// reason says why), then the namespace opened if it was missing before.
 func (inv *invocation) netnsAndPlan(ctx context.Context) (*capture.Netns, *redirect.Plan, string, error) {
 	ns, err := inv.openNetns(true)
 	if err != nil {

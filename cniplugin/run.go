@@ -1,34 +1,31 @@
-// Package cniplugin is nftmesh's chained CNI plugin. It must run after a
-// primary plugin (bridge, Calico, Cilium, ...) in a conflist: on ADD it looks
-// the pod up (the node agent's cache, else the Kubernetes API), decides with
-// podinfo whether the pod has an injected Istio sidecar, and if so installs
-// the sidecar capture rules inside the pod's network namespace in one atomic
-// batch. It prints the primary plugin's result unchanged.
+// Package cniplugin is nftmesh's chained CNI plugin. After a primary plugin
+// in a conflist, on ADD it looks the pod up (the node agent's cache, else
+// the Kubernetes API), decides with podinfo whether the pod has an injected
+// Istio sidecar, and if so installs the capture rules inside the pod's
+// network namespace in one atomic batch. It prints the primary plugin's
+// result unchanged.
 //
-// It fails closed: when the API server cannot be reached within api_timeout,
-// the pod is not found, RBAC forbids the lookup, an annotation is invalid or
-// the rules cannot be programmed, ADD returns a CNI error and leaves no rules
-// behind, so a mesh pod never starts without its capture. Namespaces in
-// exclude_namespaces and the agent's own pods (name prefix "nftmesh-agent-"
-// in pod_namespace) are let through before any Kubernetes client exists.
+// It fails closed: when the pod cannot be looked up within api_timeout, an
+// annotation is invalid or the rules cannot be programmed, ADD returns a
+// CNI error and leaves no rules behind, so a mesh pod never starts without
+// its capture. Namespaces in exclude_namespaces and the agent's own pods
+// are let through before any Kubernetes client exists.
 //
-// DEL removes our rules, from every backend that holds them, when the netns
-// still exists, and succeeds when the netns, the pod or the API is gone.
-// CHECK compares the live rules with the pod's plan. STATUS reports the
-// plugin unavailable while the agent has not written the kubeconfig. GC has
-// nothing to collect: all state lives in pod network namespaces, which die
-// with their pods.
+// DEL removes our rules from every backend that holds them, and succeeds
+// when the netns, the pod or the API is gone. CHECK compares the live rules
+// with the pod's plan. STATUS reports the plugin unavailable until the
+// agent has written the kubeconfig. GC has nothing to collect.
 //
 // Logs are JSON (zerolog) on stderr and in a size-capped file in
 // agent_run_dir, never on stdout, which carries the CNI result.
 //
-// The same code runs in two places: as a process of its own
-// (nftmesh-cni-standalone, through Main), and inside the node agent, which
-// runs a call the nftmesh-cni front process handed it (through Run, with
-// the call's environment, stdio and namespace).
+// The same code runs as a process of its own (nftmesh-cni-standalone,
+// through Main) and inside the node agent, which runs a call the
+// nftmesh-cni front handed it (through Run).
 package cniplugin
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -61,8 +58,7 @@ type Env struct {
 	Pipeline *capture.Pipeline
 	// Ask, when set, answers the pod lookups the plugin would send to the
 	// node agent's socket: the agent runs the call itself. A pod it does
-	// not find is then not read from the API here: the call is declined
-	// (ErrDeclined), and the caller runs it elsewhere.
+	// not find declines the call (ErrDeclined).
 	Ask func(agentsock.Request) (agentsock.Answer, error)
 	// RunDir, when set, is the agent_run_dir the call must name; a config
 	// that names another is declined.
@@ -71,8 +67,7 @@ type Env struct {
 	// at log level debug: only a process of its own has such marks.
 	Phases bool
 	// Context, when set, bounds the call: the agent cancels it when the
-	// front that handed the call over hangs up. Nil is no bound but the
-	// verbs' own timeouts.
+	// front hangs up.
 	Context context.Context
 }
 
@@ -113,9 +108,8 @@ func printError(w io.Writer, err *types.Error) error {
 // environment and stdio, then exit.
 func Main() {
 	phase.Mark("main")
-	// A plugin run lives for milliseconds and allocates a few MB: collecting
-	// garbage only costs latency. The memory limit still bounds the heap
-	// should a huge prevResult or pod object arrive.
+	// A run lives for milliseconds and allocates a few MB: collecting
+	// garbage only costs latency. The memory limit still bounds the heap.
 	debug.SetGCPercent(-1)
 	debug.SetMemoryLimit(128 << 20)
 	// A runtime never passes arguments and always sets CNI_COMMAND, so
@@ -133,17 +127,9 @@ func Main() {
 	}
 }
 
-// skelMain runs the process's own call through the CNI library's skel,
-// which reads it from the process's environment and stdio. skel also looks
-// at CNI_NETNS once more after ADD and DEL (the plugin has refused its own
-// namespace before it touched anything: one more open and fstat).
+// skelMain runs the process's own call through the CNI library's skel.
 func skelMain() *types.Error {
 	return skel.PluginMainFuncsWithError(cniFuncs(), supportedVersions, about())
-}
-
-// osEnv is the process's own call.
-func osEnv() Env {
-	return Env{Getenv: os.Getenv, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Phases: true}
 }
 
 // about is what the plugin prints on stderr when run without CNI_COMMAND.
@@ -182,18 +168,11 @@ func (r *run) funcs() skel.CNIFuncs {
 // cniFuncs are the verbs of a call from the process's own environment.
 func cniFuncs() skel.CNIFuncs { return (&run{env: osEnv()}).funcs() }
 
-// ctx is the call's context.
-func (r *run) ctx() context.Context {
-	if r.env.Context != nil {
-		return r.env.Context
-	}
-	return context.Background()
+// osEnv is the process's own call.
+func osEnv() Env {
+	return Env{Getenv: os.Getenv, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Phases: true}
 }
 
-// pipeline is the call's kernel.
-func (r *run) pipeline() *capture.Pipeline {
-	if r.env.Pipeline != nil {
-		return r.env.Pipeline
-	}
-	return pipeline
-}
+func (r *run) ctx() context.Context { return cmp.Or(r.env.Context, context.Background()) }
+
+func (r *run) pipeline() *capture.Pipeline { return cmp.Or(r.env.Pipeline, pipeline) }

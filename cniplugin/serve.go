@@ -1,15 +1,15 @@
 package cniplugin
 
 // Serve runs, inside the node agent, the CNI calls the nftmesh-cni front
-// process hands over its socket (internal/cnisock): this package's Run on
-// the call's variables and config, its pod from the agent's informer, its
-// network namespace through the descriptor the front passed. A call it
-// cannot run as the plugin's own process would (a pod the agent does not
-// have, a config naming another run dir, a malformed request) is declined
-// untouched, and the front runs the standalone plugin.
+// hands over its socket (internal/cnisock): Run on the call's variables and
+// config, its pod from the agent's informer, its network namespace through
+// the descriptor the front passed. A call it cannot run as the plugin's own
+// process would is declined untouched, and the front runs the standalone
+// plugin.
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,9 +29,7 @@ import (
 
 // ServeOutcome is what became of one call on the socket, for metrics and logs.
 type ServeOutcome struct {
-	// Status: OutcomeOK, OutcomeError, OutcomeDeclined, OutcomeRefused,
-	// OutcomeBadRequest or OutcomeWriteError.
-	Status   string
+	Status   string // one of the Outcome constants
 	Reason   string
 	Command  string
 	PeerUID  uint32
@@ -58,10 +56,10 @@ type Server struct {
 	Resolver agentsock.Resolver
 	// AllowUID is the only peer uid served (agentsock.PeerUID: root).
 	AllowUID uint32
-	// HostNetns is nil once the host's network namespace is registered to
-	// be refused (capture.AddHostNetnsFromProc), else why it is not; the host's is
-	// then not told from a pod's, and every call is declined. A nil
-	// HostNetns declines every call too.
+	// HostNetns returns nil once the host's network namespace is
+	// registered to be refused (capture.AddHostNetnsFromProc), else why
+	// not: the host's is then not told from a pod's, and every call is
+	// declined, as with a nil HostNetns.
 	HostNetns func() error
 	// ProcDir is a proc file system of the node's PID namespace, where a
 	// peer's capabilities are read (agentsock.CheckAdminPeer); empty is
@@ -76,15 +74,12 @@ type Server struct {
 	inFlight atomic.Int64
 }
 
-// DefaultMaxBytesInFlight is the request bytes the agent holds at once:
-// a call's config is one to a few kilobytes, so the socket's 256 calls at
-// once fit many times over, while calls at cnisock.MaxRequest fit 32 at
-// once. What a call costs beyond its request (the config decoded, the
-// plugin's result) is a few times its size: the budget keeps the agent
-// tens of MiB from the chart's memory limit whatever the fronts send
-// (TestServeMemoryBound measures it). A call over the budget is declined
-// at once, before its body is read: the front then runs the standalone
-// plugin, as when the agent is busy.
+// DefaultMaxBytesInFlight is the request bytes the agent holds at once: the
+// socket's 256 calls of a few kilobytes fit many times over, calls at
+// cnisock.MaxRequest 32 at once. A call costs a few times its request, so
+// the budget keeps the agent tens of MiB from the chart's memory limit
+// whatever the fronts send (TestServeMemoryBound). A call over the budget
+// is declined before its body is read.
 const DefaultMaxBytesInFlight = 2 << 20
 
 // reserve takes n bytes of the budget; false when they are not left.
@@ -104,7 +99,6 @@ func (s *Server) reserve(n int64) bool {
 	}
 }
 
-// errOverBudget: the request's bytes are not in the budget now.
 var errOverBudget = errors.New("over the agent's budget of request bytes in flight")
 
 // Bounds of one connection.
@@ -148,14 +142,9 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 		}
 		return
 	}
-	// Root is not enough: a call changes a namespace's rules, which takes
-	// CAP_NET_ADMIN in the initial user namespace (a root container
-	// stripped of it, or root of its own user namespace, is refused).
-	procDir := s.ProcDir
-	if procDir == "" {
-		procDir = "/proc"
-	}
-	if err := agentsock.CheckAdminPeer(c, procDir); err != nil {
+	// Root is not enough: changing a namespace's rules takes CAP_NET_ADMIN
+	// in the initial user namespace.
+	if err := agentsock.CheckAdminPeer(c, cmp.Or(s.ProcDir, "/proc")); err != nil {
 		o.Status, o.Reason = OutcomeRefused, err.Error()
 		return
 	}
@@ -193,8 +182,7 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 	if err := s.hostNetns(); err != nil {
 		return declined, OutcomeDeclined, err.Error()
 	}
-	// The namespace comes as the one descriptor exactly when the call
-	// names one.
+	// One descriptor exactly when the call names a namespace.
 	netns := getenv(req.Env, "CNI_NETNS")
 	if (netns != "") != (len(fds) == 1) || len(fds) > 1 {
 		return declined, OutcomeBadRequest, fmt.Sprintf("%d descriptors for CNI_NETNS %q", len(fds), netns)
@@ -221,9 +209,8 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 	case err != nil:
 		return declined, OutcomeDeclined, err.Error()
 	case code != 0 && ctx.Err() != nil:
-		// The agent is stopping (or the front hung up) and cut the call
-		// short: its error says so, not what the pod needs. Declined, the
-		// front runs the call itself; every verb is idempotent.
+		// The agent is stopping (or the front hung up): the error says so,
+		// not what the pod needs. Declined, the front runs the call itself.
 		return declined, OutcomeDeclined, "cut short: " + context.Cause(ctx).Error()
 	}
 	reply = cnisock.Reply{Status: cnisock.StatusOK, Stdout: out.Bytes(), Stderr: errOut.Bytes()}
@@ -234,7 +221,6 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 	return reply, status, ""
 }
 
-// errHostNetnsUnknown: the server was given no HostNetns.
 var errHostNetnsUnknown = errors.New("the host's network namespace is not known to the agent")
 
 // hostNetns is nil when the host's network namespace is known.
@@ -260,12 +246,11 @@ func runGuarded(e Env) (code int, err error) {
 }
 
 // watchHangUp returns a context of ctx that ends when the front at the
-// other end of c hangs up (closes its end: killed, or out of its own
-// time), so that a call nobody waits for any more stops at its next wait
-// (the namespace's lock, the pod lookup, the kernel's answer) instead of
-// holding one of the socket's slots to its own timeout. A front that only
-// shuts down its writing half still waits for the reply. stop ends the
-// watch and reports whether the front had hung up.
+// other end of c closes its end (killed, or out of time), so that a call
+// nobody waits for stops at its next wait instead of holding one of the
+// socket's slots to its own timeout. A front that only shuts down its
+// writing half still waits for the reply. stop ends the watch and reports
+// whether the front had hung up.
 func watchHangUp(ctx context.Context, c *net.UnixConn) (context.Context, func() bool) {
 	cctx, cancel := context.WithCancel(ctx)
 	raw, err := c.SyscallConn()
@@ -278,10 +263,9 @@ func watchHangUp(ctx context.Context, c *net.UnixConn) (context.Context, func() 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		// Read only waits for the socket to become readable (the runtime's
-		// poller; no thread held) and calls the function again; it reads
-		// nothing. POLLHUP: the peer's end is closed, which a half-close
-		// (POLLRDHUP alone) or bytes sent after the request are not.
+		// Read only waits in the runtime's poller and calls the function
+		// again; it reads nothing. POLLHUP: the peer's end is closed, which
+		// a half-close (POLLRDHUP alone) or extra bytes are not.
 		_ = raw.Read(func(fd uintptr) bool {
 			p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
 			if n, err := unix.Poll(p, 0); err == nil && n > 0 && p[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0 {
@@ -318,9 +302,8 @@ func getenv(env []string, key string) string {
 }
 
 // readRequest reads one request frame and the descriptors sent with it,
-// once its size is reserved in the budget; reserved is what to give back
-// (0 when nothing was). Descriptors are returned (to be closed) even with
-// an error.
+// once its size is reserved in the budget; reserved is what to give back.
+// Descriptors are returned (to be closed) even with an error.
 func (s *Server) readRequest(c *net.UnixConn) (req cnisock.Request, fds []int, reserved int64, err error) {
 	var hdr [cnisock.HeaderLen]byte
 	if err := readMsgFull(c, hdr[:], &fds); err != nil {

@@ -11,13 +11,9 @@ import (
 )
 
 // dial connects a probe's TCP or UDP socket to dst, from local if valid,
-// within ioTimeout. It dials by netip address (Go 1.26's Dialer.DialTCP and
-// DialUDP): a dial by address string, like listening by one, links net's
-// name resolver (its DNS client, /etc/hosts and nsswitch readers, some
-// 200 KB) into every binary that links netlab, the redirect CLI's among
-// them, where each of its runs maps and unmaps those pages, though every
-// address here is a literal. A zero local binds the socket to the wildcard
-// address before connecting, which picks the same source address.
+// within ioTimeout. It dials by netip address (Go 1.26): a dial by address
+// string, like listening by one, links net's name resolver (some 200 KB)
+// into every binary that links netlab, the redirect CLI's among them.
 func dial(proto redirect.Proto, local netip.Addr, dst netip.AddrPort) (net.Conn, error) {
 	d := net.Dialer{Timeout: ioTimeout}
 	var laddr netip.AddrPort

@@ -1,6 +1,7 @@
 package netlab
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,12 +70,8 @@ type Listeners struct{ group serve.Group }
 // every PeerUDPPorts port, on all its addresses. IPv4 and IPv6 each get their
 // own socket. On error the listeners started so far are closed.
 func StartListeners(t *Topology, opts ListenerOptions) (_ *Listeners, err error) {
-	if opts.ProxyUID == 0 {
-		opts.ProxyUID = redirect.DefaultProxyID
-	}
-	if opts.ProxyGID == 0 {
-		opts.ProxyGID = redirect.DefaultProxyID
-	}
+	opts.ProxyUID = cmp.Or(opts.ProxyUID, redirect.DefaultProxyID)
+	opts.ProxyGID = cmp.Or(opts.ProxyGID, redirect.DefaultProxyID)
 	l := &Listeners{}
 	defer func() {
 		if err != nil {
@@ -177,10 +174,7 @@ func serveTCP(c *net.TCPConn, name string) {
 	if err != nil {
 		orig = local
 	}
-	if name == "" {
-		name = PeerListener(local)
-	}
-	b, _ := json.Marshal(Reply{Listener: name, Orig: orig.String(), Local: local.String(), Peer: sockopt.AddrPort(c.RemoteAddr()).String()})
+	b, _ := json.Marshal(Reply{Listener: cmp.Or(name, PeerListener(local)), Orig: orig.String(), Local: local.String(), Peer: sockopt.AddrPort(c.RemoteAddr()).String()})
 	_, _ = c.Write(append(b, '\n'))
 }
 
@@ -189,11 +183,9 @@ func (l *Listeners) startUDP(ns, name string, port uint16, v6 bool, owner *creds
 	addr := fmt.Sprintf("%s:%d", host, port)
 	var pc *net.UDPConn
 	err := inNetns(ns, owner, func() error {
-		// PKTINFO tells each datagram's destination (a wildcard socket has
-		// no single local address), and replies are sent from it so
-		// conntrack recognises them and undoes the REDIRECT. Asked for
-		// before the first datagram can arrive: the probes come after
-		// NewListeners returns.
+		// PKTINFO tells each datagram's destination, which replies are
+		// sent from (see serve.AnswerDatagrams); asked for before the
+		// first probe can arrive.
 		var err error
 		if pc, err = net.ListenUDP(netw, &net.UDPAddr{Port: int(port)}); err != nil {
 			return err
@@ -227,11 +219,7 @@ func serveUDP(c *net.UDPConn, ct *netlink.Handle, name string, port uint16, v6 b
 		if !ok {
 			orig = local
 		}
-		n := name
-		if n == "" {
-			n = PeerListener(local)
-		}
-		b, _ := json.Marshal(Reply{Listener: n, Orig: orig.String(), Local: local.String(), Peer: from.String()})
+		b, _ := json.Marshal(Reply{Listener: cmp.Or(name, PeerListener(local)), Orig: orig.String(), Local: local.String(), Peer: from.String()})
 		return b
 	}, nil)
 }

@@ -14,19 +14,13 @@ import (
 type creds struct{ uid, gid uint32 }
 
 // inNetns runs fn on a fresh OS thread that has joined the network namespace
-// at nsPath, with ns.Do semantics: the goroutine is locked to its thread, the
-// thread switches back afterwards, and if it cannot, it stays locked so the
-// runtime destroys it instead of reusing a thread in the wrong namespace.
+// at nsPath (see onThread). Sockets fn creates stay in that namespace.
 //
-// With c set, the thread also drops to that identity before fn runs. Only
-// this thread changes: the raw setgroups/setresgid/setresuid system calls act
-// per thread, unlike syscall.Setuid, which Go applies to every thread of the
-// process. Such a thread can never return to the pool (it may lack the
-// privilege to switch back, and must not lend its identity to other
-// goroutines), so it is always left locked and dies when fn returns.
-//
-// Sockets created by fn stay in the namespace they were created in (and keep
-// the identity of their creator) after the thread is gone.
+// With c set, the thread also drops to that identity before fn runs: the raw
+// setgroups/setresgid/setresuid system calls act on this thread only, unlike
+// syscall.Setuid, which Go applies to every thread. Such a thread may lack
+// the privilege to switch back and must not lend its identity to other
+// goroutines, so it dies when fn returns.
 func inNetns(nsPath string, c *creds, fn func() error) error {
 	return onThread(c != nil, func() error {
 		target, err := netns.GetFromPath(nsPath)
@@ -104,6 +98,5 @@ func setThreadCreds(uid, gid uint32) error {
 }
 
 // Do runs fn on an OS thread switched into the network namespace at nsPath
-// (ns.Do semantics): sockets and processes fn creates live there. If
-// switching back fails the thread stays locked and dies with its goroutine.
+// (ns.Do semantics): sockets and processes fn creates live there.
 func Do(nsPath string, fn func() error) error { return inNetns(nsPath, nil, fn) }

@@ -29,14 +29,11 @@ const (
 	FromPeer
 )
 
+var fromNames = [...]string{FromApp: "pod", FromPassthrough: "passthrough", FromPeer: "peer"}
+
 func (f From) String() string {
-	switch f {
-	case FromApp:
-		return "pod"
-	case FromPassthrough:
-		return "passthrough"
-	case FromPeer:
-		return "peer"
+	if int(f) < len(fromNames) {
+		return fromNames[f]
 	}
 	return fmt.Sprintf("from(%d)", uint8(f))
 }
@@ -99,8 +96,7 @@ func (t *Topology) Probe(p Probe) Result {
 	case FromApp:
 		c = t.hostCreds(p.UID, p.GID)
 	case FromPassthrough:
-		c = t.hostCreds(p.UID, p.GID)
-		local = PassthroughV4
+		c, local = t.hostCreds(p.UID, p.GID), PassthroughV4
 		if p.Dst.Addr().Is6() {
 			local = PassthroughV6
 		}
@@ -151,11 +147,7 @@ func exchange(proto redirect.Proto, local netip.Addr, dst netip.AddrPort) ([]byt
 		}
 		return buf[:n], nil
 	}
-	line, err := bufio.NewReader(conn).ReadBytes('\n')
-	if err != nil {
-		return nil, err
-	}
-	return line, nil
+	return bufio.NewReader(conn).ReadBytes('\n')
 }
 
 func classify(err error) string {

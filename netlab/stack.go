@@ -7,9 +7,8 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 )
 
-// The pod's own addresses in every test topology (given to the pod's
-// interface as its Stack says): 198.18.0.0/15
-// (benchmarking range) and a ULA.
+// The pod's own addresses in every topology (as its Stack says):
+// 198.18.0.0/15 (benchmarking range) and a ULA.
 var (
 	PodV4 = netip.MustParseAddr("198.18.0.2")
 	PodV6 = netip.MustParseAddr("fd00:6e74:7300::2")
@@ -30,16 +29,11 @@ const (
 	StackIPv6
 )
 
+var stackNames = [...]string{StackDual: "dual-stack", StackDualV6First: "dual-stack, IPv6 first", StackIPv4: "IPv4 only", StackIPv6: "IPv6 only"}
+
 func (st Stack) String() string {
-	switch st {
-	case StackDual:
-		return "dual-stack"
-	case StackDualV6First:
-		return "dual-stack, IPv6 first"
-	case StackIPv4:
-		return "IPv4 only"
-	case StackIPv6:
-		return "IPv6 only"
+	if int(st) < len(stackNames) {
+		return stackNames[st]
 	}
 	return fmt.Sprintf("stack(%d)", uint8(st))
 }

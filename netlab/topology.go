@@ -1,6 +1,7 @@
 package netlab
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -25,11 +26,9 @@ import (
 const netnsDir = "/run/netns"
 
 // Addresses of the topology. Every topology uses the same ones: each lives in
-// its own pair of namespaces, so concurrent topologies do not collide.
+// its own pair of namespaces.
 var (
-	// The pod's veth and the peer's end, 198.18.0.0/15 (benchmarking range)
-	// and a ULA /64. The pod has the families its Stack says; the peer has
-	// both.
+	// The peer's end of the veth (the pod's are PodV4 and PodV6).
 	PeerV4 = netip.MustParseAddr("198.18.0.1")
 	PeerV6 = netip.MustParseAddr("fd00:6e74:7300::1")
 
@@ -68,8 +67,7 @@ type TopologyOptions struct {
 	// Prefix starts both namespace names ("nts-" if empty); a random suffix
 	// makes them unique.
 	Prefix string
-	// PodIface names the pod's end of the veth ("eth0" if empty). Scenarios
-	// that exclude or reroute an interface name it after that interface.
+	// PodIface names the pod's end of the veth ("eth0" if empty).
 	PodIface string
 	// AppPorts are the TCP ports the pod's app serves (DefaultAppPorts if nil).
 	AppPorts []uint16
@@ -81,18 +79,15 @@ type TopologyOptions struct {
 	// gets them (StackDual if zero).
 	Stack Stack
 	// NewPodNetns, when set, creates the pod namespace bind-mounted at the
-	// path it is given instead of a plain one, and returns what removes it
-	// (Close calls it). Tests make it a namespace owned by its own user
-	// namespace, as for a pod with hostUsers: false; this package runs no
-	// process, which that takes.
+	// path it is given, and returns what removes it (Close calls it): tests
+	// make one owned by its own user namespace (hostUsers: false), which
+	// takes a process, and this package runs none.
 	NewPodNetns func(path string) (io.Closer, error)
-	// PodUIDBase / PodGIDBase: the pod namespace's in-pod UIDs and GIDs
-	// 0, 1, ... are the host's PodUIDBase, PodUIDBase+1, ... (its user
-	// namespace's ID map). Probes and the DNS proxy's sockets, given in-pod
-	// IDs, are created with the host IDs they map to: the kernel keeps only
-	// the host ID of a socket's owner, so netfilter sees exactly what it
-	// sees for a process of the pod running as the in-pod ID. Zero for a pod
-	// in the host's user namespace.
+	// PodUIDBase / PodGIDBase: in-pod UIDs and GIDs 0, 1, ... are the
+	// host's PodUIDBase, PodUIDBase+1, ... (its user namespace's ID map).
+	// Probes and the DNS proxy's sockets are created with the host IDs
+	// their in-pod IDs map to, the only ones the kernel keeps for a
+	// socket's owner. Zero for a pod in the host's user namespace.
 	PodUIDBase, PodGIDBase uint32
 }
 
@@ -125,8 +120,6 @@ type Topology struct {
 	PeerTCPPorts []uint16
 	PeerUDPPorts []uint16
 
-	// PodUIDBase / PodGIDBase map in-pod IDs to host IDs (see
-	// TopologyOptions).
 	PodUIDBase, PodGIDBase uint32
 
 	made    []string    // namespaces created so far, for Close
@@ -161,17 +154,11 @@ func ExternalHosts() []netip.Addr {
 // NewTopology builds the namespaces, the veth pair, addresses and routes. On
 // error everything created so far is removed again.
 func NewTopology(opts TopologyOptions) (_ *Topology, err error) {
-	if opts.Prefix == "" {
-		opts.Prefix = "nts-"
-	}
-	if opts.PodIface == "" {
-		opts.PodIface = "eth0"
-	}
+	opts.Prefix = cmp.Or(opts.Prefix, "nts-")
+	opts.PodIface = cmp.Or(opts.PodIface, "eth0")
 	// The suffix only has to differ from concurrent topologies' (a clash
-	// fails NewTopology, it never joins another's namespaces), not be
-	// secret: math/rand/v2, not crypto/rand, which would link the FIPS
-	// module into the redirect CLI (for its demo), whose package inits
-	// every one of its runs pays.
+	// fails), not be secret: crypto/rand would link the FIPS module into
+	// the redirect CLI, whose every run pays its package inits.
 	base := fmt.Sprintf("%s%08x", opts.Prefix, rand.Uint32())
 	t := &Topology{
 		PodNetns:     base + "-pod",
@@ -270,9 +257,9 @@ func (t *Topology) wire() error {
 	}
 	defer peer.Close()
 	w := &wiring{pod: pod, peer: peer}
-	// No duplicate address detection on the new links' own addresses (the
-	// link-local ones) either: while fe80:: is tentative, the first IPv6
-	// connection after the link comes up is sometimes delayed by a second.
+	// No duplicate address detection on the links' link-local addresses
+	// either: while fe80:: is tentative, the first IPv6 connection is
+	// sometimes delayed by a second.
 	for _, ns := range []string{t.PodNetnsPath(), t.PeerNetnsPath()} {
 		if err := inNetns(ns, nil, func() error {
 			return os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0o644)
@@ -301,8 +288,8 @@ func (t *Topology) linkUp(w *wiring) error {
 		return fmt.Errorf("opening network namespace %s: %w", t.PeerNetnsPath(), err)
 	}
 	defer peerNS.Close()
-	// Created from inside the pod namespace, with the peer end moved straight
-	// into the peer namespace: the root namespace never sees either end.
+	// Created in the pod namespace with the peer end straight in the peer
+	// namespace: the root namespace never sees either end.
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: t.PodIface},
 		PeerName:      t.PeerIface,
@@ -367,9 +354,8 @@ func (t *Topology) address(w *wiring) error {
 	return nil
 }
 
-// neighbours adds static neighbour entries for the veth's two ends: no
-// ARP or neighbour discovery right after the link came up (a lost first solicitation costs a one-second
-// retransmit and makes probe timings erratic).
+// neighbours adds static neighbour entries for the veth's two ends: a lost
+// first ARP or ND solicitation would cost a one-second retransmit.
 func (t *Topology) neighbours(w *wiring) error {
 	pod, peer := w.pod, w.peer
 	podLink, peerLink := refresh(pod, w.podLink), refresh(peer, w.peerLink)
@@ -436,7 +422,7 @@ func (t *Topology) hasFamily(a netip.Addr) bool {
 	return t.Stack.Has6()
 }
 
-// refresh re-reads a link (its attributes, such as the MAC, as they are now).
+// refresh re-reads a link's attributes, such as the MAC.
 func refresh(h *netlink.Handle, l netlink.Link) netlink.Link {
 	if nl, err := h.LinkByIndex(l.Attrs().Index); err == nil {
 		return nl
@@ -489,10 +475,9 @@ func ipNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Masked().Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-// Close deletes both namespaces (and with them the veth, addresses, routes
-// and any rules a backend installed). It is safe on a partly built topology
-// and more than once. Sockets still open in a namespace keep it alive
-// (unnamed) until they are closed: close Listeners first.
+// Close deletes both namespaces and all they hold. It is safe on a partly
+// built topology and more than once. Sockets still open in a namespace keep
+// it alive (unnamed): close Listeners first.
 func (t *Topology) Close() error {
 	var errs []error
 	for _, name := range t.made {

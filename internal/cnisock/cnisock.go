@@ -5,14 +5,11 @@
 // and what the plugin wrote on stdout and stderr, or "declined" (run the
 // standalone plugin instead).
 //
-// The frame is a few length-prefixed byte strings (the config travels as
-// the runtime wrote it); the front reads the config's agent_run_dir with
-// encoding/json, as the plugin does (RunDir).
-//
 // A frame is a 4-byte magic, a big-endian uint32 length, and that many
 // bytes. A request's body: a uint32 count of "NAME=value" strings, each a
-// uint32 length and its bytes, then the config as one such string. A
-// reply's body: a uint32 status, then stdout and stderr as such strings.
+// uint32 length and its bytes, then the config, as the runtime wrote it, as
+// one such string. A reply's body: a uint32 status, then stdout and stderr
+// as such strings.
 package cnisock
 
 import (
@@ -27,18 +24,15 @@ const SocketName = "cni.sock"
 // Path is the socket's path for the agent_run_dir runDir.
 func Path(runDir string) string { return runDir + "/agent-sock/" + SocketName }
 
-// Frame limits. A request is a call's variables and its config: a real
-// config with a primary's prevResult (a pod's interfaces, addresses,
-// routes and DNS) is one to a few kilobytes, so MaxRequest leaves a margin
-// of tens; a call bigger than that runs in the standalone plugin instead,
-// and the agent reads no more. A reply (MaxFrame) is what the agent's
-// plugin printed: the prevResult again, re-encoded.
+// Frame limits. A real config with its prevResult is one to a few
+// kilobytes, so MaxRequest leaves a margin of tens; a bigger call runs in
+// the standalone plugin. A reply (MaxFrame) is what the plugin printed:
+// the prevResult again, re-encoded.
 const (
 	HeaderLen  = 8
 	MaxRequest = 64 << 10
 	MaxFrame   = 4 << 20
-	// MaxEnv bounds the variables of one request (the CNI protocol has
-	// seven).
+	// MaxEnv bounds the variables of one request (CNI has seven).
 	MaxEnv = 32
 )
 
@@ -54,9 +48,8 @@ const (
 	StatusOK uint32 = 0
 	// StatusError: the plugin exited 1 (the CNI error is on stdout).
 	StatusError uint32 = 1
-	// StatusDeclined: the agent did not run the call (it has no answer
-	// for the pod, the config names another run dir, or it is stopping);
-	// nothing was written to the namespace.
+	// StatusDeclined: the agent did not run the call; nothing was
+	// written to the namespace.
 	StatusDeclined uint32 = 2
 )
 

@@ -10,12 +10,11 @@ import (
 const DefaultRunDir = "/var/run/nftmesh"
 
 // RunDir finds the agent_run_dir of a plugin config as the plugin reads it
-// (encoding/json, as podinfo/cniconf): "agent_run_dir", else Istio's
-// "cni_agent_run_dir", else DefaultRunDir. ok is false when config is not a
-// JSON object or the value is not an absolute path string: the plugin then
-// reports the config's problem itself. The agent declines a call whose
-// config names a run dir other than its own, so a config this reads
-// otherwise than the plugin costs speed, never correctness.
+// (podinfo/cniconf): "agent_run_dir", else Istio's "cni_agent_run_dir",
+// else DefaultRunDir. ok is false when config is not a JSON object or the
+// value is not an absolute path string: the plugin then reports the
+// config's problem itself. The agent declines a call whose config names
+// another run dir, so a misreading costs speed, never correctness.
 func RunDir(config []byte) (dir string, ok bool) {
 	var c struct {
 		Ours  *string `json:"agent_run_dir"`

@@ -11,15 +11,12 @@
 //
 // The CNI plugin and the CLI run in the host's namespace and the agent in its
 // own pod's, so "the namespace of this process" is never a pod we capture.
-// PID 1's namespace (the host's, seen from the host) is refused as well, and
-// so is every namespace registered with AddHost (the agent registers the
-// host's PID 1 as seen through the host /proc it mounts). A Guard value
-// carries the one setting of the check (AllowOwn), so that two callers in
-// one process can differ; the zero Guard refuses all three.
+// PID 1's namespace is refused as well, and so is every namespace registered
+// with AddHost (the agent's view of the host's). A Guard carries the one
+// setting of the check (AllowOwn), so two callers in one process can differ.
 //
-// Besides opening and comparing, it enters a namespace for its caller (Do),
-// the one way nftmesh switches a thread's namespace; it never writes to a
-// namespace itself.
+// It also enters a namespace for its caller (Do), the one way nftmesh
+// switches a thread's namespace; it never writes to a namespace itself.
 package hostns
 
 import (
@@ -47,9 +44,7 @@ var ErrNotNetns = errors.New("not a network namespace")
 // process's own namespace, PID 1's and every one registered with AddHost.
 type Guard struct {
 	// AllowOwn lets this process's own namespace through (`redirect apply
-	// --allow-own-netns`, for deliberately capturing the namespace the CLI
-	// was started in). PID 1's namespace and those registered with AddHost
-	// are still refused.
+	// --allow-own-netns`); the others are still refused.
 	AllowOwn bool
 }
 
@@ -72,8 +67,7 @@ var (
 )
 
 // AddHost registers the namespace at path (read now, by identity) as the
-// host's: it is refused like PID 1's. The node agent uses it for the host's
-// PID 1 seen through the host /proc it mounts.
+// host's: it is refused like PID 1's.
 func AddHost(path string) error {
 	id, err := statID(path)
 	if err != nil {
@@ -133,7 +127,6 @@ func AddHostFromProc(procDir string) (string, error) {
 	return "", errors.Join(initErr, errors.New("no ancestor outside this network namespace within 32 generations"))
 }
 
-// parentPID reads the PPid of pid from procDir.
 func parentPID(procDir string, pid int) (int, error) {
 	b, err := os.ReadFile(filepath.Join(procDir, strconv.Itoa(pid), "status"))
 	if err != nil {
@@ -163,11 +156,9 @@ type Netns struct {
 	fd   int
 }
 
-// Stub is a Netns without a descriptor (Fd is -1, Close does nothing):
-// the identity of a namespace that exists only in an in-memory kernel, for
-// tests that run the capture pipeline without root (testkit/capturetest).
-// Guard.Refuse works on it as on any other: a stub given the host's
-// identity is refused.
+// Stub is a Netns without a descriptor (Fd is -1, Close does nothing): a
+// namespace of an in-memory kernel (testkit/capturetest). Guard.Refuse
+// works on it as on any other.
 func Stub(path string, id ID) *Netns { return &Netns{Path: path, ID: id, fd: -1} }
 
 // SelfID is this process's own network namespace, as Guard.Refuse compares
@@ -178,8 +169,7 @@ func SelfID() (ID, error) { return self, selfErr }
 // NETNSA_FD); it stays owned by n.
 func (n *Netns) Fd() int { return n.fd }
 
-// Take hands the descriptor over to the caller, who closes it; n no longer
-// owns it.
+// Take hands the descriptor over to the caller, who closes it.
 func (n *Netns) Take() int {
 	fd := n.fd
 	n.fd = -1
@@ -197,11 +187,10 @@ func (n *Netns) Close() error {
 }
 
 // NotNetnsError is Open's error for a path that exists but is not a network
-// namespace file. Kind says what it is instead ("FIFO", "regular file",
-// "directory", ...).
+// namespace file.
 type NotNetnsError struct {
 	Path string
-	Kind string
+	Kind string // what it is instead ("FIFO", "regular file", ...)
 }
 
 func (e *NotNetnsError) Error() string {
@@ -211,11 +200,10 @@ func (e *NotNetnsError) Error() string {
 func (e *NotNetnsError) Unwrap() error { return ErrNotNetns }
 
 // Open opens the network namespace file at path without blocking and
-// without side effects, whatever the path names: it is first opened with
-// O_PATH (opening a FIFO for reading would block until a writer comes, and
-// opening a device could act on it), checked to be an nsfs inode of a
-// network namespace, and only then reopened for use through the O_PATH
-// descriptor, so what is checked is what is used.
+// without side effects, whatever the path names: it is opened with O_PATH
+// (opening a FIFO would block until a writer comes, a device could act),
+// checked to be a network namespace's nsfs inode, and only then reopened
+// through the O_PATH descriptor, so what is checked is what is used.
 func Open(path string) (*Netns, error) {
 	pfd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -225,10 +213,9 @@ func Open(path string) (*Netns, error) {
 	return OpenFD(pfd, path)
 }
 
-// OpenFD is Open of the file pfd refers to (any descriptor; O_PATH is
-// enough), which path named where it was opened: a descriptor another
-// process opened in its own mount namespace and passed over a unix socket.
-// Errors name path; pfd stays open.
+// OpenFD is Open of the file pfd refers to (O_PATH is enough), such as a
+// descriptor another process opened and passed over a unix socket; path
+// is what named it there, for errors. pfd stays open.
 func OpenFD(pfd int, path string) (*Netns, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(pfd, &st); err != nil {
@@ -258,49 +245,41 @@ func OpenFD(pfd int, path string) (*Netns, error) {
 	return &Netns{Path: path, ID: ID{Dev: st.Dev, Ino: st.Ino}, fd: fd}, nil
 }
 
-func kind(mode uint32, fsType int64) string {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFIFO:
-		return "FIFO"
-	case unix.S_IFSOCK:
-		return "socket"
-	case unix.S_IFCHR:
-		return "character device"
-	case unix.S_IFBLK:
-		return "block device"
-	case unix.S_IFDIR:
-		return "directory"
-	case unix.S_IFREG:
-		if fsType == unix.NSFS_MAGIC {
-			return "namespace file of another kind than network"
-		}
-		return "regular file"
-	}
-	return fmt.Sprintf("file of mode %#o", mode&unix.S_IFMT)
+var kinds = map[uint32]string{
+	unix.S_IFIFO:  "FIFO",
+	unix.S_IFSOCK: "socket",
+	unix.S_IFCHR:  "character device",
+	unix.S_IFBLK:  "block device",
+	unix.S_IFDIR:  "directory",
+	unix.S_IFREG:  "regular file",
 }
 
-// Do runs fn on an OS thread switched into n's network namespace, so that
-// the sockets and procfs files fn opens belong to it (a socket keeps the
-// namespace it was created in, so they serve any goroutine afterwards). The
-// namespace entered is n's descriptor: the one that was opened and checked,
-// whatever n.Path names by now.
+func kind(mode uint32, fsType int64) string {
+	t := mode & unix.S_IFMT
+	if t == unix.S_IFREG && fsType == unix.NSFS_MAGIC {
+		return "namespace file of another kind than network"
+	}
+	if k, ok := kinds[t]; ok {
+		return k
+	}
+	return fmt.Sprintf("file of mode %#o", t)
+}
+
+// Do runs fn on an OS thread switched into n's network namespace (n's
+// descriptor, whatever n.Path names by now), so that the sockets and procfs
+// files fn opens belong to it; they serve any goroutine afterwards.
 //
 // The semantics are containernetworking's ns.Do: fn runs on a fresh
-// goroutine locked to its thread; afterwards the thread switches back to the
-// namespace it came from and returns to the pool. If it cannot, it stays
-// locked, and the runtime ends it with the goroutine instead of running
-// other goroutines in the wrong namespace. fn must not start goroutines
-// that expect to run in n. When n is the namespace the process started in,
-// fn runs on the caller's goroutine: every unlocked thread is in n. A panic
+// goroutine locked to its thread, which then switches back and returns to
+// the pool; if it cannot, it stays locked and the runtime ends it with the
+// goroutine. fn must not start goroutines that expect to run in n. A panic
 // in fn is returned as Do's error.
 func (n *Netns) Do(fn func() error) error {
 	if selfErr == nil && n.ID == self {
-		// n is where this process started (a command run inside the
-		// namespace it acts on, allowed with Guard.AllowOwn): every thread an
+		// n is where this process started (Guard.AllowOwn): every thread an
 		// unlocked goroutine runs on is there (a thread inside another Do
 		// runs only that Do's goroutine), so fn runs here, without a
-		// goroutine, a locked thread (the first lock also starts the
-		// runtime's template thread) or two setns.
+		// goroutine, a locked thread or two setns.
 		return fn()
 	}
 	errc := make(chan error, 1)
@@ -332,8 +311,7 @@ func (n *Netns) Do(fn func() error) error {
 
 // callGuarded runs fn, a panic in it turned into its error: Do's goroutine
 // is outside its caller's recover, and a panic there would end the process
-// (the agent, with every call in flight) instead of failing one call. The
-// thread then goes back to its namespace as after any error.
+// (the agent, with every call in flight) instead of failing one call.
 func callGuarded(fn func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -378,9 +356,8 @@ func (g Guard) refuseID(path string, id ID) error {
 // what every path that writes into a namespace starts with.
 func (g Guard) Open(path string) (*Netns, error) { return g.Check(Open(path)) }
 
-// Check passes on what an open returned, closing the namespace and
-// returning Refuse's error instead when g refuses it: Guard.Open for
-// namespaces opened another way.
+// Check is Guard.Open for a namespace opened another way: it passes on
+// what the open returned, or closes n and returns Refuse's error.
 func (g Guard) Check(n *Netns, err error) (*Netns, error) {
 	if err != nil {
 		return nil, err

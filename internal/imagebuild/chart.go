@@ -39,10 +39,10 @@ type ChartArtifact struct {
 	Manifest []byte
 }
 
-// RawManifest and MediaType make the artifact a remote.Taggable.
+// RawManifest and MediaType (an OCI image manifest, as Helm writes) make
+// the artifact a remote.Taggable.
 func (a *ChartArtifact) RawManifest() ([]byte, error) { return a.Manifest, nil }
 
-// MediaType is the manifest's: an OCI image manifest, as Helm writes.
 func (a *ChartArtifact) MediaType() (types.MediaType, error) { return types.OCIManifestSchema1, nil }
 
 // NewChartArtifact reads a chart package (a .tgz from `helm package`) and

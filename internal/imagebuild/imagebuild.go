@@ -7,33 +7,27 @@
 // `docker load`) and an OCI image layout directory.
 //
 // It does not compile anything and execs nothing: callers hand it the bytes
-// of their (static) binaries. The nftmesh image itself is put together by
-// Nftmesh; tests build stand-in images with Build and WriteDockerArchive:
+// of their (static) binaries. Nftmesh puts the nftmesh image together;
+// tests build stand-in images with Build and WriteDockerArchive.
 //
-//	img, err := imagebuild.Build([]imagebuild.File{
-//		{Path: "/pause", Mode: 0o755, Data: pauseBinary},
-//	}, imagebuild.Config{Entrypoint: []string{"/pause"}})
-//	...
-//	err = imagebuild.WriteDockerArchive(dir+"/pause.tar", "localhost/pause:test", img)
-//
-// What is reproducible: the image ID (the config's digest) depends only on
-// the files and the Config. The manifest digest also covers the gzip-
-// compressed layer, so it is stable for a given Go toolchain (compress/gzip
-// is deterministic) but may change with another one.
+// The image ID (the config's digest) depends only on the files and the
+// Config. The manifest digest also covers the gzip-compressed layer, so it
+// is stable for a given Go toolchain but may change with another one.
 package imagebuild
 
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
-	"path/filepath"
 	"runtime"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -45,6 +39,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/nftmesh/nftmesh/internal/atomicfile"
 )
 
 // File is one entry of the image's filesystem.
@@ -98,8 +94,8 @@ func Build(files []File, cfg Config) (v1.Image, error) {
 
 	cf := &v1.ConfigFile{
 		Created:      v1.Time{Time: created},
-		OS:           orDefault(cfg.OS, "linux"),
-		Architecture: orDefault(cfg.Architecture, runtime.GOARCH),
+		OS:           cmp.Or(cfg.OS, "linux"),
+		Architecture: cmp.Or(cfg.Architecture, runtime.GOARCH),
 		RootFS:       v1.RootFS{Type: "layers"},
 		Config: v1.Config{
 			Entrypoint: cfg.Entrypoint,
@@ -121,7 +117,7 @@ func Build(files []File, cfg Config) (v1.Image, error) {
 		MediaType: types.OCILayer,
 		History: v1.History{
 			Created:   v1.Time{Time: created},
-			CreatedBy: orDefault(cfg.CreatedBy, "imagebuild"),
+			CreatedBy: cmp.Or(cfg.CreatedBy, "imagebuild"),
 		},
 	})
 	if err != nil {
@@ -140,7 +136,7 @@ func Layer(files []File, mtime time.Time) ([]byte, error) {
 	mtime = fixedTime(mtime)
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	for _, p := range sortedKeys(entries) {
+	for _, p := range slices.Sorted(maps.Keys(entries)) {
 		f := entries[p]
 		hdr := &tar.Header{
 			Name:    strings.TrimPrefix(p, "/"),
@@ -268,22 +264,6 @@ func fixedTime(t time.Time) time.Time {
 	return t.Truncate(time.Second).UTC()
 }
 
-func orDefault(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
-func sortedKeys(m map[string]File) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
 // WriteDockerArchive writes img tagged tag (e.g. "localhost/app:v1", kept as
 // written) as a docker-archive tarball at file, replacing it atomically.
 func WriteDockerArchive(file, tag string, img v1.Image) error {
@@ -291,23 +271,11 @@ func WriteDockerArchive(file, tag string, img v1.Image) error {
 	if err != nil {
 		return fmt.Errorf("parsing the image tag %s: %w", quote(tag), err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".*")
-	if err != nil {
+	var buf bytes.Buffer
+	if err := tarball.Write(ref, img, &buf); err != nil {
 		return fmt.Errorf("writing the image archive %s: %w", file, err)
 	}
-	defer os.Remove(tmp.Name()) // after a successful rename, a no-op
-	if err := tarball.Write(ref, img, tmp); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing the image archive %s: %w", file, err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing the image archive %s: %w", file, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("writing the image archive %s: %w", file, err)
-	}
-	if err := os.Rename(tmp.Name(), file); err != nil {
+	if err := atomicfile.Write(file, buf.Bytes(), 0o644, atomicfile.Options{}); err != nil {
 		return fmt.Errorf("writing the image archive %s: %w", file, err)
 	}
 	return nil

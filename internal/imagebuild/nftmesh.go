@@ -2,6 +2,7 @@ package imagebuild
 
 import (
 	"bytes"
+	"cmp"
 	"debug/elf"
 	"fmt"
 	"runtime"
@@ -18,16 +19,15 @@ const (
 	// PluginPath is the agent's --plugin-binary default: the file it
 	// copies into the host's CNI bin dir.
 	PluginPath = "/opt/cni/bin/nftmesh-cni"
-	// StandalonePath is the plugin's companion, which the agent takes from
-	// the directory of --plugin-binary and copies next to the front: the
-	// whole plugin, which the front execs when the agent is not there.
+	// StandalonePath is the whole plugin, which the agent copies from the
+	// directory of --plugin-binary next to the front, and which the front
+	// execs when the agent is not there.
 	StandalonePath = "/opt/cni/bin/nftmesh-cni-standalone"
-	// User is numeric, so neither the runtime nor the binaries need an
-	// /etc/passwd. The agent runs as root (it writes the host's CNI dirs);
-	// the chart drops every capability but the ones it needs.
+	// User is numeric, so nothing needs an /etc/passwd. The agent runs as
+	// root (it writes the host's CNI dirs); the chart drops capabilities.
 	User = "0:0"
 	// Path lets `kubectl exec <agent pod> -- redirect inspect ...` find
-	// the CLI; the same PATH the distroless base of the Dockerfile sets.
+	// the CLI (the Dockerfile's distroless base sets the same).
 	Path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
@@ -49,20 +49,17 @@ type Meta struct {
 	Version  string // required: the version the binaries were stamped with
 	Revision string // the source commit
 	Source   string // default DefaultSource
-	// Created is the image's time and every file's mtime: the commit
-	// time or SOURCE_DATE_EPOCH, never the wall clock, so that the same
-	// inputs give the same image.
+	// Created is the image's time and every file's mtime: the commit time
+	// or SOURCE_DATE_EPOCH, never the wall clock.
 	Created      time.Time
 	Architecture string // default runtime.GOARCH; the binaries must match
 }
 
 // Nftmesh builds the nftmesh image: the four binaries and nothing else on
-// an empty base. The binaries need no CA bundle (the only TLS peer is the
-// API server, verified with the service account's CA), no /etc/passwd (the
-// user is numeric) and no writable /tmp (the chart mounts the root file
-// system read-only; files are written atomically in their target dirs).
-// Leaving the host's CA bundle out also keeps the image a function of the
-// source alone.
+// an empty base. They need no CA bundle (the only TLS peer is the API
+// server, verified with the service account's CA; leaving the host's out
+// keeps the image a function of the source), no /etc/passwd and no
+// writable /tmp (the chart mounts the root file system read-only).
 func Nftmesh(bins Binaries, meta Meta) (v1.Image, error) {
 	if meta.Version == "" {
 		return nil, fmt.Errorf("building the nftmesh image: the version is empty")
@@ -76,7 +73,7 @@ func Nftmesh(bins Binaries, meta Meta) (v1.Image, error) {
 		CreatedBy:    "nftmesh mkimage " + meta.Version,
 		Labels:       Labels(meta),
 	}
-	arch := orDefault(cfg.Architecture, runtime.GOARCH)
+	arch := cmp.Or(cfg.Architecture, runtime.GOARCH)
 	files := []File{
 		{Path: AgentPath, Mode: 0o755, Data: bins.Agent},
 		{Path: PluginPath, Mode: 0o755, Data: bins.Plugin},
@@ -98,7 +95,7 @@ func Labels(meta Meta) map[string]string {
 		"org.opencontainers.image.description": "nftmesh node agent, CNI plugin and redirect CLI: Istio sidecar capture with nftables over netlink",
 		"org.opencontainers.image.licenses":    "Apache-2.0",
 		"org.opencontainers.image.version":     meta.Version,
-		"org.opencontainers.image.source":      orDefault(meta.Source, DefaultSource),
+		"org.opencontainers.image.source":      cmp.Or(meta.Source, DefaultSource),
 		"org.opencontainers.image.created":     fixedTime(meta.Created).Format(time.RFC3339),
 	}
 	if meta.Revision != "" {

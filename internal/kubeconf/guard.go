@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
+	"sync"
 )
 
 // Guard wraps the innermost transport of a client-go client (rest.Config's
@@ -16,18 +18,16 @@ import (
 // whatever the client makes of an answer cannot hold them:
 //
 //   - An error answer (not 2xx) is read (up to MaxErrorBody) and every
-//     credential of the request in it is replaced by "[redacted]": an API
-//     server or a proxy in front of it may echo the request, Authorization
-//     header included, in an error page, and client-go puts the page into
-//     its error, which ends up in CNI errors (kubelet events) and logs. So
-//     are Warning headers, which client-go logs.
+//     credential of the request in it is replaced by Redacted: an API
+//     server or a proxy may echo the request, Authorization header
+//     included, in an error page, which client-go puts into its error, and
+//     so into CNI errors (kubelet events) and logs. So are Warning headers,
+//     which client-go logs.
 //   - A redirect (3xx) is not followed: client-go would send the bearer
-//     token to wherever it points. It is an error naming the code and where
-//     it pointed (RedirectError), not an empty message.
+//     token to wherever it points. It is a RedirectError.
 //   - With maxBody > 0, a 2xx answer longer than maxBody fails with
-//     ErrAnswerTooLarge once that many bytes have come, instead of growing
-//     the client's memory until the deadline (client-go reads an answer
-//     whole, without a bound). Watches need 0.
+//     ErrAnswerTooLarge instead of growing the client's memory until the
+//     deadline (client-go reads an answer whole). Watches need 0.
 func Guard(maxBody int64) func(http.RoundTripper) http.RoundTripper {
 	return func(rt http.RoundTripper) http.RoundTripper { return &guard{next: rt, maxBody: maxBody} }
 }
@@ -172,66 +172,14 @@ func Redact(s string, secrets ...string) string {
 			s = strings.ReplaceAll(s, sec, Redacted)
 		}
 	}
-	return redactSchemes(s)
+	return schemeCredential().ReplaceAllString(s, "${1}"+Redacted)
 }
 
-// redactSchemes replaces the credential after each "bearer " or "basic "
-// (any case): a token of another request echoed in an answer.
-func redactSchemes(s string) string {
-	var b strings.Builder
-	rest := s
-	for {
-		i, n := schemeAt(rest)
-		if i < 0 {
-			break
-		}
-		j := i + n
-		for j < len(rest) && tokenChar(rest[j]) {
-			j++
-		}
-		b.WriteString(rest[:i+n])
-		if j > i+n && rest[i+n:j] != Redacted {
-			b.WriteString(Redacted)
-		} else {
-			b.WriteString(rest[i+n : j])
-		}
-		rest = rest[j:]
-	}
-	if b.Len() == 0 {
-		return s
-	}
-	b.WriteString(rest)
-	return b.String()
-}
-
-// schemeAt finds the first "bearer " or "basic " in s, any case, and
-// returns its index and length (-1 when there is none).
-func schemeAt(s string) (int, int) {
-	l := asciiLower(s)
-	best, n := -1, 0
-	for _, k := range []string{"bearer ", "basic "} {
-		if i := strings.Index(l, k); i >= 0 && (best < 0 || i < best) {
-			best, n = i, len(k)
-		}
-	}
-	return best, n
-}
-
-// tokenChar: the characters of a bearer token (RFC 6750's b64token) or a
-// basic credential.
-func tokenChar(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
-		c == '-' || c == '.' || c == '_' || c == '~' || c == '+' || c == '/' || c == '='
-}
-
-// asciiLower lowers ASCII letters only, so indexes into it are indexes into
-// s (strings.ToLower may change the length of other characters).
-func asciiLower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if c >= 'A' && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	return string(b)
-}
+// schemeCredential is the credential after "bearer " or "basic " (any
+// ASCII case; (?i) would also fold in "ſ"): a token of another request
+// echoed in an answer. Its characters are RFC 6750's b64token, which also
+// covers a basic credential. Compiled on first use: most plugin runs
+// redact nothing.
+var schemeCredential = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`([Bb][Ee][Aa][Rr][Ee][Rr] |[Bb][Aa][Ss][Ii][Cc] )[A-Za-z0-9._~+/=-]+`)
+})

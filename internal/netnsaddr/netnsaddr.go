@@ -1,11 +1,6 @@
 // Package netnsaddr reads the addresses of a network namespace in the order
-// the kernel lists them, which is what decides a pod's IPv6 capture
-// (meshpod.IPv6Capture). It asks vishvananda/netlink for them over an
-// rtnetlink socket created inside the namespace by a thread that enters it
-// and leaves (hostns.Netns.Do); the caller's thread never changes namespace
-// and nothing is executed.
-//
-// It owns only the reading: no decision, no writes.
+// the kernel lists them, which decides a pod's IPv6 capture
+// (meshpod.IPv6Capture). It owns only the reading: no decision, no writes.
 package netnsaddr
 
 import (
@@ -31,8 +26,7 @@ const dumpAttempts = 3
 // address, interface by interface, then every IPv6 one. For a
 // point-to-point address it is the local end.
 func List(path string) ([]netip.Addr, error) {
-	// Opened without blocking and checked to be a network namespace: the
-	// path comes from CNI_NETNS or --netns and may name a FIFO.
+	// The path comes from CNI_NETNS or --netns and may name a FIFO.
 	n, err := hostns.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("listing addresses: %w", err)
@@ -44,11 +38,9 @@ func List(path string) ([]netip.Addr, error) {
 // ListIn is List of the namespace n, which path names (in errors).
 //
 // The dump runs inside hostns.Netns.Do, not on a handle from
-// netlink.NewHandleAt: that one moves the caller's own thread into n and
-// back and ignores a failure to move back, so the thread would go on in
-// the pod's namespace; a thread Do cannot move back dies instead.
-// netlink's package-level AddrList opens its socket per call on the
-// calling thread, so inside Do it is n's.
+// netlink.NewHandleAt, which moves the caller's own thread into n and back
+// and ignores a failure to move back; a thread Do cannot move back dies.
+// netlink's package-level AddrList opens its socket on the calling thread.
 func ListIn(n *hostns.Netns, path string) ([]netip.Addr, error) {
 	var as []netlink.Addr
 	err := n.Do(func() (err error) {

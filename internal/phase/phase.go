@@ -3,11 +3,10 @@
 // from its own log line instead of guessed: the plugin writes the marks
 // into its decision line at log level debug.
 //
-// Marks cost a clock read and a store into a fixed array (no allocation, no
-// lock): they are always taken, and only written when asked for. Offsets
-// are from this package's initialisation, which runs before the packages
-// that import it, so they include most of the importers' init work but not
-// the runtime's own start-up before it.
+// Marks cost a clock read and a store into a fixed array: they are always
+// taken, and only written when asked for. Offsets are from this package's
+// initialisation, so they include most of its importers' init work but not
+// the runtime's start-up.
 package phase
 
 import (

@@ -1,10 +1,8 @@
-// Package policyroute programs what a Plan needs besides packet rules,
-// whatever the rule backend: the TPROXY policy routing (fwmark →
-// table, local default route on lo) and the ::6 passthrough address on lo,
-// through rtnetlink on a handle bound to the pod's namespace. Both backends
-// use it, so both add, undo, list and remove these the same way. Apply and
-// Remove refuse the host's own namespace themselves, by the caller's
-// hostns.Guard (the fwmark rules and ::6 there belong to the node).
+// Package policyroute programs, for both rule backends, what a Plan needs
+// besides packet rules: the TPROXY policy routing (fwmark → table, local
+// default route on lo) and the ::6 passthrough address on lo, through
+// rtnetlink in the pod's namespace. Apply and Remove refuse the host's
+// namespace themselves, by the caller's hostns.Guard.
 package policyroute
 
 import (
@@ -66,13 +64,12 @@ func newHandle(ns netns.NsHandle) (*netlink.Handle, error) {
 	return h, nil
 }
 
-// Handle is an rtnetlink handle in one namespace, opened from inside it
-// by OpenHere for ApplyVia and RemoveVia.
+// Handle is an rtnetlink handle in one namespace, for ApplyVia and
+// RemoveVia.
 type Handle struct{ nl *netlink.Handle }
 
-// OpenHere opens a Handle in the calling thread's network namespace: a
-// caller that enters the namespace once (hostns.Netns.Do) opens it there
-// with its other sockets.
+// OpenHere opens a Handle in the calling thread's network namespace (inside
+// hostns.Netns.Do, with the caller's other sockets).
 func OpenHere() (*Handle, error) {
 	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
@@ -81,7 +78,6 @@ func OpenHere() (*Handle, error) {
 	return &Handle{nl: nl}, nil
 }
 
-// Close closes the handle.
 func (h *Handle) Close() { h.nl.Close() }
 
 // Apply programs p's policy routes and loopback addresses in ns, which g
@@ -263,7 +259,7 @@ func remove(h *netlink.Handle) error {
 }
 
 // List returns the namespace's policy routes and lo's extra addresses, in
-// the Plan's terms (see listRoutes and listLoopback).
+// the Plan's terms.
 func List(ns netns.NsHandle) ([]redirect.PolicyRoute, []netip.Prefix, error) {
 	h, err := newHandle(ns)
 	if err != nil {

@@ -57,11 +57,11 @@ func (g *Group) Close() error {
 }
 
 // AnswerDatagrams reads datagrams from c, a socket listening with
-// sockopt.RecvPktinfo, until c is closed. Each is answered with what
-// answer returns for the address it reached and its sender, sent from that
-// address so conntrack recognises the answer and undoes a REDIRECT on the
-// way back; sent, if not nil, learns how each send went. A datagram without
-// its destination is dropped.
+// sockopt.RecvPktinfo, until c is closed. Each is answered with what answer
+// returns for the address it reached and its sender, sent from that address
+// (a wildcard socket has none of its own) so conntrack recognises the answer
+// and undoes a REDIRECT; sent, if not nil, learns how each send went. A
+// datagram without its destination is dropped.
 func AnswerDatagrams(c *net.UDPConn, timeout time.Duration, answer func(dst netip.Addr, from netip.AddrPort) []byte, sent func(error)) {
 	buf := make([]byte, 1500)
 	oob := make([]byte, 256)

@@ -5,8 +5,7 @@
 //
 //	-ldflags "-X github.com/nftmesh/nftmesh/internal/version.Version=v0.2.0-3-gabcdef0"
 //
-// It imports nothing outside the standard library, so any binary or tool can
-// use it without pulling in a dependency.
+// It imports only the standard library.
 package version
 
 import (
@@ -34,10 +33,8 @@ func Get() string {
 // toolchain and platform it was built with.
 func Line(program string) string { return program + " " + Build() }
 
-// Build is the version and the Go toolchain and platform it was built
-// with, "v0.2.0 (go1.26.1 linux/amd64)": Line without the program, for a
-// command line library that prints the program itself (cobra's
-// "redirect version ...").
+// Build is Line without the program, "v0.2.0 (go1.26.1 linux/amd64)", for
+// cobra, which prints the program itself.
 func Build() string {
 	return fmt.Sprintf("%s (%s %s/%s)", Get(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
