@@ -2,6 +2,7 @@ package redirect
 
 import (
 	"net/netip"
+	"slices"
 )
 
 // Build turns a validated Spec into the Plan that reproduces Istio's sidecar
@@ -19,7 +20,8 @@ func Build(s Spec) (Plan, error) {
 	if err := s.Validate(); err != nil {
 		return Plan{}, err
 	}
-	g := newGenerator(s)
+	g := generator{builder: newBuilder(s.IPv6), s: s, tproxy: s.InterceptionMode == ModeTProxy,
+		loop4: s.HostIPv4LoopbackCIDR, owners: s.owners()}
 	g.excludeInterfaces()
 	g.skipVirtualInterfacesInbound()
 	g.dropInvalid()
@@ -43,29 +45,15 @@ type generator struct {
 	*builder
 	s      Spec
 	tproxy bool
-	// loop4 is the IPv4 loopback range Istio treats as local
-	// (HostIPv4LoopbackCIDR).
-	loop4  netip.Prefix
+	loop4  netip.Prefix // the IPv4 loopback range Istio treats as local
 	owners []MatchOwner
 }
 
-func newGenerator(s Spec) generator {
-	return generator{
-		builder: newBuilder(s.IPv6),
-		s:       s,
-		tproxy:  s.InterceptionMode == ModeTProxy,
-		loop4:   s.HostIPv4LoopbackCIDR,
-		owners:  s.owners(),
-	}
-}
-
 // Matches every step uses, held as Match values so that passing one costs
-// no allocation (a struct variable is copied into a new interface value each
-// time). Matches are values: rules sharing one cannot change each other.
+// no allocation (a struct is copied into a new interface value each time).
 var (
-	tcp Match = MatchProto{ProtoTCP}
-	udp Match = MatchProto{ProtoUDP}
-	// toLo matches packets leaving on the loopback interface.
+	tcp  Match = MatchProto{ProtoTCP}
+	udp  Match = MatchProto{ProtoUDP}
 	toLo Match = MatchIface{Out: true, Name: "lo"}
 )
 
@@ -183,12 +171,7 @@ func (g *generator) outboundEntry() {
 // and the proxy's other traffic goes straight out.
 func (g *generator) proxyOwnTraffic() {
 	s := g.s
-	includesLoopback := false
-	for _, p := range s.OutboundIPRanges.Prefixes {
-		if p.Addr().IsLoopback() {
-			includesLoopback = true
-		}
-	}
+	includesLoopback := slices.ContainsFunc(s.OutboundIPRanges.Prefixes, func(p netip.Prefix) bool { return p.Addr().IsLoopback() })
 	for _, owner := range g.owners {
 		// The proxy calling its own pod's IP or a VIP that resolves back to it
 		// over lo goes through inbound capture (app → Envoy → Envoy → app).

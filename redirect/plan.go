@@ -7,18 +7,16 @@ import (
 )
 
 // Plan is the backend-neutral rule set for one pod network namespace. It is
-// shaped after the iptables tables Istio programs (nat, mangle, raw), because
-// that is the behaviour we reproduce, but nothing in it is iptables text: every
-// match and verdict is a typed value from a closed vocabulary, so a backend
-// switches over a known set and an unsupported case fails loudly.
-//
-// A Plan is a plain value: comparing two Plans with reflect.DeepEqual (or
-// Equal) is meaningful and is what Check does after reading a netns back.
+// shaped after the iptables tables Istio programs (nat, mangle, raw), the
+// behaviour we reproduce, but holds no iptables text: every match and verdict
+// is a typed value from a closed vocabulary, so a backend switches over a
+// known set and an unsupported case fails loudly. A Plan is a plain value:
+// Equal (or reflect.DeepEqual) compares two meaningfully.
 type Plan struct {
-	// Tables in a fixed order (mangle, nat, raw; as iptables-save sorts them).
-	// Only tables that hold at least one rule are present.
+	// Tables in iptables-save's order (mangle, nat, raw), only those holding
+	// a rule.
 	Tables []Table
-	// Sets referenced by SetMatch matches. Names are unique across the Plan.
+	// Sets referenced by MatchSet matches, names unique.
 	Sets []Set
 	// Routes is the TPROXY policy routing, empty in REDIRECT mode.
 	Routes []PolicyRoute
@@ -43,12 +41,10 @@ const (
 	TableRaw    TableName = "raw"
 )
 
-// Chain is a base chain (Hook set) or a regular chain (Hook empty). Base
-// chains carry iptables' builtin names (PREROUTING, OUTPUT); regular chains
-// carry Istio's names (ISTIO_INBOUND, ...).
+// Chain is a base chain (Hook set; iptables' builtin names: PREROUTING,
+// OUTPUT) or a regular chain (Hook empty; Istio's names: ISTIO_INBOUND, ...).
 type Chain struct {
 	Name string
-	// Hook is empty for regular chains.
 	Hook Hook
 	// Type and Priority only mean something for base chains.
 	Type     ChainType
@@ -118,7 +114,7 @@ type Rule struct {
 	Verdict Verdict
 }
 
-// Set is a named set of addresses or ports, referenced by SetMatch.
+// Set is a named set of addresses or ports, referenced by MatchSet.
 // Elements keep the order in which the spec listed them (deduplicated);
 // backends that need sorted or merged intervals do that themselves.
 type Set struct {
@@ -319,30 +315,23 @@ func (SetCTZone) isVerdict()   {}
 
 // Table returns the table with the given name, or nil.
 func (p *Plan) Table(name TableName) *Table {
-	for i := range p.Tables {
-		if p.Tables[i].Name == name {
-			return &p.Tables[i]
-		}
-	}
-	return nil
+	return find(p.Tables, func(t Table) bool { return t.Name == name })
 }
 
 // Set returns the set with the given name, or nil.
 func (p *Plan) Set(name string) *Set {
-	for i := range p.Sets {
-		if p.Sets[i].Name == name {
-			return &p.Sets[i]
-		}
-	}
-	return nil
+	return find(p.Sets, func(s Set) bool { return s.Name == name })
 }
 
 // Chain returns the chain with the given name, or nil.
 func (t *Table) Chain(name string) *Chain {
-	for i := range t.Chains {
-		if t.Chains[i].Name == name {
-			return &t.Chains[i]
-		}
+	return find(t.Chains, func(c Chain) bool { return c.Name == name })
+}
+
+// find returns the first element of s for which f holds, or nil.
+func find[T any](s []T, f func(T) bool) *T {
+	if i := slices.IndexFunc(s, f); i >= 0 {
+		return &s[i]
 	}
 	return nil
 }

@@ -61,7 +61,7 @@ func (p PortSelector) String() string {
 	if p.All {
 		return "*"
 	}
-	return joinPorts(p.Ports)
+	return join(p.Ports, ",")
 }
 
 // CIDRSelector is a CIDR list that may also be "everything" ("*").
@@ -74,7 +74,7 @@ func (c CIDRSelector) String() string {
 	if c.All {
 		return "*"
 	}
-	return joinPrefixes(c.Prefixes)
+	return join(c.Prefixes, ",")
 }
 
 // Spec is everything Istio's sidecar capture understands, for one pod.
@@ -271,16 +271,15 @@ func (s Spec) validate(ps *problems) {
 	}
 	checkPrefixes(AnnotationIncludeOutboundIPRanges, s.OutboundIPRanges.Prefixes)
 	checkPrefixes(AnnotationExcludeOutboundIPRanges, s.OutboundIPRangesExclude)
-	for _, n := range s.ExcludeInterfaces {
-		if why := badInterfaceName(n); why != "" {
-			ps.add(AnnotationExcludeInterfaces, n, "%s", why)
+	checkIfaces := func(field string, names []string) {
+		for _, n := range names {
+			if why := badInterfaceName(n); why != "" {
+				ps.add(field, n, "%s", why)
+			}
 		}
 	}
-	for _, n := range s.RerouteVirtualInterfaces {
-		if why := badInterfaceName(n); why != "" {
-			ps.add(AnnotationRerouteVirtualInterfaces, n, "%s", why)
-		}
-	}
+	checkIfaces(AnnotationExcludeInterfaces, s.ExcludeInterfaces)
+	checkIfaces(AnnotationRerouteVirtualInterfaces, s.RerouteVirtualInterfaces)
 	if len(s.ProxyUIDs) == 0 {
 		ps.add("proxyUIDs", "", "is empty (the proxy's own traffic would be captured)")
 	}
@@ -321,20 +320,13 @@ func badInterfaceName(name string) string {
 	return ""
 }
 
-func joinPorts(ports []uint16) string {
-	s := make([]string, len(ports))
-	for i, p := range ports {
-		s[i] = fmt.Sprint(p)
+// join renders each element of xs as %v does, separated by sep.
+func join[T any](xs []T, sep string) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprint(x)
 	}
-	return strings.Join(s, ",")
-}
-
-func joinPrefixes(ps []netip.Prefix) string {
-	s := make([]string, len(ps))
-	for i, p := range ps {
-		s[i] = p.String()
-	}
-	return strings.Join(s, ",")
+	return strings.Join(s, sep)
 }
 
 // dedup returns s without repeated elements, keeping first occurrences.

@@ -2,7 +2,8 @@ package redirect
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/nftmesh/nftmesh/redirect/quote"
@@ -40,15 +41,10 @@ func SuggestAnnotation(key string) string {
 // Istio ignores such a key too, so the pod silently gets the capture it
 // would have without it. Sorted by key; keys and suggestions bounded.
 func UnknownAnnotationWarnings(annotations map[string]string) []string {
-	var keys []string
-	for k := range annotations {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	var out []string
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(annotations)) {
 		prefix, _, ok := strings.Cut(k, "/")
-		if !ok || !(prefix == "istio.io" || strings.HasSuffix(prefix, ".istio.io")) || isRead(k) {
+		if !ok || !(prefix == "istio.io" || strings.HasSuffix(prefix, ".istio.io")) || slices.Contains(readAnnotations, k) {
 			continue
 		}
 		s := SuggestAnnotation(k)
@@ -60,15 +56,6 @@ func UnknownAnnotationWarnings(annotations map[string]string) []string {
 		}
 	}
 	return out
-}
-
-func isRead(k string) bool {
-	for _, r := range readAnnotations {
-		if r == k {
-			return true
-		}
-	}
-	return false
 }
 
 func trafficAnnotations() []string {
