@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -191,13 +192,9 @@ func parseAnnotationFlags(kvs []string) (map[string]string, error) {
 		}
 		ann[k] = v
 	}
-	known := map[string]bool{}
-	for _, k := range redirect.CaptureAnnotations {
-		known[k] = true
-	}
 	for k := range ann {
-		if !known[k] {
-			if s := redirect.SuggestAnnotation(k); s != "" && known[s] {
+		if !slices.Contains(redirect.CaptureAnnotations, k) {
+			if s := redirect.SuggestAnnotation(k); s != "" && slices.Contains(redirect.CaptureAnnotations, s) {
 				return nil, usageErr("--annotation %s: not a capture annotation; did you mean %q?", quote.Value(k), s)
 			}
 			return nil, usageErr("--annotation %s: not a capture annotation (known: %s)", quote.Value(k), strings.Join(redirect.CaptureAnnotations, ", "))

@@ -71,15 +71,12 @@ func parseTrace(in traceInput) (redirect.Packet, error) {
 	default:
 		return pkt, usageErr("--proto %s: want tcp or udp", quote.Value(in.proto))
 	}
-	if pkt.Dir == redirect.DirIn {
-		for _, f := range []struct {
-			name string
-			set  bool
-		}{{"--uid", in.uidSet}, {"--gid", in.gidSet}} {
-			if f.set {
-				return pkt, usageErr("%s applies to out only: an arriving packet has no local sender", f.name)
-			}
+	if pkt.Dir == redirect.DirIn && (in.uidSet || in.gidSet) {
+		flag := "--gid"
+		if in.uidSet {
+			flag = "--uid"
 		}
+		return pkt, usageErr("%s applies to out only: an arriving packet has no local sender", flag)
 	}
 	if pkt.Dir == redirect.DirOut {
 		if pkt.UID, err = parseTraceID("--uid", in.uid); err != nil {
