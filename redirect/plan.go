@@ -20,8 +20,8 @@ type Plan struct {
 	Sets []Set
 	// Routes is the TPROXY policy routing, empty in REDIRECT mode.
 	Routes []PolicyRoute
-	// LoopbackAddrs are addresses added to lo (::6/128 when IPv6 is on; it is
-	// the inbound passthrough source Envoy binds to).
+	// LoopbackAddrs are added to lo (::6/128, the inbound passthrough source,
+	// when IPv6 is on).
 	LoopbackAddrs []netip.Prefix
 }
 
@@ -114,9 +114,8 @@ type Rule struct {
 	Verdict Verdict
 }
 
-// Set is a named set of addresses or ports, referenced by MatchSet.
-// Elements keep the order in which the spec listed them (deduplicated);
-// backends that need sorted or merged intervals do that themselves.
+// Set is a named set of addresses or ports, referenced by MatchSet. Elements
+// keep the spec's order (deduplicated); backends sort or merge as they need.
 type Set struct {
 	Name     string
 	Kind     SetKind
@@ -225,8 +224,7 @@ type MatchMark struct {
 	Negate bool
 }
 
-// FullMask is the mask a Mask field (MatchMark, TProxy) stands for: zero
-// means all 32 bits.
+// FullMask is the mask a Mask field stands for: zero means all 32 bits.
 func FullMask(m uint32) uint32 {
 	if m == 0 {
 		return 0xffffffff
@@ -267,10 +265,9 @@ func (MatchOwner) isMatch()   {}
 func (MatchMark) isMatch()    {}
 func (MatchCTState) isMatch() {}
 
-// Verdict is what a rule does when it matches. Some verdicts are terminal
-// (Accept, Drop, Return, Jump, Redirect, TProxy); others modify the packet and
-// let evaluation continue (SetMark, SaveMark, RestoreMark, SetCTZone), as their
-// iptables targets do.
+// Verdict is what a rule does when it matches: Accept, Drop, Return, Jump,
+// Redirect and TProxy are terminal; SetMark, SaveMark, RestoreMark and
+// SetCTZone let evaluation continue, as their iptables targets do.
 type Verdict interface{ isVerdict() }
 
 type (

@@ -69,23 +69,19 @@ settings (valid, invalid, not in the mesh), with the same exit codes.`,
 				return usageErr("--output %s: want text or json", quote.Value(output))
 			}
 			p, r, err := sf.plan(cmd.Flags())
-			if output == "text" {
-				for _, w := range r.warnings {
-					fmt.Fprintf(cmd.ErrOrStderr(), "redirect: warning: %s: %s\n", r.subject, w)
-				}
-			}
 			if output == "json" {
 				if doc, ok := validateJSON(p, r, err); ok {
 					if werr := writeJSON(cmd.OutOrStdout(), doc); werr != nil {
 						return failure(werr)
 					}
 				}
+				return err
+			}
+			for _, w := range r.warnings {
+				fmt.Fprintf(cmd.ErrOrStderr(), "redirect: warning: %s: %s\n", r.subject, w)
 			}
 			if err != nil {
 				return err
-			}
-			if output == "json" {
-				return nil
 			}
 			w := cmd.OutOrStdout()
 			s := r.spec

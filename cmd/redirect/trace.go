@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -268,9 +267,7 @@ func writeTrace(cmd *cobra.Command, tr redirect.Trace, r resolved, output string
 		if note != "" {
 			doc["note"] = note
 		}
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(doc)
+		return writeJSON(w, doc)
 	}
 	fmt.Fprintf(w, "rules of %s\n", r.subject)
 	if note != "" {
