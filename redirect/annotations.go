@@ -41,9 +41,9 @@ var CaptureAnnotations = []string{
 }
 
 // ParseAnnotations applies a pod's capture annotations over base (usually
-// DefaultSpec with the proxy container's settings) and validates the result.
-// Every problem is reported at once in a *ValidationError; on error the
-// returned Spec must not be used. Annotations it does not know are ignored.
+// DefaultSpec with the proxy container's settings), ignoring unknown ones,
+// and reports every problem at once in a *ValidationError (the Spec is then
+// not to be used).
 func ParseAnnotations(base Spec, annotations map[string]string) (Spec, error) {
 	s := base
 	var ps problems

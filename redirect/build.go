@@ -9,13 +9,10 @@ import (
 // capture chains. It is pure: no I/O, no root, same Spec → same Plan.
 //
 // The rule order follows Istio's istio-iptables generator statement by
-// statement (including its "insert at position N" steps, which are simulated
-// per address family), so projecting the Plan onto IPv4 or IPv6 gives Istio's
-// iptables chains in Istio's order. Where Istio emits one rule per list
-// element, the Plan matches a named Set instead.
-//
-// Each step below writes one concern's rules; their order is the order of
-// the rules within every chain, so it must not change.
+// statement (its "insert at position N" steps simulated per address family),
+// so projecting the Plan onto IPv4 or IPv6 gives Istio's chains in Istio's
+// order; where Istio emits one rule per list element, the Plan has a Set.
+// The order of the steps below is the order of the rules in every chain.
 func Build(s Spec) (Plan, error) {
 	if err := s.Validate(); err != nil {
 		return Plan{}, err

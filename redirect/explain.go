@@ -13,9 +13,7 @@ type DriftEffect struct {
 	Packet  Packet
 	Planned TraceVerdict
 	Live    TraceVerdict
-	// Why names the rule behind the difference: the planned deciding rule
-	// that the live chain lacks, or the live deciding rule the plan lacks.
-	Why string
+	Why     string // the rule behind the difference (driftWhy)
 }
 
 func (e DriftEffect) String() string {

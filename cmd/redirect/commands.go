@@ -280,9 +280,8 @@ func (in inspection) check(want redirect.Plan) (checked, error) {
 			return c, failure(ferr)
 		}
 	}
-	// The traces go through nftmesh's rules only: with Istio's
-	// rules acting on the traffic too, "live accept" would be
-	// wrong, so none are shown then.
+	// The traces go through nftmesh's rules only: with Istio's rules
+	// acting too, "live accept" would be wrong.
 	if c.drift != nil && len(c.foreign) == 0 {
 		c.effects = driftEffects(in.ctx, in.ns, in.netns, want, in.opts)
 	}
@@ -414,15 +413,13 @@ func checkTarget(netns *string, backend string) error {
 }
 
 // outputFlag registers -o/--output, and --format as its deprecated alias
-// (the name before kubectl's -o became the habit; -f is --pod, as
-// kubectl's -f is a file).
+// (from before kubectl's -o; -f is --pod, as kubectl's -f is a file).
 func outputFlag(cmd *cobra.Command, output *string, def, usage string, values ...string) {
 	cmd.Flags().StringVarP(output, "output", "o", def, usage)
 	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
 	cmd.Flags().StringVar(output, "format", def, usage)
-	// Hidden rather than MarkDeprecated: pflag prints that notice on the
-	// command's stdout, into the rules or JSON; warnDeprecated writes it to
-	// stderr.
+	// Hidden, not MarkDeprecated: pflag prints that notice on stdout, into
+	// the rules or JSON; warnDeprecated writes it to stderr.
 	_ = cmd.Flags().MarkHidden("format")
 }
 

@@ -57,8 +57,7 @@ func usageErr(format string, args ...any) error {
 }
 
 // failure is exit 1, except for a backend the namespace cannot take
-// (iptables-legacy in a user-namespaced netns): that is a wrong choice of
-// flag, exit 2, and running again the same way cannot succeed.
+// (iptables-legacy in a user-namespaced netns): a wrong flag, exit 2.
 func failure(err error) error {
 	if errors.Is(err, capture.ErrUserNamespaced) {
 		return &exitError{exitUsage, err}

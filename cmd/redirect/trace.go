@@ -129,12 +129,10 @@ func badIfaceName(name string) string {
 	return ""
 }
 
-// fillTraceDefaults decides what the command line left out the way the
-// kernel would for this pod: a locally sent connection to loopback, ::6 or
-// one of the pod's own IPs leaves on lo, with the destination (127.0.0.1
-// for other 127/8 addresses) as its source; other ones leave on eth0 from
-// the pod's IP of that family, if the manifest has one. An arriving one
-// comes in on eth0 from a remote documentation address.
+// fillTraceDefaults decides what the command line left out as the kernel
+// would: a connection to loopback, ::6 or a pod IP leaves on lo from the
+// destination (127.0.0.1 for 127/8), others on eth0 from the pod IP of that
+// family if known; an arriving one comes in on eth0 from a remote address.
 func fillTraceDefaults(pkt *redirect.Packet, podIPs []netip.Addr) {
 	dst := pkt.Dst.Addr()
 	if pkt.Dir == redirect.DirIn {
