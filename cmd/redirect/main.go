@@ -66,8 +66,8 @@ func failure(err error) error {
 }
 
 // main runs with GOMAXPROCS 1, set while the packages initialise: a verb
-// runs for milliseconds, one goroutine at a time, and a second P only wakes
-// idle threads (internal/oneproc has the figures).
+// runs for milliseconds, one goroutine at a time (nft.Backend.Prepare too),
+// and a second P only wakes idle threads (internal/oneproc has the figures).
 func main() {
 	phase.Mark("main")
 	code := run(os.Args[1:], os.Stdout, os.Stderr)
@@ -160,7 +160,8 @@ the nftmesh CNI plugin does, without Kubernetes and without any iptables or nft 
 		SilenceErrors:    true,
 		PersistentPreRun: warnDeprecated,
 	}
-	root.AddCommand(newRenderCmd(), newValidateCmd(), newTraceCmd(), newApplyCmd(), newInspectCmd(), newCleanCmd(), newDemoCmd(), newVersionCmd())
+	root.AddCommand(newRenderCmd(), newValidateCmd(), newTraceCmd(), newApplyCmd(),
+		newInspectCmd(), newCleanCmd(), newDemoCmd(), newVersionCmd())
 	registerCompletions(root)
 	for _, c := range root.Commands() {
 		// The root's help holds the one table of exit codes.
