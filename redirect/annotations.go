@@ -2,6 +2,7 @@ package redirect
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -40,9 +41,9 @@ var CaptureAnnotations = []string{
 }
 
 // ParseAnnotations applies a pod's capture annotations over base (usually
-// DefaultSpec with the proxy container's settings) and validates the result.
-// Every problem is reported at once in a *ValidationError; on error the
-// returned Spec must not be used. Annotations it does not know are ignored.
+// DefaultSpec with the proxy container's settings), ignoring unknown ones,
+// and reports every problem at once in a *ValidationError (the Spec is then
+// not to be used).
 func ParseAnnotations(base Spec, annotations map[string]string) (Spec, error) {
 	s := base
 	var ps problems
@@ -83,25 +84,17 @@ func ParseAnnotations(base Spec, annotations map[string]string) (Spec, error) {
 	var rest problems
 	s.validate(&rest)
 	for _, p := range rest.list {
-		dup := false
-		for _, q := range ps.list {
-			if q.Field == p.Field {
-				dup = true
-				break
-			}
-		}
-		if !dup {
+		if !slices.ContainsFunc(ps.list, func(q FieldError) bool { return q.Field == p.Field }) {
 			ps.addErr(p)
 		}
 	}
 	return s, ps.err()
 }
 
-// WantsNoCapture reports whether a pod's annotations ask for no
-// interception (sidecar.istio.io/interceptionMode: NONE, spelled exactly as
-// Istio's injector compares it, spaces around it aside). Such a pod gets no
-// capture rules: it is outside the mesh's capture like a pod without a
-// sidecar, rather than a pod with an invalid mode.
+// WantsNoCapture reports whether a pod's annotations ask for no interception
+// (interceptionMode NONE, spelled as Istio's injector compares it, spaces
+// aside). Such a pod gets no rules, like a pod without a sidecar, rather
+// than an error for an invalid mode.
 func WantsNoCapture(annotations map[string]string) bool {
 	v, ok := annotations[AnnotationInterceptionMode]
 	return ok && InterceptionMode(strings.TrimSpace(v)) == ModeNone

@@ -7,11 +7,9 @@ import (
 	"strings"
 )
 
-// Backend programs a Plan into a network namespace. A new capture feature
-// changes the model and the renderers, never this interface.
-//
-// netns is a path to a network namespace file (/var/run/netns/x,
-// /proc/PID/ns/net).
+// Backend programs a Plan into a network namespace, given as the path of its
+// file (/var/run/netns/x, /proc/PID/ns/net). A new capture feature changes
+// the model and the renderers, never this interface.
 type Backend interface {
 	// Name is the backend's name as used in flags and logs.
 	Name() string
@@ -29,9 +27,7 @@ type Backend interface {
 	Remove(ctx context.Context, netns string) error
 }
 
-// Backend names, as flags, the plugin config, the chart and logs spell
-// them: the one definition (the pipeline, the backends and the plugin
-// config all use these).
+// Backend names, as flags, the plugin config, the chart and logs spell them.
 const (
 	// BackendAuto lets the pipeline choose per network namespace.
 	BackendAuto     = "auto"
@@ -53,13 +49,11 @@ func IsDrift(err error) bool {
 	return errors.As(err, &d)
 }
 
-// UnreadableError is a List error for a backend's own objects (nftmesh's
-// table, its chains) that hold what the backend's reader does not decode: a
-// counter, a set or map of a kind nftmesh does not write, a target or match
-// it does not use. nftmesh never writes such things, so the objects are not
-// as any plan made them: Check reports them as drift, and Remove deletes
-// the objects by name all the same. Failing to read at all (a socket
-// error, permission) is not one.
+// UnreadableError is a List error for nftmesh's own objects (its table, its
+// chains) holding what the reader does not decode (a counter, a kind of set,
+// target or match nftmesh never writes): no plan made them, so Check reports
+// drift and Remove deletes them by name all the same. Failing to read at all
+// (a socket error, permission) is not one.
 type UnreadableError struct{ Err error }
 
 func (e *UnreadableError) Error() string { return e.Err.Error() }

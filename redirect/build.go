@@ -2,24 +2,23 @@ package redirect
 
 import (
 	"net/netip"
+	"slices"
 )
 
 // Build turns a validated Spec into the Plan that reproduces Istio's sidecar
 // capture chains. It is pure: no I/O, no root, same Spec → same Plan.
 //
 // The rule order follows Istio's istio-iptables generator statement by
-// statement (including its "insert at position N" steps, which are simulated
-// per address family), so projecting the Plan onto IPv4 or IPv6 gives Istio's
-// iptables chains in Istio's order. Where Istio emits one rule per list
-// element, the Plan matches a named Set instead.
-//
-// Each step below writes one concern's rules; their order is the order of
-// the rules within every chain, so it must not change.
+// statement (its "insert at position N" steps simulated per address family),
+// so projecting the Plan onto IPv4 or IPv6 gives Istio's chains in Istio's
+// order; where Istio emits one rule per list element, the Plan has a Set.
+// The order of the steps below is the order of the rules in every chain.
 func Build(s Spec) (Plan, error) {
 	if err := s.Validate(); err != nil {
 		return Plan{}, err
 	}
-	g := newGenerator(s)
+	g := generator{builder: newBuilder(s.IPv6), s: s, tproxy: s.InterceptionMode == ModeTProxy,
+		loop4: s.HostIPv4LoopbackCIDR, owners: s.owners()}
 	g.excludeInterfaces()
 	g.skipVirtualInterfacesInbound()
 	g.dropInvalid()
@@ -43,29 +42,15 @@ type generator struct {
 	*builder
 	s      Spec
 	tproxy bool
-	// loop4 is the IPv4 loopback range Istio treats as local
-	// (HostIPv4LoopbackCIDR).
-	loop4  netip.Prefix
+	loop4  netip.Prefix // the IPv4 loopback range Istio treats as local
 	owners []MatchOwner
 }
 
-func newGenerator(s Spec) generator {
-	return generator{
-		builder: newBuilder(s.IPv6),
-		s:       s,
-		tproxy:  s.InterceptionMode == ModeTProxy,
-		loop4:   s.HostIPv4LoopbackCIDR,
-		owners:  s.owners(),
-	}
-}
-
 // Matches every step uses, held as Match values so that passing one costs
-// no allocation (a struct variable is copied into a new interface value each
-// time). Matches are values: rules sharing one cannot change each other.
+// no allocation (a struct is copied into a new interface value each time).
 var (
-	tcp Match = MatchProto{ProtoTCP}
-	udp Match = MatchProto{ProtoUDP}
-	// toLo matches packets leaving on the loopback interface.
+	tcp  Match = MatchProto{ProtoTCP}
+	udp  Match = MatchProto{ProtoUDP}
 	toLo Match = MatchIface{Out: true, Name: "lo"}
 )
 
@@ -183,12 +168,7 @@ func (g *generator) outboundEntry() {
 // and the proxy's other traffic goes straight out.
 func (g *generator) proxyOwnTraffic() {
 	s := g.s
-	includesLoopback := false
-	for _, p := range s.OutboundIPRanges.Prefixes {
-		if p.Addr().IsLoopback() {
-			includesLoopback = true
-		}
-	}
+	includesLoopback := slices.ContainsFunc(s.OutboundIPRanges.Prefixes, func(p netip.Prefix) bool { return p.Addr().IsLoopback() })
 	for _, owner := range g.owners {
 		// The proxy calling its own pod's IP or a VIP that resolves back to it
 		// over lo goes through inbound capture (app → Envoy → Envoy → app).

@@ -26,8 +26,7 @@ const (
 	setIncludeV6       = "outbound-include-v6"
 )
 
-// builtinChain is where one of iptables' builtin chains hangs in netfilter,
-// written as nftables spells it.
+// builtinChain is where one of iptables' builtin chains hangs in netfilter.
 type builtinChain struct {
 	table    TableName
 	name     string
@@ -48,10 +47,8 @@ var builtinChains = []builtinChain{
 	{TableRaw, ChainOutput, HookOutput, ChainTypeFilter, PriorityRaw},
 }
 
-// BuiltinChain returns the base chain name of table t as the Plan holds it
-// (hook, type and priority set, no rules), and whether there is one: what
-// Build gives it, and what a backend reading iptables' builtin chains back
-// gives it too.
+// BuiltinChain returns iptables' builtin chain name of table t as a Plan
+// holds it (hook, type and priority set, no rules), and whether there is one.
 func BuiltinChain(t TableName, name string) (Chain, bool) {
 	for _, bc := range builtinChains {
 		if bc.table == t && bc.name == name {

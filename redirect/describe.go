@@ -39,18 +39,10 @@ func Describe(p Plan) []string {
 }
 
 func setElements(s Set) string {
-	var el []string
-	switch s.Kind {
-	case SetPort:
-		for _, p := range SortedPorts(s.Ports) {
-			el = append(el, fmt.Sprint(p))
-		}
-	default:
-		for _, r := range MergePrefixes(s.Prefixes) {
-			el = append(el, r.String())
-		}
+	if s.Kind == SetPort {
+		return join(SortedPorts(s.Ports), ", ")
 	}
-	return strings.Join(el, ", ")
+	return join(MergePrefixes(s.Prefixes), ", ")
 }
 
 // String renders a rule in the canonical neutral form used by Describe and
@@ -67,12 +59,15 @@ func (r Rule) String() string {
 	return strings.Join(parts, " ")
 }
 
-func not(neg bool) string {
-	if neg {
-		return "!= "
+// pick is yes when cond holds, else no.
+func pick(cond bool, yes, no string) string {
+	if cond {
+		return yes
 	}
-	return ""
+	return no
 }
+
+func not(neg bool) string { return pick(neg, "!= ", "") }
 
 // MatchString renders one match canonically.
 func MatchString(m Match) string {
@@ -80,44 +75,22 @@ func MatchString(m Match) string {
 	case MatchProto:
 		return "l4proto " + m.Proto.String()
 	case MatchPort:
-		dir := "dport"
-		if m.Source {
-			dir = "sport"
-		}
+		dir := pick(m.Source, "sport", "dport")
 		if len(m.Ports) == 1 {
 			return fmt.Sprintf("%s %s%d", dir, not(m.Negate), m.Ports[0])
 		}
 		// A port list is a set in the kernel: order and repeats do not count.
-		return fmt.Sprintf("%s %s{ %s }", dir, not(m.Negate), strings.ReplaceAll(joinPorts(SortedPorts(m.Ports)), ",", ", "))
+		return fmt.Sprintf("%s %s{ %s }", dir, not(m.Negate), join(SortedPorts(m.Ports), ", "))
 	case MatchAddr:
-		dir := "daddr"
-		if m.Source {
-			dir = "saddr"
-		}
-		return fmt.Sprintf("%s %s%s", dir, not(m.Negate), m.Prefix)
+		return fmt.Sprintf("%s %s%s", pick(m.Source, "saddr", "daddr"), not(m.Negate), m.Prefix)
 	case MatchSet:
-		what := "daddr"
-		if m.Kind == SetPort {
-			what = "dport"
-		}
-		return fmt.Sprintf("%s %s@%s", what, not(m.Negate), m.Set)
+		return fmt.Sprintf("%s %s@%s", pick(m.Kind == SetPort, "dport", "daddr"), not(m.Negate), m.Set)
 	case MatchIface:
-		dir := "iifname"
-		if m.Out {
-			dir = "oifname"
-		}
-		return fmt.Sprintf("%s %s%q", dir, not(m.Negate), m.Name)
+		return fmt.Sprintf("%s %s%q", pick(m.Out, "oifname", "iifname"), not(m.Negate), m.Name)
 	case MatchOwner:
-		what := "skuid"
-		if m.GID {
-			what = "skgid"
-		}
-		return fmt.Sprintf("%s %s%d", what, not(m.Negate), m.ID)
+		return fmt.Sprintf("%s %s%d", pick(m.GID, "skgid", "skuid"), not(m.Negate), m.ID)
 	case MatchMark:
-		what := "mark"
-		if m.Conn {
-			what = "ct mark"
-		}
+		what := pick(m.Conn, "ct mark", "mark")
 		if mask := FullMask(m.Mask); mask != 0xffffffff {
 			return fmt.Sprintf("%s and 0x%x %s%d", what, mask, not(m.Negate), m.Value)
 		}

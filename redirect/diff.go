@@ -47,25 +47,14 @@ func Align(n, m int, same func(i, j int) bool, aFirst bool) []Step {
 	out := make([]Step, 0, max(n, m))
 	i, j := 0, 0
 	for i < n || j < m {
-		var takeA bool
 		switch {
 		case i < n && j < m && same(i, j):
 			out = append(out, Step{i, j})
 			i, j = i+1, j+1
-			continue
-		case i == n:
-			takeA = false
-		case j == m:
-			takeA = true
-		case aFirst:
-			takeA = lcs[i+1][j] >= lcs[i][j+1]
-		default:
-			takeA = lcs[i+1][j] > lcs[i][j+1]
-		}
-		if takeA {
+		case j == m || i < n && (lcs[i+1][j] > lcs[i][j+1] || aFirst && lcs[i+1][j] == lcs[i][j+1]):
 			out = append(out, Step{i, -1})
 			i++
-		} else {
+		default:
 			out = append(out, Step{-1, j})
 			j++
 		}

@@ -2,11 +2,9 @@ package redirect
 
 import "slices"
 
-// Equal reports whether p and q are the same plan: the same tables,
-// chains, rules, sets, routes and loopback addresses in the same order (a
-// nil and an empty list alike). It is what reflect.DeepEqual says of two
-// plans up to that, at a small part of its cost: a long-lived process (the
-// node agent) keys work it has done for a plan by it.
+// Equal reports whether p and q are the same plan, in the same order (a nil
+// and an empty list alike): reflect.DeepEqual at a small part of its cost,
+// for the node agent, which keys work it has done by plan.
 func (p Plan) Equal(q Plan) bool {
 	return slices.EqualFunc(p.Tables, q.Tables, tableEqual) &&
 		slices.EqualFunc(p.Sets, q.Sets, setEqual) &&

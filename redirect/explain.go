@@ -13,9 +13,7 @@ type DriftEffect struct {
 	Packet  Packet
 	Planned TraceVerdict
 	Live    TraceVerdict
-	// Why names the rule behind the difference: the planned deciding rule
-	// that the live chain lacks, or the live deciding rule the plan lacks.
-	Why string
+	Why     string // the rule behind the difference (driftWhy)
 }
 
 func (e DriftEffect) String() string {
@@ -59,50 +57,37 @@ func ExplainDrift(want, live *Plan, local []netip.Addr) []DriftEffect {
 	return out
 }
 
-func decidingStep(tr Trace) *TraceStep {
-	for i := range tr.Steps {
-		if tr.Steps[i].Decided {
-			return &tr.Steps[i]
-		}
-	}
-	return nil
-}
-
 // driftWhy names the rule behind a difference: the planned deciding rule if
 // the live chain does not have it, else the live deciding rule if the plan
-// does not have it, else that the packet's path differs earlier.
+// does not have it, else the first matched rule either lacks, else that the
+// rules differ in order or in a set.
 func driftWhy(pw, pl Trace, live, want *Plan) string {
-	if s := decidingStep(pw); s != nil && !hasRule(live, s) {
-		return fmt.Sprintf("missing rule in %s %s: %s", s.Table, s.Chain, s.Text)
-	}
-	if s := decidingStep(pl); s != nil && !hasRule(want, s) {
-		return fmt.Sprintf("unexpected rule in %s %s: %s", s.Table, s.Chain, s.Text)
-	}
-	for _, s := range pw.Steps {
-		if s.Rule > 0 && s.Matched && !hasRule(live, &s) {
+	for _, decidedOnly := range []bool{true, false} {
+		if s := lackedStep(pw, live, decidedOnly); s != nil {
 			return fmt.Sprintf("missing rule in %s %s: %s", s.Table, s.Chain, s.Text)
 		}
-	}
-	for _, s := range pl.Steps {
-		if s.Rule > 0 && s.Matched && !hasRule(want, &s) {
+		if s := lackedStep(pl, want, decidedOnly); s != nil {
 			return fmt.Sprintf("unexpected rule in %s %s: %s", s.Table, s.Chain, s.Text)
 		}
 	}
 	return "the rules are reordered, or a set's elements differ"
 }
 
+// lackedStep is the first matched rule of tr (the deciding one, if
+// decidedOnly) that p does not have, or nil.
+func lackedStep(tr Trace, p *Plan, decidedOnly bool) *TraceStep {
+	for i, s := range tr.Steps {
+		if s.Rule > 0 && s.Matched && (s.Decided || !decidedOnly) && !hasRule(p, &s) {
+			return &tr.Steps[i]
+		}
+	}
+	return nil
+}
+
 func hasRule(p *Plan, s *TraceStep) bool {
-	t := p.Table(s.Table)
-	if t == nil {
-		return false
-	}
-	c := t.Chain(s.Chain)
-	if c == nil {
-		return false
-	}
-	for _, r := range c.Rules {
-		if r.String() == s.Text {
-			return true
+	if t := p.Table(s.Table); t != nil {
+		if c := t.Chain(s.Chain); c != nil {
+			return slices.ContainsFunc(c.Rules, func(r Rule) bool { return r.String() == s.Text })
 		}
 	}
 	return false

@@ -51,13 +51,8 @@ func MergePrefixes(ps []netip.Prefix) []AddrRange {
 // lastAddr is the highest address in p.
 func lastAddr(p netip.Prefix) netip.Addr {
 	a := p.Masked().Addr().AsSlice()
-	bits := p.Bits()
-	for i := range a {
-		for bit := 0; bit < 8; bit++ {
-			if i*8+bit >= bits {
-				a[i] |= 0x80 >> bit
-			}
-		}
+	for i := max(p.Bits(), 0); i < len(a)*8; i++ {
+		a[i/8] |= 0x80 >> (i % 8)
 	}
 	out, _ := netip.AddrFromSlice(a)
 	return out

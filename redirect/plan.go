@@ -7,23 +7,21 @@ import (
 )
 
 // Plan is the backend-neutral rule set for one pod network namespace. It is
-// shaped after the iptables tables Istio programs (nat, mangle, raw), because
-// that is the behaviour we reproduce, but nothing in it is iptables text: every
-// match and verdict is a typed value from a closed vocabulary, so a backend
-// switches over a known set and an unsupported case fails loudly.
-//
-// A Plan is a plain value: comparing two Plans with reflect.DeepEqual (or
-// Equal) is meaningful and is what Check does after reading a netns back.
+// shaped after the iptables tables Istio programs (nat, mangle, raw), the
+// behaviour we reproduce, but holds no iptables text: every match and verdict
+// is a typed value from a closed vocabulary, so a backend switches over a
+// known set and an unsupported case fails loudly. A Plan is a plain value:
+// Equal (or reflect.DeepEqual) compares two meaningfully.
 type Plan struct {
-	// Tables in a fixed order (mangle, nat, raw; as iptables-save sorts them).
-	// Only tables that hold at least one rule are present.
+	// Tables in iptables-save's order (mangle, nat, raw), only those holding
+	// a rule.
 	Tables []Table
-	// Sets referenced by SetMatch matches. Names are unique across the Plan.
+	// Sets referenced by MatchSet matches, names unique.
 	Sets []Set
 	// Routes is the TPROXY policy routing, empty in REDIRECT mode.
 	Routes []PolicyRoute
-	// LoopbackAddrs are addresses added to lo (::6/128 when IPv6 is on; it is
-	// the inbound passthrough source Envoy binds to).
+	// LoopbackAddrs are added to lo (::6/128, the inbound passthrough source,
+	// when IPv6 is on).
 	LoopbackAddrs []netip.Prefix
 }
 
@@ -43,12 +41,10 @@ const (
 	TableRaw    TableName = "raw"
 )
 
-// Chain is a base chain (Hook set) or a regular chain (Hook empty). Base
-// chains carry iptables' builtin names (PREROUTING, OUTPUT); regular chains
-// carry Istio's names (ISTIO_INBOUND, ...).
+// Chain is a base chain (Hook set; iptables' builtin names: PREROUTING,
+// OUTPUT) or a regular chain (Hook empty; Istio's names: ISTIO_INBOUND, ...).
 type Chain struct {
 	Name string
-	// Hook is empty for regular chains.
 	Hook Hook
 	// Type and Priority only mean something for base chains.
 	Type     ChainType
@@ -118,9 +114,8 @@ type Rule struct {
 	Verdict Verdict
 }
 
-// Set is a named set of addresses or ports, referenced by SetMatch.
-// Elements keep the order in which the spec listed them (deduplicated);
-// backends that need sorted or merged intervals do that themselves.
+// Set is a named set of addresses or ports, referenced by MatchSet. Elements
+// keep the spec's order (deduplicated); backends sort or merge as they need.
 type Set struct {
 	Name     string
 	Kind     SetKind
@@ -229,8 +224,7 @@ type MatchMark struct {
 	Negate bool
 }
 
-// FullMask is the mask a Mask field (MatchMark, TProxy) stands for: zero
-// means all 32 bits.
+// FullMask is the mask a Mask field stands for: zero means all 32 bits.
 func FullMask(m uint32) uint32 {
 	if m == 0 {
 		return 0xffffffff
@@ -271,10 +265,9 @@ func (MatchOwner) isMatch()   {}
 func (MatchMark) isMatch()    {}
 func (MatchCTState) isMatch() {}
 
-// Verdict is what a rule does when it matches. Some verdicts are terminal
-// (Accept, Drop, Return, Jump, Redirect, TProxy); others modify the packet and
-// let evaluation continue (SetMark, SaveMark, RestoreMark, SetCTZone), as their
-// iptables targets do.
+// Verdict is what a rule does when it matches: Accept, Drop, Return, Jump,
+// Redirect and TProxy are terminal; SetMark, SaveMark, RestoreMark and
+// SetCTZone let evaluation continue, as their iptables targets do.
 type Verdict interface{ isVerdict() }
 
 type (
@@ -319,30 +312,23 @@ func (SetCTZone) isVerdict()   {}
 
 // Table returns the table with the given name, or nil.
 func (p *Plan) Table(name TableName) *Table {
-	for i := range p.Tables {
-		if p.Tables[i].Name == name {
-			return &p.Tables[i]
-		}
-	}
-	return nil
+	return find(p.Tables, func(t Table) bool { return t.Name == name })
 }
 
 // Set returns the set with the given name, or nil.
 func (p *Plan) Set(name string) *Set {
-	for i := range p.Sets {
-		if p.Sets[i].Name == name {
-			return &p.Sets[i]
-		}
-	}
-	return nil
+	return find(p.Sets, func(s Set) bool { return s.Name == name })
 }
 
 // Chain returns the chain with the given name, or nil.
 func (t *Table) Chain(name string) *Chain {
-	for i := range t.Chains {
-		if t.Chains[i].Name == name {
-			return &t.Chains[i]
-		}
+	return find(t.Chains, func(c Chain) bool { return c.Name == name })
+}
+
+// find returns the first element of s for which f holds, or nil.
+func find[T any](s []T, f func(T) bool) *T {
+	if i := slices.IndexFunc(s, f); i >= 0 {
+		return &s[i]
 	}
 	return nil
 }

@@ -41,14 +41,12 @@ type InterceptionMode string
 const (
 	ModeRedirect InterceptionMode = "REDIRECT"
 	ModeTProxy   InterceptionMode = "TPROXY"
-	// ModeNone is what Istio's injector writes when the pod asks for no
-	// interception at all. It is not a way to capture: a pod that carries it
-	// gets no rules (see WantsNoCapture), so a Spec never holds it.
+	// ModeNone is what Istio's injector writes for no interception: such a
+	// pod gets no rules (WantsNoCapture), so a Spec never holds it.
 	ModeNone InterceptionMode = "NONE"
 )
 
-// PortSelector is a port list that may also be "all ports" ("*").
-// The zero value selects nothing.
+// PortSelector is a port list, or all ports ("*"); the zero value selects nothing.
 type PortSelector struct {
 	All   bool
 	Ports []uint16
@@ -61,7 +59,7 @@ func (p PortSelector) String() string {
 	if p.All {
 		return "*"
 	}
-	return joinPorts(p.Ports)
+	return join(p.Ports, ",")
 }
 
 // CIDRSelector is a CIDR list that may also be "everything" ("*").
@@ -74,12 +72,11 @@ func (c CIDRSelector) String() string {
 	if c.All {
 		return "*"
 	}
-	return joinPrefixes(c.Prefixes)
+	return join(c.Prefixes, ",")
 }
 
-// Spec is everything Istio's sidecar capture understands, for one pod.
-// DefaultSpec returns Istio's defaults; ParseAnnotations applies a pod's
-// annotations over a base Spec.
+// Spec is everything Istio's sidecar capture understands, for one pod:
+// DefaultSpec, with ParseAnnotations applying a pod's annotations.
 type Spec struct {
 	InterceptionMode InterceptionMode
 
@@ -104,18 +101,15 @@ type Spec struct {
 	OwnerGroupsInclude []uint32
 	OwnerGroupsExclude []uint32
 
-	// CaptureDNS redirects all port-53 traffic to the DNS proxy (15053), as the
-	// CNI does with ISTIO_META_DNS_CAPTURE=true, and separates the proxy's and
-	// the app's DNS conntrack entries with zones.
+	// CaptureDNS (ISTIO_META_DNS_CAPTURE) redirects port-53 traffic to the
+	// DNS proxy and keeps the proxy's and the app's conntrack entries apart.
 	CaptureDNS  bool
 	DropInvalid bool
-	// IPv6 turns on the IPv6 rules and ::6 on lo. Istio decides it from the
-	// pod's addresses and DualStack (see meshpod.IPv6Capture); Build only
-	// reads IPv6.
+	// IPv6 turns on the IPv6 rules and ::6 on lo; Istio decides it from the
+	// pod's addresses and DualStack (meshpod.IPv6Capture).
 	IPv6 bool
-	// DualStack is the sidecar's ISTIO_DUAL_STACK: its Envoy listens on IPv6
-	// as well as IPv4, so a pod with an address of each family gets both
-	// captured, not only the family of its first address.
+	// DualStack is the sidecar's ISTIO_DUAL_STACK: a pod with an address of
+	// each family gets both captured, not only its first address's family.
 	DualStack bool
 
 	// HostIPv4LoopbackCIDR is the loopback range outbound traffic to which is
@@ -156,9 +150,8 @@ func (e FieldError) Error() string {
 	return fmt.Sprintf("%s %s: %s %s", kind, e.Field, quote.Value(e.Value), e.Reason)
 }
 
-// MaxProblems bounds the problems a ValidationError keeps. A long list of
-// bad items (an annotation of thousands of "x,") is reported by its first
-// problems and a count, so neither the error nor the memory grows with it.
+// MaxProblems bounds the problems a ValidationError keeps, the rest counted,
+// so that neither the error nor the memory grows with a long bad annotation.
 const MaxProblems = 20
 
 // ValidationError lists every problem found in a spec at once (the first
@@ -196,9 +189,8 @@ func (e *ValidationError) Unwrap() []error {
 	return out
 }
 
-// NewValidationError builds the error for a list of problems, keeping the
-// first MaxProblems and counting the rest (with omitted more found
-// elsewhere); nil when there are none.
+// NewValidationError keeps the first MaxProblems of list and counts the rest
+// with omitted; nil when there are none.
 func NewValidationError(list []FieldError, omitted int) *ValidationError {
 	if len(list) == 0 && omitted == 0 {
 		return nil
@@ -234,9 +226,8 @@ func (p *problems) err() error {
 	return nil
 }
 
-// Validate checks a typed Spec (one built in code rather than parsed from
-// annotations) and returns every problem at once. Field names are the
-// annotations that set each field.
+// Validate checks a Spec built in code and returns every problem at once,
+// each named by the annotation that sets the field.
 func (s Spec) Validate() error {
 	var ps problems
 	s.validate(&ps)
@@ -271,16 +262,15 @@ func (s Spec) validate(ps *problems) {
 	}
 	checkPrefixes(AnnotationIncludeOutboundIPRanges, s.OutboundIPRanges.Prefixes)
 	checkPrefixes(AnnotationExcludeOutboundIPRanges, s.OutboundIPRangesExclude)
-	for _, n := range s.ExcludeInterfaces {
-		if why := badInterfaceName(n); why != "" {
-			ps.add(AnnotationExcludeInterfaces, n, "%s", why)
+	checkIfaces := func(field string, names []string) {
+		for _, n := range names {
+			if why := badInterfaceName(n); why != "" {
+				ps.add(field, n, "%s", why)
+			}
 		}
 	}
-	for _, n := range s.RerouteVirtualInterfaces {
-		if why := badInterfaceName(n); why != "" {
-			ps.add(AnnotationRerouteVirtualInterfaces, n, "%s", why)
-		}
-	}
+	checkIfaces(AnnotationExcludeInterfaces, s.ExcludeInterfaces)
+	checkIfaces(AnnotationRerouteVirtualInterfaces, s.RerouteVirtualInterfaces)
 	if len(s.ProxyUIDs) == 0 {
 		ps.add("proxyUIDs", "", "is empty (the proxy's own traffic would be captured)")
 	}
@@ -295,10 +285,9 @@ func (s Spec) validate(ps *problems) {
 }
 
 // badInterfaceName returns why name cannot be a Linux interface name (or an
-// iptables-style "prefix+" wildcard), or "". A bare "+" (iptables' "every
-// interface") is refused, as Istio refuses it: excluding or rerouting every
-// interface is not capture, and nftables has no operand for an empty
-// prefix, so the two backends could not agree on it.
+// iptables-style "prefix+" wildcard), or "". A bare "+" (every interface) is
+// refused, as Istio refuses it: that is not capture, and nftables has no
+// operand for an empty prefix, so the two backends could not agree on it.
 func badInterfaceName(name string) string {
 	base := strings.TrimSuffix(name, "+")
 	switch {
@@ -321,20 +310,13 @@ func badInterfaceName(name string) string {
 	return ""
 }
 
-func joinPorts(ports []uint16) string {
-	s := make([]string, len(ports))
-	for i, p := range ports {
-		s[i] = fmt.Sprint(p)
+// join renders each element of xs as %v does, separated by sep.
+func join[T any](xs []T, sep string) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprint(x)
 	}
-	return strings.Join(s, ",")
-}
-
-func joinPrefixes(ps []netip.Prefix) string {
-	s := make([]string, len(ps))
-	for i, p := range ps {
-		s[i] = p.String()
-	}
-	return strings.Join(s, ",")
+	return strings.Join(s, sep)
 }
 
 // dedup returns s without repeated elements, keeping first occurrences.

@@ -2,7 +2,8 @@ package redirect
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/nftmesh/nftmesh/redirect/quote"
@@ -16,9 +17,8 @@ var readAnnotations = append(append([]string{}, CaptureAnnotations...), Annotati
 // may be away from a known one to be taken for a misspelling of it.
 const maxSuggestDistance = 3
 
-// SuggestAnnotation returns the known annotation key nearest to key when
-// key is a likely misspelling of it (at most maxSuggestDistance edits,
-// ignoring case), and "" otherwise. The exact key gives "".
+// SuggestAnnotation returns the known annotation key of which key is a
+// likely misspelling (case aside), or "" (also for the exact key).
 func SuggestAnnotation(key string) string {
 	lk := strings.ToLower(key)
 	best, bestD := "", maxSuggestDistance+1
@@ -33,22 +33,15 @@ func SuggestAnnotation(key string) string {
 	return best
 }
 
-// UnknownAnnotationWarnings warns about the pod's annotations that look
-// like capture settings but are not read: any unknown
-// traffic.sidecar.istio.io key (every key of that prefix is a capture
-// setting), and any other *.istio.io key within a few edits of a known one.
-// Istio ignores such a key too, so the pod silently gets the capture it
-// would have without it. Sorted by key; keys and suggestions bounded.
+// UnknownAnnotationWarnings warns about the pod's annotations that look like
+// capture settings but are not read (Istio ignores them too): any unknown
+// traffic.sidecar.istio.io key, and any other *.istio.io key within a few
+// edits of a known one. Sorted by key; keys and suggestions bounded.
 func UnknownAnnotationWarnings(annotations map[string]string) []string {
-	var keys []string
-	for k := range annotations {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	var out []string
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(annotations)) {
 		prefix, _, ok := strings.Cut(k, "/")
-		if !ok || !(prefix == "istio.io" || strings.HasSuffix(prefix, ".istio.io")) || isRead(k) {
+		if !ok || !(prefix == "istio.io" || strings.HasSuffix(prefix, ".istio.io")) || slices.Contains(readAnnotations, k) {
 			continue
 		}
 		s := SuggestAnnotation(k)
@@ -60,15 +53,6 @@ func UnknownAnnotationWarnings(annotations map[string]string) []string {
 		}
 	}
 	return out
-}
-
-func isRead(k string) bool {
-	for _, r := range readAnnotations {
-		if r == k {
-			return true
-		}
-	}
-	return false
 }
 
 func trafficAnnotations() []string {

@@ -125,16 +125,14 @@ var ErrUnknownSource = errors.New("the rule matches the source address, which th
 // instead of a hang (the kernel refuses loops when rules are loaded).
 const maxJumpDepth = 16
 
-// TracePacket follows pkt through p as the kernel would, without the kernel:
-// for DirOut the output hook (raw, mangle, nat OUTPUT by priority) and,
-// when the packet leaves on lo (its own addresses, loopback, or after a
-// REDIRECT), its return through prerouting on lo (raw and mangle; nat is
-// not consulted again for a connection it already saw); for DirIn the
-// prerouting hook. It traces the first packet of a connection (conntrack
-// state new, marks zero) and assumes the proxy listens, so a TPROXY rule
-// delivers. Every match and verdict of the Plan vocabulary is interpreted;
-// one the tracer does not know, or one that cannot apply at the hook, is an
-// error, never a silent pass.
+// TracePacket follows pkt through p as the kernel would: for DirOut the
+// output hook (raw, mangle, nat OUTPUT by priority) and, when the packet
+// leaves on lo (its own addresses, loopback, or after a REDIRECT), its return
+// through prerouting on lo (raw and mangle: nat already saw the connection);
+// for DirIn the prerouting hook. It traces the first packet of a connection
+// (conntrack state new, marks zero) and assumes the proxy listens, so a
+// TPROXY rule delivers. A match or verdict the tracer does not know, or one
+// that cannot apply at the hook, is an error, never a silent pass.
 func TracePacket(p *Plan, pkt Packet) (Trace, error) {
 	if err := pkt.validate(); err != nil {
 		return Trace{}, err
@@ -203,9 +201,8 @@ type tracer struct {
 	decided int
 }
 
-// exit records a matched accept or return as the rule that decided, unless
-// a redirect already did: for a packet left alone, the last rule that let
-// it go is the one to look at.
+// exit records a matched accept or return as the rule that decided (for a
+// packet left alone, the last rule that let it go), unless a redirect did.
 func (t *tracer) exit(step int) {
 	if t.landing == nil {
 		t.decided = step
@@ -247,7 +244,7 @@ func (t *tracer) hook(h Hook, natDone bool) (*TraceVerdict, error) {
 			t.note(h, b.table.Name, b.chain.Name, "not consulted: nat saw this connection on its way out")
 			continue
 		}
-		t.note(h, b.table.Name, b.chain.Name, fmt.Sprintf("enter (iif %s, oif %s, mark %d)", orDash(t.iif), orDash(t.oif), t.mark))
+		t.note(h, b.table.Name, b.chain.Name, fmt.Sprintf("enter (iif %s, oif %s, mark %d)", cmp.Or(t.iif, "-"), cmp.Or(t.oif, "-"), t.mark))
 		end, err := t.chain(h, b.table, b.chain, 0)
 		if err != nil {
 			return nil, err
@@ -262,13 +259,6 @@ func (t *tracer) hook(h Hook, natDone bool) (*TraceVerdict, error) {
 		}
 	}
 	return nil, nil
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 func (t *tracer) note(h Hook, tab TableName, chain, text string) {
@@ -371,8 +361,7 @@ func (t *tracer) verdict(h Hook, tab TableName, v Verdict, at int) (chainEnd, er
 }
 
 // matches evaluates a rule's matches in order, stopping at the first that
-// fails (as the kernel does), so a later match that could not be evaluated
-// is not reached.
+// fails, as the kernel does: a later one that cannot be evaluated is not reached.
 func (t *tracer) matches(h Hook, ms []Match) (bool, error) {
 	for _, m := range ms {
 		ok, err := t.match(h, m)

@@ -11,9 +11,8 @@ type badf func(format string, args ...any)
 // Verify checks the invariants backends rely on: every set a rule matches
 // exists with the right kind, every jump targets a chain of the same table,
 // port matches and nat/tproxy verdicts follow a protocol match, address
-// matches agree with the rule's family, base chains carry a hook, type and
-// priority. Build always produces Plans that pass; Verify exists for Plans
-// built or decoded elsewhere (and for fuzzing Build).
+// matches agree with the rule's family, base chains carry a type and
+// priority. Build's Plans always pass; the backends verify what they get.
 func (p Plan) Verify() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }

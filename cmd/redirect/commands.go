@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,31 +69,27 @@ settings (valid, invalid, not in the mesh), with the same exit codes.`,
 				return usageErr("--output %s: want text or json", quote.Value(output))
 			}
 			p, r, err := sf.plan(cmd.Flags())
-			if output == "text" {
-				for _, w := range r.warnings {
-					fmt.Fprintf(cmd.ErrOrStderr(), "redirect: warning: %s: %s\n", r.subject, w)
-				}
-			}
 			if output == "json" {
 				if doc, ok := validateJSON(p, r, err); ok {
 					if werr := writeJSON(cmd.OutOrStdout(), doc); werr != nil {
 						return failure(werr)
 					}
 				}
+				return err
+			}
+			for _, w := range r.warnings {
+				fmt.Fprintf(cmd.ErrOrStderr(), "redirect: warning: %s: %s\n", r.subject, w)
 			}
 			if err != nil {
 				return err
-			}
-			if output == "json" {
-				return nil
 			}
 			w := cmd.OutOrStdout()
 			s := r.spec
 			fmt.Fprintf(w, "ok: %s\n", r.subject)
 			fmt.Fprintf(w, "  interception mode:   %s\n", s.InterceptionMode)
-			fmt.Fprintf(w, "  inbound ports:       %s (excluded: %s + 15020,15021,15090)\n", orNone(s.InboundPorts.String()), orNone(joinU16(s.InboundPortsExclude)))
-			fmt.Fprintf(w, "  outbound ranges:     %s (excluded: %s)\n", orNone(s.OutboundIPRanges.String()), orNone(redirect.CIDRSelector{Prefixes: s.OutboundIPRangesExclude}.String()))
-			fmt.Fprintf(w, "  outbound ports:      included %s, excluded %s\n", orNone(joinU16(s.OutboundPorts)), orNone(joinU16(s.OutboundPortsExclude)))
+			fmt.Fprintf(w, "  inbound ports:       %s (excluded: %s + 15020,15021,15090)\n", cmp.Or(s.InboundPorts.String(), "none"), cmp.Or(joinU16(s.InboundPortsExclude), "none"))
+			fmt.Fprintf(w, "  outbound ranges:     %s (excluded: %s)\n", cmp.Or(s.OutboundIPRanges.String(), "none"), cmp.Or(redirect.CIDRSelector{Prefixes: s.OutboundIPRangesExclude}.String(), "none"))
+			fmt.Fprintf(w, "  outbound ports:      included %s, excluded %s\n", cmp.Or(joinU16(s.OutboundPorts), "none"), cmp.Or(joinU16(s.OutboundPortsExclude), "none"))
 			fmt.Fprintf(w, "  proxy uid/gid:       %v / %v\n", s.ProxyUIDs, s.ProxyGIDs)
 			fmt.Fprintf(w, "  dns capture, ipv6:   %t, %t (dual-stack sidecar: %t)\n", s.CaptureDNS, s.IPv6, s.DualStack)
 			fmt.Fprintf(w, "  plan:                %d tables, %d rules, %d sets\n", len(p.Tables), capture.RuleCount(p), len(p.Sets))
@@ -283,9 +280,8 @@ func (in inspection) check(want redirect.Plan) (checked, error) {
 			return c, failure(ferr)
 		}
 	}
-	// The traces go through nftmesh's rules only: with Istio's
-	// rules acting on the traffic too, "live accept" would be
-	// wrong, so none are shown then.
+	// The traces go through nftmesh's rules only: with Istio's rules
+	// acting too, "live accept" would be wrong.
 	if c.drift != nil && len(c.foreign) == 0 {
 		c.effects = driftEffects(in.ctx, in.ns, in.netns, want, in.opts)
 	}
@@ -381,30 +377,18 @@ does exactly the same.`,
 // namespace's lock included (the plugin or the agent may hold it).
 const verbTimeout = 30 * time.Second
 
-// holdInterrupt makes SIGINT ignored for the rest of the run once the verb
-// holds the namespace's lock: an interrupt before that ends the process
-// with nothing written (the default), one after it lets the verb finish,
-// so a Ctrl-C never leaves the nftables table without its routes or half a
-// removal. Relaying the signal instead (signal.Notify) starts a goroutine
-// that keeps an OS thread of its own plus the runtime's template thread,
-// three threads in all, which in a process living a few milliseconds
-// measured a third of the wall time of an apply on a loaded machine (each
-// new thread waits for a CPU, and exit waits for all of them); restoring
-// the default after the verb would start them too (signal.Reset), hence
-// "for the rest of the run".
+// holdInterrupt ignores SIGINT for the rest of the run once the verb holds
+// the namespace's lock: an interrupt before that ends the process with
+// nothing written, one after it lets the verb finish, so a Ctrl-C never
+// leaves a table without its routes or half a removal. Not signal.Notify
+// (nor signal.Reset afterwards): its goroutine and threads measured a third
+// of an apply's wall time on a loaded machine.
 func holdInterrupt() { signal.Ignore(os.Interrupt) }
 
 // runDirFlag registers --run-dir: where the per-namespace lock files are,
 // shared with the plugin and the agent on a node.
 func runDirFlag(cmd *cobra.Command, dir *string) {
 	cmd.Flags().StringVar(dir, "run-dir", "", "directory of the per-netns lock files shared with the plugin and agent (default "+capture.DefaultRunDir+", or a temp dir if that cannot be created)")
-}
-
-func orNone(s string) string {
-	if s == "" {
-		return "none"
-	}
-	return s
 }
 
 func joinU16(ps []uint16) string {
@@ -429,15 +413,13 @@ func checkTarget(netns *string, backend string) error {
 }
 
 // outputFlag registers -o/--output, and --format as its deprecated alias
-// (the name before kubectl's -o became the habit; -f is --pod, as
-// kubectl's -f is a file).
+// (from before kubectl's -o; -f is --pod, as kubectl's -f is a file).
 func outputFlag(cmd *cobra.Command, output *string, def, usage string, values ...string) {
 	cmd.Flags().StringVarP(output, "output", "o", def, usage)
 	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
 	cmd.Flags().StringVar(output, "format", def, usage)
-	// Hidden rather than MarkDeprecated: pflag prints that notice on the
-	// command's stdout, into the rules or JSON; warnDeprecated writes it to
-	// stderr.
+	// Hidden, not MarkDeprecated: pflag prints that notice on stdout, into
+	// the rules or JSON; warnDeprecated writes it to stderr.
 	_ = cmd.Flags().MarkHidden("format")
 }
 
@@ -495,16 +477,15 @@ func netnsPath(v, dir string) (string, error) {
 	return p, nil
 }
 
-// openVerb opens the network namespace at path for a verb: for writing
-// (apply, clean) guarded against the host's own namespace, for reading
-// (inspect) any namespace; and the verb's context, bounded by verbTimeout.
-// done closes both.
 // foreignLine reports Istio's own capture found in a namespace.
 func foreignLine(netns string, foreign []string) string {
 	return fmt.Sprintf("istio-cni capture present: %s holds the traffic capture of Istio's istio-cni or istio-init (foreign capture), which acts on the pod's traffic beside or instead of nftmesh's:\n  %s",
 		netns, strings.Join(foreign, "\n  "))
 }
 
+// openVerb opens the network namespace at path for a verb, for writing
+// (apply, clean: guarded against the host's own namespace) or reading, and
+// the verb's context, bounded by verbTimeout; done closes both.
 func openVerb(cmd *cobra.Command, path string, write bool) (*capture.Netns, context.Context, func(), error) {
 	open := pipeline.OpenForReading
 	if write {

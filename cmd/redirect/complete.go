@@ -2,7 +2,6 @@ package main
 
 import (
 	"os"
-	"sort"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -54,8 +53,8 @@ func completeAnnotation(_ *cobra.Command, _ []string, toComplete string) ([]stri
 	return out, cobra.ShellCompDirectiveNoSpace | cobra.ShellCompDirectiveNoFileComp
 }
 
-// completeNetns offers the `ip netns` names; a value with a "/" is a path,
-// left to the shell's file completion.
+// completeNetns offers the `ip netns` names (os.ReadDir sorts them); a value
+// with a "/" is a path, left to the shell's file completion.
 func completeNetns(_ *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
 	if strings.Contains(toComplete, "/") {
 		return nil, cobra.ShellCompDirectiveDefault
@@ -70,6 +69,5 @@ func completeNetns(_ *cobra.Command, _ []string, toComplete string) ([]string, c
 			out = append(out, e.Name())
 		}
 	}
-	sort.Strings(out)
 	return out, cobra.ShellCompDirectiveDefault
 }

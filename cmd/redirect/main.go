@@ -42,9 +42,8 @@ type exitError struct {
 	err  error
 }
 
-// Error is the message, or for an exit code alone (inspect's drift, whose
-// report is already printed) the code, so that every reader of the error
-// (the root hint, a wrapping caller) can call it.
+// Error is the message, or the code for an exit code alone (inspect's drift,
+// whose report is already printed).
 func (e *exitError) Error() string {
 	if e.err == nil {
 		return fmt.Sprintf("exit code %d", e.code)
@@ -58,8 +57,7 @@ func usageErr(format string, args ...any) error {
 }
 
 // failure is exit 1, except for a backend the namespace cannot take
-// (iptables-legacy in a user-namespaced netns): that is a wrong choice of
-// flag, exit 2, and running again the same way cannot succeed.
+// (iptables-legacy in a user-namespaced netns): a wrong flag, exit 2.
 func failure(err error) error {
 	if errors.Is(err, capture.ErrUserNamespaced) {
 		return &exitError{exitUsage, err}
@@ -67,13 +65,9 @@ func failure(err error) error {
 	return &exitError{exitFailure, err}
 }
 
-// main runs with GOMAXPROCS 1, set while the packages initialise
-// (internal/oneproc). A verb runs for milliseconds, one goroutine at a time;
-// with a second P the runtime wakes an idle thread at every goroutine
-// started or readied, which finds nothing to do: 10% of an apply's CPU,
-// ~55 page faults and ~50 context switches (oneproc has the figures).
-// Nothing a verb does runs in parallel: the nftables batch is prepared on
-// the calling goroutine with one P (nft.Backend.Prepare).
+// main runs with GOMAXPROCS 1, set while the packages initialise: a verb
+// runs for milliseconds, one goroutine at a time (nft.Backend.Prepare too),
+// and a second P only wakes idle threads (internal/oneproc has the figures).
 func main() {
 	phase.Mark("main")
 	code := run(os.Args[1:], os.Stdout, os.Stderr)
@@ -84,11 +78,9 @@ func main() {
 	os.Exit(code)
 }
 
-// phasesEnv, when set to anything, makes redirect print on stderr, last,
-// when it reached each step of its run (internal/phase marks, microseconds
-// since the package inits began): where a whole process's time goes, for
-// the benchmarks. An environment variable rather than a flag, so that the
-// command line, its help and its completions stay as they are.
+// phasesEnv, when set, makes redirect print on stderr, last, when it reached
+// each step of its run (internal/phase marks), for the benchmarks. Not a
+// flag, so that the command line, its help and completions stay as they are.
 const phasesEnv = "REDIRECT_PHASES"
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -120,12 +112,9 @@ func exitCode(cmd *cobra.Command, err error, stderr io.Writer) int {
 	return code
 }
 
-// rootHint says what a permission error of a non-root user means: entering
-// another network namespace needs CAP_SYS_ADMIN and changing or reading its
-// rules CAP_NET_ADMIN, which in practice means root. The errno is also
-// looked for in the text because some netlink libraries format it with %v,
-// dropping the wrapped error. Empty for root (the cause is then elsewhere:
-// a user namespace, seccomp, an LSM) and for other errors.
+// rootHint says what a permission error of a non-root user means, or "" (for
+// root the cause is elsewhere: a user namespace, seccomp, an LSM). The errno
+// is also looked for in the text: some netlink libraries format it with %v.
 func rootHint(err error, euid int) string {
 	if euid == 0 || err == nil {
 		return ""
@@ -138,25 +127,7 @@ func rootHint(err error, euid int) string {
 	return ""
 }
 
-// commands are the root's commands by name. Their names are those of
-// their Use lines (TestCLICommandNames).
-var commands = []struct {
-	name  string
-	build func() *cobra.Command
-}{
-	{"render", newRenderCmd},
-	{"validate", newValidateCmd},
-	{"trace", newTraceCmd},
-	{"apply", newApplyCmd},
-	{"inspect", newInspectCmd},
-	{"clean", newCleanCmd},
-	{"demo", newDemoCmd},
-	{"version", newVersionCmd},
-}
-
-// newVersionCmd prints what --version prints: the version, the toolchain
-// and the platform (version.Build), after "redirect version ", as cobra
-// prints --version without a version template (see newRoot).
+// newVersionCmd prints what --version prints (see newRoot).
 func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
@@ -179,26 +150,21 @@ istio-proxy container) into nftables rules inside a network namespace, exactly a
 the nftmesh CNI plugin does, without Kubernetes and without any iptables or nft binary.
 
 ` + exitCodesHelp,
-		// Printed by cobra's own --version line, "redirect version
-		// v0.2.0 (go1.26.1 linux/amd64)". Not a version template: cobra
-		// renders one with text/template, whose calls of methods by name
-		// make the linker keep every exported method of every type that
-		// reaches an interface: 8.3 instead of 6.0 MB of binary, and every
-		// run paid for it at start-up: ~28 page faults and ~4 ms of CPU
-		// more per apply (-9 to -11%; 2 runs of 200-250 rounds alternating,
-		// load 20-50). TestBinaryPrunesMethods.
+		// "redirect version v0.2.0 (go1.26.1 linux/amd64)", without a
+		// version template: cobra renders one with text/template, whose
+		// calls of methods by name keep every exported method in the
+		// binary (8.3 instead of 6.0 MB, ~4 ms more CPU per apply).
+		// TestBinaryPrunesMethods.
 		Version:          version.Build(),
 		SilenceUsage:     true,
 		SilenceErrors:    true,
 		PersistentPreRun: warnDeprecated,
 	}
-	for _, c := range commands {
-		root.AddCommand(c.build())
-	}
+	root.AddCommand(newRenderCmd(), newValidateCmd(), newTraceCmd(), newApplyCmd(),
+		newInspectCmd(), newCleanCmd(), newDemoCmd(), newVersionCmd())
 	registerCompletions(root)
 	for _, c := range root.Commands() {
-		// The exit codes are the same for every command: the root's help
-		// holds the one table, each command's help points at it.
+		// The root's help holds the one table of exit codes.
 		c.Long = c.Short + ".\n\n" + c.Long + "\n\nExit codes: see redirect --help."
 	}
 	return root

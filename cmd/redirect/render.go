@@ -159,8 +159,8 @@ func nonNil[T any](s []T) []T {
 }
 
 // planJSON is the plan as JSON. Matches and verdicts carry a "kind" from a
-// fixed vocabulary (matchKind, verdictKind), not Go type names, so the
-// document does not change when the Go code is refactored.
+// fixed vocabulary (jsonKinds), not Go type names, so the document does not
+// change when the Go code is refactored.
 func planJSON(p redirect.Plan) any {
 	type rule struct {
 		Family  string           `json:"family"`
@@ -205,9 +205,9 @@ func planJSON(p redirect.Plan) any {
 		for _, c := range t.Chains {
 			jc := chain{Name: c.Name, Hook: string(c.Hook), Type: string(c.Type), Priority: c.Priority, Rules: []rule{}}
 			for _, r := range c.Rules {
-				jr := rule{Family: r.Family.String(), Matches: []map[string]any{}, Verdict: fields(verdictKind(r.Verdict), r.Verdict)}
+				jr := rule{Family: r.Family.String(), Matches: []map[string]any{}, Verdict: fields(r.Verdict)}
 				for _, m := range r.Matches {
-					jr.Matches = append(jr.Matches, fields(matchKind(m), m))
+					jr.Matches = append(jr.Matches, fields(m))
 				}
 				jc.Rules = append(jc.Rules, jr)
 			}
@@ -224,62 +224,34 @@ func planJSON(p redirect.Plan) any {
 	return out
 }
 
-// matchKind names a match in the JSON plan ("" for a type this table does
-// not know yet: TestPlanJSONKinds fails then).
-func matchKind(m redirect.Match) string {
-	switch m.(type) {
-	case redirect.MatchProto:
-		return "proto"
-	case redirect.MatchPort:
-		return "port"
-	case redirect.MatchAddr:
-		return "addr"
-	case redirect.MatchSet:
-		return "set"
-	case redirect.MatchIface:
-		return "iface"
-	case redirect.MatchOwner:
-		return "owner"
-	case redirect.MatchMark:
-		return "mark"
-	case redirect.MatchCTState:
-		return "ctstate"
-	}
-	return ""
-}
-
-// verdictKind names a verdict in the JSON plan, like matchKind.
-func verdictKind(v redirect.Verdict) string {
-	switch v.(type) {
-	case redirect.Accept:
-		return "accept"
-	case redirect.Drop:
-		return "drop"
-	case redirect.Return:
-		return "return"
-	case redirect.Jump:
-		return "jump"
-	case redirect.Redirect:
-		return "redirect"
-	case redirect.TProxy:
-		return "tproxy"
-	case redirect.SetMark:
-		return "setMark"
-	case redirect.SaveMark:
-		return "saveMark"
-	case redirect.RestoreMark:
-		return "restoreMark"
-	case redirect.SetCTZone:
-		return "setCTZone"
-	}
-	return ""
+// jsonKinds names each match and verdict type in the JSON plan (a type
+// missing here gets "": TestPlanJSONKinds fails then).
+var jsonKinds = map[reflect.Type]string{
+	reflect.TypeFor[redirect.MatchProto]():   "proto",
+	reflect.TypeFor[redirect.MatchPort]():    "port",
+	reflect.TypeFor[redirect.MatchAddr]():    "addr",
+	reflect.TypeFor[redirect.MatchSet]():     "set",
+	reflect.TypeFor[redirect.MatchIface]():   "iface",
+	reflect.TypeFor[redirect.MatchOwner]():   "owner",
+	reflect.TypeFor[redirect.MatchMark]():    "mark",
+	reflect.TypeFor[redirect.MatchCTState](): "ctstate",
+	reflect.TypeFor[redirect.Accept]():       "accept",
+	reflect.TypeFor[redirect.Drop]():         "drop",
+	reflect.TypeFor[redirect.Return]():       "return",
+	reflect.TypeFor[redirect.Jump]():         "jump",
+	reflect.TypeFor[redirect.Redirect]():     "redirect",
+	reflect.TypeFor[redirect.TProxy]():       "tproxy",
+	reflect.TypeFor[redirect.SetMark]():      "setMark",
+	reflect.TypeFor[redirect.SaveMark]():     "saveMark",
+	reflect.TypeFor[redirect.RestoreMark]():  "restoreMark",
+	reflect.TypeFor[redirect.SetCTZone]():    "setCTZone",
 }
 
 // fields is a match's or verdict's kind and its non-zero fields, named in
 // lowerCamelCase, values that print themselves as their string.
-func fields(kind string, v any) map[string]any {
-	m := map[string]any{"kind": kind}
+func fields(v any) map[string]any {
 	rv := reflect.ValueOf(v)
+	m := map[string]any{"kind": jsonKinds[rv.Type()]}
 	for i := 0; i < rv.NumField(); i++ {
 		f := rv.Type().Field(i)
 		if rv.Field(i).IsZero() {

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -36,20 +37,20 @@ func TestPlanJSONKinds(t *testing.T) {
 	}
 	seenM, seenV := map[string]bool{}, map[string]bool{}
 	for _, m := range matches {
-		k := matchKind(m)
+		k := jsonKinds[reflect.TypeOf(m)]
 		if !jsonMatchKinds[k] || seenM[k] {
 			t.Errorf("match %T: kind %q (unknown or not unique)", m, k)
 		}
 		seenM[k] = true
 	}
 	for _, v := range verdicts {
-		k := verdictKind(v)
+		k := jsonKinds[reflect.TypeOf(v)]
 		if !jsonVerdictKinds[k] || seenV[k] {
 			t.Errorf("verdict %T: kind %q (unknown or not unique)", v, k)
 		}
 		seenV[k] = true
 	}
-	if got := fields("set", redirect.MatchSet{Set: "s", Kind: redirect.SetPort}); got["kind"] != "set" || got["setKind"] == nil {
+	if got := fields(redirect.MatchSet{Set: "s", Kind: redirect.SetPort}); got["kind"] != "set" || got["setKind"] == nil {
 		t.Errorf("MatchSet fields = %v: the set's element kind must not replace the match kind", got)
 	}
 

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -105,9 +106,8 @@ type resolved struct {
 }
 
 // resolve builds the Spec. Flags that describe the proxy container conflict
-// with --pod (the manifest says it), except --ipv6, which the manifest
-// cannot know before the pod has IPs: without it the manifest's pod IPs
-// predict it (planIn decides from the pod's namespace when a command has one).
+// with --pod (the manifest says it), except --ipv6, which a manifest cannot
+// know before the pod has IPs (planIn decides it from a namespace).
 func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 	switch {
 	case f.name != "" && f.pod == "":
@@ -191,13 +191,9 @@ func parseAnnotationFlags(kvs []string) (map[string]string, error) {
 		}
 		ann[k] = v
 	}
-	known := map[string]bool{}
-	for _, k := range redirect.CaptureAnnotations {
-		known[k] = true
-	}
 	for k := range ann {
-		if !known[k] {
-			if s := redirect.SuggestAnnotation(k); s != "" && known[s] {
+		if !slices.Contains(redirect.CaptureAnnotations, k) {
+			if s := redirect.SuggestAnnotation(k); s != "" && slices.Contains(redirect.CaptureAnnotations, s) {
 				return nil, usageErr("--annotation %s: not a capture annotation; did you mean %q?", quote.Value(k), s)
 			}
 			return nil, usageErr("--annotation %s: not a capture annotation (known: %s)", quote.Value(k), strings.Join(redirect.CaptureAnnotations, ", "))
@@ -225,15 +221,14 @@ func parseIDs(flag, v string) ([]uint32, error) {
 	return out, nil
 }
 
-// plan resolves the flags and builds the plan; notInMesh reports a pod the
-// CNI would skip (exit code 4, reason on stderr).
+// plan resolves the flags and builds the plan; a pod the CNI would skip is
+// exit code 4.
 func (f *specFlags) plan(fs *pflag.FlagSet) (redirect.Plan, resolved, error) {
 	return f.planIn(fs, "")
 }
 
-// planIn is plan for a pod living in the network namespace at netns (none
-// if ""): unless --ipv6 is given, IPv6 is captured as Istio decides from
-// that namespace's addresses and the sidecar's dual-stack setting, as the
+// planIn is plan for a pod in the network namespace at netns (none if ""):
+// unless --ipv6 is given, IPv6 capture is decided from its addresses, as the
 // CNI plugin does.
 func (f *specFlags) planIn(fs *pflag.FlagSet, netns string) (redirect.Plan, resolved, error) {
 	r, err := f.resolve(fs)

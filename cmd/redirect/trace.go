@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -71,15 +70,12 @@ func parseTrace(in traceInput) (redirect.Packet, error) {
 	default:
 		return pkt, usageErr("--proto %s: want tcp or udp", quote.Value(in.proto))
 	}
-	if pkt.Dir == redirect.DirIn {
-		for _, f := range []struct {
-			name string
-			set  bool
-		}{{"--uid", in.uidSet}, {"--gid", in.gidSet}} {
-			if f.set {
-				return pkt, usageErr("%s applies to out only: an arriving packet has no local sender", f.name)
-			}
+	if pkt.Dir == redirect.DirIn && (in.uidSet || in.gidSet) {
+		flag := "--gid"
+		if in.uidSet {
+			flag = "--uid"
 		}
+		return pkt, usageErr("%s applies to out only: an arriving packet has no local sender", flag)
 	}
 	if pkt.Dir == redirect.DirOut {
 		if pkt.UID, err = parseTraceID("--uid", in.uid); err != nil {
@@ -133,12 +129,10 @@ func badIfaceName(name string) string {
 	return ""
 }
 
-// fillTraceDefaults decides what the command line left out the way the
-// kernel would for this pod: a locally sent connection to loopback, ::6 or
-// one of the pod's own IPs leaves on lo, with the destination (127.0.0.1
-// for other 127/8 addresses) as its source; other ones leave on eth0 from
-// the pod's IP of that family, if the manifest has one. An arriving one
-// comes in on eth0 from a remote documentation address.
+// fillTraceDefaults decides what the command line left out as the kernel
+// would: a connection to loopback, ::6 or a pod IP leaves on lo from the
+// destination (127.0.0.1 for 127/8), others on eth0 from the pod IP of that
+// family if known; an arriving one comes in on eth0 from a remote address.
 func fillTraceDefaults(pkt *redirect.Packet, podIPs []netip.Addr) {
 	dst := pkt.Dst.Addr()
 	if pkt.Dir == redirect.DirIn {
@@ -271,9 +265,7 @@ func writeTrace(cmd *cobra.Command, tr redirect.Trace, r resolved, output string
 		if note != "" {
 			doc["note"] = note
 		}
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(doc)
+		return writeJSON(w, doc)
 	}
 	fmt.Fprintf(w, "rules of %s\n", r.subject)
 	if note != "" {

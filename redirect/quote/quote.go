@@ -1,14 +1,10 @@
 // Package quote bounds the user input that error messages and log lines
-// echo back. A value is quoted so that its edges and any control bytes are
-// visible; a long one is cut, with a marker saying how much, so that a
-// 1 MB annotation yields a readable error of a few hundred bytes instead of
-// a 1 MB CNI error and log line. It does not decide which values are shown:
-// callers name the field and pass the value.
+// echo back: quoted, so that its edges and control bytes show, and cut with
+// a marker saying how much, so that a 1 MB annotation yields an error of a
+// few hundred bytes. Callers name the field and pass the value.
 //
-// It sits under redirect/ because the model's own validation errors echo
-// values through it and the model imports nothing from internal/; every layer
-// above (podinfo, installer, the binaries, the stand-ins) bounds its echoes
-// with the same package.
+// It sits under redirect/ because the model's validation errors use it and
+// the model imports nothing from internal/; every layer above uses it too.
 package quote
 
 import (
