@@ -131,7 +131,7 @@ var buildOnce = sync.OnceValue(func() error {
 	if env.profileDir != "" {
 		args = append(args, "-tags=nftmesh_pprof")
 	}
-	build := exec.Command("go", append(args, "-o", filepath.Join(env.dir, "bin")+"/", "../../cmd/nftmesh-cni", "../../cmd/nftmesh-cni-standalone", "../../cmd/nftmesh-agent")...)
+	build := exec.Command("go", append(args, "-o", filepath.Join(env.dir, "bin")+"/", "../../cmd/nftmesh-cni", "../../cmd/nftmesh-cni-standalone", "../../cmd/nftmesh-agent", "./kubefloor")...)
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the binaries: %v\n%s", err, out)
