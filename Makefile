@@ -134,7 +134,7 @@ bench: build $(CACHE)/istio-cni $(APISERVER)
 	$(SETTLE)
 	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./cniplugin/
 	$(SETTLE)
-	$(GO) test -run '^$$' -bench 'Version|PluginAlone|AgentUp' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
+	$(GO) test -run '^$$' -bench '^Benchmark(Version|PluginAlone|AgentUp)$$' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
 	$(SETTLE)
 	$(GO) test -run '^$$' -bench Burst -benchtime $(BURSTS)x -timeout 30m ./e2e/bench/
 	$(GO) test -run '^$$' -bench AgentAtScale -benchtime 1x -timeout 30m ./e2e/bench/
