@@ -41,8 +41,8 @@ const tornWait = 10 * time.Millisecond
 var errTorn = fmt.Errorf("not complete JSON, perhaps half written: %w", errChanged)
 
 // retryChanged runs f until it does not report errChanged, at most
-// casAttempts times; then the last errChanged is returned.
-func retryChanged(f func() error) error {
+// casAttempts times; then the last errChanged is returned, after what.
+func retryChanged(what string, f func() error) error {
 	var err error
 	for i := range casAttempts {
 		if err = f(); !errors.Is(err, errChanged) {
@@ -52,7 +52,16 @@ func retryChanged(f func() error) error {
 			time.Sleep(tornWait << i)
 		}
 	}
-	return fmt.Errorf("still changing after %d attempts: %w", casAttempts, err)
+	return fmt.Errorf("%s: still changing after %d attempts: %w", what, casAttempts, err)
+}
+
+// unlessChanged wraps err with what it was doing, except errChanged, which
+// goes back as it is for the caller to read the file again.
+func unlessChanged(err error, format string, args ...any) error {
+	if err == nil || errors.Is(err, errChanged) {
+		return err
+	}
+	return fmt.Errorf(format+": %w", append(args, err)...)
 }
 
 // complete reports errTorn for content that is not complete JSON, so the
