@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 )
 
 // object is a JSON object that keeps its members' order and their values'
@@ -77,13 +78,7 @@ func (o *object) set(key string, v json.RawMessage) {
 }
 
 func (o *object) del(key string) {
-	out := o.members[:0]
-	for _, m := range o.members {
-		if m.key != key {
-			out = append(out, m)
-		}
-	}
-	o.members = out
+	o.members = slices.DeleteFunc(o.members, func(m member) bool { return m.key == key })
 }
 
 // getString returns a member that is a JSON string.
@@ -97,6 +92,23 @@ func (o *object) getString(key string) (string, bool) {
 		return "", false
 	}
 	return s, true
+}
+
+// plugins returns the entries of the "plugins" member, each as its bytes;
+// nil when there is no such member.
+func (o *object) plugins() ([]json.RawMessage, error) {
+	raw, ok := o.get("plugins")
+	if !ok {
+		return nil, nil
+	}
+	var plugins []json.RawMessage
+	if err := json.Unmarshal(raw, &plugins); err != nil {
+		return nil, fmt.Errorf("parsing plugins: %w", err)
+	}
+	if plugins == nil {
+		plugins = []json.RawMessage{}
+	}
+	return plugins, nil
 }
 
 // marshal encodes the object indented by two spaces with a final newline,
