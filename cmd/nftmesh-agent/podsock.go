@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -71,10 +72,7 @@ func (s *podSocket) apiCalled(ctx context.Context, err error) {
 // The CNI calls the front hands over are run only while hostNetns is nil:
 // the host's network namespace is then registered to be refused.
 func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
-	node := cfg.NodeName
-	if node == "" {
-		node = cfg.Repair.NodeName
-	}
+	node := cmp.Or(cfg.NodeName, cfg.Repair.NodeName)
 	if client == nil || node == "" {
 		return nil, nil
 	}
@@ -174,10 +172,7 @@ func (s *podSocket) serveCNI(cfg *installer.Config, src *podcache.Source, hostNe
 	// A caller's capabilities are read in the node's PID namespace: the
 	// host's /proc as repair in place mounts it (the chart grants the
 	// capabilities calls need only with it), else this process's own.
-	procDir := cfg.Repair.HostProc
-	if procDir == "" {
-		procDir = "/proc"
-	}
+	procDir := cmp.Or(cfg.Repair.HostProc, "/proc")
 	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, ProcDir: procDir, HostNetns: hostNetns, Observe: func(o cniplugin.ServeOutcome) {
 		calls.WithLabelValues(o.Status).Inc()
 		quiet := o.Status == cniplugin.OutcomeOK || o.Status == cniplugin.OutcomeError || o.Status == cniplugin.OutcomeDeclined
