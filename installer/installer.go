@@ -25,8 +25,7 @@ import (
 	"github.com/nftmesh/nftmesh/internal/atomicfile"
 )
 
-// debounce gathers a burst of file events (a rename makes several) into one
-// reconcile.
+// debounce gathers a burst of events (a rename makes several) into one reconcile.
 const debounce = 20 * time.Millisecond
 
 // errNoPrimary means the conf dir has no usable primary config yet; the
@@ -47,11 +46,11 @@ const (
 // plugin (Istio's istio-cni): the agent does not insert ours next to it.
 type ForeignCaptureError struct {
 	File, Plugin string
-	// Removed says our entry was in the file too and was taken out (our
-	// standalone file, in standalone mode).
+	// Removed: our entry (in standalone mode, our file) was there too and
+	// was taken out.
 	Removed bool
-	// Standalone: the refusal of standalone (Multus) mode, where the
-	// other plugin has a config file of its own in the conf dir.
+	// Standalone: the refusal of standalone (Multus) mode, where the other
+	// plugin has a config file of its own in the conf dir.
 	Standalone bool
 }
 
@@ -146,12 +145,9 @@ type Installer struct {
 	ready   atomic.Bool
 	lastErr atomic.Pointer[error]
 
-	// casConflicts counts writes of the CNI config started over because
-	// the file changed under them (tests report it).
-	casConflicts atomic.Int64
+	casConflicts atomic.Int64 // CNI config writes started over as the file changed (tests read it)
 
-	// Reconciled is signalled (non-blocking) after every reconcile; tests
-	// wait on it instead of sleeping.
+	// Reconciled is signalled (non-blocking) after every reconcile, for tests.
 	Reconciled chan struct{}
 }
 
@@ -439,11 +435,10 @@ func (in *Installer) recordInsert(p, target string, base snapshot, out []byte) (
 	return rec, prev
 }
 
-// writeRecorded saves rec, then writes out over cur, with the primary's
-// (base's) mode and owner, unless cur changed (errChanged); on failure the
-// state goes back to prev. The record goes
-// first, so a crash right after the write still knows the original.
-// in.mu is held.
+// writeRecorded saves rec, then writes out over cur with base's mode and
+// owner unless cur changed (errChanged); on failure the state goes back to
+// prev. The record goes first, so a crash right after the write still knows
+// the original. in.mu is held.
 func (in *Installer) writeRecorded(rec confRecord, prev *confRecord, cur snapshot, out []byte, base snapshot) error {
 	in.st.put(rec)
 	if err := saveState(in.statePath(), in.st); err != nil {
@@ -460,7 +455,6 @@ func (in *Installer) writeRecorded(rec confRecord, prev *confRecord, cur snapsho
 	return nil
 }
 
-// throttle waits for the rate limiter before a rewrite of path.
 func (in *Installer) throttle(ctx context.Context, path string) error {
 	if err := in.limiter.Wait(ctx); err != nil {
 		return fmt.Errorf("waiting to rewrite %s: %w", path, err)
@@ -961,8 +955,7 @@ func referencing(dir string, extra []string) []string {
 	return out
 }
 
-// restoreRecord undoes one rewrite, starting over when the file changes
-// under it.
+// restoreRecord undoes one rewrite, starting over when the file changes.
 func restoreRecord(r confRecord) error {
 	return retryChanged("restoring "+r.Written, func() error { return restoreOnce(r) })
 }
@@ -1037,8 +1030,7 @@ func stripFile(path string) error {
 	})
 }
 
-// stripSnapshot writes cur's content without our entry back, unless the
-// file changed since cur was read (errChanged).
+// stripSnapshot writes cur without our entry back unless it changed (errChanged).
 func stripSnapshot(cur snapshot) error {
 	if !cur.exists || !conflist.IsList(cur.name) {
 		return nil

@@ -63,14 +63,10 @@ func (s *podSocket) apiCalled(ctx context.Context, err error) {
 }
 
 // newPodSocket sets up the socket when the agent can watch its node's pods
-// (an API client and a node name); it returns nil, nil when it cannot, and
-// the plugin then reads pods from the API itself. The node has one pod
-// watch for both: the repair controller's when it sees every pod of the
-// node, else the socket's own (the chart grants the agent list and watch
-// of pods whatever the repair set-up).
-//
-// The CNI calls the front hands over are run only while hostNetns is nil:
-// the host's network namespace is then registered to be refused.
+// (an API client and a node name), else returns nil, nil: the plugin then
+// reads pods from the API itself. The CNI calls the front hands over are run
+// only while hostNetns is nil: the host's network namespace is then
+// registered to be refused.
 func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
 	node := cmp.Or(cfg.NodeName, cfg.Repair.NodeName)
 	if client == nil || node == "" {
@@ -118,7 +114,8 @@ func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, re
 }
 
 // watchPods takes the repair controller's pod watch when it sees every pod
-// of the node, else sets up the socket's own.
+// of the node, else sets up the socket's own (the chart grants the agent
+// list and watch of pods whatever the repair set-up): one watch per node.
 func (s *podSocket) watchPods(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, node string) error {
 	if repairCtl != nil && cfg.Repair.NodeName == node {
 		if pods, nodeOnly := repairCtl.PodInformer(); nodeOnly {
@@ -126,9 +123,7 @@ func (s *podSocket) watchPods(cfg *installer.Config, client corev1client.CoreV1I
 			return nil
 		}
 	}
-	// No repair controller, or one whose watch is narrowed by extra
-	// selectors: a watch of the node's pods of the socket's own, paged
-	// and slimmed as the repair controller's is.
+	// Paged and slimmed as the repair controller's is.
 	pods, err := repair.NodePods{Node: node, Called: s.apiCalled}.Informer(client)
 	if err != nil {
 		return fmt.Errorf("setting up the pod socket's watch: %w", err)
