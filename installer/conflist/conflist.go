@@ -11,6 +11,7 @@ package conflist
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -188,11 +189,7 @@ func InsertPlugin(path string, primary []byte, ours json.RawMessage) ([]byte, er
 		if v, ok := obj.get("cniVersion"); ok {
 			out.set("cniVersion", v)
 		}
-		name, ok := obj.getString("name")
-		if !ok || name == "" {
-			name = DefaultListName
-		}
-		nameJSON, _ := json.Marshal(name)
+		nameJSON, _ := json.Marshal(cmp.Or(obj.getString("name"), DefaultListName))
 		out.set("name", nameJSON)
 		// The list's cniVersion applies to every plugin; a copy in the
 		// plugin itself would only risk a mismatch.

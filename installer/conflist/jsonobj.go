@@ -81,17 +81,13 @@ func (o *object) del(key string) {
 	o.members = slices.DeleteFunc(o.members, func(m member) bool { return m.key == key })
 }
 
-// getString returns a member that is a JSON string.
-func (o *object) getString(key string) (string, bool) {
-	v, ok := o.get(key)
-	if !ok {
-		return "", false
-	}
+// getString returns a member that is a JSON string, else "".
+func (o *object) getString(key string) string {
 	var s string
-	if json.Unmarshal(v, &s) != nil {
-		return "", false
+	if v, ok := o.get(key); ok && json.Unmarshal(v, &s) != nil {
+		return ""
 	}
-	return s, true
+	return s
 }
 
 // plugins returns the entries of the "plugins" member, each as its bytes;
