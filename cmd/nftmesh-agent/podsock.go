@@ -136,20 +136,19 @@ func (s *podSocket) watchPods(cfg *installer.Config, client corev1client.CoreV1I
 // CNI calls, removing a socket an earlier agent that could left behind,
 // which would send the front here for nothing.
 func (s *podSocket) cniRefused(runDir string, hostNetns func() error) bool {
+	const refusing = "not running the plugin's CNI calls (the front runs the standalone plugin): "
+	// Running a call means entering the pod's namespace and writing its
+	// rules; the chart grants that only with repair in place.
 	if missing := missingCaps(); len(missing) > 0 {
-		// Running a call means entering the pod's namespace and writing
-		// its rules; the chart grants that only with repair in place.
 		_ = os.Remove(cnisock.Path(runDir))
-		s.log.Info().Strs("missing_capabilities", missing).
-			Msg("not running the plugin's CNI calls (the front runs the standalone plugin): this container lacks capabilities they need")
+		s.log.Info().Strs("missing_capabilities", missing).Msg(refusing + "this container lacks capabilities they need")
 		return true
 	}
+	// A call names its namespace; the host's must be refused, and is told
+	// from a pod's only once registered.
 	if err := hostNetns(); err != nil {
-		// A call names its namespace; the host's must be refused, and is
-		// told from a pod's only once registered.
 		_ = os.Remove(cnisock.Path(runDir))
-		s.log.Info().Err(err).
-			Msg("not running the plugin's CNI calls (the front runs the standalone plugin): the host's network namespace is not known")
+		s.log.Info().Err(err).Msg(refusing + "the host's network namespace is not known")
 		return true
 	}
 	return false
