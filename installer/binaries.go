@@ -1,7 +1,6 @@
 package installer
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -10,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/nftmesh/nftmesh/internal/atomicfile"
 )
 
 // ReadOnlyError is a bin dir the agent cannot write: the node keeps its CNI
@@ -69,41 +70,32 @@ func newBinarySource(path, name string) (*binarySource, error) {
 	if !fi.Mode().IsRegular() || fi.Size() == 0 {
 		return nil, fmt.Errorf("the %s binary %s is not a non-empty regular file", name, path)
 	}
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
+	s := &binarySource{name: name, path: path}
+	if s.sum, s.size, err = hashFile(f); err != nil {
 		return nil, fmt.Errorf("reading the %s binary %s: %w", name, path, err)
 	}
-	s := &binarySource{name: name, path: path, size: n}
-	copy(s.sum[:], h.Sum(nil))
 	return s, nil
 }
 
-func fileSum(path string) ([sha256.Size]byte, int64, error) {
-	var sum [sha256.Size]byte
-	f, err := os.Open(path)
-	if err != nil {
-		return sum, 0, err
-	}
-	defer f.Close()
+func hashFile(f *os.File) (sum [sha256.Size]byte, n int64, err error) {
 	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return sum, 0, err
-	}
+	n, err = io.Copy(h, f)
 	copy(sum[:], h.Sum(nil))
-	return sum, n, nil
+	return sum, n, err
 }
 
 // installed reports whether dir holds an identical, executable copy.
 func (s *binarySource) installed(dir string) bool {
-	dst := filepath.Join(dir, s.name)
-	fi, err := os.Stat(dst)
-	if err != nil || !fi.Mode().IsRegular() || fi.Size() != s.size || fi.Mode().Perm() != 0o755 {
+	if s.looksInstalled(dir) != nil {
 		return false
 	}
-	sum, _, err := fileSum(dst)
-	return err == nil && bytes.Equal(sum[:], s.sum[:])
+	f, err := os.Open(filepath.Join(dir, s.name))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sum, _, err := hashFile(f)
+	return err == nil && sum == s.sum
 }
 
 // looksInstalled is the cheap check readiness uses: right size and mode.
@@ -125,7 +117,7 @@ func (s *binarySource) install(dir string) (bool, error) {
 	if s.installed(dir) {
 		return false, nil
 	}
-	if err := removeLeftovers(dir); err != nil {
+	if err := atomicfile.RemoveLeftovers(dir); err != nil {
 		return false, s.wrapReadOnly(dir, err)
 	}
 	src, err := os.Open(s.path)
@@ -133,7 +125,7 @@ func (s *binarySource) install(dir string) (bool, error) {
 		return false, fmt.Errorf("opening the %s binary: %w", s.name, err)
 	}
 	defer src.Close()
-	tmp, err := os.CreateTemp(dir, tmpPrefix+s.name+"-*"+tmpSuffix)
+	tmp, err := os.CreateTemp(dir, atomicfile.TempPrefix+s.name+"-*"+atomicfile.TempSuffix)
 	if err != nil {
 		return false, s.wrapReadOnly(dir, fmt.Errorf("creating temp file in %s: %w", dir, err))
 	}
@@ -149,7 +141,7 @@ func (s *binarySource) install(dir string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("copying %s into %s: %w", s.path, dir, err)
 	}
-	if n != s.size || !bytes.Equal(h.Sum(nil), s.sum[:]) {
+	if n != s.size || [sha256.Size]byte(h.Sum(nil)) != s.sum {
 		return false, fmt.Errorf("copying %s into %s: the source changed while the agent runs", s.path, dir)
 	}
 	if err := tmp.Chmod(0o755); err != nil {

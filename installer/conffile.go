@@ -41,8 +41,8 @@ const tornWait = 10 * time.Millisecond
 var errTorn = fmt.Errorf("not complete JSON, perhaps half written: %w", errChanged)
 
 // retryChanged runs f until it does not report errChanged, at most
-// casAttempts times; then the last errChanged is returned.
-func retryChanged(f func() error) error {
+// casAttempts times; then the last errChanged is returned, after what.
+func retryChanged(what string, f func() error) error {
 	var err error
 	for i := range casAttempts {
 		if err = f(); !errors.Is(err, errChanged) {
@@ -52,7 +52,16 @@ func retryChanged(f func() error) error {
 			time.Sleep(tornWait << i)
 		}
 	}
-	return fmt.Errorf("still changing after %d attempts: %w", casAttempts, err)
+	return fmt.Errorf("%s: still changing after %d attempts: %w", what, casAttempts, err)
+}
+
+// unlessChanged wraps err with what it was doing, except errChanged, which
+// goes back as it is for the caller to read the file again.
+func unlessChanged(err error, format string, args ...any) error {
+	if err == nil || errors.Is(err, errChanged) {
+		return err
+	}
+	return fmt.Errorf(format+": %w", append(args, err)...)
 }
 
 // complete reports errTorn for content that is not complete JSON, so the
@@ -169,16 +178,17 @@ func (s snapshot) same(o snapshot) bool {
 	return !s.exists || s.dev == o.dev && s.ino == o.ino && s.size == o.size && s.mtime == o.mtime && s.sum == o.sum
 }
 
-// unchanged reads base's file again and reports whether it is still base.
-func unchanged(base snapshot) (bool, error) {
+// unchanged reads base's file again: errChanged unless it still is base.
+// It is the final check before a swap.
+func unchanged(base snapshot) error {
 	cur, err := readAt(base.path)
-	if errors.Is(err, errChanged) {
-		return false, nil
+	if err == nil && !cur.same(base) {
+		err = errChanged
 	}
-	if err != nil {
-		return false, err
+	if err == nil && beforeSwap != nil {
+		beforeSwap(base.path)
 	}
-	return cur.same(base), nil
+	return err
 }
 
 // replaceIfUnchanged replaces the file base was read from with data (mode
@@ -205,46 +215,29 @@ func replaceIfUnchanged(base snapshot, data []byte, mode fs.FileMode, uid, gid i
 	if err := unix.Lstat(tmp, &ours); err != nil {
 		return fmt.Errorf("writing %s: %w", base.path, err)
 	}
-	if same, err := unchanged(base); err != nil || !same {
-		if err == nil {
-			err = errChanged
-		}
+	if err := unchanged(base); err != nil {
 		return err
 	}
-	if beforeSwap != nil {
-		beforeSwap(base.path)
-	}
+	flags, raced := uint(unix.RENAME_EXCHANGE), unix.ENOENT // removed since the check
 	if !base.exists {
 		// Nothing to displace: only create, never replace.
-		if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, base.path, unix.RENAME_NOREPLACE); err != nil {
-			if errors.Is(err, unix.EEXIST) {
-				return errChanged
-			}
-			if !noRenameFlags(err) {
-				return fmt.Errorf("writing %s: %w", base.path, err)
-			}
-			if err := os.Rename(tmp, base.path); err != nil {
-				return fmt.Errorf("writing %s: %w", base.path, err)
-			}
-		}
-		ok = true
-		syncDir(base.path)
-		return nil
+		flags, raced = unix.RENAME_NOREPLACE, unix.EEXIST
 	}
-	err = unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, base.path, unix.RENAME_EXCHANGE)
-	switch {
-	case err == nil:
-	case noRenameFlags(err):
-		if err := os.Rename(tmp, base.path); err != nil {
-			return fmt.Errorf("writing %s: %w", base.path, err)
-		}
+	err = unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, base.path, flags)
+	if errors.Is(err, raced) {
+		return errChanged
+	}
+	exchanged := err == nil && base.exists
+	if noRenameFlags(err) {
+		err = os.Rename(tmp, base.path)
+	}
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", base.path, err)
+	}
+	if !exchanged {
 		ok = true
 		syncDir(base.path)
 		return nil
-	case errors.Is(err, unix.ENOENT):
-		return errChanged // removed since the check
-	default:
-		return fmt.Errorf("writing %s: %w", base.path, err)
 	}
 	// tmp now names what was at base.path a moment ago.
 	out, err := readAt(tmp)
@@ -291,14 +284,8 @@ func removeIfUnchanged(base snapshot) error {
 	if err != nil {
 		return err
 	}
-	if same, err := unchanged(base); err != nil || !same {
-		if err == nil {
-			err = errChanged
-		}
+	if err := unchanged(base); err != nil {
 		return err
-	}
-	if beforeSwap != nil {
-		beforeSwap(name)
 	}
 	if err := unix.Renameat2(unix.AT_FDCWD, name, unix.AT_FDCWD, tmp, unix.RENAME_NOREPLACE); err != nil {
 		if errors.Is(err, unix.ENOENT) {

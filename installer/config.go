@@ -3,6 +3,7 @@ package installer
 import (
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -109,27 +110,14 @@ type envAlias struct {
 	conv func(string) (string, error)
 }
 
-type flagSpec struct {
-	name    string
-	aliases []envAlias
-}
-
-func alias(names ...string) []envAlias {
-	out := make([]envAlias, len(names))
-	for i, n := range names {
-		out[i] = envAlias{name: n}
-	}
-	return out
-}
-
 // EnvName is the nftmesh environment variable for a flag.
 func EnvName(flag string) string {
 	return "NFTMESH_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
-// NewFlagSet returns the agent's flags bound to a Config holding the
-// defaults, and the list of environment aliases per flag.
-func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
+// newFlagSet returns the agent's flags bound to c, which holds the
+// defaults, and the log level's raw value.
+func newFlagSet(c *Config) (*pflag.FlagSet, *string) {
 	fs := pflag.NewFlagSet("nftmesh-agent", pflag.ContinueOnError)
 	fs.SortFlags = false
 	logLevel := new(string)
@@ -175,39 +163,39 @@ func newFlagSet(c *Config) (*pflag.FlagSet, []flagSpec, *string) {
 	fs.BoolVar(&c.PodEvents, "pod-events", true, "record an Event on a pod whose capture failed, was repaired or drifted")
 	fs.StringVar(&c.Repair.HostProc, "host-proc", rd.HostProc, "the host's /proc as mounted in the agent, where repair in place finds pod network namespaces (/proc outside a cluster)")
 
-	return fs, envSpecs, logLevel
+	return fs, logLevel
 }
 
-// envSpecs are the environment variables, Istio's install-cni names, that
+// envAliases are the environment variables, Istio's install-cni names, that
 // stand in for a flag (flags and NFTMESH_<FLAG> win over them).
-var envSpecs = []flagSpec{
-	{name: "cni-conf-dir", aliases: alias("MOUNTED_CNI_NET_DIR", "CNI_NET_DIR")},
-	{name: "cni-conf-file-name", aliases: alias("CNI_CONF_NAME")},
-	{name: "chained", aliases: alias("CHAINED_CNI_PLUGIN")},
-	{name: "agent-run-dir", aliases: alias("CNI_AGENT_RUN_DIR")},
-	{name: "kube-ca-file", aliases: alias("KUBE_CA_FILE")},
-	{name: "exclude-namespaces", aliases: alias("EXCLUDE_NAMESPACES")},
-	{name: "pod-namespace", aliases: alias("POD_NAMESPACE")},
-	{name: "node-name", aliases: alias("NODE_NAME")},
-	{name: "metrics-addr", aliases: []envAlias{{name: "MONITORING_PORT", conv: portAddr}}},
-	{name: "backend", aliases: []envAlias{
+var envAliases = map[string][]envAlias{
+	"cni-conf-dir":       {{name: "MOUNTED_CNI_NET_DIR"}, {name: "CNI_NET_DIR"}},
+	"cni-conf-file-name": {{name: "CNI_CONF_NAME"}},
+	"chained":            {{name: "CHAINED_CNI_PLUGIN"}},
+	"agent-run-dir":      {{name: "CNI_AGENT_RUN_DIR"}},
+	"kube-ca-file":       {{name: "KUBE_CA_FILE"}},
+	"exclude-namespaces": {{name: "EXCLUDE_NAMESPACES"}},
+	"pod-namespace":      {{name: "POD_NAMESPACE"}},
+	"node-name":          {{name: "NODE_NAME"}},
+	"metrics-addr":       {{name: "MONITORING_PORT", conv: portAddr}},
+	"backend": {
 		{name: "FORCE_IPTABLES_BINARY", conv: iptablesBinaryBackend},
 		{name: "NATIVE_NFTABLES", conv: nativeNftablesBackend},
-	}},
-	{name: "log-level", aliases: alias("LOG_LEVEL")},
-	{name: "repair-enabled", aliases: []envAlias{{name: "REPAIR_ENABLED", conv: boolish}}},
-	{name: "repair-pods", aliases: []envAlias{{name: "REPAIR_REPAIR_PODS", conv: boolish}}},
-	{name: "repair-delete-pods", aliases: []envAlias{{name: "REPAIR_DELETE_PODS", conv: boolish}}},
-	{name: "repair-label-pods", aliases: []envAlias{{name: "REPAIR_LABEL_PODS", conv: boolish}}},
-	{name: "repair-node-name", aliases: alias("REPAIR_NODE_NAME")},
-	{name: "repair-init-container-name", aliases: alias("REPAIR_INIT_CONTAINER_NAME")},
-	{name: "repair-init-container-exit-code", aliases: alias("REPAIR_INIT_CONTAINER_EXIT_CODE")},
-	{name: "repair-init-container-termination-message", aliases: alias("REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE")},
-	{name: "repair-sidecar-annotation", aliases: alias("REPAIR_SIDECAR_ANNOTATION")},
-	{name: "repair-broken-pod-label-key", aliases: alias("REPAIR_BROKEN_POD_LABEL_KEY")},
-	{name: "repair-broken-pod-label-value", aliases: alias("REPAIR_BROKEN_POD_LABEL_VALUE")},
-	{name: "repair-label-selectors", aliases: alias("REPAIR_LABEL_SELECTORS")},
-	{name: "repair-field-selectors", aliases: alias("REPAIR_FIELD_SELECTORS")},
+	},
+	"log-level":                                 {{name: "LOG_LEVEL"}},
+	"repair-enabled":                            {{name: "REPAIR_ENABLED", conv: boolish}},
+	"repair-pods":                               {{name: "REPAIR_REPAIR_PODS", conv: boolish}},
+	"repair-delete-pods":                        {{name: "REPAIR_DELETE_PODS", conv: boolish}},
+	"repair-label-pods":                         {{name: "REPAIR_LABEL_PODS", conv: boolish}},
+	"repair-node-name":                          {{name: "REPAIR_NODE_NAME"}},
+	"repair-init-container-name":                {{name: "REPAIR_INIT_CONTAINER_NAME"}},
+	"repair-init-container-exit-code":           {{name: "REPAIR_INIT_CONTAINER_EXIT_CODE"}},
+	"repair-init-container-termination-message": {{name: "REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE"}},
+	"repair-sidecar-annotation":                 {{name: "REPAIR_SIDECAR_ANNOTATION"}},
+	"repair-broken-pod-label-key":               {{name: "REPAIR_BROKEN_POD_LABEL_KEY"}},
+	"repair-broken-pod-label-value":             {{name: "REPAIR_BROKEN_POD_LABEL_VALUE"}},
+	"repair-label-selectors":                    {{name: "REPAIR_LABEL_SELECTORS"}},
+	"repair-field-selectors":                    {{name: "REPAIR_FIELD_SELECTORS"}},
 }
 
 func boolish(v string) (string, error) {
@@ -247,7 +235,7 @@ func nativeNftablesBackend(v string) (string, error) {
 // Usage returns the flag help text.
 func Usage() string {
 	var c Config
-	fs, _, _ := newFlagSet(&c)
+	fs, _ := newFlagSet(&c)
 	return fs.FlagUsages()
 }
 
@@ -257,8 +245,8 @@ func Usage() string {
 // returned for -h.
 func ParseConfig(args []string, getenv func(string) (string, bool)) (*Config, error) {
 	c := &Config{}
-	fs, specs, logLevel := newFlagSet(c)
-	fs.SetOutput(discard{})
+	fs, logLevel := newFlagSet(c)
+	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil, err
@@ -269,10 +257,6 @@ func ParseConfig(args []string, getenv func(string) (string, bool)) (*Config, er
 		return nil, fmt.Errorf("parsing flags: unexpected argument %q", fs.Arg(0))
 	}
 	sources := map[string]string{}
-	aliases := map[string][]envAlias{}
-	for _, s := range specs {
-		aliases[s.name] = s.aliases
-	}
 	var firstErr error
 	fs.VisitAll(func(f *pflag.Flag) {
 		if firstErr != nil {
@@ -282,7 +266,7 @@ func ParseConfig(args []string, getenv func(string) (string, bool)) (*Config, er
 			sources[f.Name] = "flag"
 			return
 		}
-		cands := append([]envAlias{{name: EnvName(f.Name)}}, aliases[f.Name]...)
+		cands := append([]envAlias{{name: EnvName(f.Name)}}, envAliases[f.Name]...)
 		for _, a := range cands {
 			v, ok := getenv(a.name)
 			if !ok {
@@ -324,10 +308,6 @@ func ParseConfig(args []string, getenv func(string) (string, bool)) (*Config, er
 	}
 	return c, nil
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 func unwrapPflag(err error) string {
 	s := err.Error()

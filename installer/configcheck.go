@@ -1,6 +1,7 @@
 package installer
 
 import (
+	"cmp"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -52,6 +53,15 @@ type finisher struct {
 
 func (f *finisher) bad(flag, value, reason string) error {
 	return &ConfigError{Flag: flag, Source: f.sources[flag], Value: value, Reason: reason}
+}
+
+// valid is the flag's error for the complaints of a k8s validation
+// function (prefixed by what), or nil when there are none.
+func (f *finisher) valid(flag, value, what string, errs []string) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return f.bad(flag, value, what+strings.Join(errs, "; "))
 }
 
 // absPath makes *p absolute, refusing NUL bytes, the root directory and,
@@ -164,20 +174,18 @@ func (f *finisher) namespaces() error {
 		if n == "" {
 			continue
 		}
-		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
-			return f.bad("exclude-namespaces", n, "not a namespace name: "+strings.Join(errs, "; "))
+		if err := f.valid("exclude-namespaces", n, "not a namespace name: ", validation.IsDNS1123Label(n)); err != nil {
+			return err
 		}
 		if !slices.Contains(ns, n) {
 			ns = append(ns, n)
 		}
 	}
 	c.ExcludeNamespaces = ns
-	if c.PodNamespace != "" {
-		if errs := validation.IsDNS1123Label(c.PodNamespace); len(errs) > 0 {
-			return f.bad("pod-namespace", c.PodNamespace, "not a namespace name: "+strings.Join(errs, "; "))
-		}
+	if c.PodNamespace == "" {
+		return nil
 	}
-	return nil
+	return f.valid("pod-namespace", c.PodNamespace, "not a namespace name: ", validation.IsDNS1123Label(c.PodNamespace))
 }
 
 // listenAddrs: host:port with a port that fits, or empty (off).
@@ -225,8 +233,8 @@ func (f *finisher) logging(logLevel string) error {
 // timeout.
 func (f *finisher) pluginEntry() error {
 	c := f.c
-	if errs := validation.IsDNS1123Subdomain(c.NetworkName); len(errs) > 0 {
-		return f.bad("cni-network-name", c.NetworkName, "not a NetworkAttachmentDefinition name: "+strings.Join(errs, "; "))
+	if err := f.valid("cni-network-name", c.NetworkName, "not a NetworkAttachmentDefinition name: ", validation.IsDNS1123Subdomain(c.NetworkName)); err != nil {
+		return err
 	}
 	if c.APITimeout <= 0 || c.APITimeout > 10*time.Minute {
 		return f.bad("api-timeout", c.APITimeout.String(), "must be between 0 and 10m")
@@ -308,20 +316,18 @@ func (f *finisher) repair() error {
 	if r.InitContainerName == "" {
 		return f.bad("repair-init-container-name", "", "must not be empty")
 	}
-	if errs := validation.IsDNS1123Label(r.InitContainerName); len(errs) > 0 {
-		return f.bad("repair-init-container-name", r.InitContainerName, strings.Join(errs, "; "))
+	if err := f.valid("repair-init-container-name", r.InitContainerName, "", validation.IsDNS1123Label(r.InitContainerName)); err != nil {
+		return err
 	}
 	if r.InitContainerExitCode < 0 || r.InitContainerExitCode > 255 {
 		return f.bad("repair-init-container-exit-code", strconv.Itoa(r.InitContainerExitCode), "must be between 0 and 255")
 	}
-	if errs := validation.IsQualifiedName(r.SidecarAnnotation); len(errs) > 0 {
-		return f.bad("repair-sidecar-annotation", r.SidecarAnnotation, strings.Join(errs, "; "))
-	}
-	if errs := validation.IsQualifiedName(r.BrokenPodLabelKey); len(errs) > 0 {
-		return f.bad("repair-broken-pod-label-key", r.BrokenPodLabelKey, strings.Join(errs, "; "))
-	}
-	if errs := validation.IsValidLabelValue(r.BrokenPodLabelValue); len(errs) > 0 {
-		return f.bad("repair-broken-pod-label-value", r.BrokenPodLabelValue, strings.Join(errs, "; "))
+	if err := cmp.Or(
+		f.valid("repair-sidecar-annotation", r.SidecarAnnotation, "", validation.IsQualifiedName(r.SidecarAnnotation)),
+		f.valid("repair-broken-pod-label-key", r.BrokenPodLabelKey, "", validation.IsQualifiedName(r.BrokenPodLabelKey)),
+		f.valid("repair-broken-pod-label-value", r.BrokenPodLabelValue, "", validation.IsValidLabelValue(r.BrokenPodLabelValue)),
+	); err != nil {
+		return err
 	}
 	if _, err := labels.Parse(r.LabelSelectors); err != nil {
 		return f.bad("repair-label-selectors", r.LabelSelectors, err.Error())
@@ -340,8 +346,5 @@ func (f *finisher) nodeTaint() error {
 	if !f.c.RemoveNodeTaint {
 		return nil
 	}
-	if errs := validation.IsQualifiedName(f.c.NodeTaintKey); len(errs) > 0 {
-		return f.bad("node-taint-key", f.c.NodeTaintKey, strings.Join(errs, "; "))
-	}
-	return nil
+	return f.valid("node-taint-key", f.c.NodeTaintKey, "", validation.IsQualifiedName(f.c.NodeTaintKey))
 }

@@ -6,24 +6,19 @@
 // into the host's CNI bin dirs (the front the runtime calls, which hands the
 // call to the agent, and its companion, the whole plugin, which the front
 // execs when the agent is not there; the companion always lands first), the
-// plugin's kubeconfig built from the agent's
-// service account, the insertion of our plugin entry into the primary CNI
-// config (or a standalone file for Multus) with compare-and-swap writes, the
-// fsnotify watch that puts the entry back when the primary CNI rewrites its
-// file, and the cleanup that leaves the primary config byte-identical to
-// what it would be without us.
+// plugin's kubeconfig built from the agent's service account, the insertion
+// of our entry (cniconf.PluginConf) into the primary CNI config (or a
+// standalone file for Multus) with compare-and-swap writes, the fsnotify
+// watch that puts the entry back when the primary CNI rewrites its file, and
+// the cleanup that leaves the primary config byte-identical to what it would
+// be without us.
 //
 // The agent's other jobs live in subpackages, which never import this one:
-// installer/conflist (reading and editing CNI config documents as runtimes
-// load them: discovery, insertion, removal, checks), installer/repair (the repair controller and its strategies),
-// installer/inplace (repair in place through the capture pipeline),
-// installer/pluginlog (the plugin's log and decision records) and
-// installer/metrics (Prometheus series, health and readiness endpoints).
-// The plugin's conflist entry is cniconf.PluginConf, which the plugin
-// reads.
+// installer/conflist (CNI config documents as runtimes load them),
+// installer/repair (the repair controller), installer/inplace (repair in
+// place), installer/pluginlog (the plugin's log) and installer/metrics.
 //
-// It does not program any capture rules and imports no backend. Functions
-// return errors and never log, except Run, which takes the agent's zerolog
-// logger because it is a long-running loop whose events matter to an
-// operator.
+// It programs no capture rules and imports no backend. Functions return
+// errors and never log, except Run, the long-running loop whose events
+// matter to an operator.
 package installer

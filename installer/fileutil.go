@@ -8,13 +8,6 @@ import (
 	"github.com/nftmesh/nftmesh/internal/atomicfile"
 )
 
-// Temp file naming is atomicfile's, so leftovers of any of our writers are
-// recognised.
-const (
-	tmpPrefix = atomicfile.TempPrefix
-	tmpSuffix = atomicfile.TempSuffix
-)
-
 // writeFileAtomic replaces path with data durably; uid/gid >= 0 are applied
 // too, so a rewritten file keeps its owner.
 func writeFileAtomic(path string, data []byte, mode fs.FileMode, uid, gid int) error {
@@ -32,8 +25,3 @@ func fileOwner(path string, def fs.FileMode) (fs.FileMode, int, int) {
 	}
 	return fi.Mode().Perm(), -1, -1
 }
-
-// removeLeftovers deletes temp files an interrupted write of ours left in dir.
-func removeLeftovers(dir string) error { return atomicfile.RemoveLeftovers(dir) }
-
-func isOurTemp(name string) bool { return atomicfile.IsTemp(name) }

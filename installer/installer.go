@@ -20,13 +20,12 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/time/rate"
 
-	"github.com/nftmesh/nftmesh/installer/metrics"
-
 	"github.com/nftmesh/nftmesh/installer/conflist"
+	"github.com/nftmesh/nftmesh/installer/metrics"
+	"github.com/nftmesh/nftmesh/internal/atomicfile"
 )
 
-// debounce gathers a burst of file events (a rename makes several) into one
-// reconcile.
+// debounce gathers a burst of events (a rename makes several) into one reconcile.
 const debounce = 20 * time.Millisecond
 
 // errNoPrimary means the conf dir has no usable primary config yet; the
@@ -47,11 +46,11 @@ const (
 // plugin (Istio's istio-cni): the agent does not insert ours next to it.
 type ForeignCaptureError struct {
 	File, Plugin string
-	// Removed says our entry was in the file too and was taken out (our
-	// standalone file, in standalone mode).
+	// Removed: our entry (in standalone mode, our file) was there too and
+	// was taken out.
 	Removed bool
-	// Standalone: the refusal of standalone (Multus) mode, where the
-	// other plugin has a config file of its own in the conf dir.
+	// Standalone: the refusal of standalone (Multus) mode, where the other
+	// plugin has a config file of its own in the conf dir.
 	Standalone bool
 }
 
@@ -101,9 +100,7 @@ func (in *Installer) standaloneForeign(remove bool) error {
 	own := in.standalonePath()
 	for _, e := range ents {
 		p := filepath.Join(in.cfg.CNIConfDir, e.Name())
-		switch filepath.Ext(p) {
-		case ".conf", ".conflist", ".json":
-		default:
+		if !slices.Contains(conflist.ConfExtensions, filepath.Ext(p)) {
 			continue
 		}
 		b, err := os.ReadFile(p)
@@ -148,12 +145,9 @@ type Installer struct {
 	ready   atomic.Bool
 	lastErr atomic.Pointer[error]
 
-	// casConflicts counts writes of the CNI config started over because
-	// the file changed under them (tests report it).
-	casConflicts atomic.Int64
+	casConflicts atomic.Int64 // CNI config writes started over as the file changed (tests read it)
 
-	// Reconciled is signalled (non-blocking) after every reconcile; tests
-	// wait on it instead of sleeping.
+	// Reconciled is signalled (non-blocking) after every reconcile, for tests.
 	Reconciled chan struct{}
 }
 
@@ -277,17 +271,14 @@ func (in *Installer) checkConf(logSkipped bool) error {
 		if !conflist.SameEntry(b, in.ours) {
 			return fmt.Errorf("standalone config %s differs from ours", p)
 		}
-		if _, err := conflist.LoadConfFile(p); err != nil {
-			return err
-		}
-		return nil
+		_, err = conflist.LoadConfFile(p)
+		return err
 	}
 	p, err := in.primary(logSkipped)
 	if err != nil {
 		return err
 	}
-	lp := conflist.ListPath(p)
-	if lp != p {
+	if conflist.ListPath(p) != p {
 		return fmt.Errorf("primary config %s is a single plugin without %s", p, PluginName)
 	}
 	if b, err := os.ReadFile(p); err == nil {
@@ -340,7 +331,7 @@ func (in *Installer) installConf(ctx context.Context) (wrote bool, err error) {
 	if err := in.throttle(ctx, p); err != nil {
 		return false, err
 	}
-	err = retryChanged(func() error {
+	err = retryChanged(fmt.Sprintf("inserting %s into %s (retrying on its next change)", PluginName, p), func() error {
 		w, err := in.insertOnce()
 		wrote = wrote || w
 		if errors.Is(err, errChanged) {
@@ -350,9 +341,6 @@ func (in *Installer) installConf(ctx context.Context) (wrote bool, err error) {
 	})
 	if wrote {
 		in.countReinsert(p)
-	}
-	if errors.Is(err, errChanged) {
-		return wrote, fmt.Errorf("inserting %s into %s (retrying on its next change): %w", PluginName, p, err)
 	}
 	return wrote, err
 }
@@ -401,10 +389,7 @@ func (in *Installer) insertOnce() (bool, error) {
 		// using the old file until it is gone: remove it last, and only
 		// while it is still the version we converted.
 		if err := removeIfUnchanged(base); err != nil {
-			if errors.Is(err, errChanged) {
-				return true, err
-			}
-			return true, fmt.Errorf("removing %s after converting it to %s: %w", p, target, err)
+			return true, unlessChanged(err, "removing %s after converting it to %s", p, target)
 		}
 	}
 	in.log.Info().Str("file", target).Str("primary", p).Msg("inserted " + PluginName + " into the CNI config")
@@ -450,11 +435,10 @@ func (in *Installer) recordInsert(p, target string, base snapshot, out []byte) (
 	return rec, prev
 }
 
-// writeRecorded saves rec, then writes out over cur, with the primary's
-// (base's) mode and owner, unless cur changed (errChanged); on failure the
-// state goes back to prev. The record goes
-// first, so a crash right after the write still knows the original.
-// in.mu is held.
+// writeRecorded saves rec, then writes out over cur with base's mode and
+// owner unless cur changed (errChanged); on failure the state goes back to
+// prev. The record goes first, so a crash right after the write still knows
+// the original. in.mu is held.
 func (in *Installer) writeRecorded(rec confRecord, prev *confRecord, cur snapshot, out []byte, base snapshot) error {
 	in.st.put(rec)
 	if err := saveState(in.statePath(), in.st); err != nil {
@@ -466,15 +450,11 @@ func (in *Installer) writeRecorded(rec confRecord, prev *confRecord, cur snapsho
 		if serr := saveState(in.statePath(), in.st); serr != nil {
 			in.log.Warn().Err(serr).Msg("restoring the agent state after a failed write")
 		}
-		if errors.Is(err, errChanged) {
-			return err
-		}
-		return fmt.Errorf("writing %s: %w", rec.Written, err)
+		return unlessChanged(err, "writing %s", rec.Written)
 	}
 	return nil
 }
 
-// throttle waits for the rate limiter before a rewrite of path.
 func (in *Installer) throttle(ctx context.Context, path string) error {
 	if err := in.limiter.Wait(ctx); err != nil {
 		return fmt.Errorf("waiting to rewrite %s: %w", path, err)
@@ -491,13 +471,7 @@ func (in *Installer) countReinsert(path string) {
 	in.m.Reinserts.Inc()
 	now := time.Now()
 	cut := now.Add(-in.cfg.FightWindow)
-	kept := in.reinserts[:0]
-	for _, t := range in.reinserts {
-		if t.After(cut) {
-			kept = append(kept, t)
-		}
-	}
-	in.reinserts = append(kept, now)
+	in.reinserts = append(slices.DeleteFunc(in.reinserts, func(t time.Time) bool { return !t.After(cut) }), now)
 	if len(in.reinserts) > in.cfg.FightThreshold {
 		in.m.Fights.Inc()
 		if now.Sub(in.lastWarn) >= in.cfg.FightWindow {
@@ -586,7 +560,7 @@ type watchSet struct {
 
 func (w *watchSet) classify(ev fsnotify.Event) parts {
 	dir, base := filepath.Dir(ev.Name), filepath.Base(ev.Name)
-	if isOurTemp(base) {
+	if atomicfile.IsTemp(base) {
 		return 0
 	}
 	var p parts
@@ -596,10 +570,7 @@ func (w *watchSet) classify(ev fsnotify.Event) parts {
 	if w.confDirs[dir] {
 		p |= partConf
 	}
-	if dir == w.runDir && base == "kubeconfig" {
-		p |= partKubeconfig
-	}
-	if w.saDir != "" && dir == w.saDir {
+	if dir == w.runDir && base == "kubeconfig" || w.saDir != "" && dir == w.saDir {
 		p |= partKubeconfig
 	}
 	return p
@@ -693,7 +664,7 @@ func (in *Installer) prepare() error {
 	in.st = st
 	in.mu.Unlock()
 	for _, d := range []string{cfg.CNIConfDir, cfg.AgentRunDir} {
-		if err := removeLeftovers(d); err != nil {
+		if err := atomicfile.RemoveLeftovers(d); err != nil {
 			in.log.Warn().Err(err).Msg("removing leftovers")
 		}
 	}
@@ -829,55 +800,47 @@ func (in *Installer) report(err error, result string, wrote bool, turn *loopStat
 // with the rest of its burst), retry fired, or ctx ended (done). It
 // returns the parts to check again.
 func (in *Installer) wait(ctx context.Context, cw *confWatch, retry <-chan time.Time) (dirty parts, done bool, err error) {
-	got := parts(0)
 	if cw.watchLinked() {
 		// The reconcile just found a linked config: check it again
 		// now that its directory is watched.
-		got = partConf
-		dirty |= got
+		return partConf, false, nil
 	}
-	for got == 0 {
+	for dirty == 0 {
 		select {
 		case <-ctx.Done():
-			return dirty, true, nil
+			return 0, true, nil
 		case <-retry:
-			got = partAll
+			dirty = partAll
 		case ev, ok := <-cw.w.Events:
 			if !ok {
-				return dirty, true, errors.New("file watcher closed")
+				return 0, true, errors.New("file watcher closed")
 			}
-			got = cw.ws.classify(ev)
+			dirty = cw.ws.classify(ev)
 		case werr, ok := <-cw.w.Errors:
 			if !ok {
-				return dirty, true, errors.New("file watcher closed")
+				return 0, true, errors.New("file watcher closed")
 			}
 			// An overflow means lost events: recheck everything.
 			in.log.Warn().Err(werr).Msg("file watch error; rechecking everything")
-			got = partAll
-		}
-		if got != 0 {
-			dirty |= got
-			// Gather the rest of the burst.
-			t := time.NewTimer(debounce)
-		burst:
-			for {
-				select {
-				case ev, ok := <-cw.w.Events:
-					if !ok {
-						break burst
-					}
-					dirty |= cw.ws.classify(ev)
-				case <-t.C:
-					break burst
-				case <-ctx.Done():
-					t.Stop()
-					return dirty, true, nil
-				}
-			}
-			t.Stop()
+			dirty = partAll
 		}
 	}
-	return dirty, false, nil
+	// Gather the rest of the burst.
+	t := time.NewTimer(debounce)
+	defer t.Stop()
+	for {
+		select {
+		case ev, ok := <-cw.w.Events:
+			if !ok {
+				return dirty, false, nil
+			}
+			dirty |= cw.ws.classify(ev)
+		case <-t.C:
+			return dirty, false, nil
+		case <-ctx.Done():
+			return dirty, true, nil
+		}
+	}
 }
 
 // Cleanup undoes the install: our entry leaves the CNI config (restoring the
@@ -992,16 +955,9 @@ func referencing(dir string, extra []string) []string {
 	return out
 }
 
-// restoreRecord undoes one rewrite, starting over when the file changes
-// under it.
+// restoreRecord undoes one rewrite, starting over when the file changes.
 func restoreRecord(r confRecord) error {
-	if err := retryChanged(func() error { return restoreOnce(r) }); err != nil {
-		if errors.Is(err, errChanged) {
-			return fmt.Errorf("restoring %s: %w", r.Written, err)
-		}
-		return err
-	}
-	return nil
+	return retryChanged("restoring "+r.Written, func() error { return restoreOnce(r) })
 }
 
 func restoreOnce(r confRecord) error {
@@ -1020,13 +976,8 @@ func restoreOnce(r confRecord) error {
 		return stripSnapshot(cur)
 	}
 	if r.Original == r.Written {
-		if err := replaceIfUnchanged(cur, r.OriginalBytes, r.OriginalMode, r.OriginalUID, r.OriginalGID); err != nil {
-			if errors.Is(err, errChanged) {
-				return err
-			}
-			return fmt.Errorf("restoring %s: %w", r.Written, err)
-		}
-		return nil
+		err := replaceIfUnchanged(cur, r.OriginalBytes, r.OriginalMode, r.OriginalUID, r.OriginalGID)
+		return unlessChanged(err, "restoring %s", r.Written)
 	}
 	// We had turned Original (.conf) into Written (.conflist). Put the .conf
 	// back first (it sorts first, so the runtime switches to it at once),
@@ -1036,13 +987,7 @@ func restoreOnce(r confRecord) error {
 			return err
 		}
 	}
-	if err := removeIfUnchanged(cur); err != nil {
-		if errors.Is(err, errChanged) {
-			return err
-		}
-		return fmt.Errorf("removing %s: %w", r.Written, err)
-	}
-	return nil
+	return unlessChanged(removeIfUnchanged(cur), "removing %s", r.Written)
 }
 
 // restoreOriginal puts a converted .conf back where it was: as the link it
@@ -1073,7 +1018,7 @@ func stripFile(path string) error {
 	if !conflist.IsList(path) {
 		return nil
 	}
-	err := retryChanged(func() error {
+	return retryChanged(fmt.Sprintf("removing %s from %s", PluginName, path), func() error {
 		cur, err := readSnapshot(path)
 		if err != nil {
 			return fmt.Errorf("reading %s for cleanup: %w", path, err)
@@ -1083,14 +1028,9 @@ func stripFile(path string) error {
 		}
 		return stripSnapshot(cur)
 	})
-	if errors.Is(err, errChanged) {
-		return fmt.Errorf("removing %s from %s: %w", PluginName, path, err)
-	}
-	return err
 }
 
-// stripSnapshot writes cur's content without our entry back, unless the
-// file changed since cur was read (errChanged).
+// stripSnapshot writes cur without our entry back unless it changed (errChanged).
 func stripSnapshot(cur snapshot) error {
 	if !cur.exists || !conflist.IsList(cur.name) {
 		return nil
@@ -1099,11 +1039,5 @@ func stripSnapshot(cur snapshot) error {
 	if err != nil || !changed {
 		return err
 	}
-	if err := replaceIfUnchanged(cur, out, cur.mode, cur.uid, cur.gid); err != nil {
-		if errors.Is(err, errChanged) {
-			return err
-		}
-		return fmt.Errorf("removing %s from %s: %w", PluginName, cur.name, err)
-	}
-	return nil
+	return unlessChanged(replaceIfUnchanged(cur, out, cur.mode, cur.uid, cur.gid), "removing %s from %s", PluginName, cur.name)
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/nftmesh/nftmesh/installer/metrics"
 
 	"github.com/nftmesh/nftmesh/installer/conflist"
+	"github.com/nftmesh/nftmesh/internal/atomicfile"
 )
 
 // host is a fake node file system in a temp dir. plugin and companion are
@@ -590,7 +591,7 @@ func TestBinaryReplacedIsReinstalled(t *testing.T) {
 	_ = os.Remove(filepath.Join(h.bin, PluginName))
 	a.waitFor(t, "binary back", func() bool { return sameBytes(filepath.Join(h.bin, PluginName), h.plugin) && a.in.Ready() == nil })
 	// Leftover temp files of a crashed copy are cleaned on the next install.
-	left := filepath.Join(h.bin, tmpPrefix+PluginName+"-123"+tmpSuffix)
+	left := filepath.Join(h.bin, atomicfile.TempPrefix+PluginName+"-123"+atomicfile.TempSuffix)
 	_ = os.WriteFile(left, []byte("x"), 0o644)
 	_ = os.Remove(filepath.Join(h.bin, PluginName))
 	a.waitFor(t, "leftover removed", func() bool { _, err := os.Stat(left); return err != nil && a.in.Ready() == nil })

@@ -64,14 +64,11 @@ func syncKubeconfig(path string, want []byte) (bool, error) {
 	return true, nil
 }
 
-// legacyTLSSessionPrefix starts the names of the files in which plugins
-// before the switch to client-go kept their TLS session with the API
-// server (a resumption secret). The plugin writes none now; the agent
-// removes those an upgrade left behind.
 const legacyTLSSessionPrefix = "tls-session-"
 
-// removeLegacyTLSSessions deletes the plugin's old TLS session files in dir
-// (the agent's run dir).
+// removeLegacyTLSSessions deletes the files in dir (the run dir) in which
+// plugins before the switch to client-go kept their TLS session with the
+// API server (a resumption secret): an upgrade leaves them behind.
 func removeLegacyTLSSessions(dir string) error {
 	matches, err := filepath.Glob(filepath.Join(dir, legacyTLSSessionPrefix+"*"))
 	if err != nil {

@@ -2,6 +2,7 @@ package installer
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/rs/zerolog"
@@ -42,33 +43,19 @@ func ParseLogLevel(s string) (zerolog.Level, error) {
 		if !scoped {
 			name, scope = scope, "default"
 		}
-		if !validScope(scope) {
+		if !scopeName.MatchString(scope) {
 			return zerolog.NoLevel, fmt.Errorf("item %s: scope %s is not a scope name (letters, digits, '-', '_', '.')", bound(item), bound(scope))
 		}
 		lvl, ok := istioLevels[strings.ToLower(strings.TrimSpace(name))]
 		if !ok {
 			return zerolog.NoLevel, fmt.Errorf("item %s: %s is not a level (want debug, info, warn, error, or Istio's fatal or none)", bound(item), bound(name))
 		}
-		if lvl < best {
-			best = lvl
-		}
+		best = min(best, lvl)
 	}
 	return best, nil
 }
 
-func validScope(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, r := range s {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
-		default:
-			return false
-		}
-	}
-	return true
-}
+var scopeName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,64}$`)
 
 // bound quotes a piece of a bad value for an error, bounded.
 func bound(s string) string { return quote.ValueN(s, maxLevelItem) }

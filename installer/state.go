@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 )
 
 // StateFileName is kept in the run dir. It remembers, for every config file
@@ -42,10 +43,8 @@ func sum(b []byte) string {
 }
 
 func (s *agentState) record(written string) *confRecord {
-	for i := range s.Confs {
-		if s.Confs[i].Written == written {
-			return &s.Confs[i]
-		}
+	if i := slices.IndexFunc(s.Confs, func(r confRecord) bool { return r.Written == written }); i >= 0 {
+		return &s.Confs[i]
 	}
 	return nil
 }
@@ -65,12 +64,7 @@ func (s *agentState) drop(written string, prev *confRecord) {
 		s.put(*prev)
 		return
 	}
-	for i := range s.Confs {
-		if s.Confs[i].Written == written {
-			s.Confs = append(s.Confs[:i], s.Confs[i+1:]...)
-			return
-		}
-	}
+	s.Confs = slices.DeleteFunc(s.Confs, func(r confRecord) bool { return r.Written == written })
 }
 
 func loadState(path string) (agentState, error) {

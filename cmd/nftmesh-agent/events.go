@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -27,12 +28,8 @@ func newPodEvents(cfg *installer.Config, client corev1client.CoreV1Interface) *p
 	if !cfg.PodEvents || client == nil {
 		return nil
 	}
-	node := cfg.NodeName
-	if node == "" {
-		node = cfg.Repair.NodeName
-	}
 	e := &podEvents{}
-	e.Recorder = podevents.New(context.Background(), client, node, e.lookup)
+	e.Recorder = podevents.New(context.Background(), client, cmp.Or(cfg.NodeName, cfg.Repair.NodeName), e.lookup)
 	return e
 }
 

@@ -59,8 +59,7 @@ func main() {
 }
 
 func run(args []string, getenv func(string) (string, bool)) int {
-	// The agent takes no arguments, so --version anywhere is the request,
-	// answered before any configuration is read.
+	// The agent takes no arguments: --version anywhere is the request.
 	if slices.Contains(args, "--version") {
 		fmt.Fprintln(os.Stdout, version.Line("nftmesh-agent"))
 		return exitOK
@@ -94,8 +93,8 @@ func parseConfig(args []string, getenv func(string) (string, bool)) (*installer.
 		return nil, exitOK
 	}
 	if err != nil {
-		base := newLogger(os.Stderr, "json")
-		base.Error().Err(err).Msg("invalid configuration; nothing was changed on the host")
+		log := newLogger(os.Stderr, "json")
+		log.Error().Err(err).Msg("invalid configuration; nothing was changed on the host")
 		return nil, exitConfig
 	}
 	return cfg, exitOK
@@ -233,7 +232,7 @@ func (a *agent) stopServers() {
 // installed and waits for the others.
 func (a *agent) runUntilStopped(ctx context.Context, stop func(), start time.Time) int {
 	cfg, log := a.cfg, a.log
-	// The plugin's log file, surfaced in this process's log (kubectl logs).
+	// The plugin's log file, surfaced in the agent's (kubectl logs).
 	plog := pluginlog.New(cfg.AgentRunDir, os.Stderr, cfg.LogLevel, a.m)
 	a.events.follow(plog)
 	plogDone := goRun(func() error { return plog.Run(ctx) })
@@ -326,24 +325,22 @@ func repairClient(cfg *installer.Config) (corev1client.CoreV1Interface, error) {
 	return c, nil
 }
 
-// newLogger writes JSON lines, or with format "text" plain lines without
-// colour for those who read the agent's log as text (Istio's agent writes
-// text unless told to write JSON).
-// agentLogger is the agent's logger at level, which client-go's klog
-// output (watch errors, throttling notices) also goes to, in the same
-// format and with "logger":"client-go", instead of plain klog lines on the
-// same stderr (which a log pipeline cannot parse). zerologr maps logr's
-// V(0) to info and V(1) to debug; klog's own verbosity (0) still drops
-// V(1) and up first.
+// agentLogger is the agent's logger at level. client-go's klog output
+// (watch errors, throttling notices) goes to it too, with
+// "logger":"client-go", rather than as klog lines a log pipeline cannot
+// parse. zerologr maps logr's V(0) to info and V(1) to debug; klog's own
+// verbosity (0) still drops V(1) and up first.
 func agentLogger(w io.Writer, format string, level zerolog.Level) zerolog.Logger {
 	log := newLogger(w, format).Level(level)
-	// ContextualLogger: klog.Background() and FromContext (client-go's
-	// contextual logging) return this logger itself, so that WithName
-	// extends "logger" instead of klog adding a second "logger" key.
+	// ContextualLogger: klog.Background() and FromContext return this
+	// logger itself, so WithName extends "logger" instead of adding a
+	// second "logger" key.
 	klog.SetLoggerWithOptions(zerologr.New(&log).WithName("client-go"), klog.ContextualLogger(true))
 	return log
 }
 
+// newLogger writes JSON lines, or with format "text" plain lines without
+// colour (Istio's agent writes text unless told to write JSON).
 func newLogger(w io.Writer, format string) zerolog.Logger {
 	if format == "text" {
 		w = zerolog.ConsoleWriter{Out: w, NoColor: true, TimeFormat: time.RFC3339}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -62,19 +63,12 @@ func (s *podSocket) apiCalled(ctx context.Context, err error) {
 }
 
 // newPodSocket sets up the socket when the agent can watch its node's pods
-// (an API client and a node name); it returns nil, nil when it cannot, and
-// the plugin then reads pods from the API itself. The node has one pod
-// watch for both: the repair controller's when it sees every pod of the
-// node, else the socket's own (the chart grants the agent list and watch
-// of pods whatever the repair set-up).
-//
-// The CNI calls the front hands over are run only while hostNetns is nil:
-// the host's network namespace is then registered to be refused.
+// (an API client and a node name), else returns nil, nil: the plugin then
+// reads pods from the API itself. The CNI calls the front hands over are run
+// only while hostNetns is nil: the host's network namespace is then
+// registered to be refused.
 func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
-	node := cfg.NodeName
-	if node == "" {
-		node = cfg.Repair.NodeName
-	}
+	node := cmp.Or(cfg.NodeName, cfg.Repair.NodeName)
 	if client == nil || node == "" {
 		return nil, nil
 	}
@@ -120,7 +114,8 @@ func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, re
 }
 
 // watchPods takes the repair controller's pod watch when it sees every pod
-// of the node, else sets up the socket's own.
+// of the node, else sets up the socket's own (the chart grants the agent
+// list and watch of pods whatever the repair set-up): one watch per node.
 func (s *podSocket) watchPods(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, node string) error {
 	if repairCtl != nil && cfg.Repair.NodeName == node {
 		if pods, nodeOnly := repairCtl.PodInformer(); nodeOnly {
@@ -128,9 +123,7 @@ func (s *podSocket) watchPods(cfg *installer.Config, client corev1client.CoreV1I
 			return nil
 		}
 	}
-	// No repair controller, or one whose watch is narrowed by extra
-	// selectors: a watch of the node's pods of the socket's own, paged
-	// and slimmed as the repair controller's is.
+	// Paged and slimmed as the repair controller's is.
 	pods, err := repair.NodePods{Node: node, Called: s.apiCalled}.Informer(client)
 	if err != nil {
 		return fmt.Errorf("setting up the pod socket's watch: %w", err)
@@ -143,20 +136,19 @@ func (s *podSocket) watchPods(cfg *installer.Config, client corev1client.CoreV1I
 // CNI calls, removing a socket an earlier agent that could left behind,
 // which would send the front here for nothing.
 func (s *podSocket) cniRefused(runDir string, hostNetns func() error) bool {
+	const refusing = "not running the plugin's CNI calls (the front runs the standalone plugin): "
+	// Running a call means entering the pod's namespace and writing its
+	// rules; the chart grants that only with repair in place.
 	if missing := missingCaps(); len(missing) > 0 {
-		// Running a call means entering the pod's namespace and writing
-		// its rules; the chart grants that only with repair in place.
 		_ = os.Remove(cnisock.Path(runDir))
-		s.log.Info().Strs("missing_capabilities", missing).
-			Msg("not running the plugin's CNI calls (the front runs the standalone plugin): this container lacks capabilities they need")
+		s.log.Info().Strs("missing_capabilities", missing).Msg(refusing + "this container lacks capabilities they need")
 		return true
 	}
+	// A call names its namespace; the host's must be refused, and is told
+	// from a pod's only once registered.
 	if err := hostNetns(); err != nil {
-		// A call names its namespace; the host's must be refused, and is
-		// told from a pod's only once registered.
 		_ = os.Remove(cnisock.Path(runDir))
-		s.log.Info().Err(err).
-			Msg("not running the plugin's CNI calls (the front runs the standalone plugin): the host's network namespace is not known")
+		s.log.Info().Err(err).Msg(refusing + "the host's network namespace is not known")
 		return true
 	}
 	return false
@@ -174,10 +166,7 @@ func (s *podSocket) serveCNI(cfg *installer.Config, src *podcache.Source, hostNe
 	// A caller's capabilities are read in the node's PID namespace: the
 	// host's /proc as repair in place mounts it (the chart grants the
 	// capabilities calls need only with it), else this process's own.
-	procDir := cfg.Repair.HostProc
-	if procDir == "" {
-		procDir = "/proc"
-	}
+	procDir := cmp.Or(cfg.Repair.HostProc, "/proc")
 	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, ProcDir: procDir, HostNetns: hostNetns, Observe: func(o cniplugin.ServeOutcome) {
 		calls.WithLabelValues(o.Status).Inc()
 		quiet := o.Status == cniplugin.OutcomeOK || o.Status == cniplugin.OutcomeError || o.Status == cniplugin.OutcomeDeclined

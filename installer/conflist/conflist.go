@@ -11,6 +11,7 @@ package conflist
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,15 +69,6 @@ func LoadConfFile(path string) (*libcni.NetworkConfigList, error) {
 	return l, nil
 }
 
-func onlyOurs(l *libcni.NetworkConfigList) bool {
-	for _, p := range l.Plugins {
-		if p.Network.Type != PluginName {
-			return false
-		}
-	}
-	return true
-}
-
 // FindPrimary returns the config file the runtime would use: the lexically
 // first valid .conf/.conflist/.json in dir. Files holding only our plugin
 // (a standalone file left behind) are not a primary. It returns "" when there
@@ -97,7 +89,7 @@ func FindPrimary(dir string) (string, []SkippedConf, error) {
 			skipped = append(skipped, SkippedConf{Path: f, Err: err})
 			continue
 		}
-		if onlyOurs(l) {
+		if !slices.ContainsFunc(l.Plugins, func(p *libcni.PluginConfig) bool { return p.Network.Type != PluginName }) {
 			skipped = append(skipped, SkippedConf{Path: f, Err: errors.New("holds only " + PluginName)})
 			continue
 		}
@@ -114,19 +106,16 @@ func ResolveNamed(dir, name string) string {
 	if _, err := os.Stat(p); err == nil {
 		return p
 	}
-	var twin string
-	switch filepath.Ext(name) {
-	case ".conf":
-		twin = strings.TrimSuffix(p, ".conf") + ".conflist"
-	case ".conflist":
-		twin = strings.TrimSuffix(p, ".conflist") + ".conf"
-	default:
+	ext := filepath.Ext(name)
+	twinExt, ok := map[string]string{".conf": ".conflist", ".conflist": ".conf"}[ext]
+	if !ok {
 		return ""
 	}
-	if _, err := os.Stat(twin); err == nil {
-		return twin
+	twin := strings.TrimSuffix(p, ext) + twinExt
+	if _, err := os.Stat(twin); err != nil {
+		return ""
 	}
-	return ""
+	return twin
 }
 
 // ListPath is where a chained config for primary is written: a list stays
@@ -168,24 +157,14 @@ func InsertPlugin(path string, primary []byte, ours json.RawMessage) ([]byte, er
 		if _, err := libcni.ConfListFromBytes(primary); err != nil {
 			return nil, fmt.Errorf("parsing %s: %w", path, err)
 		}
-		raw, ok := obj.get("plugins")
-		if !ok {
+		plugins, err := obj.plugins()
+		if err != nil {
+			return nil, fmt.Errorf("parsing %s: %w", path, err)
+		}
+		if plugins == nil {
 			return nil, fmt.Errorf("parsing %s: network list has no plugins", path)
 		}
-		var plugins []json.RawMessage
-		if err := json.Unmarshal(raw, &plugins); err != nil {
-			return nil, fmt.Errorf("parsing plugins of %s: %w", path, err)
-		}
-		kept := make([]json.RawMessage, 0, len(plugins)+1)
-		for i, p := range plugins {
-			t, err := TypeOf(p)
-			if err != nil {
-				return nil, fmt.Errorf("parsing plugin %d of %s: %w", i, path, err)
-			}
-			if t != PluginName {
-				kept = append(kept, p)
-			}
-		}
+		kept := slices.DeleteFunc(plugins, isOurs)
 		if len(kept) == 0 {
 			return nil, fmt.Errorf("inserting into %s: it holds no plugin but %s", path, PluginName)
 		}
@@ -210,11 +189,7 @@ func InsertPlugin(path string, primary []byte, ours json.RawMessage) ([]byte, er
 		if v, ok := obj.get("cniVersion"); ok {
 			out.set("cniVersion", v)
 		}
-		name, ok := obj.getString("name")
-		if !ok || name == "" {
-			name = DefaultListName
-		}
-		nameJSON, _ := json.Marshal(name)
+		nameJSON, _ := json.Marshal(cmp.Or(obj.getString("name"), DefaultListName))
 		out.set("name", nameJSON)
 		// The list's cniVersion applies to every plugin; a copy in the
 		// plugin itself would only risk a mismatch.
@@ -276,12 +251,12 @@ func SameEntry(a, b []byte) bool {
 
 // HasPlugin reports whether a config's content holds our entry.
 func HasPlugin(path string, b []byte) bool {
-	for _, t := range pluginTypes(path, b) {
-		if t == PluginName {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(pluginTypes(path, b), PluginName)
+}
+
+func isOurs(entry json.RawMessage) bool {
+	t, err := TypeOf(entry)
+	return err == nil && t == PluginName
 }
 
 // ForeignCapturePlugins are plugin types that program the same pod
@@ -351,16 +326,7 @@ func RemovePlugin(path string, b []byte) (out []byte, changed bool, err error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("parsing %s: %w", path, err)
 	}
-	if plugins == nil {
-		return b, false, nil
-	}
-	kept := plugins[:0:0]
-	for _, p := range plugins {
-		if t, err := TypeOf(p); err == nil && t == PluginName {
-			continue
-		}
-		kept = append(kept, p)
-	}
+	kept := slices.DeleteFunc(slices.Clone(plugins), isOurs)
 	if len(kept) == len(plugins) {
 		return b, false, nil
 	}
@@ -384,18 +350,7 @@ func Plugins(b []byte) ([]json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
-	raw, ok := obj.get("plugins")
-	if !ok {
-		return nil, nil
-	}
-	var plugins []json.RawMessage
-	if err := json.Unmarshal(raw, &plugins); err != nil {
-		return nil, fmt.Errorf("parsing plugins: %w", err)
-	}
-	if plugins == nil {
-		plugins = []json.RawMessage{}
-	}
-	return plugins, nil
+	return obj.plugins()
 }
 
 // WithPlugins returns the document b with its "plugins" member replaced by

@@ -306,3 +306,26 @@ func FuzzInsertPlugin(f *testing.F) {
 		}
 	})
 }
+
+// A single-plugin conf without a (string) name becomes a list named
+// DefaultListName; a named one keeps its name.
+func TestConfToConflistName(t *testing.T) {
+	for conf, want := range map[string]string{
+		`{"cniVersion":"0.4.0","type":"bridge"}`:               DefaultListName,
+		`{"cniVersion":"0.4.0","name":null,"type":"bridge"}`:   DefaultListName,
+		`{"cniVersion":"0.4.0","name":"","type":"bridge"}`:     DefaultListName,
+		`{"cniVersion":"0.4.0","name":"net1","type":"bridge"}`: "net1",
+	} {
+		out, err := InsertPlugin("/x/10-bridge.conf", []byte(conf), testEntry())
+		if err != nil {
+			t.Fatalf("%s: %v", conf, err)
+		}
+		l, err := libcni.ConfListFromBytes(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Name != want {
+			t.Errorf("%s: list name %q, want %q", conf, l.Name, want)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 )
 
 // object is a JSON object that keeps its members' order and their values'
@@ -77,26 +78,33 @@ func (o *object) set(key string, v json.RawMessage) {
 }
 
 func (o *object) del(key string) {
-	out := o.members[:0]
-	for _, m := range o.members {
-		if m.key != key {
-			out = append(out, m)
-		}
-	}
-	o.members = out
+	o.members = slices.DeleteFunc(o.members, func(m member) bool { return m.key == key })
 }
 
-// getString returns a member that is a JSON string.
-func (o *object) getString(key string) (string, bool) {
-	v, ok := o.get(key)
-	if !ok {
-		return "", false
-	}
+// getString returns a member that is a JSON string, else "".
+func (o *object) getString(key string) string {
 	var s string
-	if json.Unmarshal(v, &s) != nil {
-		return "", false
+	if v, ok := o.get(key); ok && json.Unmarshal(v, &s) != nil {
+		return ""
 	}
-	return s, true
+	return s
+}
+
+// plugins returns the entries of the "plugins" member, each as its bytes;
+// nil when there is no such member.
+func (o *object) plugins() ([]json.RawMessage, error) {
+	raw, ok := o.get("plugins")
+	if !ok {
+		return nil, nil
+	}
+	var plugins []json.RawMessage
+	if err := json.Unmarshal(raw, &plugins); err != nil {
+		return nil, fmt.Errorf("parsing plugins: %w", err)
+	}
+	if plugins == nil {
+		plugins = []json.RawMessage{}
+	}
+	return plugins, nil
 }
 
 // marshal encodes the object indented by two spaces with a final newline,

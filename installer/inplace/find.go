@@ -4,14 +4,14 @@
 //
 // It owns finding a pod's network namespace from the host's /proc (the one
 // holding the pod's IPs whose processes are in the pod's cgroup, reached
-// through its oldest process, the pause container) and programming the same plan the plugin would have
-// programmed, through the shared backend selection. It does not decide which
-// pods are broken (installer/repair's controller does) and it does not
-// write to the API server. Functions return errors and never log.
+// through its oldest process, the pause container) and programming the plan
+// the plugin would have programmed. It does not decide which pods are broken
+// (installer/repair does) nor write to the API server. Functions never log.
 package inplace
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -37,16 +38,12 @@ type Netns struct {
 	// (the pause container), the path the backends program.
 	Path string
 	PID  int
-	// Dev and Inode identify the namespace (nsfs); a process that dies and
-	// whose PID is reused shows a different identity.
+	// Dev and Inode identify the namespace (nsfs): a reused PID shows
+	// another identity.
 	Dev, Inode uint64
-	// StartTicks is the process's start time (clock ticks after boot).
-	StartTicks uint64
-	// Candidates is how many distinct namespaces held one of the IPs.
-	Candidates int
-	// Match says why this namespace is the pod's: MatchCgroup or
-	// MatchAddress.
-	Match string
+	StartTicks uint64 // the process's start, in clock ticks after boot
+	Candidates int    // how many distinct namespaces held one of the IPs
+	Match      string // why this namespace is the pod's: MatchCgroup or MatchAddress
 }
 
 type nsID struct{ dev, ino uint64 }
@@ -55,8 +52,7 @@ type nsID struct{ dev, ino uint64 }
 // thread during package initialisation (before any thread can have moved).
 var ownNetns, ownNetnsErr = nsIdentity("/proc/thread-self/ns/net")
 
-// nsIdentity returns the namespace identity behind path (a /proc/PID/ns/net
-// magic link; stat follows it to the nsfs inode).
+// nsIdentity stats path, a /proc/PID/ns/net magic link, through to its nsfs inode.
 func nsIdentity(path string) (nsID, error) {
 	var st syscall.Stat_t
 	if err := syscall.Stat(path, &st); err != nil {
@@ -103,23 +99,19 @@ func truncate(b []byte) string {
 
 // FindNetns walks procDir (the host's /proc) for the network namespace of
 // the pod with the given UID that holds one of ips, and returns it through
-// its oldest process. Each namespace is inspected once, through a netlink
-// socket opened inside it (netlink.NewHandleAt), so the caller's own thread
-// never changes namespace. The namespaces of procDir's PID 1 (the host's)
-// and of the calling process are never candidates: a pod IP there means a
-// host-network pod, which has no capture of its own.
+// its oldest process. Each namespace is inspected through a netlink socket
+// opened inside it (netlink.NewHandleAt), so no thread changes namespace.
+// The host's namespace (procDir's PID 1's) and the caller's are never
+// candidates: a pod IP there means a host-network pod.
 //
-// An IP alone does not name a pod: another cluster on the same machine (a
-// kind cluster in a CI pod, nested containers) can hold the same private
-// addresses in namespaces of its own, and programming one of those would
-// capture a stranger's traffic and leave the pod broken. So a namespace
-// counts as the pod's when one of its processes is in the pod's cgroup (the
-// kubelet names every pod cgroup after the pod's UID, with either cgroup
-// driver). Only on a host where no process is in any pod's cgroup (a
-// kubelet without per-pod cgroups), and exactly one namespace holds the
-// IPs, is that one taken on the IPs alone. An empty uid takes the IPs alone
-// (the oldest namespace holding them).
-// Processes that vanish or cannot be inspected during the walk are skipped.
+// An IP alone does not name a pod: another cluster on the same machine (kind
+// in a CI pod, nested containers) can hold the same private addresses, and
+// programming its namespace would capture a stranger's traffic. So a
+// namespace is the pod's when one of its processes is in the pod's cgroup
+// (the kubelet names it after the pod's UID with either cgroup driver). Only
+// where no process is in any pod's cgroup (no per-pod cgroups), and exactly
+// one namespace holds the IPs, is that one taken on the IPs alone; an empty
+// uid takes the oldest holding them. Vanished processes are skipped.
 func FindNetns(procDir, uid string, ips []netip.Addr) (Netns, error) {
 	if len(ips) == 0 {
 		return Netns{}, errors.New("finding a pod's network namespace: the pod has no IPs")
@@ -153,8 +145,7 @@ func walkNamespaces(procDir string) (map[nsID]*nsGroup, []nsID, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("finding a pod's network namespace: reading %s: %w", procDir, err)
 	}
-	// Never candidates: the host's namespace (PID 1's, when it may be
-	// read) and the agent's own (the host's too with hostNetwork).
+	// The host's namespace (PID 1's) and the agent's own are never candidates.
 	skip := map[nsID]bool{}
 	if id, err := nsIdentity(filepath.Join(procDir, "1", "ns", "net")); err == nil {
 		skip[id] = true
@@ -167,7 +158,6 @@ func walkNamespaces(procDir string) (map[nsID]*nsGroup, []nsID, error) {
 	// shows the main thread's.
 	self, _ := os.Readlink(filepath.Join(procDir, "self"))
 
-	// Oldest process per namespace.
 	groups := map[nsID]*nsGroup{}
 	var order []nsID
 	for _, e := range entries {
@@ -265,13 +255,9 @@ func (f *found) pick(uid string, ips []netip.Addr) (Netns, error) {
 }
 
 func oldest(ns []*Netns) *Netns {
-	var best *Netns
-	for _, n := range ns {
-		if best == nil || n.StartTicks < best.StartTicks || (n.StartTicks == best.StartTicks && n.PID < best.PID) {
-			best = n
-		}
-	}
-	return best
+	return slices.MinFunc(ns, func(a, b *Netns) int {
+		return cmp.Or(cmp.Compare(a.StartTicks, b.StartTicks), cmp.Compare(a.PID, b.PID))
+	})
 }
 
 // How a namespace was matched to the pod.
@@ -327,7 +313,6 @@ var podCgroupUID = regexp.MustCompile(`pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][
 // named by the cgroup paths of a /proc/PID/cgroup file, once each.
 func PodUIDsInCgroups(cgroupFile []byte) []string {
 	var out []string
-	seen := map[string]bool{}
 	for _, line := range bytes.Split(cgroupFile, []byte("\n")) {
 		// hierarchy-ID:controllers:path; the path may hold ':' itself.
 		parts := bytes.SplitN(line, []byte(":"), 3)
@@ -335,9 +320,7 @@ func PodUIDsInCgroups(cgroupFile []byte) []string {
 			continue
 		}
 		for _, m := range podCgroupUID.FindAllSubmatch(parts[2], -1) {
-			u := strings.ToLower(strings.ReplaceAll(string(m[1]), "_", "-"))
-			if !seen[u] {
-				seen[u] = true
+			if u := strings.ToLower(strings.ReplaceAll(string(m[1]), "_", "-")); !slices.Contains(out, u) {
 				out = append(out, u)
 			}
 		}

@@ -25,13 +25,11 @@ type Options struct {
 	// RunDir is the agent run dir shared with the plugin: the per-netns
 	// locks there keep a repair and a plugin run from interleaving.
 	RunDir string
-	// Pipeline programs the namespace; nil is capture.Linux() (tests hand
-	// in capturetest's in-memory kernel).
+	// Pipeline programs the namespace and Find locates it (the pod's UID
+	// and IPs); nil is capture.Linux() and FindNetns over ProcDir. Tests
+	// hand in capturetest's in-memory kernel and its namespaces.
 	Pipeline *capture.Pipeline
-	// Find locates the namespace of the pod with this UID and IPs; nil is
-	// FindNetns over ProcDir (tests hand in one naming the in-memory
-	// kernel's namespaces, so repair in place runs without root).
-	Find func(uid string, ips []netip.Addr) (Netns, error)
+	Find     func(uid string, ips []netip.Addr) (Netns, error)
 }
 
 // Repairer implements repair.PodRepairer.
@@ -57,10 +55,9 @@ func New(opts Options) (*Repairer, error) {
 	if _, err := nsIdentity(filepath.Join(opts.ProcDir, "self", "ns", "net")); err != nil {
 		return nil, fmt.Errorf("configuring repair in place: %s is not a proc file system (mount the host's /proc there): %w", opts.ProcDir, err)
 	}
-	// The host's namespace as this agent sees it (its own /proc is its
-	// pod's): refused like the caller's own. Without SYS_PTRACE it cannot
-	// be read; FindNetns then cannot see it either, and repair goes on,
-	// but the agent runs no CNI call for the front (HostNetns).
+	// The host's namespace (the agent's own /proc is its pod's). Without
+	// SYS_PTRACE it cannot be read; nor can FindNetns see it then, so
+	// repair goes on, but the agent runs no CNI call (HostNetns).
 	_, hostErr := capture.AddHostNetnsFromProc(opts.ProcDir)
 	if opts.Pipeline == nil {
 		opts.Pipeline = capture.Linux()
