@@ -201,9 +201,9 @@ func unchanged(base snapshot) error {
 // back. Filesystems without RENAME_EXCHANGE get a plain rename after the
 // check, which leaves that instant open.
 func replaceIfUnchanged(base snapshot, data []byte, mode fs.FileMode, uid, gid int) error {
-	tmp, err := writeTemp(base.path, data, mode, uid, gid)
+	tmp, err := atomicfile.WriteTemp(base.path, data, mode, atomicfile.Options{Sync: true, Chown: true, UID: uid, GID: gid})
 	if err != nil {
-		return err
+		return fmt.Errorf("writing %s: %w", base.path, err)
 	}
 	ok := false
 	defer func() {
@@ -236,13 +236,13 @@ func replaceIfUnchanged(base snapshot, data []byte, mode fs.FileMode, uid, gid i
 	}
 	if !exchanged {
 		ok = true
-		syncDir(base.path)
+		atomicfile.SyncDir(base.path)
 		return nil
 	}
 	// tmp now names what was at base.path a moment ago.
 	out, err := readAt(tmp)
 	if err == nil && out.same(base) {
-		syncDir(base.path) // ok stays false: the old file goes
+		atomicfile.SyncDir(base.path) // ok stays false: the old file goes
 		return nil
 	}
 	putBack(tmp, base.path, ours)
@@ -297,7 +297,7 @@ func removeIfUnchanged(base snapshot) error {
 		if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("removing %s: %w", name, err)
 		}
-		syncDir(name)
+		atomicfile.SyncDir(name)
 		return nil
 	}
 	out, err := readAt(tmp)
@@ -305,7 +305,7 @@ func removeIfUnchanged(base snapshot) error {
 		if err := os.Remove(tmp); err != nil {
 			return fmt.Errorf("removing %s: %w", name, err)
 		}
-		syncDir(name)
+		atomicfile.SyncDir(name)
 		return nil
 	}
 	// A newer version: back it goes, unless an even newer one is there.
@@ -330,47 +330,8 @@ func tempName(path string) (string, error) {
 	return name, nil
 }
 
-// writeTemp writes data durably into a temp file next to path.
-func writeTemp(path string, data []byte, mode fs.FileMode, uid, gid int) (string, error) {
-	f, err := os.CreateTemp(filepath.Dir(path), atomicfile.TempPrefix+filepath.Base(path)+"-*"+atomicfile.TempSuffix)
-	if err != nil {
-		return "", fmt.Errorf("writing %s: %w", path, err)
-	}
-	name := f.Name()
-	err = func() error {
-		if _, err := f.Write(data); err != nil {
-			return err
-		}
-		if err := f.Chmod(mode.Perm()); err != nil {
-			return err
-		}
-		if uid >= 0 || gid >= 0 {
-			if err := f.Chown(uid, gid); err != nil && !errors.Is(err, syscall.EPERM) {
-				return err
-			}
-		}
-		return f.Sync()
-	}()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(name)
-		return "", fmt.Errorf("writing %s: %w", path, err)
-	}
-	return name, nil
-}
-
 // noRenameFlags reports a filesystem that does not support renameat2's
 // flags (some overlay and network filesystems).
 func noRenameFlags(err error) bool {
 	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP)
-}
-
-// syncDir makes a rename in path's directory durable.
-func syncDir(path string) {
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
 }

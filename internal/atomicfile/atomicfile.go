@@ -32,53 +32,64 @@ type Options struct {
 	UID, GID int
 }
 
-// Write replaces path with data: a temp file in the same dir, chmod to mode
-// (umask does not apply), optional chown and fsync, then rename.
+// Write replaces path with data: a temp file in the same dir (WriteTemp),
+// then rename.
 func Write(path string, data []byte, mode fs.FileMode, o Options) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, TempPrefix+filepath.Base(path)+"-*"+TempSuffix)
+	tmp, err := WriteTemp(path, data, mode, o)
 	if err != nil {
 		return err
 	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Chmod(mode.Perm()); err != nil {
-		return err
-	}
-	if o.Chown && (o.UID >= 0 || o.GID >= 0) {
-		if err := f.Chown(o.UID, o.GID); err != nil && !errors.Is(err, syscall.EPERM) {
-			return err
-		}
-	}
-	if o.Sync {
-		if err := f.Sync(); err != nil {
-			return err
-		}
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
 	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
 		return err
 	}
-	ok = true
 	if o.Sync {
-		// The rename is durable only once the directory is synced.
-		if d, err := os.Open(dir); err == nil {
-			_ = d.Sync()
-			d.Close()
-		}
+		SyncDir(path)
 	}
 	return nil
+}
+
+// WriteTemp writes data into a new temp file next to path, chmod to mode
+// (umask does not apply), with the optional chown and fsync, and returns
+// its name; on error nothing is left behind. The caller renames it.
+func WriteTemp(path string, data []byte, mode fs.FileMode, o Options) (string, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), TempPrefix+filepath.Base(path)+"-*"+TempSuffix)
+	if err != nil {
+		return "", err
+	}
+	err = func() error {
+		if _, err := f.Write(data); err != nil {
+			return err
+		}
+		if err := f.Chmod(mode.Perm()); err != nil {
+			return err
+		}
+		if o.Chown && (o.UID >= 0 || o.GID >= 0) {
+			if err := f.Chown(o.UID, o.GID); err != nil && !errors.Is(err, syscall.EPERM) {
+				return err
+			}
+		}
+		if o.Sync {
+			return f.Sync()
+		}
+		return nil
+	}()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
+}
+
+// SyncDir makes a rename in path's directory durable.
+func SyncDir(path string) {
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
 }
 
 // IsTemp reports whether name (a path or base name) is one of our temp files.
