@@ -56,3 +56,32 @@ func TestRemoveLeftovers(t *testing.T) {
 		t.Errorf("absent dir: %v", err)
 	}
 }
+
+func TestWriteTempLeavesOnlyTheTempFile(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "f")
+	tmp, err := WriteTemp(p, []byte("new"), 0o640, Options{Sync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Dir(tmp) != dir || !IsTemp(tmp) {
+		t.Fatalf("temp file %s: not a temp file of ours in %s", tmp, dir)
+	}
+	st, err := os.Stat(tmp)
+	if err != nil || st.Mode().Perm() != 0o640 {
+		t.Fatalf("temp file: %v, mode %v", err, st.Mode())
+	}
+	if data, _ := os.ReadFile(tmp); string(data) != "new" {
+		t.Fatalf("temp file holds %q", data)
+	}
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Fatalf("WriteTemp created %s itself: %v", p, err)
+	}
+	// A directory that is not there: an error, and nothing left anywhere.
+	if _, err := WriteTemp(filepath.Join(dir, "gone", "f"), []byte("x"), 0o600, Options{}); err == nil {
+		t.Fatal("WriteTemp into a missing directory succeeded")
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("dir holds %d entries, want only the first temp file", len(entries))
+	}
+}
