@@ -143,14 +143,11 @@ func NewController(client corev1client.CoreV1Interface, cfg Config, s Strategy, 
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	ictx, stopInformer := context.WithCancel(ctx)
-	informerDone := make(chan struct{})
-	go func() {
-		defer close(informerDone)
-		c.pods.RunWithContext(ictx)
-	}()
+	var informer sync.WaitGroup
+	informer.Go(func() { c.pods.RunWithContext(ictx) })
 	defer func() {
 		stopInformer()
-		<-informerDone
+		informer.Wait()
 	}()
 	if !cache.WaitForCacheSync(ctx.Done(), c.pods.HasSynced) {
 		if ctx.Err() != nil {
@@ -159,10 +156,8 @@ func (c *Controller) Run(ctx context.Context) error {
 		return errors.New("repair controller: pod cache did not sync")
 	}
 	c.log.Info().Str("node", c.cfg.NodeName).Msg("repair controller started")
-	go func() {
-		<-ctx.Done()
-		c.queue.ShutDown()
-	}()
+	stop := context.AfterFunc(ctx, c.queue.ShutDown)
+	defer stop()
 	for c.next(ctx) {
 	}
 	return nil

@@ -111,12 +111,17 @@ func ListenAt(runDir, name string) (*Listener, error) {
 		ul.Close()
 		return nil, fmt.Errorf("restricting socket %s to mode %o: %w", path, socketMode, err)
 	}
-	if st, err := os.Lstat(path); err == nil {
-		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-			l.ino = sys.Ino
-		}
-	}
+	l.ino = inode(path)
 	return l, nil
+}
+
+// inode is path's inode number, 0 when it cannot be read.
+func inode(path string) uint64 {
+	var st unix.Stat_t
+	if unix.Lstat(path, &st) != nil {
+		return 0
+	}
+	return st.Ino
 }
 
 // Path is the socket's path.
@@ -127,10 +132,8 @@ func (l *Listener) Close() error {
 	var err error
 	l.closeOnce.Do(func() {
 		err = l.UnixListener.Close()
-		if st, serr := os.Lstat(l.path); serr == nil {
-			if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Ino == l.ino {
-				_ = os.Remove(l.path)
-			}
+		if ino := inode(l.path); ino != 0 && ino == l.ino {
+			_ = os.Remove(l.path)
 		}
 	})
 	return err

@@ -188,18 +188,13 @@ func pick(ours *string, oursName string, alias *string, aliasName string) (*stri
 	return alias, aliasName
 }
 
+// jsonKinds name the JSON a field of a Go kind wants (pointers are to
+// strings).
+var jsonKinds = map[string]string{"string": "a string", "ptr": "a string", "slice": "an array", "map": "an object", "struct": "an object", "bool": "a boolean"}
+
 func jsonKind(goKind string) string {
-	switch goKind {
-	case "string":
-		return "a string"
-	case "slice":
-		return "an array"
-	case "map", "struct":
-		return "an object"
-	case "bool":
-		return "a boolean"
-	case "ptr":
-		return "a string"
+	if k, ok := jsonKinds[goKind]; ok {
+		return k
 	}
 	return "a " + goKind
 }
