@@ -11,11 +11,8 @@ import (
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
-// ReadPodFile reads the one Pod of a manifest file, YAML or JSON (as
-// `kubectl get pod -o yaml|json` prints it), capped at
-// manifest.MaxManifestSize. Any other kind, or a document without a kind, is
-// an error naming what was found; a stream of several objects is read as
-// manifest.SelectPod reads it.
+// ReadPodFile reads the one Pod of a manifest file (ParsePod), capped at
+// manifest.MaxManifestSize.
 func ReadPodFile(path string) (*corev1.Pod, error) {
 	data, err := manifest.ReadManifestData(path)
 	if err != nil {
@@ -29,7 +26,7 @@ func ReadPodFile(path string) (*corev1.Pod, error) {
 }
 
 // ParsePod decodes the one Pod of a manifest, YAML or JSON, chosen as
-// manifest.SelectPod chooses it.
+// manifest.SelectPod chooses it; anything else is an error naming it.
 func ParsePod(data []byte) (*corev1.Pod, error) {
 	data, err := manifest.SelectPod(data, "")
 	if err != nil {

@@ -7,8 +7,8 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
-// Container names, env names and decision reasons, from package meshpod
-// (the pure decision); kept here so callers need one import.
+// Names and decision reasons of package meshpod, so callers need one
+// import.
 const (
 	ProxyContainer = meshpod.ProxyContainer
 	InitContainer  = meshpod.InitContainer
@@ -33,9 +33,7 @@ const (
 	ReasonInMesh              = meshpod.ReasonInMesh
 )
 
-// FromPod decides whether pod gets sidecar capture rules and with which Spec,
-// with Istio's selection rules (see meshpod.Decide, which does the work on
-// the fields of the pod it reads).
+// FromPod is meshpod.Decide of pod.
 func FromPod(pod *corev1.Pod) (inMesh bool, reason string, spec redirect.Spec, err error) {
 	if pod == nil {
 		return meshpod.Decide(nil)

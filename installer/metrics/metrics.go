@@ -1,7 +1,7 @@
 // Package metrics owns the node agent's Prometheus series (nftmesh's names
-// and Istio's istio-cni names for the same facts), the /healthz and
-// /readyz handler and the small HTTP server both are served from. It
-// counts what the other jobs report and decides nothing itself.
+// and istio-cni's for the same facts), the /healthz and /readyz handler
+// and the HTTP server for both. It counts what the other jobs report and
+// decides nothing itself.
 package metrics
 
 import (
@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -27,48 +28,35 @@ const (
 )
 
 // Metrics are the agent's Prometheus series in their own registry, so
-// tests and embedders do not share global state.
+// tests and embedders do not share global state. Each series' help text
+// (New) says what it counts.
 type Metrics struct {
-	Registry  *prometheus.Registry
-	Installs  *prometheus.CounterVec
-	Ready     prometheus.Gauge
-	Reinserts prometheus.Counter
-	Fights    prometheus.Counter
-	// ForeignCapture is 1 for the other capture plugin (istio-cni) while
-	// the CNI config chains it and ours is therefore kept out.
-	ForeignCapture *prometheus.GaugeVec
-	Repairs        *prometheus.CounterVec
-	// RepairAPIReachable is 1 while the repair controller's last list or
-	// watch of pods succeeded; RepairAPIErrors counts the failed ones.
+	Registry           *prometheus.Registry
+	Installs           *prometheus.CounterVec
+	Ready              prometheus.Gauge
+	Reinserts          prometheus.Counter
+	Fights             prometheus.Counter
+	ForeignCapture     *prometheus.GaugeVec
+	Repairs            *prometheus.CounterVec
 	RepairAPIReachable prometheus.Gauge
 	RepairAPIErrors    prometheus.Counter
-	// PluginEvents counts the plugin's decision records seen in its log.
-	PluginEvents *prometheus.CounterVec
-	// AddDuration and LookupDuration time the plugin's runs, from the
-	// duration_ms and lookup_ms of its decision records.
-	AddDuration    *prometheus.HistogramVec
-	LookupDuration *prometheus.HistogramVec
-	// Lookups counts the plugin's pod lookups by where the pod came from:
-	// the node agent's socket or the plugin's own API read.
-	Lookups *prometheus.CounterVec
-	// AddByPath times the plugin's ADD runs by who ran them: the agent
-	// (the call handed over on its socket) or the standalone plugin.
-	AddByPath *prometheus.HistogramVec
-	// AgentReady is the time from the agent's start until it could first
-	// program pods; PodWatchSync until its watch had listed the node's pods.
-	AgentReady   prometheus.Histogram
-	PodWatchSync prometheus.Histogram
+	PluginEvents       *prometheus.CounterVec
+	AddDuration        *prometheus.HistogramVec
+	LookupDuration     *prometheus.HistogramVec
+	Lookups            *prometheus.CounterVec
+	AddByPath          *prometheus.HistogramVec
+	AgentReady         prometheus.Histogram
+	PodWatchSync       prometheus.Histogram
 
 	// Istio's names for the same facts, so dashboards and alerts written
-	// for istio-cni keep working: see the istio* methods for the labels.
+	// for istio-cni keep working.
 	IstioInstalls *prometheus.CounterVec
 	IstioReady    prometheus.Gauge
 	IstioRepairs  *prometheus.CounterVec
 }
 
-// istioInstallResults maps our install results to the label values of
-// istio_cni_installs_total. Results without an Istio counterpart (waiting
-// for the primary CNI) are not counted there.
+// istioInstallResults are istio_cni_installs_total's label values; a
+// result without one (waiting for the primary CNI) is not counted there.
 var istioInstallResults = map[string]string{
 	ResultSuccess:      "SUCCESS",
 	ResultCopyBinaries: "COPY_BINARIES_FAILURE",
@@ -94,9 +82,8 @@ func (m *Metrics) SetReady(ready bool) {
 	m.IstioReady.Set(v)
 }
 
-// Repaired counts one handled broken pod under both names. Istio's "type"
-// label takes the same values as our repair modes (repair, delete,
-// label), and its results are ours (success, skip, fail).
+// Repaired counts one handled broken pod under both names (Istio's type
+// and result values are ours).
 func (m *Metrics) Repaired(mode, result string) {
 	m.Repairs.WithLabelValues(mode, result).Inc()
 	m.IstioRepairs.WithLabelValues(mode, result).Inc()
@@ -104,7 +91,8 @@ func (m *Metrics) Repaired(mode, result string) {
 
 // New registers the agent's series and the Go/process collectors.
 func New() *Metrics {
-	r := series{prometheus.NewRegistry()}
+	reg := prometheus.NewRegistry()
+	f := promauto.With(reg)
 	// From half a millisecond (a skip) to half a minute (the plugin's
 	// apply timeout; a lookup's API timeout is below it).
 	buckets := prometheus.ExponentialBuckets(0.0005, 2, 17)
@@ -112,86 +100,46 @@ func New() *Metrics {
 	// config and the API server.
 	startBuckets := prometheus.ExponentialBuckets(0.05, 2, 14)
 	m := &Metrics{
-		Registry: r.Registry,
-		Installs: r.counterVec("nftmesh_installs_total",
-			"Install passes of the plugin (binary, kubeconfig, CNI config) by result.", "result"),
-		Ready: r.gauge("nftmesh_install_ready",
-			"1 while the plugin is installed and its CNI config is valid."),
-		Reinserts: r.counter("nftmesh_reinserts_total",
-			"Times the plugin entry had to be put back after something rewrote the CNI config."),
-		Fights: r.counter("nftmesh_fights_total",
-			"Re-inserts that came faster than --fight-threshold per --fight-window: another component keeps reverting the CNI config."),
-		Repairs: r.counterVec("nftmesh_repair_pods_total",
-			"Broken pods handled by the repair controller by mode and result.", "mode", "result"),
-		PluginEvents: r.counterVec("nftmesh_plugin_events_total",
-			"The plugin's decisions by CNI command and decision (capture, skip, error), from its log file, whatever the plugin's log level.", "command", "decision"),
-		AddDuration: r.histogramVec("nftmesh_cni_add_duration_seconds",
-			"Wall time of the plugin's CNI ADD runs by decision (capture, skip, error), whatever the plugin's log level.", buckets, "decision"),
-		LookupDuration: r.histogramVec("nftmesh_cni_pod_lookup_duration_seconds",
-			"Time the plugin spent looking the pod up (asking the agent, else kubeconfig, client, GET) by CNI command, failed lookups included.", buckets, "command"),
-		Lookups: r.counterVec("nftmesh_cni_pod_lookups_total",
-			"The plugin's pod lookups by CNI command and path: agent (answered on the agent's socket, no API read) or api (the plugin's own GET).", "command", "path"),
-		AddByPath: r.histogramVec("nftmesh_cni_add_duration_by_path_seconds",
-			"Wall time of the plugin's CNI ADD runs by path: agent (handed over by the nftmesh-cni front on the agent's socket) or standalone (the front ran nftmesh-cni-standalone).", buckets, "path"),
-		AgentReady: r.histogram("nftmesh_agent_ready_seconds",
-			"Time from the agent's start until it could first program pods (plugin in the CNI config, pod watch synced, CNI socket listening).", startBuckets),
-		PodWatchSync: r.histogram("nftmesh_agent_pod_watch_sync_seconds",
-			"Time from the start of the agent's watch of its node's pods until its first list was in the cache.", startBuckets),
-		ForeignCapture: r.gaugeVec("nftmesh_foreign_capture_plugin",
-			"1 while the CNI config chains another capture plugin (label plugin, e.g. istio-cni) and nftmesh-cni is kept out of it.", "plugin"),
-		RepairAPIReachable: r.gauge("nftmesh_repair_api_reachable",
-			"1 while the repair controller's last list or watch of its node's pods succeeded, 0 while it cannot reach the API server (broken pods are then not repaired)."),
-		RepairAPIErrors: r.counter("nftmesh_repair_api_errors_total",
-			"Failed lists and watches of the repair controller (expired resource versions excluded)."),
-		IstioInstalls: r.counterVec("istio_cni_installs_total",
-			"Install passes by result, under Istio's name and label values (SUCCESS, COPY_BINARIES_FAILURE, CREATE_KUBECONFIG_FAILURE, CREATE_CNI_CONFIG_FAILURE); nftmesh_installs_total has the same passes.", "result"),
-		IstioReady: r.gauge("istio_cni_install_ready",
-			"Istio's name for nftmesh_install_ready: 1 while the plugin is installed and its CNI config is valid."),
-		IstioRepairs: r.counterVec("istio_cni_repair_pods_repaired_total",
-			"Broken pods handled by the repair controller, under Istio's name: type repair, delete or label; result success, skip or fail.", "type", "result"),
+		Registry: reg,
+		Installs: f.NewCounterVec(prometheus.CounterOpts{Name: "nftmesh_installs_total",
+			Help: "Install passes of the plugin (binary, kubeconfig, CNI config) by result."}, []string{"result"}),
+		Ready: f.NewGauge(prometheus.GaugeOpts{Name: "nftmesh_install_ready",
+			Help: "1 while the plugin is installed and its CNI config is valid."}),
+		Reinserts: f.NewCounter(prometheus.CounterOpts{Name: "nftmesh_reinserts_total",
+			Help: "Times the plugin entry had to be put back after something rewrote the CNI config."}),
+		Fights: f.NewCounter(prometheus.CounterOpts{Name: "nftmesh_fights_total",
+			Help: "Re-inserts that came faster than --fight-threshold per --fight-window: another component keeps reverting the CNI config."}),
+		Repairs: f.NewCounterVec(prometheus.CounterOpts{Name: "nftmesh_repair_pods_total",
+			Help: "Broken pods handled by the repair controller by mode and result."}, []string{"mode", "result"}),
+		PluginEvents: f.NewCounterVec(prometheus.CounterOpts{Name: "nftmesh_plugin_events_total",
+			Help: "The plugin's decisions by CNI command and decision (capture, skip, error), from its log file, whatever the plugin's log level."}, []string{"command", "decision"}),
+		AddDuration: f.NewHistogramVec(prometheus.HistogramOpts{Name: "nftmesh_cni_add_duration_seconds",
+			Help: "Wall time of the plugin's CNI ADD runs by decision (capture, skip, error), whatever the plugin's log level.", Buckets: buckets}, []string{"decision"}),
+		LookupDuration: f.NewHistogramVec(prometheus.HistogramOpts{Name: "nftmesh_cni_pod_lookup_duration_seconds",
+			Help: "Time the plugin spent looking the pod up (asking the agent, else kubeconfig, client, GET) by CNI command, failed lookups included.", Buckets: buckets}, []string{"command"}),
+		Lookups: f.NewCounterVec(prometheus.CounterOpts{Name: "nftmesh_cni_pod_lookups_total",
+			Help: "The plugin's pod lookups by CNI command and path: agent (answered on the agent's socket, no API read) or api (the plugin's own GET)."}, []string{"command", "path"}),
+		AddByPath: f.NewHistogramVec(prometheus.HistogramOpts{Name: "nftmesh_cni_add_duration_by_path_seconds",
+			Help: "Wall time of the plugin's CNI ADD runs by path: agent (handed over by the nftmesh-cni front on the agent's socket) or standalone (the front ran nftmesh-cni-standalone).", Buckets: buckets}, []string{"path"}),
+		AgentReady: f.NewHistogram(prometheus.HistogramOpts{Name: "nftmesh_agent_ready_seconds",
+			Help: "Time from the agent's start until it could first program pods (plugin in the CNI config, pod watch synced, CNI socket listening).", Buckets: startBuckets}),
+		PodWatchSync: f.NewHistogram(prometheus.HistogramOpts{Name: "nftmesh_agent_pod_watch_sync_seconds",
+			Help: "Time from the start of the agent's watch of its node's pods until its first list was in the cache.", Buckets: startBuckets}),
+		ForeignCapture: f.NewGaugeVec(prometheus.GaugeOpts{Name: "nftmesh_foreign_capture_plugin",
+			Help: "1 while the CNI config chains another capture plugin (label plugin, e.g. istio-cni) and nftmesh-cni is kept out of it."}, []string{"plugin"}),
+		RepairAPIReachable: f.NewGauge(prometheus.GaugeOpts{Name: "nftmesh_repair_api_reachable",
+			Help: "1 while the repair controller's last list or watch of its node's pods succeeded, 0 while it cannot reach the API server (broken pods are then not repaired)."}),
+		RepairAPIErrors: f.NewCounter(prometheus.CounterOpts{Name: "nftmesh_repair_api_errors_total",
+			Help: "Failed lists and watches of the repair controller (expired resource versions excluded)."}),
+		IstioInstalls: f.NewCounterVec(prometheus.CounterOpts{Name: "istio_cni_installs_total",
+			Help: "Install passes by result, under Istio's name and label values (SUCCESS, COPY_BINARIES_FAILURE, CREATE_KUBECONFIG_FAILURE, CREATE_CNI_CONFIG_FAILURE); nftmesh_installs_total has the same passes."}, []string{"result"}),
+		IstioReady: f.NewGauge(prometheus.GaugeOpts{Name: "istio_cni_install_ready",
+			Help: "Istio's name for nftmesh_install_ready: 1 while the plugin is installed and its CNI config is valid."}),
+		IstioRepairs: f.NewCounterVec(prometheus.CounterOpts{Name: "istio_cni_repair_pods_repaired_total",
+			Help: "Broken pods handled by the repair controller, under Istio's name: type repair, delete or label; result success, skip or fail."}, []string{"type", "result"}),
 	}
-	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
-}
-
-// series makes each of the agent's series under its full name and
-// registers it.
-type series struct{ *prometheus.Registry }
-
-func (r series) counter(name, help string) prometheus.Counter {
-	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
-	r.MustRegister(c)
-	return c
-}
-
-func (r series) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
-	r.MustRegister(c)
-	return c
-}
-
-func (r series) gauge(name, help string) prometheus.Gauge {
-	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
-	r.MustRegister(g)
-	return g
-}
-
-func (r series) gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
-	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
-	r.MustRegister(g)
-	return g
-}
-
-func (r series) histogram(name, help string, buckets []float64) prometheus.Histogram {
-	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
-	r.MustRegister(h)
-	return h
-}
-
-func (r series) histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
-	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
-	r.MustRegister(h)
-	return h
 }
 
 // Handler serves /metrics.

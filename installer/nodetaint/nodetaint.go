@@ -1,14 +1,11 @@
-// Package nodetaint removes the "CNI not ready" taint from the agent's own
-// node once the agent can program pods, so a node born with the taint
-// (cni.istio.io/not-ready, as Istio's node readiness controller and cloud
-// node pools use it) takes pods as soon as their capture is certain,
-// without istiod's untaint controller.
+// Package nodetaint removes the "CNI not ready" taint
+// (cni.istio.io/not-ready) from the agent's own node once the agent can
+// program pods, so a node born with it takes pods as soon as their capture
+// is certain, without istiod's untaint controller.
 //
-// It changes one thing: the taints with its key on the node it is given
-// (the agent's own, from the downward API). It never adds a taint and
-// never touches another key; the chart's admission policy refuses the
-// agent any other node or change. It decides nothing about readiness
-// itself: the agent tells it when.
+// It only removes the taints with its key from the node it is given (the
+// agent's own); the chart's admission policy refuses the agent any other
+// node or change. The agent tells it when it is ready.
 package nodetaint
 
 import (
@@ -27,8 +24,7 @@ import (
 	"k8s.io/client-go/util/retry"
 )
 
-// DefaultKey is the taint Istio's untaint controller removes (Istio 1.31
-// makes its name configurable; this is its default).
+// DefaultKey is the taint Istio's untaint controller removes by default.
 const DefaultKey = "cni.istio.io/not-ready"
 
 // Untainter removes every taint with Key (all effects) from Node.
@@ -37,16 +33,14 @@ type Untainter struct {
 	Node   string
 	Key    string
 
-	// beforePatch runs between the read and the patch (tests: an edit
-	// made concurrently by someone else).
+	// beforePatch runs between read and patch (tests: a concurrent edit).
 	beforePatch func()
 }
 
 // Remove takes the key's taints off the node and reports how many it
-// removed (0 when there were none, or the node has none left). The patch
-// carries a JSON-patch test of the taints it read, so a concurrent change
-// to the taints (another controller adding or removing one) fails it
-// instead of being overwritten; it is then read and tried again.
+// removed. The patch carries a JSON-patch test of the taints it read, so a
+// concurrent change to them fails it instead of being overwritten, and it
+// is read and tried again.
 func (u *Untainter) Remove(ctx context.Context) (removed int, err error) {
 	if u.Node == "" || u.Key == "" {
 		return 0, errors.New("removing the node taint: no node name or taint key")
@@ -82,9 +76,8 @@ func (u *Untainter) Remove(ctx context.Context) (removed int, err error) {
 	return removed, nil
 }
 
-// lostRace: the node changed between our read and our patch. A failed
-// JSON-patch test is answered 422 (Invalid) by the API server; a conflict
-// comes from a resourceVersion precondition.
+// lostRace: the node changed between read and patch (a failed JSON-patch
+// test is a 422, Invalid).
 func lostRace(err error) bool {
 	return apierrors.IsConflict(err) || apierrors.IsInvalid(err)
 }
@@ -111,7 +104,7 @@ func taintPatch(old, keep []corev1.Taint) ([]byte, error) {
 
 // Result is what RemoveWhenReady did, for the agent to log.
 type Result struct {
-	Removed int           // taints removed
+	Removed int
 	Waited  time.Duration // until ready() first passed
 }
 

@@ -1,9 +1,8 @@
 // Package pluginlog is the node agent's intake of the plugin's events: it
 // follows the log file nftmesh-cni appends to in the agent run dir,
 // re-emits every line in the agent's own log, and turns the plugin's
-// decision records into metrics (events by command and decision, ADD and
-// pod lookup durations). It does not install or repair anything, and it
-// logs only the plugin's lines, to the writer it is given.
+// decision records into metrics. It logs only the plugin's lines, to the
+// writer it is given.
 package pluginlog
 
 import (
@@ -27,9 +26,8 @@ import (
 	"github.com/nftmesh/nftmesh/installer/metrics"
 )
 
-// FileName is the file in the agent run dir the plugin appends its
-// JSON log lines to (cniplugin's LogFileName; the plugin renames it to
-// FileName+".1" when it grows past its cap).
+// FileName is the plugin's JSON log in the agent run dir (cniplugin's
+// LogFileName; rotated to FileName+".1" past its cap).
 const FileName = "nftmesh-cni.log"
 
 // Component is the "component" of re-emitted plugin lines.
@@ -42,13 +40,11 @@ const maxPluginLine = 64 << 10
 // event was lost (an overflowing inotify queue drops them).
 const pluginLogSafetyPoll = 5 * time.Second
 
-// Follower surfaces the plugin's log file in the agent's log: it
-// follows <run dir>/nftmesh-cni.log (fsnotify on the dir, reading from the
-// last offset; it follows rotation by rename and truncation) and re-emits
-// every line as the agent's own JSON line with "component":"cni-plugin",
-// keeping the line's time, level, message and other fields. Istio does the
-// same through a unix socket; a file needs nothing running for the plugin
-// to log, and survives agent restarts.
+// Follower follows the plugin's log file (fsnotify on the dir, from the
+// last offset, through rotation and truncation) and re-emits every line as
+// the agent's own with "component":"cni-plugin", keeping its time, level,
+// message and fields. Istio uses a unix socket; a file needs nothing
+// running for the plugin to log, and survives agent restarts.
 type Follower struct {
 	dir  string
 	path string
@@ -61,18 +57,16 @@ type Follower struct {
 	offset  int64
 	partial []byte
 
-	// Drained is signalled (non-blocking) after every drain; tests wait on
-	// it instead of sleeping.
+	// Drained is signalled (non-blocking) after every drain, for tests.
 	Drained chan struct{}
 
-	// OnDecision, when set before Run, hears every decision line (the
-	// agent records pod Events from them). It runs on the follower's
-	// goroutine: it must not block.
+	// OnDecision, when set before Run, hears every decision line, on the
+	// follower's goroutine: it must not block.
 	OnDecision func(Decision)
 }
 
 // Decision is one plugin run's decision line, as far as the agent acts on
-// it. The strings come from a file the plugin writes: callers bound them.
+// it. The strings come from a file: callers bound them.
 type Decision struct {
 	Command   string // ADD, DEL, CHECK, ...
 	Decision  string // capture, skip, remove, error
@@ -84,9 +78,8 @@ type Decision struct {
 
 type fileID struct{ dev, ino uint64 }
 
-// New follows FileName in runDir and writes the
-// re-emitted lines to w at level (lines below it are dropped, as the
-// agent's own). m may be nil.
+// New follows FileName in runDir, writing the lines to w at level (lines
+// below it are dropped). m may be nil.
 func New(runDir string, w io.Writer, level zerolog.Level, m *metrics.Metrics) *Follower {
 	return &Follower{
 		dir:     runDir,
@@ -97,10 +90,9 @@ func New(runDir string, w io.Writer, level zerolog.Level, m *metrics.Metrics) *F
 	}
 }
 
-// Run follows the file until ctx ends. Lines already in the file when it
-// starts are not re-emitted (they were surfaced by an earlier agent, or
-// predate it); everything appended afterwards is. The run dir is created
-// if missing, as the installer does.
+// Run follows the file until ctx ends, from its end: earlier lines were
+// surfaced by an earlier agent, or predate it. It creates the run dir if
+// missing, as the installer does.
 func (p *Follower) Run(ctx context.Context) error {
 	if err := os.MkdirAll(p.dir, 0o755); err != nil {
 		return fmt.Errorf("creating run dir %s for the plugin log: %w", p.dir, err)
@@ -136,8 +128,7 @@ func (p *Follower) Run(ctx context.Context) error {
 			if !ok {
 				return nil
 			}
-			// An overflow loses events, not data: the next drain reads on
-			// from the offset.
+			// An overflow loses events, not data.
 			p.out.Warn().Str("component", "nftmesh-agent").Err(err).Msg("watching the plugin log")
 			p.Drain()
 		case <-tick.C:
@@ -155,40 +146,36 @@ func (p *Follower) close() {
 	}
 }
 
-// openAt opens the current file; atEnd starts after its present content.
-// A missing file is not an error: the plugin creates it on its first run.
+// openAt opens the current file, if any yet; atEnd starts after its
+// present content.
 func (p *Follower) openAt(atEnd bool) {
 	f, err := os.Open(p.path)
 	if err != nil {
 		return
 	}
-	id, size, err := statFile(f)
-	if err != nil {
+	fi, err := f.Stat()
+	if err != nil || idOf(fi) == (fileID{}) {
 		_ = f.Close()
 		return
 	}
-	p.f, p.id, p.offset, p.partial = f, id, 0, nil
+	p.f, p.id, p.offset, p.partial = f, idOf(fi), 0, nil
 	if atEnd {
-		p.offset = size
+		p.offset = fi.Size()
 	}
 }
 
-func statFile(f *os.File) (fileID, int64, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return fileID{}, 0, err
-	}
+// idOf is fi's device and inode, zero when the file system has none.
+func idOf(fi os.FileInfo) fileID {
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
-		return fileID{}, fi.Size(), errors.New("no inode information")
+		return fileID{}
 	}
-	return fileID{dev: uint64(st.Dev), ino: st.Ino}, fi.Size(), nil
+	return fileID{dev: uint64(st.Dev), ino: st.Ino}
 }
 
 // Drain re-emits every complete line appended since the last drain. After
-// a rotation it first finishes the old file (still open, now under its .1
-// name), then starts the new one from its beginning; after a truncation it
-// starts over at offset 0.
+// a rotation it finishes the old file (open under its .1 name), then reads
+// the new one from its start; after a truncation it starts over.
 func (p *Follower) Drain() {
 	p.mu.Lock()
 	defer func() {
@@ -199,20 +186,16 @@ func (p *Follower) Drain() {
 		}
 	}()
 	if p.f != nil {
-		if _, size, err := statFile(p.f); err == nil && size < p.offset {
+		if fi, err := p.f.Stat(); err == nil && fi.Size() < p.offset {
 			p.offset, p.partial = 0, nil // truncated in place
 		}
 		p.readOn()
 	}
 	fi, err := os.Stat(p.path)
-	if err != nil {
+	if err != nil || idOf(fi) == (fileID{}) {
 		return // rotated away and not recreated yet: keep the old file
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return
-	}
-	if p.f != nil && (fileID{dev: uint64(st.Dev), ino: st.Ino}) == p.id {
+	if p.f != nil && idOf(fi) == p.id {
 		return
 	}
 	// A new file under the name: the old one is finished.
@@ -269,9 +252,9 @@ func (p *Follower) flushPartial() {
 }
 
 // emit writes one plugin line through the agent's logger: level from the
-// line, "time" kept as written, "component":"cni-plugin", the other fields
-// in their order, and the message last. A line that is not a JSON object
-// is kept whole as the message.
+// line, "time" as written, "component":"cni-plugin", the other fields in
+// order, the message last. A line that is not a JSON object is the
+// message.
 func (p *Follower) emit(line []byte) {
 	line = bytes.TrimRight(line, "\r")
 	if len(bytes.TrimSpace(line)) == 0 {
@@ -285,6 +268,8 @@ func (p *Follower) emit(line []byte) {
 	level := zerolog.NoLevel
 	var msg string
 	rec := record{duration: -1, lookup: -1}
+	strs := map[string]*string{zerolog.MessageFieldName: &msg, "command": &rec.command, "decision": &rec.decision,
+		"lookup": &rec.lookupPath, "ran_by": &rec.ranBy, "pod": &rec.pod, "namespace": &rec.namespace, "error": &rec.err}
 	for _, f := range fields {
 		switch f.key {
 		case zerolog.LevelFieldName:
@@ -294,28 +279,16 @@ func (p *Follower) emit(line []byte) {
 					level = l
 				}
 			}
-		case zerolog.MessageFieldName:
-			_ = json.Unmarshal(f.raw, &msg)
-		case "command":
-			_ = json.Unmarshal(f.raw, &rec.command)
-		case "decision":
-			_ = json.Unmarshal(f.raw, &rec.decision)
 		case "duration_ms":
 			rec.duration = msField(f.raw)
 		case "lookup_ms":
 			rec.lookup = msField(f.raw)
-		case "lookup":
-			_ = json.Unmarshal(f.raw, &rec.lookupPath)
-		case "ran_by":
-			_ = json.Unmarshal(f.raw, &rec.ranBy)
-		case "pod":
-			_ = json.Unmarshal(f.raw, &rec.pod)
-		case "namespace":
-			_ = json.Unmarshal(f.raw, &rec.namespace)
-		case "error":
-			_ = json.Unmarshal(f.raw, &rec.err)
 		case RecordOnlyField:
 			_ = json.Unmarshal(f.raw, &rec.recordOnly)
+		default:
+			if dst := strs[f.key]; dst != nil {
+				_ = json.Unmarshal(f.raw, dst)
+			}
 		}
 	}
 	p.count(rec)
@@ -345,17 +318,14 @@ func (p *Follower) emit(line []byte) {
 	e.Msg(msg)
 }
 
-// RecordOnlyField marks a plugin decision line written below the
-// plugin's log level (cniplugin's RecordOnlyField): counted and timed,
-// never printed.
+// RecordOnlyField marks a decision line below the plugin's log level
+// (cniplugin's RecordOnlyField): counted and timed, never printed.
 const RecordOnlyField = "record_only"
 
-// pluginCommands and pluginDecisions are the label values the plugin's
-// decision lines carry.
+// The label values the plugin's decision lines carry.
 var (
-	pluginCommands  = []string{"ADD", "DEL", "CHECK", "STATUS", "GC"}
-	pluginDecisions = []string{"capture", "skip", "remove", "error"}
-	// pluginLookupPaths: where a run's pod came from.
+	pluginCommands    = []string{"ADD", "DEL", "CHECK", "STATUS", "GC"}
+	pluginDecisions   = []string{"capture", "skip", "remove", "error"}
 	pluginLookupPaths = []string{"agent", "api"}
 	pluginRanBy       = []string{"agent", "standalone"}
 )

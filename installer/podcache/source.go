@@ -1,19 +1,17 @@
-// Package podcache answers the plugin's socket questions (package
-// agentsock) from the agent's node-scoped pod informer. It owns when an
-// answer may be given: only for the very UID asked about. A pod the
-// informer has not seen yet (created a moment ago) is waited for on the
-// watch, briefly; then the agent reads it once from the API server. Any
-// other case is "unknown", which sends the plugin to its own lookup.
-//
-// It does not own the informer: the agent shares the one its repair
-// controller runs (one watch per node), and hands in its store, a sync
-// check, and a getter for the one read.
+// Package podcache answers the plugin's socket questions (agentsock) from
+// the agent's node pod informer, only for the very UID asked about. A pod
+// the informer has not seen yet is waited for on the watch, briefly, then
+// read once from the API server; anything else is "unknown", which sends
+// the plugin to its own lookup. The agent hands in the informer's store
+// (shared with the repair controller: one watch per node), a sync check
+// and a getter for the one read.
 package podcache
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,8 +26,7 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 )
 
-// Store is the informer's store, read by namespace/name key
-// (cache.Indexer satisfies it).
+// Store is the informer's store (cache.Indexer satisfies it).
 type Store interface {
 	GetByKey(key string) (item any, exists bool, err error)
 }
@@ -38,9 +35,8 @@ type Store interface {
 type GetFunc func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 
 // DefaultWait is how long a pod the informer has not seen is waited for
-// before the one API read: kubelet learns of a pod from the same API
-// server's watch, so the agent's informer is normally a few milliseconds
-// behind it at most.
+// before the one API read: kubelet learns of it from the same API server's
+// watch, so the informer is normally milliseconds behind at most.
 const DefaultWait = time.Second
 
 // Source answers from an informer's store.
@@ -48,8 +44,7 @@ type Source struct {
 	store  Store
 	synced func() bool
 	get    GetFunc
-	// Wait bounds the wait for the watch to bring the pod.
-	Wait time.Duration
+	Wait   time.Duration // bounds the wait for the watch to bring the pod
 
 	mu      sync.Mutex
 	waiters map[string][]chan struct{}
@@ -58,15 +53,14 @@ type Source struct {
 var _ agentsock.Resolver = (*Source)(nil)
 
 // New builds a source. synced reports whether the informer has listed its
-// pods once (before that a miss means nothing); get may be nil, and then a
-// pod not in the store after the wait is unknown. A nil store (an agent
-// without a pod watch) answers every request with one read through get.
+// pods once (before that a miss means nothing); without get, a pod not in
+// the store after the wait is unknown. Without a store, every request is
+// one read through get.
 func New(store Store, synced func() bool, get GetFunc) *Source {
 	return &Source{store: store, synced: synced, get: get, Wait: DefaultWait, waiters: map[string][]chan struct{}{}}
 }
 
-// Handler is the event handler to register on the informer: it wakes the
-// requests waiting for a pod.
+// Handler is the informer's event handler that wakes waiting requests.
 func (s *Source) Handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { s.notify(obj) },
@@ -102,11 +96,8 @@ func (s *Source) unsubscribe(key string, ch chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ws := s.waiters[key]
-	for i, w := range ws {
-		if w == ch {
-			ws = append(ws[:i], ws[i+1:]...)
-			break
-		}
+	if i := slices.Index(ws, ch); i >= 0 {
+		ws = slices.Delete(ws, i, i+1)
 	}
 	if len(ws) == 0 {
 		delete(s.waiters, key)
@@ -115,8 +106,7 @@ func (s *Source) unsubscribe(key string, ch chan struct{}) {
 	}
 }
 
-// lookup reads the store: the pod when it has the UID asked about; else
-// why not.
+// lookup is the stored pod when it has the UID asked about, else why not.
 func (s *Source) lookup(key, uid string) (*corev1.Pod, string) {
 	obj, exists, err := s.store.GetByKey(key)
 	if err != nil {
@@ -135,9 +125,8 @@ func (s *Source) lookup(key, uid string) (*corev1.Pod, string) {
 	return pod, ""
 }
 
-// ResolveNow answers a request from the cache alone when it holds the pod
-// with the UID asked about (agentsock.QuickResolver); anything else is
-// left to Resolve.
+// ResolveNow answers from the cache alone when it holds the pod with the
+// UID asked about (agentsock.QuickResolver).
 func (s *Source) ResolveNow(req agentsock.Request) (agentsock.Answer, bool) {
 	if s.store == nil || s.synced != nil && !s.synced() {
 		return agentsock.Answer{}, false
@@ -153,8 +142,7 @@ func (s *Source) ResolveNow(req agentsock.Request) (agentsock.Answer, bool) {
 func (s *Source) Resolve(ctx context.Context, req agentsock.Request) agentsock.Answer {
 	key := req.Namespace + "/" + req.Name
 	if s.store != nil && (s.synced == nil || s.synced()) {
-		// The usual case, a pod the watch has brought: answered without
-		// taking the waiters' lock.
+		// The usual case, without the waiters' lock.
 		if pod, _ := s.lookup(key, req.UID); pod != nil {
 			return answer(pod)
 		}
@@ -210,20 +198,17 @@ func answer(pod *corev1.Pod) agentsock.Answer {
 	return agentsock.Found(string(pod.UID), podinfo.Mesh(pod))
 }
 
-// NodeInformer is an informer of the pods on node (not empty), paged and
-// slimmed as the agent's own watch is (repair.NodePods).
+// NodeInformer is repair.NodePods' informer of the pods on node.
 func NodeInformer(client corev1client.CoreV1Interface, node string) cache.SharedIndexInformer {
 	inf, err := repair.NodePods{Node: node}.Informer(client)
 	if err != nil {
-		// Without selectors to parse, only an empty node name fails: a
-		// caller's bug, not input.
-		panic(err)
+		panic(err) // with no selectors, only an empty node name: a caller's bug
 	}
 	return inf
 }
 
-// APIGetter is a GetFunc reading with client (a consistent read: the
-// informer is the cached view already).
+// APIGetter is a GetFunc reading with client, consistently (the informer
+// is the cached view already).
 func APIGetter(client corev1client.CoreV1Interface) GetFunc {
 	return func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 		return client.Pods(namespace).Get(ctx, name, metav1.GetOptions{})

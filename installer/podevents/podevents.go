@@ -1,14 +1,12 @@
-// Package podevents records Kubernetes Events on pods whose traffic
-// capture failed, was repaired in place, or drifted from its plan, so
-// `kubectl describe pod` and `kubectl get events` show what the node
-// agent saw, with the agent (component nftmesh-agent, host: its node) as
-// the source.
+// Package podevents records Kubernetes Events, from the agent (component
+// nftmesh-agent, host: its node), on pods whose capture failed, was
+// repaired in place, or drifted from its plan, so `kubectl describe pod`
+// shows what the agent saw.
 //
 // It owns the agent's event broadcaster: client-go's record package, whose
 // correlator aggregates repeats and rate-limits each pod's events (a burst
 // of 25, then one per five minutes), and whose queue drops rather than
-// blocks, so recording never delays a CNI call. It decides nothing about
-// capture itself.
+// blocks, so recording never delays a CNI call. It decides nothing.
 package podevents
 
 import (
@@ -35,17 +33,15 @@ const (
 	ReasonCaptureDrift        = "CaptureDrift"
 )
 
-// maxMessage bounds an event's message: its text comes from the plugin's
-// log file.
+// maxMessage bounds an event's message, which comes from the plugin's log.
 const maxMessage = 512
 
 // Recorder records the agent's pod events.
 type Recorder struct {
 	b   record.EventBroadcaster
 	rec record.EventRecorder
-	// lookup finds a pod the plugin named (by namespace and name) in the
-	// agent's pod cache, for its UID; nil or not found: the event names
-	// the pod without one.
+	// lookup finds a pod the plugin named in the agent's pod cache, for its
+	// UID; without it, the event names the pod without one.
 	lookup func(namespace, name string) *corev1.Pod
 }
 
@@ -80,37 +76,6 @@ func bound(s string) string {
 	return s[:maxMessage] + "..."
 }
 
-// CaptureFailed: the plugin's ADD failed for the pod (the runtime retries
-// the sandbox).
-func (r *Recorder) CaptureFailed(namespace, name, ranBy, errMsg string) {
-	if namespace == "" || name == "" {
-		return
-	}
-	r.rec.Eventf(r.object(namespace, name), corev1.EventTypeWarning, ReasonCaptureFailed,
-		"nftmesh-cni could not set up traffic capture (run by the %s): %s", ranBy, bound(errMsg))
-}
-
-// Drifted: the plugin's CHECK found the pod's rules differ from its plan.
-func (r *Recorder) Drifted(namespace, name, errMsg string) {
-	if namespace == "" || name == "" {
-		return
-	}
-	r.rec.Eventf(r.object(namespace, name), corev1.EventTypeWarning, ReasonCaptureDrift,
-		"the pod's capture rules differ from its plan: %s", bound(errMsg))
-}
-
-// Repaired: the repair controller programmed the pod's capture in place.
-func (r *Recorder) Repaired(pod *corev1.Pod, rep repair.Report) {
-	r.rec.Eventf(pod, corev1.EventTypeNormal, ReasonCaptureRepaired,
-		"nftmesh-agent applied the pod's missing traffic capture in place (%s backend, %d rules); the pod recovers when its validation container restarts", rep.Backend, rep.Rules)
-}
-
-// RepairFailed: repairing the pod in place failed.
-func (r *Recorder) RepairFailed(pod *corev1.Pod, err error) {
-	r.rec.Eventf(pod, corev1.EventTypeWarning, ReasonCaptureRepairFailed,
-		"nftmesh-agent could not apply the pod's missing traffic capture in place: %s", bound(err.Error()))
-}
-
 // Repairer wraps a repair-in-place implementation so each outcome is also
 // an event on the pod (a pod that needs no capture records none).
 func (r *Recorder) Repairer(inner repair.PodRepairer) repair.PodRepairer {
@@ -126,24 +91,29 @@ func (w repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (repair.Report
 	rep, err := w.inner.RepairPod(ctx, pod)
 	switch {
 	case err == nil:
-		w.r.Repaired(pod, rep)
+		w.r.rec.Eventf(pod, corev1.EventTypeNormal, ReasonCaptureRepaired,
+			"nftmesh-agent applied the pod's missing traffic capture in place (%s backend, %d rules); the pod recovers when its validation container restarts", rep.Backend, rep.Rules)
 	case errors.Is(err, repair.ErrNotNeeded), ctx.Err() != nil:
 	default:
-		w.r.RepairFailed(pod, err)
+		w.r.rec.Eventf(pod, corev1.EventTypeWarning, ReasonCaptureRepairFailed,
+			"nftmesh-agent could not apply the pod's missing traffic capture in place: %s", bound(err.Error()))
 	}
 	return rep, err
 }
 
-// Decision turns one plugin decision line into an event: a failed ADD is
-// CaptureFailed, a failed CHECK is drift.
+// Decision turns one plugin decision line into an event: a failed ADD
+// (the runtime retries the sandbox) is CaptureFailed, a failed CHECK is
+// drift from the pod's plan.
 func (r *Recorder) Decision(command, decision, namespace, name, ranBy, errMsg string) {
-	if decision != "error" {
+	if decision != "error" || namespace == "" || name == "" {
 		return
 	}
 	switch command {
 	case "ADD":
-		r.CaptureFailed(namespace, name, ranBy, errMsg)
+		r.rec.Eventf(r.object(namespace, name), corev1.EventTypeWarning, ReasonCaptureFailed,
+			"nftmesh-cni could not set up traffic capture (run by the %s): %s", ranBy, bound(errMsg))
 	case "CHECK":
-		r.Drifted(namespace, name, errMsg)
+		r.rec.Eventf(r.object(namespace, name), corev1.EventTypeWarning, ReasonCaptureDrift,
+			"the pod's capture rules differ from its plan: %s", bound(errMsg))
 	}
 }

@@ -127,7 +127,7 @@ func TestEventsOnPods(t *testing.T) {
 	cache["shop/storm"] = storm
 	start := time.Now()
 	for range 500 {
-		r.CaptureFailed("shop", "storm", "standalone", "applying capture: EPERM")
+		r.Decision("ADD", "error", "shop", "storm", "standalone", "applying capture: EPERM")
 	}
 	if took := time.Since(start); took > time.Second {
 		t.Errorf("500 events took %v to record: recording blocks", took)
@@ -144,7 +144,7 @@ func TestEventsOnPods(t *testing.T) {
 	t.Logf("storm: %d event objects, count %d", len(evs), total)
 
 	// A pod the cache does not have is named without a UID.
-	r.CaptureFailed("shop", "gone", "agent", "x")
+	r.Decision("ADD", "error", "shop", "gone", "agent", "x")
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		l, err := admin.CoreV1().Events("shop").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=gone"})

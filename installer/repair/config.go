@@ -5,18 +5,17 @@
 // label it. It counts every outcome under nftmesh's and Istio's metric
 // names and tracks whether it reaches the API server.
 //
-// It programs no capture rules and imports no backend: repair in place
-// reaches the kernel through a PodRepairer, which installer/inplace
-// implements and the command wires in. The controller and its strategies
-// take the agent's zerolog logger because they are a long-running loop
-// whose events matter to an operator; nothing else here logs.
+// It programs no capture rules: repair in place goes through a
+// PodRepairer (installer/inplace). The controller and its strategies log
+// to the agent's logger, as a long-running loop whose events matter to an
+// operator; nothing else here logs.
 package repair
 
 // Mode is the single repair action the controller takes.
 type Mode string
 
-// Repair modes, in Istio's order of precedence. The values are also the
-// mode (ours) and type (Istio's) label of the repair metrics.
+// Repair modes, in Istio's order of precedence; also the mode (ours) and
+// type (Istio's) label of the repair metrics.
 const (
 	None    Mode = ""
 	InPlace Mode = "repair"
@@ -39,8 +38,8 @@ type Config struct {
 	BrokenPodLabelValue             string
 	LabelSelectors                  string
 	FieldSelectors                  string
-	// HostProc is the host's /proc as the agent sees it (the chart mounts
-	// it at /host/proc); repair in place finds pod namespaces there.
+	// HostProc is the host's /proc as the agent sees it, where repair in
+	// place finds pod namespaces.
 	HostProc string
 }
 
@@ -57,8 +56,7 @@ func DefaultConfig() Config {
 	}
 }
 
-// Mode is the action the controller takes; Istio's precedence applies
-// when several are set (repair in place, then delete, then label).
+// Mode is the action the controller takes, by Istio's precedence.
 func (r Config) Mode() Mode {
 	switch {
 	case !r.Enabled:

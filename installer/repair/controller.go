@@ -22,8 +22,8 @@ import (
 const maxRepairAttempts = 5
 
 // Broken reports whether pod started without capture: it carries the
-// sidecar annotation and its validation init container last terminated with
-// the configured exit code (and message), and has not since completed.
+// sidecar annotation and its validation init container last terminated
+// with the configured exit code (and message), and has not passed since.
 func Broken(pod *corev1.Pod, cfg Config) bool {
 	if _, ok := pod.Annotations[cfg.SidecarAnnotation]; !ok {
 		return false
@@ -50,8 +50,7 @@ func Broken(pod *corev1.Pod, cfg Config) bool {
 	return false
 }
 
-// Controller watches this node's pods and hands the broken ones to its
-// strategy.
+// Controller hands this node's broken pods to its strategy.
 type Controller struct {
 	cfg      Config
 	strategy Strategy
@@ -65,8 +64,8 @@ type Controller struct {
 }
 
 // apiHealth tracks whether the controller's list/watch reaches the API
-// server, so an outage is logged with its cause when it starts, again now
-// and then while it lasts, and when it ends.
+// server, so an outage is logged with its cause when it starts, now and
+// then while it lasts, and when it ends.
 type apiHealth struct {
 	down      bool
 	since     time.Time // start of the outage
@@ -76,11 +75,10 @@ type apiHealth struct {
 }
 
 // apiOutageLogEvery bounds how often a continuing outage is logged (the
-// reflector retries with a backoff starting under a second).
+// reflector retries from under a second).
 const apiOutageLogEvery = time.Minute
 
-// New builds the controller with the strategy of cfg's mode (see
-// NewStrategy; repairer may be nil unless the mode is repair in place).
+// New builds the controller with the strategy of cfg's mode (NewStrategy).
 func New(client corev1client.CoreV1Interface, cfg Config, repairer PodRepairer, log zerolog.Logger, m *metrics.Metrics) (*Controller, error) {
 	s, err := NewStrategy(cfg, client, repairer)
 	if err != nil {
@@ -89,8 +87,8 @@ func New(client corev1client.CoreV1Interface, cfg Config, repairer PodRepairer, 
 	return NewController(client, cfg, s, log, m)
 }
 
-// NewController builds a controller that watches cfg.NodeName's pods
-// through client and hands the broken ones to s. m may be nil.
+// NewController builds a controller that hands cfg.NodeName's broken pods
+// to s. m may be nil.
 func NewController(client corev1client.CoreV1Interface, cfg Config, s Strategy, log zerolog.Logger, m *metrics.Metrics) (*Controller, error) {
 	if s == nil || s.Mode() == None {
 		return nil, errors.New("repair controller: no repair mode is enabled")
@@ -145,14 +143,11 @@ func NewController(client corev1client.CoreV1Interface, cfg Config, s Strategy, 
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	ictx, stopInformer := context.WithCancel(ctx)
-	informerDone := make(chan struct{})
-	go func() {
-		defer close(informerDone)
-		c.pods.RunWithContext(ictx)
-	}()
+	var informer sync.WaitGroup
+	informer.Go(func() { c.pods.RunWithContext(ictx) })
 	defer func() {
 		stopInformer()
-		<-informerDone
+		informer.Wait()
 	}()
 	if !cache.WaitForCacheSync(ctx.Done(), c.pods.HasSynced) {
 		if ctx.Err() != nil {
@@ -161,17 +156,15 @@ func (c *Controller) Run(ctx context.Context) error {
 		return errors.New("repair controller: pod cache did not sync")
 	}
 	c.log.Info().Str("node", c.cfg.NodeName).Msg("repair controller started")
-	go func() {
-		<-ctx.Done()
-		c.queue.ShutDown()
-	}()
+	stop := context.AfterFunc(ctx, c.queue.ShutDown)
+	defer stop()
 	for c.next(ctx) {
 	}
 	return nil
 }
 
-// apiCalled records the outcome of a list or watch call. A call cut short
-// by the controller's own shutdown says nothing about the API.
+// apiCalled records the outcome of a list or watch call; one cut short by
+// the controller's own shutdown says nothing about the API.
 func (c *Controller) apiCalled(ctx context.Context, err error) {
 	switch {
 	case err == nil:
@@ -181,7 +174,6 @@ func (c *Controller) apiCalled(ctx context.Context, err error) {
 	}
 }
 
-// apiReached records a successful list or watch call; it ends an outage.
 func (c *Controller) apiReached() {
 	c.m.RepairAPIReachable.Set(1)
 	c.mu.Lock()
@@ -194,8 +186,8 @@ func (c *Controller) apiReached() {
 	c.api = apiHealth{}
 }
 
-// apiFailed records a failed list or watch call. An expired resource
-// version is routine (the reflector lists again), not an outage.
+// apiFailed records a failed call. An expired resource version is routine
+// (the reflector lists again), not an outage.
 func (c *Controller) apiFailed(err error) {
 	if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
 		return
@@ -243,10 +235,9 @@ func (c *Controller) next(ctx context.Context) bool {
 	return true
 }
 
-// PodInformer is the controller's informer of its node's pods, for other
-// readers of the same watch (the agent's socket); Run runs it. nodeOnly
-// reports whether it holds every pod of the node, that is, no extra label
-// or field selector narrows it.
+// PodInformer is the controller's informer, for other readers of the same
+// watch (the agent's socket); Run runs it. nodeOnly: no extra label or
+// field selector narrows it to fewer than all the node's pods.
 func (c *Controller) PodInformer() (pods cache.SharedIndexInformer, nodeOnly bool) {
 	return c.pods, c.cfg.LabelSelectors == "" && c.cfg.FieldSelectors == ""
 }

@@ -189,6 +189,7 @@ func TestRepairControllerInPlaceBookkeeping(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait("deleted pod forgotten", func() bool {
-		return !c.strategy.(*inPlace).done("uid-ok")
+		_, done := c.strategy.(*inPlace).repaired.Load(types.UID("uid-ok"))
+		return !done
 	})
 }

@@ -10,14 +10,11 @@ import (
 )
 
 // SlimPod is the node pod informer's transform: it keeps of a pod only what
-// the agent reads (the repair controller's broken-pod test and its
-// delete/label preconditions, repair in place, the in-mesh decision and
-// capture spec) and drops the rest before the object is cached. An injected
+// the agent reads (the broken-pod test, the delete/label preconditions,
+// repair in place, the in-mesh decision and capture spec). An injected
 // pod's managed fields, volumes, probes, resources and mounts are most of
-// its size, and the agent holds every pod of its node for as long as the
-// pod lives, so this is most of the agent's memory on a full node.
-//
-// Anything that is not a *corev1.Pod (a tombstone) is returned unchanged.
+// its size, and the agent holds every pod of its node, so this is most of
+// its memory on a full node. Anything else (a tombstone) is unchanged.
 func SlimPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
@@ -53,12 +50,10 @@ func SlimPod(obj any) (any, error) {
 	return out, nil
 }
 
-// slimContainers keeps what the in-mesh decision reads of a container:
-// every container's name (and restart policy, a native sidecar), and of
-// the proxy's (meshpod.ProxyContainer) its arguments, environment
-// variables' names and literal values, and the user and group it runs as.
-// An application's arguments and environment, often the bulk of its
-// container, are read by nothing in the agent.
+// slimContainers keeps what the in-mesh decision reads: every container's
+// name and restart policy (a native sidecar), and of the proxy's its args,
+// env names and literal values, and user and group. An application's args
+// and env, often the bulk of it, are read by nothing in the agent.
 func slimContainers(cs []corev1.Container) []corev1.Container {
 	if cs == nil {
 		return nil
@@ -71,8 +66,7 @@ func slimContainers(cs []corev1.Container) []corev1.Container {
 		}
 		out[i].Args = c.Args
 		if c.Env != nil {
-			// A value from a field or secret is not resolved here (the
-			// decision reads literal values only); the name stays.
+			// valueFrom is dropped: the decision reads literal values only.
 			out[i].Env = make([]corev1.EnvVar, len(c.Env))
 			for j, e := range c.Env {
 				out[i].Env[j] = corev1.EnvVar{Name: e.Name, Value: e.Value}
@@ -85,8 +79,7 @@ func slimContainers(cs []corev1.Container) []corev1.Container {
 	return out
 }
 
-// slimStatuses keeps an init container's name and termination states (the
-// broken-pod test: exit code, reason, message).
+// slimStatuses keeps what the broken-pod test reads of init containers.
 func slimStatuses(ss []corev1.ContainerStatus) []corev1.ContainerStatus {
 	if ss == nil {
 		return nil
@@ -98,28 +91,22 @@ func slimStatuses(ss []corev1.ContainerStatus) []corev1.ContainerStatus {
 	return out
 }
 
-// listPageSize is how many pods one list request asks for when the agent
-// (re)lists its node's pods.
+// listPageSize is how many pods one list request asks for.
 const listPageSize = 100
 
 // ListSlimPods lists pods with o, a page of listPageSize at a time, and
-// slims each page (SlimPod) before asking for the next, so the agent never
-// holds more of the answer than the API server sends at once: a list of a
-// thousand injected pods in one answer took about 50 MiB at once (the body,
-// its copy and the decoded pods) for 4 MiB of slimmed pods kept.
+// slims each page before asking for the next: a thousand injected pods in
+// one answer took about 50 MiB at once (body, copy, decoded pods) for
+// 4 MiB of slimmed pods kept. A continued list is one request.
 //
-// The version asked for is kept. The reflector lists first at
-// resourceVersion "0" (any version), which the API server answers from its
-// watch cache, from the cache's index of pods by node, and whole (it
-// ignores the limit at "0"), so the agent gets its node's pods at once.
-// It must not be turned into a read at the most recent version (""): the
-// agent lists at all only where the server does not stream lists
-// (WatchList), and there a most-recent read is served from etcd (before
-// Kubernetes 1.31, or with an etcd without watch progress requests, below
+// The version asked for is kept. The reflector lists first at "0" (any
+// version), which the API server answers whole from its watch cache's
+// index of pods by node. It must not become a most-recent read (""): the
+// agent lists only where the server does not stream lists, and there such
+// a read is served from etcd (before Kubernetes 1.31, or etcd below
 // 3.4.31/3.5.13), which filters by node only after reading every pod of
-// the cluster, once per agent start: e2e/bench BenchmarkScaleContract
-// measured 4,000 pods read from etcd per agent in a 4,000-pod cluster.
-// A continued list is one request.
+// the cluster: e2e/bench BenchmarkScaleContract measured 4,000 pods read
+// per agent start in a 4,000-pod cluster.
 func ListSlimPods(ctx context.Context, list func(context.Context, metav1.ListOptions) (*corev1.PodList, error), o metav1.ListOptions) (*corev1.PodList, error) {
 	paged := o.Continue == ""
 	if paged {
@@ -144,8 +131,8 @@ func ListSlimPods(ctx context.Context, list func(context.Context, metav1.ListOpt
 			return out, nil
 		}
 		o.Continue = page.Continue
-		// The continue token pins the version; the server refuses a
-		// version, or a version match, beside it.
+		// The continue token pins the version; the server refuses one
+		// beside it.
 		o.ResourceVersion, o.ResourceVersionMatch = "", ""
 	}
 }

@@ -21,23 +21,19 @@ import (
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
-// protobufMagic starts every protobuf answer of the API server (the prefix
-// of apimachinery's protobuf serializer).
+// protobufMagic starts every protobuf answer of the API server.
 var protobufMagic = []byte("k8s\x00")
 
-// maxPodBytes bounds one encoded pod of a list answer: etcd refuses
-// requests over 1.5 MiB unless told otherwise (--max-request-bytes), so
-// this leaves room for a raised limit and stops a corrupt length from
-// costing more.
+// maxPodBytes bounds one encoded pod: etcd refuses requests over 1.5 MiB
+// unless raised (--max-request-bytes); this leaves room for that and stops
+// a corrupt length from costing more.
 const maxPodBytes = 64 << 20
 
-// StreamedPodLister lists pods through rc (a core/v1 REST client) reading
-// the answer as it arrives (ReadSlimPodList): the answer is never held
-// whole, nor the node's pods decoded all at once. The API server answers a
-// list at resourceVersion "0", the reflector's first, from its watch cache
-// in one piece whatever the limit, so on a full node that answer is
-// megabytes of injected pods, which decoded at once took several times
-// their slimmed size.
+// StreamedPodLister lists pods through rc (a core/v1 REST client), reading
+// the answer as it arrives (ReadSlimPodList). The reflector's first list,
+// at resourceVersion "0", comes in one piece whatever the limit: on a full
+// node megabytes of injected pods, which decoded at once took several
+// times their slimmed size.
 func StreamedPodLister(rc rest.Interface) func(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
 	return func(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
 		req := rc.Get().Resource("pods").VersionedParams(&o, scheme.ParameterCodec)
@@ -53,11 +49,10 @@ func StreamedPodLister(rc rest.Interface) func(ctx context.Context, o metav1.Lis
 	}
 }
 
-// ReadSlimPodList decodes a pod list answer of the API server from r a pod
-// at a time, slimming each (SlimPod) before it reads the next, so it holds
-// one encoded and one decoded pod beyond the slimmed ones. A protobuf
-// answer (runtime.Unknown holding a v1 PodList, as apimachinery encodes it)
-// is streamed; any other is taken as JSON and decoded whole.
+// ReadSlimPodList decodes a pod list answer from r a pod at a time,
+// slimming each before it reads the next, so it holds one encoded and one
+// decoded pod beyond the slimmed ones. A protobuf answer (runtime.Unknown
+// holding a v1 PodList) is streamed; any other is decoded whole as JSON.
 func ReadSlimPodList(r io.Reader) (*corev1.PodList, error) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	if magic, err := br.Peek(len(protobufMagic)); err != nil || !bytes.Equal(magic, protobufMagic) {
@@ -241,8 +236,8 @@ func (p *pbReader) length(max int64) (int64, error) {
 	return int64(v), nil
 }
 
-// read reads n bytes into buf (its old content dropped), growing it only
-// as the bytes arrive.
+// read reads n bytes into buf (replacing its content), growing it only as
+// the bytes arrive.
 func (p *pbReader) read(n int64, buf *bytes.Buffer) error {
 	buf.Reset()
 	got, err := io.CopyN(buf, p.r, n)

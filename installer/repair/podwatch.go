@@ -17,16 +17,12 @@ import (
 // NodePods describes a watch of one node's pods as the agent caches them:
 // listed a page at a time and slimmed (ListSlimPods, SlimPod), so a full
 // node costs the agent the slimmed pods and one page, not the API server's
-// whole answer. The repair controller runs one; the agent runs one of its
-// own for the plugin's lookups when there is no repair controller whose
-// watch it can share.
+// whole answer. The repair controller runs one; without it, the agent runs
+// one of its own for the plugin's lookups.
 type NodePods struct {
-	// Node is the node whose pods are watched (spec.nodeName); required.
-	Node string
-	// FieldSelectors and LabelSelectors narrow the watch further.
-	FieldSelectors, LabelSelectors string
-	// Called, when set, is told the outcome of every list and watch call
-	// (whether the API server is reachable).
+	Node                           string // spec.nodeName; required
+	FieldSelectors, LabelSelectors string // narrow the watch further
+	// Called, when set, is told the outcome of every list and watch call.
 	Called func(ctx context.Context, err error)
 }
 
@@ -37,15 +33,13 @@ func (w NodePods) Informer(client corev1client.CoreV1Interface) (cache.SharedInd
 		return nil, err
 	}
 	// As the generated informers do: a client without streaming lists
-	// (client-go's fake, whose typed clients have no REST client) gets a
-	// plain list first.
+	// (client-go's fake) gets a plain list first.
 	var semantics any = client
 	if !canStream(client) {
 		semantics = noWatchList{}
 	}
 	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, semantics), &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	// Only what the agent reads is cached (see SlimPod); a watch event
-	// carries the whole pod.
+	// A watch event carries the whole pod.
 	if err := inf.SetTransform(SlimPod); err != nil {
 		return nil, fmt.Errorf("setting the pod informer's transform: %w", err)
 	}
@@ -73,11 +67,9 @@ func (w NodePods) listWatch(client corev1client.CoreV1Interface) (*cache.ListWat
 	if called == nil {
 		called = func(context.Context, error) {}
 	}
-	// Every list and watch call reports its outcome, which says whether
-	// the API is reachable. (The informer's watch error handler would miss
-	// most failures: its streaming list retries them inside the reflector.)
-	// A list answer is read a pod at a time (StreamedPodLister) by a
-	// client that can stream (client-go's fake clientset cannot).
+	// Every list and watch call reports its outcome: the informer's watch
+	// error handler would miss most failures, which its streaming list
+	// retries inside the reflector.
 	list := func(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
 		return client.Pods(metav1.NamespaceAll).List(ctx, o)
 	}
@@ -108,14 +100,14 @@ func (w NodePods) listWatch(client corev1client.CoreV1Interface) (*cache.ListWat
 }
 
 // canStream says whether client talks to an API server (client-go's fake
-// typed clients have no REST client).
+// has no REST client).
 func canStream(client corev1client.CoreV1Interface) bool {
 	rc, ok := client.RESTClient().(*rest.RESTClient)
 	return ok && rc != nil
 }
 
-// noWatchList tells the reflector that its client serves no streaming
-// lists (client-go's util/watchlist asks this of the client).
+// noWatchList tells the reflector (client-go's util/watchlist) that its
+// client serves no streaming lists.
 type noWatchList struct{}
 
 func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }

@@ -16,11 +16,11 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 )
 
-// Result is the outcome of handling one broken pod, as the result label of
-// the repair metrics.
+// Result is the outcome of handling one broken pod: the result label of
+// the repair metrics, ours and Istio's.
 type Result string
 
-// Results, the values Istio's repair metric uses too.
+// Results.
 const (
 	Success Result = "success"
 	Skip    Result = "skip"
@@ -28,33 +28,27 @@ const (
 )
 
 // Strategy is what one repair mode does to a pod the controller found
-// broken. The controller decides which pods are broken, retries, counts
-// and logs the pod; the strategy acts.
+// broken; the controller decides which pods are broken, retries, counts and
+// logs.
 type Strategy interface {
-	// Mode names the strategy in the metrics and the controller's log.
 	Mode() Mode
-	// Repair handles one broken pod and says how it went, logging what it
-	// did to log (which names the pod). An error asks the controller to
-	// try the pod again later (a bounded number of times); a result that
+	// Repair handles one broken pod, logging what it did to log (which
+	// names the pod). An error asks for a (bounded) retry; a result that
 	// must not be retried comes with a nil error.
 	Repair(ctx context.Context, pod *corev1.Pod, log zerolog.Logger) (Result, error)
 }
 
-// forgetter is a strategy that remembers pods; the controller tells it
-// when a pod is deleted.
+// forgetter is a strategy that remembers pods until they are deleted.
 type forgetter interface {
 	forget(uid types.UID)
 }
 
 // PodRepairer re-applies a broken pod's capture rules inside its network
-// namespace (repair in place). It needs a capture backend and the host's
-// /proc, so the command supplies it (installer/inplace); the controller
-// only decides which pods need it.
+// namespace (repair in place; installer/inplace implements it).
 type PodRepairer interface {
 	// RepairPod programs the pod's capture. An error wrapping
-	// ErrNotNeeded means the pod gets no capture at all (not in the
-	// mesh, excluded, host network): counted as a skip, never retried; one
-	// wrapping ErrImpossible is a failure that is not retried.
+	// ErrNotNeeded (not in the mesh, excluded, host network) is counted as
+	// a skip, one wrapping ErrImpossible as a failure; neither is retried.
 	RepairPod(ctx context.Context, pod *corev1.Pod) (Report, error)
 }
 
@@ -69,74 +63,51 @@ type Report struct {
 	Rules      int
 }
 
-// ErrNotNeeded is wrapped by a PodRepairer's error when the pod must not
-// get capture rules.
-var ErrNotNeeded = errors.New("pod gets no capture")
-
-// ErrImpossible is wrapped by a PodRepairer's error when retrying cannot
-// help (the pod's capture settings are invalid): counted as a failure, not
-// retried.
-var ErrImpossible = errors.New("pod cannot be repaired")
+// Errors a PodRepairer wraps: the pod must not get capture rules, or
+// retrying cannot help (its capture settings are invalid).
+var (
+	ErrNotNeeded  = errors.New("pod gets no capture")
+	ErrImpossible = errors.New("pod cannot be repaired")
+)
 
 // ErrNoInPlaceRepair is returned when repair in place is configured but no
 // PodRepairer is available.
 var ErrNoInPlaceRepair = errors.New("repair in place (repair.repairPods, --repair-pods) needs a PodRepairer")
 
-// NewStrategy returns the strategy for cfg's mode. client is the API the
-// delete and label strategies write to; repairer is needed for repair in
-// place only.
+// NewStrategy returns the strategy for cfg's mode. client is what delete
+// and label write to; repairer is needed for repair in place only.
 func NewStrategy(cfg Config, client corev1client.CoreV1Interface, repairer PodRepairer) (Strategy, error) {
 	switch cfg.Mode() {
 	case InPlace:
 		if repairer == nil {
 			return nil, ErrNoInPlaceRepair
 		}
-		return NewInPlace(repairer), nil
+		return &inPlace{repairer: repairer}, nil
 	case Delete:
-		return NewDeletePod(client, cfg.NodeName), nil
+		return &deletePod{client: client, node: cfg.NodeName}, nil
 	case Label:
-		return NewLabelPod(client, cfg.NodeName, cfg.BrokenPodLabelKey, cfg.BrokenPodLabelValue), nil
+		return &labelPod{client: client, node: cfg.NodeName, key: cfg.BrokenPodLabelKey, value: cfg.BrokenPodLabelValue}, nil
 	}
 	return nil, errors.New("repair controller: no repair mode is enabled")
 }
 
-// inPlace reprograms the pod's capture in its network namespace. The pod
-// keeps failing its validation until that container restarts, so a pod
-// already repaired (or found to need no repair) is not touched again.
+// inPlace is Istio's repairPods mode: it reprograms the pod's capture in
+// its network namespace. The pod keeps failing its validation until that
+// container restarts, so a pod already repaired (or found to need no
+// repair) is not touched again.
 type inPlace struct {
 	repairer PodRepairer
-
-	mu       sync.Mutex
-	repaired map[types.UID]bool // UIDs are never reused: forgotten when the pod is deleted
-}
-
-// NewInPlace is Istio's repairPods mode through repairer.
-func NewInPlace(repairer PodRepairer) Strategy {
-	return &inPlace{repairer: repairer, repaired: map[types.UID]bool{}}
+	repaired sync.Map // types.UID: UIDs are never reused; forgotten when the pod is deleted
 }
 
 func (s *inPlace) Mode() Mode { return InPlace }
 
-func (s *inPlace) done(uid types.UID) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.repaired[uid]
-}
+func (s *inPlace) markDone(uid types.UID) { s.repaired.Store(uid, true) }
 
-func (s *inPlace) markDone(uid types.UID) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.repaired[uid] = true
-}
-
-func (s *inPlace) forget(uid types.UID) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.repaired, uid)
-}
+func (s *inPlace) forget(uid types.UID) { s.repaired.Delete(uid) }
 
 func (s *inPlace) Repair(ctx context.Context, pod *corev1.Pod, log zerolog.Logger) (Result, error) {
-	if s.done(pod.UID) {
+	if _, done := s.repaired.Load(pod.UID); done {
 		return Skip, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -161,17 +132,11 @@ func (s *inPlace) Repair(ctx context.Context, pod *corev1.Pod, log zerolog.Logge
 	return Success, nil
 }
 
-// deletePod deletes the pod so its controller recreates it, this time with
-// the plugin in place.
+// deletePod is Istio's deletePods mode: it deletes the pod so its
+// controller recreates it, now with the plugin in place.
 type deletePod struct {
 	client corev1client.CoreV1Interface
-	node   string
-}
-
-// NewDeletePod is Istio's deletePods mode; node names this node in the
-// events it records.
-func NewDeletePod(client corev1client.CoreV1Interface, node string) Strategy {
-	return &deletePod{client: client, node: node}
+	node   string // names this node in the events it records
 }
 
 func (s *deletePod) Mode() Mode { return Delete }
@@ -192,18 +157,12 @@ func (s *deletePod) Repair(ctx context.Context, pod *corev1.Pod, log zerolog.Log
 	return Success, nil
 }
 
-// labelPod marks the pod with a label for an operator or another
-// controller to act on.
+// labelPod is Istio's labelPods mode: it sets key=value on the pod, for an
+// operator or another controller to act on.
 type labelPod struct {
 	client     corev1client.CoreV1Interface
 	node       string
 	key, value string
-}
-
-// NewLabelPod is Istio's labelPods mode: it sets key=value on the pod
-// through pods/status.
-func NewLabelPod(client corev1client.CoreV1Interface, node, key, value string) Strategy {
-	return &labelPod{client: client, node: node, key: key, value: value}
 }
 
 func (s *labelPod) Mode() Mode { return Label }

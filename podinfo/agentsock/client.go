@@ -13,17 +13,12 @@ import (
 	"github.com/nftmesh/nftmesh/internal/phase"
 )
 
-// ClientTimeout is how long the plugin waits for the agent's answer by
-// default: the server's resolve budget plus its I/O.
+// ClientTimeout is the plugin's default wait for an answer: the server's
+// resolve budget plus its I/O.
 const ClientTimeout = ResolveTimeout + 500*time.Millisecond
 
-// ErrNoAgent is wrapped by Ask's error when no agent listens on the socket
-// (it does not exist, or nobody accepts on it).
+// ErrNoAgent is wrapped by Ask's error when no agent listens on the socket.
 var ErrNoAgent = errors.New("no agent on the socket")
-
-// errTimeout is the error of a socket call that ran out of the caller's
-// time.
-var errTimeout = os.ErrDeadlineExceeded
 
 // Ask sends req to the agent at path and returns its checked answer. ctx
 // bounds the whole exchange (ClientTimeout when it has no deadline). Every
@@ -78,7 +73,7 @@ func ask(c *net.UnixConn, req Request) (Answer, error) {
 	if uid != PeerUID {
 		return Answer{}, fmt.Errorf("%w: uid %d", ErrPeerRefused, uid)
 	}
-	b, err := encodeRequest(req)
+	b, err := appendFrame(req, MaxRequest)
 	if err != nil {
 		return Answer{}, err
 	}
@@ -90,7 +85,7 @@ func ask(c *net.UnixConn, req Request) (Answer, error) {
 	if err != nil {
 		return Answer{}, err
 	}
-	a, err := decodeAnswer(payload)
+	a, err := decode[Answer](payload, "answer")
 	if err != nil {
 		return Answer{}, err
 	}
@@ -106,10 +101,10 @@ func ask(c *net.UnixConn, req Request) (Answer, error) {
 // timeout.
 func cause(ctx context.Context, err error) error {
 	switch cerr := ctx.Err(); {
-	case cerr == nil || errors.Is(err, errTimeout) && errors.Is(cerr, context.DeadlineExceeded):
+	case cerr == nil || errors.Is(err, os.ErrDeadlineExceeded) && errors.Is(cerr, context.DeadlineExceeded):
 		return err
 	case errors.Is(cerr, context.DeadlineExceeded):
-		return fmt.Errorf("%w, cut off by the deadline (%w)", err, errTimeout)
+		return fmt.Errorf("%w, cut off by the deadline (%w)", err, os.ErrDeadlineExceeded)
 	default:
 		return fmt.Errorf("%w, cut off by %w", err, cerr)
 	}

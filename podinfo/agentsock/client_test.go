@@ -111,7 +111,7 @@ func TestAskDeadlineWhole(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, err := Ask(ctx, path, goodRequest())
-	if !errors.Is(err, errTimeout) || !strings.Contains(err.Error(), "reading answer of 1000 bytes") {
+	if !errors.Is(err, os.ErrDeadlineExceeded) || !strings.Contains(err.Error(), "reading answer of 1000 bytes") {
 		t.Fatalf("Ask = %v, want a timeout reading the answer", err)
 	}
 	if took := time.Since(start); took < 250*time.Millisecond || took > time.Second {
@@ -169,12 +169,12 @@ func TestEncodeRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := encodeRequest(req)
+	got, err := appendFrame(req, MaxRequest)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if string(got[4:]) != string(want) || binary.BigEndian.Uint32(got) != uint32(len(want)) {
-		t.Fatalf("encodeRequest = %q, want %q after its length", got, want)
+		t.Fatalf("appendFrame = %q, want %q after its length", got, want)
 	}
 }
 

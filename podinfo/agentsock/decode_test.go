@@ -43,9 +43,7 @@ func answers(tb testing.TB) []Answer {
 
 // jsonAnswer is the answer encoding/json's strict decoding gives.
 func jsonAnswer(b []byte) (Answer, error) {
-	var a Answer
-	err := decodeStrict(b, &a, "answer")
-	return a, err
+	return decode[Answer](b, "answer")
 }
 
 // TestDecodeAnswer: what the agent writes decodes as encoding/json
@@ -64,7 +62,7 @@ func TestDecodeAnswer(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := decodeAnswer(b)
+			got, err := decode[Answer](b, "answer")
 			if err != nil || !reflect.DeepEqual(got, want) {
 				t.Fatalf("answer %d (indented %v) %s:\ngot  %+v, %v\nwant %+v", i, indent, b, got, err, want)
 			}
@@ -107,9 +105,9 @@ func TestDecodeAnswerBad(t *testing.T) {
 	} {
 		// tc.want: what is wrong (encoding/json's messages say it their
 		// own way).
-		_, err := decodeAnswer([]byte(tc.in))
+		_, err := decode[Answer]([]byte(tc.in), "answer")
 		if err == nil || len(err.Error()) > 2048 {
-			t.Errorf("decodeAnswer(%.40q) = %v, want an error (%s), bounded", tc.in, err, tc.want)
+			t.Errorf("decode(%.40q) = %v, want an error (%s), bounded", tc.in, err, tc.want)
 		}
 	}
 }
@@ -125,7 +123,7 @@ func FuzzDecodeAnswer(f *testing.F) {
 	f.Add([]byte(`{"v":1,"status":"found","uid":"u","pod":{"Namespace":"a","Name":"b","Labels":null}}`))
 	f.Add([]byte(`{"status":"\ud83d\udc27 \u00e9","pod":null}`))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		got, err := decodeAnswer(in)
+		got, err := decode[Answer](in, "answer")
 		want, jerr := jsonAnswer(in)
 		if err == nil {
 			if jerr != nil {
@@ -145,7 +143,7 @@ func FuzzDecodeAnswer(f *testing.F) {
 			t.Fatal(merr)
 		}
 		want, _ = jsonAnswer(canon)
-		if got, err := decodeAnswer(canon); err != nil || !reflect.DeepEqual(got, want) {
+		if got, err := decode[Answer](canon, "answer"); err != nil || !reflect.DeepEqual(got, want) {
 			t.Fatalf("%q as the agent writes it, %s:\ngot  %+v, %v\nwant %+v", in, canon, got, err, want)
 		}
 	})

@@ -26,11 +26,11 @@ func checkEncoding(t *testing.T, i int, a Answer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := encodeAnswer(a, MaxAnswer)
+	got, err := appendFrame(a, MaxAnswer)
 	if err != nil || binary.BigEndian.Uint32(got) != uint32(len(got)-4) || !bytes.Equal(got[4:], want) {
 		t.Fatalf("answer %d: encodeAnswer = %q, %v\nwant %q", i, got, err, want)
 	}
-	back, err := decodeAnswer(got[4:])
+	back, err := decode[Answer](got[4:], "answer")
 	if wantBack, _ := jsonAnswer(want); err != nil || !reflect.DeepEqual(back, wantBack) {
 		t.Fatalf("answer %d: decoding %q: %+v, %v; want %+v", i, got[4:], back, err, wantBack)
 	}

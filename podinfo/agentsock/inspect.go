@@ -18,15 +18,14 @@ import (
 )
 
 // InspectSocketName is the agent's socket on which `redirect inspect
-// NAMESPACE/NAME` asks for a pod of the agent's node by name: the agent
-// answers with the pod's decision fields from its pod watch and hands over
-// the pod's network namespace, found among the host's processes by the
-// pod's cgroup as repair in place finds it (so it works in every repair
-// mode, on the node or through `kubectl exec` into the agent).
+// NAMESPACE/NAME` asks for a pod of the agent's node: the agent answers
+// with the pod's decision fields from its pod watch and hands over the
+// pod's network namespace, found by the pod's cgroup as repair in place
+// finds it (so it works in every repair mode, on the node or through
+// `kubectl exec` into the agent).
 const InspectSocketName = "inspect.sock"
 
-// maxInspectFrame bounds a request (a name) and an answer (one pod's
-// decision fields, as the pod socket's answers).
+// Bounds on a request (a name) and an answer (as the pod socket's).
 const (
 	maxInspectRequest = 4 << 10
 	maxInspectAnswer  = 2 << 20
@@ -45,18 +44,16 @@ type InspectAnswer struct {
 	Error string       `json:"error,omitempty"`
 	UID   string       `json:"uid,omitempty"`
 	Pod   *meshpod.Pod `json:"pod,omitempty"`
-	// Netns is the namespace's path in the agent's view (<proc>/<pid>/ns/net)
-	// and Match how it was recognised ("cgroup" or "address").
-	Netns string `json:"netns,omitempty"`
-	Match string `json:"match,omitempty"`
+	Netns string       `json:"netns,omitempty"` // <proc>/<pid>/ns/net in the agent's view
+	Match string       `json:"match,omitempty"` // how it was recognised: cgroup or address
 }
 
 // InspectFunc answers one request: the answer and, with no error, the open
-// namespace descriptor to hand over (closed by the server once sent).
+// namespace descriptor to hand over (the server closes it once sent).
 type InspectFunc func(ctx context.Context, req InspectRequest) (InspectAnswer, int)
 
-// ServeInspect answers requests on l with find until ctx ends; a peer
-// allow refuses is answered with an error and nothing else.
+// ServeInspect answers requests on l with find until ctx ends; a peer that
+// allow refuses gets an error and nothing else.
 func ServeInspect(ctx context.Context, l *Listener, allow func(*net.UnixConn) error, find InspectFunc) error {
 	return l.ServeConns(ctx, func(c *net.UnixConn) {
 		defer c.Close()
@@ -143,26 +140,22 @@ func AskInspect(ctx context.Context, runDir string, req InspectRequest) (Inspect
 		}
 	}
 	var a InspectAnswer
-	if err := json.Unmarshal(buf[:n], &a); err != nil {
-		if file != nil {
-			file.Close()
-		}
-		return InspectAnswer{}, nil, fmt.Errorf("reading the nftmesh agent's answer: %w", err)
-	}
+	err = json.Unmarshal(buf[:n], &a)
 	switch {
+	case err != nil:
+		a, err = InspectAnswer{}, fmt.Errorf("reading the nftmesh agent's answer: %w", err)
 	case a.Error != "":
-		if file != nil {
-			file.Close()
-		}
-		return a, nil, fmt.Errorf("the nftmesh agent: %s", a.Error)
+		err = fmt.Errorf("the nftmesh agent: %s", a.Error)
 	case file == nil || a.Pod == nil:
+		err = errors.New("the nftmesh agent answered without the pod or its namespace")
+	case a.Pod.Namespace != req.Namespace || a.Pod.Name != req.Name:
+		err = fmt.Errorf("the nftmesh agent answered about pod %s/%s, not the one asked about", quote.Value(a.Pod.Namespace), quote.Value(a.Pod.Name))
+	}
+	if err != nil {
 		if file != nil {
 			file.Close()
 		}
-		return a, nil, errors.New("the nftmesh agent answered without the pod or its namespace")
-	case a.Pod.Namespace != req.Namespace || a.Pod.Name != req.Name:
-		file.Close()
-		return a, nil, fmt.Errorf("the nftmesh agent answered about pod %s/%s, not the one asked about", quote.Value(a.Pod.Namespace), quote.Value(a.Pod.Name))
+		return a, nil, err
 	}
 	return a, file, nil
 }

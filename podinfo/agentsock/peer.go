@@ -13,9 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ErrPeerNotAdmin is wrapped by CheckAdminPeer's errors: the process at the
-// other end of the socket does not hold CAP_NET_ADMIN in the node's
-// initial user namespace (or it cannot be told that it does).
+// ErrPeerNotAdmin is wrapped by CheckAdminPeer's errors.
 var ErrPeerNotAdmin = errors.New("peer does not hold CAP_NET_ADMIN in the initial user namespace")
 
 // CheckAdminPeer checks that the process at the other end of c holds
@@ -25,15 +23,14 @@ var ErrPeerNotAdmin = errors.New("peer does not hold CAP_NET_ADMIN in the initia
 // hostPath to the run dir) or that is root only in a user namespace of its
 // own is refused.
 //
-// procDir is a proc file system of the node's PID namespace ("/proc" for an
-// agent in it, else the host's /proc mounted in the agent's container):
-// the peer is read there. The peer is identified by a pidfd the kernel takes at connect
-// time (SO_PEERPIDFD), so a peer that exits and whose PID is reused is
-// never mistaken for the new process: its PID in procDir's namespace comes
-// from the pidfd's fdinfo, and the pidfd still naming a live process after
-// its /proc files were read proves they were its. A kernel without
-// SO_PEERPIDFD (before 6.5) gets a pidfd for the SO_PEERCRED PID instead,
-// which narrows the race to the time between connect and that open.
+// procDir is a proc file system of the node's PID namespace ("/proc", or
+// the host's /proc mounted in the agent's container). The peer is known by
+// the pidfd the kernel takes at connect time (SO_PEERPIDFD), so a reused
+// PID is never mistaken for it: its PID in procDir's namespace comes from
+// the pidfd's fdinfo, and the pidfd still naming a live process after its
+// /proc files were read proves they were its. Before Linux 6.5 (no
+// SO_PEERPIDFD) a pidfd opened for the SO_PEERCRED PID narrows the race to
+// the time between connect and that open.
 func CheckAdminPeer(c *net.UnixConn, procDir string) error {
 	raw, err := c.SyscallConn()
 	if err != nil {
@@ -124,11 +121,10 @@ func checkAdmin(procDir string, pid int) error {
 	return nil
 }
 
-// initUserNSIno is the inode number of the initial user namespace's nsfs
-// file, fixed by the kernel (PROC_USER_INIT_INO); the namespaces created
-// later are numbered from 0xF0000000 up. (PID 1's ns/user would say the
-// same, but reading it takes ptrace access to PID 1, which a container
-// may be denied whatever its capabilities.)
+// initUserNSIno is the initial user namespace's nsfs inode, fixed by the
+// kernel (PROC_USER_INIT_INO); later namespaces are numbered from
+// 0xF0000000 up. (PID 1's ns/user would say the same, but reading it takes
+// ptrace access to PID 1, which a container may be denied.)
 const initUserNSIno = 0xEFFFFFFD
 
 // procField is the value of the "name:" line of a /proc file.

@@ -133,7 +133,7 @@ func TestReadFrame(t *testing.T) {
 	if r, err := readRequest(&buf); err != nil || r != goodRequest() {
 		t.Fatalf("round trip: %+v, %v", r, err)
 	}
-	if _, err := encodeAnswer(Unknown(strings.Repeat("x", MaxRequest)), MaxRequest); err == nil {
+	if _, err := appendFrame(Unknown(strings.Repeat("x", MaxRequest)), MaxRequest); err == nil {
 		t.Fatal("encodeAnswer made a frame over its limit")
 	}
 }
@@ -165,7 +165,7 @@ func FuzzRequest(f *testing.F) {
 		if err := writeFrame(&out, r, MaxRequest); err != nil {
 			t.Fatalf("valid request %+v does not encode: %v", r, err)
 		}
-		if enc, err := encodeRequest(r); err != nil || string(enc) != out.String() {
+		if enc, err := appendFrame(r, MaxRequest); err != nil || string(enc) != out.String() {
 			t.Fatalf("the client's request %q is not encoding/json's %q", enc, out.Bytes())
 		}
 		if back, err := readRequest(&out); err != nil || back != r {
@@ -185,7 +185,7 @@ func FuzzAnswer(f *testing.F) {
 	}
 	f.Add([]byte(`{"v":1,"status":"found","uid":"x","pod":{"Namespace":"shop","Name":"web-1"}}`))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		a, err := decodeAnswer(in)
+		a, err := decode[Answer](in, "answer")
 		if err != nil {
 			return
 		}

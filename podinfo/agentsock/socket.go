@@ -15,9 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Where the socket lives under the agent's run dir: a directory of its
-// own, mode 0700, so that only root reaches the socket (mode 0600) whatever
-// the run dir's mode is (the plugin's log there is group-readable).
+// The socket's place under the agent's run dir: a directory of its own,
+// mode 0700, so that only root reaches the socket (0600) whatever the run
+// dir's mode (the plugin's log there is group-readable).
 const (
 	DirName    = "agent-sock"
 	SocketName = "pod.sock"
@@ -29,15 +29,13 @@ const (
 func Path(runDir string) string { return filepath.Join(runDir, DirName, SocketName) }
 
 // PeerUID is the one user the server answers and the client accepts as a
-// server: root. The plugin runs as root (the runtime runs it), and so does
-// the agent.
+// server: root, as the runtime runs the plugin and as the agent runs.
 const PeerUID = 0
 
 // ErrPeerRefused: the process at the other end of the socket is not root.
 var ErrPeerRefused = errors.New("peer is not root")
 
-// peerUID reads the credentials of the process at the other end of c.
-// PeerUIDOf is the uid of the process at the other end of c.
+// PeerUIDOf is the uid of the process at the other end of c (SO_PEERCRED).
 func PeerUIDOf(c *net.UnixConn) (uint32, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
@@ -72,11 +70,9 @@ type Listener struct {
 // does not take the successor's socket away.
 func Listen(runDir string) (*Listener, error) { return ListenAt(runDir, SocketName) }
 
-// ListenAt is Listen for the socket name in the same directory (the
-// agent's other sockets).
+// ListenAt is Listen for the agent's other sockets in the same directory.
 func ListenAt(runDir, name string) (*Listener, error) {
-	// The run dir is the agent's (the installer creates it the same way);
-	// the socket may come up first.
+	// The installer creates the run dir too; the socket may come first.
 	if err := os.MkdirAll(runDir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating run dir %s: %w", runDir, err)
 	}
@@ -110,18 +106,22 @@ func ListenAt(runDir, name string) (*Listener, error) {
 	}
 	ul.SetUnlinkOnClose(false)
 	l := &Listener{UnixListener: ul, path: path}
-	// The directory already keeps others out; the socket's own mode is the
-	// second wall should the directory ever be opened up.
+	// The second wall, should the directory ever be opened up.
 	if err := os.Chmod(path, socketMode); err != nil {
 		ul.Close()
 		return nil, fmt.Errorf("restricting socket %s to mode %o: %w", path, socketMode, err)
 	}
-	if st, err := os.Lstat(path); err == nil {
-		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-			l.ino = sys.Ino
-		}
-	}
+	l.ino = inode(path)
 	return l, nil
+}
+
+// inode is path's inode number, 0 when it cannot be read.
+func inode(path string) uint64 {
+	var st unix.Stat_t
+	if unix.Lstat(path, &st) != nil {
+		return 0
+	}
+	return st.Ino
 }
 
 // Path is the socket's path.
@@ -132,10 +132,8 @@ func (l *Listener) Close() error {
 	var err error
 	l.closeOnce.Do(func() {
 		err = l.UnixListener.Close()
-		if st, serr := os.Lstat(l.path); serr == nil {
-			if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Ino == l.ino {
-				_ = os.Remove(l.path)
-			}
+		if ino := inode(l.path); ino != 0 && ino == l.ino {
+			_ = os.Remove(l.path)
 		}
 	})
 	return err
@@ -144,9 +142,7 @@ func (l *Listener) Close() error {
 // Outcome is what happened on one connection, for the agent's log and
 // metrics.
 type Outcome struct {
-	// Status is StatusFound, StatusUnknown, or one of the Outcome*
-	// constants for a connection that got no answer.
-	Status   string
+	Status   string // StatusFound, StatusUnknown, or an Outcome* without an answer
 	Reason   string // why unknown, or the error
 	Request  Request
 	PeerUID  uint32
@@ -167,9 +163,8 @@ type Resolver interface {
 }
 
 // QuickResolver is a Resolver that may have an answer at hand: ResolveNow
-// returns it without waiting for anything, or false, and then the server
-// calls Resolve with its deadline. The usual answer (a pod the agent's
-// watch has brought) then costs no timer.
+// returns it without waiting, or false and the server calls Resolve with
+// its deadline. The usual answer then costs no timer.
 type QuickResolver interface {
 	Resolver
 	ResolveNow(req Request) (Answer, bool)
@@ -181,8 +176,7 @@ type ResolverFunc func(ctx context.Context, req Request) Answer
 // Resolve implements Resolver.
 func (f ResolverFunc) Resolve(ctx context.Context, req Request) Answer { return f(ctx, req) }
 
-// Server deadlines. The client waits ClientTimeout for its answer, so the
-// server's whole budget fits inside it.
+// Server bounds; the whole budget fits inside the client's ClientTimeout.
 const (
 	// ResolveTimeout bounds the resolver: a pod the informer has not seen
 	// is waited for, then fetched once.
@@ -195,11 +189,8 @@ const (
 // Server answers plugin requests on a Listener.
 type Server struct {
 	Resolver Resolver
-	// Observe, when set, is told about every connection (from the
-	// connection's goroutine).
-	Observe func(Outcome)
-	// AllowUID is the peer user answered; PeerUID unless a test changes it.
-	AllowUID uint32
+	Observe  func(Outcome) // when set, told about every connection, from its goroutine
+	AllowUID uint32        // the peer user answered; PeerUID unless a test changes it
 }
 
 // Serve answers connections until ctx ends or the listener fails; it
@@ -209,10 +200,10 @@ func (s *Server) Serve(ctx context.Context, l *Listener) error {
 }
 
 // ServeConns accepts connections on l until ctx ends or l fails, and runs
-// handle on each in a goroutine of its own, maxInFlight at a time; it closes
-// l and waits for the handlers. A connection beyond that bound goes to busy
-// (in a goroutine of its own, which closes it) when busy is set, else waits
-// for a handler to finish. The agent's sockets share it.
+// handle on each in its own goroutine, maxInFlight at a time; it closes l
+// and waits for the handlers. A connection beyond that bound goes to busy
+// (in its own goroutine, which closes it) when set, else waits for a
+// handler to finish. The agent's sockets share it.
 func (l *Listener) ServeConns(ctx context.Context, handle, busy func(*net.UnixConn)) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -229,9 +220,9 @@ func (l *Listener) ServeConns(ctx context.Context, handle, busy func(*net.UnixCo
 			if errors.Is(err, net.ErrClosed) {
 				return fmt.Errorf("accepting on %s: %w", l.path, err)
 			}
-			// Out of file descriptors or memory, a connection reset
-			// before it was accepted: the socket itself is fine, so keep
-			// serving (the plugin falls back meanwhile) after a pause.
+			// Out of descriptors or memory, a connection reset before it
+			// was accepted: the socket is fine, so serve on after a pause
+			// (the plugin falls back meanwhile).
 			select {
 			case <-ctx.Done():
 				return nil
@@ -263,10 +254,9 @@ func (l *Listener) ServeConns(ctx context.Context, handle, busy func(*net.UnixCo
 	}
 }
 
-// Lookup answers req from r within ResolveTimeout: the usual answer, a pod
-// the agent's watch has brought, costs no timer and no wait. An answer
-// that is not about req is "unknown" (r is trusted code, but a wrong answer
-// would only send the plugin to the API server), saying why.
+// Lookup answers req from r within ResolveTimeout. An answer that is not
+// about req becomes "unknown", saying why (r is trusted code, but a wrong
+// answer would only send the plugin to the API server).
 func Lookup(ctx context.Context, r Resolver, req Request) Answer {
 	a, ok := Answer{}, false
 	if q, isQ := r.(QuickResolver); isQ {
@@ -316,7 +306,7 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	a := Lookup(ctx, s.Resolver, req)
 	o.Status, o.Reason = a.Status, a.Reason
 	_ = c.SetWriteDeadline(time.Now().Add(ioTimeout))
-	b, err := encodeAnswer(a, MaxAnswer)
+	b, err := appendFrame(a, MaxAnswer)
 	if err == nil {
 		_, err = c.Write(b)
 	}

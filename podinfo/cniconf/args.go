@@ -15,9 +15,9 @@ type K8sArgs struct {
 	InfraContainerID string // K8S_POD_INFRA_CONTAINER_ID
 }
 
-// ParseK8sArgs reads CNI_ARGS ("K=V;K=V"). Unknown keys are ignored whether
-// or not IgnoreUnknown is given: other plugins in the chain own them. A pair
-// without '=' or a repeated K8S_* key is an error naming it.
+// ParseK8sArgs reads CNI_ARGS ("K=V;K=V"). Unknown keys are ignored, with
+// or without IgnoreUnknown: other plugins own them. A pair without '=' or
+// a repeated K8S_* key is an error naming it.
 func ParseK8sArgs(cniArgs string) (K8sArgs, error) {
 	var a K8sArgs
 	seen := map[string]bool{}

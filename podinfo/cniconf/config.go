@@ -25,15 +25,13 @@ const (
 	DefaultAPITimeout  = 30 * time.Second
 	// KubeconfigName is the file the agent writes into agent_run_dir.
 	KubeconfigName = "kubeconfig"
-	// AgentPodPrefix is the name prefix of the node agent's DaemonSet pods
-	// (DaemonSet "nftmesh-agent"). Together with pod_namespace it lets the
-	// agent's own pod through before any Kubernetes client exists: after a
-	// node reboot the kubeconfig it would need is written by that very pod.
+	// AgentPodPrefix is the name prefix of the agent DaemonSet's pods. With
+	// pod_namespace it lets the agent's own pod through before any client
+	// exists: after a node reboot that very pod writes the kubeconfig.
 	AgentPodPrefix = "nftmesh-agent-"
 )
 
-// Backend names accepted in the config (redirect defines them for every
-// package; cniconf reaches no kernel code).
+// Backend names accepted in the config.
 const (
 	BackendAuto           = redirect.BackendAuto
 	BackendNftables       = redirect.BackendNFTables
@@ -55,23 +53,20 @@ type Config struct {
 	Backend           string        // auto|nftables|iptables-legacy; default auto
 	APITimeout        time.Duration // bound on the pod lookup, retries included
 
-	// PrevResultJSON is the primary plugin's result exactly as the runtime
-	// passed it (NetConf.RawPrevResult stays nil): ParsePrevResult decodes
-	// it once, and a chained plugin that changes nothing can print it back
-	// byte for byte.
+	// PrevResultJSON is the primary plugin's result exactly as passed
+	// (NetConf.RawPrevResult stays nil): ParsePrevResult decodes it once,
+	// and a plugin that changes nothing can print it back byte for byte.
 	PrevResultJSON json.RawMessage
-	// prevResultAsIs: PrevResult was decoded from PrevResultJSON unchanged.
-	prevResultAsIs bool
+	prevResultAsIs bool // PrevResult was decoded from PrevResultJSON unchanged
 }
 
 // rawConfig is what the plugin reads: the shared wire fields, and Istio's
-// older names (plugin_log_level, cni_agent_run_dir), read when ours are
-// absent, so an Istio conflist entry keeps its meaning when only the type
-// is changed.
+// older names, read when ours are absent, so an Istio conflist entry keeps
+// its meaning when only the type is changed.
 type rawConfig struct {
 	types.NetConf
-	// Shallower than NetConf's prevResult, so it takes the field: kept as
-	// bytes instead of a generic map that would be encoded again to parse.
+	// Shallower than NetConf's prevResult, so it takes the field, as bytes
+	// rather than a map encoded again to parse.
 	PrevResultJSON json.RawMessage `json:"prevResult,omitempty"`
 	PluginSettings
 	IstioLogLevel    *string `json:"plugin_log_level"`
@@ -193,18 +188,13 @@ func pick(ours *string, oursName string, alias *string, aliasName string) (*stri
 	return alias, aliasName
 }
 
+// jsonKinds name the JSON a field of a Go kind wants (pointers are to
+// strings).
+var jsonKinds = map[string]string{"string": "a string", "ptr": "a string", "slice": "an array", "map": "an object", "struct": "an object", "bool": "a boolean"}
+
 func jsonKind(goKind string) string {
-	switch goKind {
-	case "string":
-		return "a string"
-	case "slice":
-		return "an array"
-	case "map", "struct":
-		return "an object"
-	case "bool":
-		return "a boolean"
-	case "ptr":
-		return "a string"
+	if k, ok := jsonKinds[goKind]; ok {
+		return k
 	}
 	return "a " + goKind
 }
@@ -221,8 +211,7 @@ func (c *Config) IsAgentPod(namespace, name string) bool {
 }
 
 // SkipBeforeLookup returns why the pod needs no lookup at all ("" when it
-// does): not a Kubernetes pod, an excluded namespace, or the agent's own pod.
-// It runs before any Kubernetes client is built.
+// does), before any Kubernetes client is built.
 func (c *Config) SkipBeforeLookup(a K8sArgs) string {
 	switch {
 	case a.PodNamespace == "" || a.PodName == "":
@@ -235,11 +224,10 @@ func (c *Config) SkipBeforeLookup(a K8sArgs) string {
 	return ""
 }
 
-// ParsePrevResult decodes the config's prevResult, when there is one, as a
-// result of the config's cniVersion into c.PrevResult, as the CNI
-// library's version.ParsePrevResult does. The usual result, which names
-// its own version, is decoded once from the bytes the runtime gave; any
-// other goes through the library (which supplies a missing version).
+// ParsePrevResult decodes the prevResult, if any, into c.PrevResult as
+// version.ParsePrevResult does. The usual result, which names its own
+// version, is decoded once from the runtime's bytes; any other goes
+// through the library (which supplies a missing version).
 func (c *Config) ParsePrevResult() error {
 	raw := bytes.TrimSpace(c.PrevResultJSON)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
@@ -255,10 +243,9 @@ func (c *Config) ParsePrevResult() error {
 	return version.ParsePrevResult(&c.NetConf)
 }
 
-// PrevResultUnchanged is the prevResult as passed, when it can be printed
-// as the plugin's own result without conversion: it was parsed as it is and
-// says the config's cniVersion itself. Otherwise nil, and the caller prints
-// c.PrevResult converted to c.CNIVersion.
+// PrevResultUnchanged is the prevResult as passed when it can be printed as
+// the plugin's own result: parsed as it is, of the config's cniVersion.
+// Otherwise nil, and the caller prints c.PrevResult converted.
 func (c *Config) PrevResultUnchanged() []byte {
 	if !c.prevResultAsIs || c.PrevResult.Version() != c.CNIVersion {
 		return nil

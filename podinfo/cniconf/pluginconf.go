@@ -2,12 +2,11 @@ package cniconf
 
 import "encoding/json"
 
-// PluginSettings are nftmesh-cni's own fields of its conflist entry, by
-// their wire names: the node agent writes them (PluginConf) and the plugin
-// reads them (ParseConfig), so both sides share this one definition. The
-// names are istio-cni's, so an existing chained config keeps working; the
-// plugin ignores unknown fields. A nil field is absent from the entry (the
-// plugin's default applies); the agent sets every one.
+// PluginSettings are nftmesh-cni's own fields of its conflist entry, one
+// definition for the agent that writes them (PluginConf) and the plugin
+// that reads them (ParseConfig). The names are istio-cni's, so an existing
+// chained config keeps working. A nil field is absent (the default
+// applies); the agent sets every one.
 type PluginSettings struct {
 	LogLevel          *string  `json:"log_level"`
 	ExcludeNamespaces []string `json:"exclude_namespaces"`
@@ -18,8 +17,8 @@ type PluginSettings struct {
 	APITimeout        *string  `json:"api_timeout"`
 }
 
-// PluginConf is the plugin's whole entry as the agent writes it. In a list
-// the cniVersion comes from the list, so it is left out there.
+// PluginConf is the plugin's whole entry as the agent writes it (in a list
+// without cniVersion, which the list has).
 type PluginConf struct {
 	CNIVersion string `json:"cniVersion,omitempty"`
 	Name       string `json:"name"`
@@ -31,7 +30,7 @@ type PluginConf struct {
 func (p PluginConf) JSON() json.RawMessage {
 	b, err := json.Marshal(p)
 	if err != nil {
-		panic(err) // only strings, string pointers and a string slice: unreachable
+		panic(err) // only strings: unreachable
 	}
 	return b
 }

@@ -6,23 +6,16 @@ import (
 )
 
 // IPv6Capture reports whether a sidecar pod gets IPv6 capture (the IPv6
-// rules and ::6 on lo), given the addresses of its network namespace in the
-// order the kernel lists them and whether its sidecar is dual-stack
-// (ISTIO_DUAL_STACK=true on istio-proxy).
+// rules and ::6 on lo), given its network namespace's addresses in the
+// kernel's order and whether its sidecar is dual-stack (ISTIO_DUAL_STACK).
 //
-// This is Istio's rule. Loopback, link-local unicast and link-local
-// multicast addresses do not count, and an IPv4-mapped address counts as
-// IPv4. Without dual-stack, IPv6 is captured only when the first address
-// that counts is IPv6: such a sidecar's Envoy listens on 15001/15006 in that
-// one family, so capturing the other family would send the app's
-// connections to a port nobody listens on. A dual-stack sidecar listens in
-// both, and IPv6 is captured when any address that counts is IPv6. With no
-// address that counts, nothing is IPv6.
-//
-// The kernel lists every IPv4 address of a namespace before any IPv6 one
-// (its address dump walks the families in order), so a pod with both
-// families gets IPv4 capture only unless its sidecar is dual-stack, whatever
-// order its pod IPs are in.
+// This is Istio's rule. Only addresses that Count count; an IPv4-mapped
+// one is IPv4. Without dual-stack, IPv6 is captured only when the first
+// is IPv6: Envoy then listens on 15001/15006 in that one family, and
+// capturing the other would send connections to a port nobody listens on.
+// With dual-stack, any IPv6 address suffices. The kernel lists IPv4 before
+// IPv6, so a pod of both families gets IPv4 capture only unless its
+// sidecar is dual-stack, whatever the order of its pod IPs.
 func IPv6Capture(addrs []netip.Addr, dualStack bool) bool {
 	for _, a := range addrs {
 		a = a.Unmap()
@@ -46,10 +39,9 @@ func Counts(a netip.Addr) bool {
 	return a.IsValid() && !a.IsLoopback() && !a.IsLinkLocalUnicast() && !a.IsLinkLocalMulticast()
 }
 
-// KernelOrder returns addrs in the order the kernel would list them once
-// they are on a namespace's interfaces: IPv4 (and IPv4-mapped) first, then
-// IPv6, each family in its given order. It predicts IPv6Capture's input from
-// a pod's IPs before its namespace can be read.
+// KernelOrder returns addrs in the order the kernel would list them on a
+// namespace's interfaces: IPv4 (and IPv4-mapped), then IPv6, each family
+// in its given order: IPv6Capture's input predicted from a pod's IPs.
 func KernelOrder(addrs []netip.Addr) []netip.Addr {
 	out := slices.Clone(addrs)
 	slices.SortStableFunc(out, func(a, b netip.Addr) int {
@@ -65,9 +57,8 @@ func family(a netip.Addr) int {
 	return 6
 }
 
-// parseIPs reads pod IPs (plain or CIDR notation). Unparsable entries are
-// skipped: they come from the API server or the primary plugin, not from
-// the user, and Istio does not read them at all.
+// parseIPs reads pod IPs (plain or CIDR). Unparsable entries are skipped:
+// they come from the API server, not the user, and Istio ignores them.
 func parseIPs(ss []string) []netip.Addr {
 	var out []netip.Addr
 	for _, s := range ss {

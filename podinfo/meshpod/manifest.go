@@ -7,10 +7,8 @@ import (
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
-// The manifest mirror: the JSON names of the Pod fields Decide reads (and
-// the UID), as `kubectl get pod -o yaml|json` prints them and the API server
-// sends them. Other fields are ignored, as a
-// non-strict decode of a corev1.Pod ignores unknown ones.
+// manifest mirrors the Pod fields Decide reads (and the UID) by their JSON
+// names; other fields are ignored, as a non-strict corev1.Pod decode does.
 type manifest struct {
 	APIVersion string    `json:"apiVersion"`
 	Kind       string    `json:"kind"`
@@ -39,17 +37,16 @@ type podStatus struct {
 	} `json:"podIPs"`
 }
 
-// podTemplate is a workload's pod template (the fields are named types,
-// not embedded, so that sigs.k8s.io/yaml's guided decode reaches them:
-// an unquoted `sidecar.istio.io/inject: true` reads as text).
+// podTemplate is a workload's pod template (named fields, not embedded, so
+// sigs.k8s.io/yaml's guided decode reads an unquoted `inject: true` as
+// text).
 type podTemplate struct {
 	Metadata podMeta `json:"metadata"`
 	Spec     podSpec `json:"spec"`
 }
 
-// workload is where a workload keeps its pod template: spec.template
-// (Deployment, StatefulSet, DaemonSet, ReplicaSet, Job) or
-// spec.jobTemplate.spec.template (CronJob).
+// workload holds spec.template, or a CronJob's
+// spec.jobTemplate.spec.template.
 type workload struct {
 	Spec struct {
 		Template    *podTemplate `json:"template"`
@@ -74,11 +71,9 @@ type manifestContainer struct {
 	} `json:"securityContext"`
 }
 
-// DecodeManifest decodes one Pod document with unmarshal (a JSON
-// decoder, or a YAML one that fills the same json tags) and checks it is a
-// v1 Pod. Any other kind, or a document without a kind, is an error naming
-// what was found. Reading files and choosing among several documents is
-// podinfo/meshpod/manifest's job, which brings the YAML decoder.
+// DecodeManifest decodes one Pod document with unmarshal (JSON, or YAML
+// into the json tags) and checks it is a v1 Pod, naming what was found
+// otherwise. Package manifest reads files and chooses among documents.
 func DecodeManifest(data []byte, unmarshal func([]byte, any) error) (*Pod, error) {
 	var m manifest
 	if err := unmarshal(data, &m); err != nil {
@@ -95,12 +90,10 @@ func DecodeManifest(data []byte, unmarshal func([]byte, any) error) (*Pod, error
 	return m.pod(), nil
 }
 
-// DecodeTemplate decodes the pod template of a workload document with
-// unmarshal: spec.template, or with jobTemplate (a CronJob's)
-// spec.jobTemplate.spec.template. The Pod has the template's metadata;
-// its namespace and name are the caller's to fill in when the template
-// leaves them out (they are the workload's). A document without a
-// template is an error naming the field.
+// DecodeTemplate decodes a workload document's pod template with
+// unmarshal (with jobTemplate, a CronJob's). The Pod has the template's
+// metadata; a missing namespace or name is the caller's to fill in (the
+// workload's). No template is an error naming the field.
 func DecodeTemplate(data []byte, jobTemplate bool, unmarshal func([]byte, any) error) (*Pod, error) {
 	var w workload
 	if err := unmarshal(data, &w); err != nil {
@@ -120,9 +113,8 @@ func DecodeTemplate(data []byte, jobTemplate bool, unmarshal func([]byte, any) e
 	return m.pod(), nil
 }
 
-// DecodeAPIPod decodes a Pod as the API server sends it (JSON, kind Pod,
-// apiVersion v1) into the fields the capture decision reads, and its UID.
-// Another kind or version is an error naming what came.
+// DecodeAPIPod decodes a v1 Pod as the API server sends it (JSON) into the
+// decision's fields and its UID; anything else is an error naming it.
 func DecodeAPIPod(body []byte) (p *Pod, uid string, err error) {
 	// The kind first: another kind's fields need not fit a Pod's.
 	var tm struct {

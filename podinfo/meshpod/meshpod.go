@@ -1,9 +1,8 @@
-// Package meshpod is the pure in-mesh decision: given the few fields of a Pod
-// that Istio's CNI reads (names, labels, annotations, containers' args, env
-// and securityContext, pod IPs), whether the pod gets capture rules and with
-// which redirect.Spec. It imports nothing from Kubernetes, so the `redirect`
-// CLI can read Pod manifests without paying client-go's start-up cost;
-// podinfo.FromPod adapts a *corev1.Pod to it.
+// Package meshpod is the pure in-mesh decision: from the few Pod fields
+// Istio's CNI reads, whether the pod gets capture rules and with which
+// redirect.Spec. It imports nothing from Kubernetes, so the `redirect` CLI
+// reads manifests without client-go's start-up cost; podinfo.Mesh adapts a
+// *corev1.Pod to it.
 package meshpod
 
 import (
@@ -26,8 +25,8 @@ const (
 	EnvInvalidDrop  = "INVALID_DROP"
 )
 
-// Reasons Decide (and the CNI plugin's pre-lookup checks) give for a
-// decision. They are stable: logs and tests match on them.
+// Reasons Decide and the plugin's pre-lookup checks give; stable, as logs
+// and tests match on them.
 const (
 	ReasonNotKubernetes       = "not a kubernetes pod"
 	ReasonExcludedNamespace   = "namespace excluded"
@@ -51,8 +50,7 @@ type Pod struct {
 	Annotations     map[string]string
 	InitContainers  []Container
 	Containers      []Container
-	// PodIPs are status.podIP and status.podIPs[].ip.
-	PodIPs []string
+	PodIPs          []string // status.podIP and status.podIPs[].ip
 }
 
 // Container is what the decision reads of a container.
@@ -70,27 +68,23 @@ type EnvVar struct{ Name, Value string }
 
 // Decide decides whether pod gets sidecar capture rules and with which Spec.
 //
-// The checks follow Istio's CNI plugin, in its order: an istio-init container
-// (init or regular) means the pod redirects itself; DISABLE_ENVOY=true on the
-// proxy means proxyless; no istio-proxy container (init containers count, for
-// native sidecars); proxy args "proxy X" with X other than "sidecar" is a
-// gateway; sidecar.istio.io/inject false (the label overrides the annotation);
-// no sidecar.istio.io/status annotation means not injected. As in Istio, an
-// unparsable DISABLE_ENVOY or inject value is not a skip.
+// The checks follow Istio's CNI plugin, in its order: an istio-init
+// container (init or regular: the pod redirects itself); DISABLE_ENVOY=true
+// on the proxy (proxyless); no istio-proxy container (init containers
+// count, for native sidecars); proxy args "proxy X" with X not "sidecar"
+// (a gateway); sidecar.istio.io/inject false (the label overrides the
+// annotation); no sidecar.istio.io/status annotation (not injected). As in
+// Istio, an unparsable DISABLE_ENVOY or inject value is not a skip.
+// Unlike Istio, interceptionMode NONE is a skip too: the injector writes it
+// (and no init container) when the user asks for no interception, and
+// failing the sandbox would help nobody.
 //
-// Unlike Istio's plugin, an injected pod whose interceptionMode is NONE is
-// skipped too: the injector writes NONE (and no init container) when the
-// user asks for no interception, so the pod wants no rules; failing its
-// sandbox, as an invalid mode would, helps nobody.
-//
-// For an in-mesh pod the Spec starts from redirect.DefaultSpec, takes the
-// proxy's runAsUser/runAsGroup (0 or unset keeps 1337), its literal env
-// ISTIO_META_DNS_CAPTURE, INVALID_DROP and ISTIO_DUAL_STACK (an empty value
-// counts as unset), predicts IPv6 capture from the pod's IPs with
-// IPv6Capture (callers holding the pod's network namespace decide from its
-// addresses instead), then applies the pod's annotations. All problems come back at once as a
-// *redirect.ValidationError, with inMesh true so that the caller fails closed
-// rather than skipping.
+// An in-mesh pod's Spec starts from redirect.DefaultSpec, takes the proxy's
+// runAsUser/runAsGroup (0 or unset keeps 1337) and its literal, non-empty
+// ISTIO_META_DNS_CAPTURE, INVALID_DROP and ISTIO_DUAL_STACK, predicts IPv6
+// capture from the pod's IPs (IPv6Capture), then applies the annotations.
+// All problems come back at once as a *redirect.ValidationError, with
+// inMesh true so that the caller fails closed rather than skipping.
 func Decide(pod *Pod) (inMesh bool, reason string, spec redirect.Spec, err error) {
 	if pod == nil {
 		return false, "", redirect.Spec{}, fmt.Errorf("deciding capture: no pod")
@@ -197,8 +191,7 @@ func specFor(pod *Pod, proxy *Container, env map[string]string) (redirect.Spec, 
 	boolEnv(EnvDNSCapture, &base.CaptureDNS)
 	boolEnv(EnvInvalidDrop, &base.DropInvalid)
 	boolEnv(EnvDualStack, &base.DualStack)
-	// A prediction from the pod's IPs, for manifests; callers that can read
-	// the pod's network namespace decide again from its addresses.
+	// A prediction; callers holding the netns decide from its addresses.
 	base.IPv6 = IPv6Capture(KernelOrder(parseIPs(pod.PodIPs)), base.DualStack)
 
 	spec, err := redirect.ParseAnnotations(base, pod.Annotations)
@@ -215,8 +208,8 @@ func specFor(pod *Pod, proxy *Container, env map[string]string) (redirect.Spec, 
 	return redirect.Spec{}, redirect.NewValidationError(problems, omitted)
 }
 
-// proxyID reads a runAsUser/runAsGroup value; nil and 0 give 0 (the caller
-// keeps the default 1337, as Istio does).
+// proxyID reads a runAsUser/runAsGroup value; nil and 0 give 0 (the
+// default 1337 stays, as in Istio).
 func proxyID(field string, v *int64) (uint32, *redirect.FieldError) {
 	if v == nil {
 		return 0, nil

@@ -1,19 +1,13 @@
-// Package podget reads one pod from the Kubernetes API server the way the
-// CNI plugin needs it when the node agent does not answer: a kubeconfig
-// read by client-go's clientcmd (every kubeconfig client-go reads, YAML or
-// JSON), one GET through client-go's rest client with bounded retries,
-// failing closed, and only the pod fields the in-mesh decision reads
-// (podinfo/meshpod.Pod) plus the UID.
-//
-// Nothing of the connection is kept on disk: the standalone plugin runs
-// only when the agent is down or declines, where a full TLS handshake per
-// run costs a millisecond or two on a fallback path.
+// Package podget reads one pod from the API server as the CNI plugin needs
+// it when the node agent does not answer: a kubeconfig read by clientcmd,
+// one GET through client-go's rest client with bounded retries, failing
+// closed, and only the fields the in-mesh decision reads (meshpod.Pod)
+// plus the UID. Nothing of the connection is kept on disk: this is a
+// fallback path, where a TLS handshake per run costs a millisecond or two.
 //
 // The transport is wrapped in kubeconf.Guard: no credential of the request
-// reaches an error (an API server or proxy that echoes the request in its
-// error page), redirects are not followed, and an answer is bounded.
-//
-// It does not decide anything (meshpod does) and does not log.
+// reaches an error, redirects are not followed, an answer is bounded. It
+// decides nothing (meshpod does) and does not log.
 package podget
 
 import (
@@ -48,35 +42,31 @@ import (
 // Client reads pods from one API server.
 type Client struct {
 	rc *rest.RESTClient
-	// secrets are the credentials the config holds, redacted from every
-	// error GetPod returns (the transport's guard redacts what the request
-	// carried; this also covers what client-go says before a request).
+	// secrets are the config's credentials, redacted from every error
+	// GetPod returns (the guard covers the request; this also covers what
+	// client-go says before one).
 	secrets []string
-	// attemptTime bounds one GET inside GetPod's deadline, so a server
-	// that accepted the connection but stalls is asked again.
+	// attemptTime bounds one GET, so a server that stalls is asked again.
 	attemptTime time.Duration
 }
 
 // Options configure New.
 type Options struct {
-	// UserAgent is sent with each request; default "nftmesh-cni".
-	UserAgent string
+	UserAgent string // default "nftmesh-cni"
 }
 
-// maxKubeconfig bounds the kubeconfig file LoadKubeconfig reads: one with a
-// CA bundle and client certificates is a few KiB.
-const maxKubeconfig = 4 << 20
-
-// maxKubeconfigError bounds what a kubeconfig error quotes of clientcmd's
+// Bounds on the kubeconfig file (one with a CA bundle and client
+// certificates is a few KiB) and on what an error quotes of clientcmd's
 // message, which may quote the file.
-const maxKubeconfigError = 1024
+const (
+	maxKubeconfig      = 4 << 20
+	maxKubeconfigError = 1024
+)
 
-// LoadKubeconfig reads a kubeconfig file the way kubectl does (clientcmd:
-// YAML or JSON, its current context, files it names relative to its own
-// directory) into a client config. Credentials that would make the plugin
-// run a program or call a plugin (exec, auth-provider) are an error naming
-// the user: product code never execs a binary, and the plugin fails closed
-// rather than read pods some other way.
+// LoadKubeconfig reads a kubeconfig file as kubectl does (clientcmd) into a
+// client config. Credentials that would make the plugin run a program
+// (exec, auth-provider) are an error naming the user: product code never
+// execs a binary, and the plugin fails closed.
 func LoadKubeconfig(path string) (*rest.Config, error) {
 	st, err := os.Stat(path)
 	if err != nil {
@@ -87,7 +77,6 @@ func LoadKubeconfig(path string) (*rest.Config, error) {
 	}
 	raw, err := (&clientcmd.ClientConfigLoadingRules{ExplicitPath: path}).Load()
 	if err != nil {
-		// The parser's message may quote the file's content: bounded.
 		return nil, fmt.Errorf("loading kubeconfig %s: %s", path, quote.TextN(err.Error(), maxKubeconfigError))
 	}
 	cc := clientcmd.NewDefaultClientConfig(*raw, &clientcmd.ConfigOverrides{})
@@ -101,8 +90,8 @@ func LoadKubeconfig(path string) (*rest.Config, error) {
 			}
 		}
 	}
-	// ConfirmUsable also refuses a context naming a user that is not in
-	// the file, which ClientConfig would read as anonymous.
+	// ConfirmUsable also refuses a context naming a user not in the file,
+	// which ClientConfig would read as anonymous.
 	err = clientcmd.ConfirmUsable(*raw, raw.CurrentContext)
 	var cfg *rest.Config
 	if err == nil {
@@ -123,8 +112,7 @@ func NewFromFile(path string, o Options) (*Client, error) {
 	return New(cfg, o)
 }
 
-// maxBody bounds an answer: the API server caps an object at about 1.5 MiB
-// in etcd.
+// maxBody bounds an answer: etcd caps an object at about 1.5 MiB.
 const maxBody = 16 << 20
 
 // New builds a client for cfg (not modified).
@@ -141,14 +129,13 @@ func New(cfg *rest.Config, o Options) (*Client, error) {
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = "nftmesh-cni"
 	}
-	// GetPod retries (with backoff, within its deadline); client-go's own
-	// rate limiter would only add waits on top.
+	// GetPod retries with backoff; client-go's rate limiter would only add
+	// waits.
 	cfg.QPS, cfg.Burst, cfg.RateLimiter = -1, 0, nil
 	cfg.Timeout = 0
 	cfg.WarningHandler = rest.NoWarnings{}
-	// One GET per process: HTTP/2's connection set-up buys nothing here
-	// (interleaved standalone ADDs against a local TLS stand-in, 60 each at
-	// load ~17: CPU p50 39.6 vs 44.4 ms with h2 offered).
+	// One GET per process: HTTP/2's set-up buys nothing (interleaved
+	// standalone ADDs, 60 each at load ~17: CPU p50 39.6 vs 44.4 ms with h2).
 	cfg.NextProtos = []string{"http/1.1"}
 	guard := kubeconf.Guard(maxBody)
 	if wrap := cfg.WrapTransport; wrap != nil {
@@ -168,8 +155,8 @@ func New(cfg *rest.Config, o Options) (*Client, error) {
 	return c, nil
 }
 
-// statusCodecs decode what the client decodes through client-go: the API
-// server's Status answers (the pod itself is read by meshpod).
+// statusCodecs decode the API server's Status answers (meshpod reads the
+// pod itself).
 func statusCodecs() serializer.CodecFactory {
 	s := runtime.NewScheme()
 	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
@@ -201,24 +188,18 @@ const (
 	maxServerDelay = 5 * time.Second
 )
 
-// GetPod fetches a pod, retrying what may get better by waiting (an
-// unreachable or slow server, 429, 5xx) with backoff until timeout has
-// passed. Every other answer comes back at once with its own cause: not
-// found, forbidden (RBAC), unauthorized, bad request, a redirect, a TLS
-// handshake the server refused, an answer that is not a Pod, a name no
-// request can carry. kubelet retries the whole sandbox creation, so the
-// caller fails closed on any error. No credential is in the error.
+// GetPod fetches a pod, retrying what waiting may cure (an unreachable or
+// slow server, 429, 5xx) with backoff until timeout has passed; any other
+// failure comes back at once with its cause (Retryable). kubelet retries
+// the sandbox, so the caller fails closed on any error. No credential is
+// in the error.
 //
-// The first read is served from the API server's watch cache (the same
-// cache kubelet learned about the pod from), which saves an etcd round
-// trip; wantUID, when set, guards against a stale copy of an earlier pod
-// with the same name. A cached miss or a UID mismatch is re-read with a
-// consistent read, so staleness can cost time but never a wrong answer
-// about which pod this is.
-//
-// The answer must be the pod asked for: a Pod with another namespace or
-// name (a misrouted or forged answer) is an error naming both, whether or
-// not wantUID is known.
+// The first read is served from the API server's watch cache (where
+// kubelet learned of the pod), saving an etcd round trip; wantUID, when
+// set, guards against a stale copy of an earlier pod of the same name. A
+// cached miss or UID mismatch is read again consistently, so staleness can
+// cost time but never a wrong answer. A Pod with another namespace or name
+// (misrouted or forged) is an error naming both.
 func (c *Client) GetPod(ctx context.Context, namespace, name, wantUID string, timeout time.Duration) (*Pod, error) {
 	pod, err := c.getPod(ctx, namespace, name, wantUID, timeout)
 	if err != nil {
@@ -227,9 +208,8 @@ func (c *Client) GetPod(ctx context.Context, namespace, name, wantUID string, ti
 	return pod, nil
 }
 
-// Error is GetPod's error: its message has no credential in it. Unwrap
-// gives what it was, for errors.Is and errors.As (Retryable, apierrors.IsNotFound);
-// what those find may hold what the server sent, so print only Error.
+// Error is GetPod's error, without credentials in its message. What
+// Unwrap leads to may hold what the server sent: print only Error.
 type Error struct {
 	msg string
 	err error
@@ -244,8 +224,8 @@ func (c *Client) getPod(ctx context.Context, namespace, name, wantUID string, ti
 	defer cancel()
 	delay := firstRetryDelay
 	cached := true
-	// prev is the last attempt's error that was the server's doing: an
-	// attempt cut short only by the overall deadline says less.
+	// prev: the last error that was the server's doing; an attempt cut
+	// short by the overall deadline says less.
 	var prev error
 	for attempt := 1; ; attempt++ {
 		actx, acancel := context.WithTimeout(ctx, c.attemptTime)
@@ -271,8 +251,7 @@ func (c *Client) getPod(ctx context.Context, namespace, name, wantUID string, ti
 		}
 		wait := delay
 		if s, ok := apierrors.SuggestsClientDelay(err); ok && s > 0 {
-			// The server asked for a pause (Retry-After on a 429 or a
-			// server timeout): asking sooner only adds to its load.
+			// Retry-After: asking sooner only adds to the server's load.
 			wait = max(wait, min(time.Duration(s)*time.Second, maxServerDelay))
 		}
 		if ctx.Err() != nil && prev != nil && errors.Is(err, context.DeadlineExceeded) {
@@ -289,10 +268,9 @@ func (c *Client) getPod(ctx context.Context, namespace, name, wantUID string, ti
 	}
 }
 
-// get makes one GET of the pod. cached reads with resourceVersion=0, which
-// the API server answers from its watch cache without an etcd round trip.
-// client-go refuses a namespace or name that is not one path segment
-// before any request.
+// get makes one GET of the pod; cached reads at resourceVersion 0 (the
+// watch cache). client-go refuses a namespace or name that is not one path
+// segment before any request.
 func (c *Client) get(ctx context.Context, namespace, name string, cached bool) (*Pod, error) {
 	req := c.rc.Get().Namespace(namespace).Resource("pods").Name(name).MaxRetries(0)
 	if cached {
@@ -315,15 +293,14 @@ func (c *Client) get(ctx context.Context, namespace, name string, cached bool) (
 	return decodePod(body)
 }
 
-// isJSON reports whether a Content-Type is application/json (parameters
-// such as charset aside; media types are case-insensitive).
+// isJSON reports whether a Content-Type is application/json, parameters
+// aside.
 func isJSON(ctype string) bool {
 	mt, _, _ := strings.Cut(ctype, ";")
 	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
 }
 
-// decodePod decodes a Pod answer; anything else (another kind, another
-// version) is an error naming what came.
+// decodePod decodes a Pod answer; anything else is an error naming it.
 func decodePod(body []byte) (*Pod, error) {
 	p, uid, err := meshpod.DecodeAPIPod(body)
 	if err != nil {
@@ -336,11 +313,10 @@ func decodePod(body []byte) (*Pod, error) {
 var ErrWrongPod = errors.New("not the pod asked for")
 
 // Retryable reports whether a failed pod GET may succeed when repeated:
-// the server was not reached or did not answer in time, or it answered
-// 429, 408 or 5xx. Anything else is final: a 4xx answer, a redirect, an
-// answer that does not decode as a Pod or is too large, a name no request
-// can carry, a certificate the server presented that does not verify, a TLS
-// handshake the server refused, or a cancelled caller.
+// the server was not reached or not in time, or it answered 429, 408 or
+// 5xx. Anything else is final: another 4xx, a redirect, an answer that is
+// not a Pod or too large, a name no request can carry, a refused TLS
+// handshake or certificate, a cancelled caller.
 func Retryable(err error) bool {
 	if err == nil {
 		return false
@@ -360,20 +336,17 @@ func Retryable(err error) bool {
 	if errors.As(err, &redirect) || errors.Is(err, kubeconf.ErrAnswerTooLarge) || errors.Is(err, context.Canceled) {
 		return false
 	}
-	// An attempt that ran out of its own time; GetPod's overall deadline
-	// still ends the retries.
+	// An attempt out of its own time; GetPod's deadline ends the retries.
 	if errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
-	// Waiting does not change the certificate the server presents, the CA
-	// we trust or the TLS versions it speaks.
+	// Waiting changes no certificate, CA or TLS version.
 	if tlsRefused(err) != nil {
 		return false
 	}
-	// Refused, reset, unreachable, DNS, dial and TLS handshake timeouts, a
-	// connection closed mid-answer. Every error of the HTTP client is a
-	// *url.Error, itself a net.Error: what it wraps decides ("server gave
-	// HTTP response to HTTPS client" is final).
+	// Refused, reset, unreachable, DNS, timeouts, closed mid-answer. Every
+	// HTTP client error is a *url.Error, itself a net.Error: what it wraps
+	// decides ("server gave HTTP response to HTTPS client" is final).
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
@@ -386,10 +359,9 @@ func Retryable(err error) bool {
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
-// tlsRefused is the TLS handshake's own verdict in err, if it has one: the
-// server's certificate did not verify, the server sent an alert (a TLS
-// version or cipher it does not speak, a client certificate it refused), or
-// this side refused what the server chose.
+// tlsRefused is the TLS handshake's own verdict in err, if any: the
+// server's certificate did not verify, the server sent an alert, or this
+// side refused what the server chose.
 func tlsRefused(err error) error {
 	var (
 		unknownCA  x509.UnknownAuthorityError
@@ -411,8 +383,7 @@ func tlsRefused(err error) error {
 	return nil
 }
 
-// explain adds to a final error what it means when the error alone does
-// not say.
+// explain adds to a final error what it means, where it does not say.
 func explain(err error) error {
 	var status apierrors.APIStatus
 	if errors.As(err, &status) {

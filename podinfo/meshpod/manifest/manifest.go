@@ -1,8 +1,6 @@
-// Package manifest reads Pod manifests, YAML or JSON, as kubectl prints and
-// reads them (sigs.k8s.io/yaml, documents split as kubectl splits a file),
-// into the capture decision's view of a pod (package meshpod). It owns
-// reading files and choosing a Pod among several documents; it does not
-// decide anything about capture.
+// Package manifest reads Pod and workload manifests, YAML or JSON, as
+// kubectl does, into the capture decision's view of a pod (meshpod). It
+// owns reading files and choosing among documents, and decides nothing.
 package manifest
 
 import (
@@ -16,19 +14,16 @@ import (
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
-// Object is what a workload reader chose from a manifest: the Pod, or a
-// workload's pod template read as a pod of the workload's namespace and
-// name (the template's own name and namespace, when it has them, win).
+// Object is what a workload reader chose: the Pod, or a workload's pod
+// template as a pod of the workload's namespace and name (unless the
+// template has its own).
 type Object struct {
-	Pod  *meshpod.Pod
-	Kind string // Pod, or a workload kind (WorkloadKinds)
-	// Namespace and Name are the object's own (a workload's, not its
-	// template's).
-	Namespace, Name string
+	Pod             *meshpod.Pod
+	Kind            string // Pod, or one of WorkloadKinds
+	Namespace, Name string // the object's own, not its template's
 }
 
-// Subject names the object in messages: "pod NAMESPACE/NAME", or for a
-// workload "Deployment NAMESPACE/NAME".
+// Subject names the object in messages: "pod NS/NAME", "Deployment NS/NAME".
 func (o Object) Subject() string {
 	kind := o.Kind
 	if kind == "Pod" {
@@ -51,14 +46,11 @@ func ReadWorkload(path, name string) (Object, error) {
 	return o, nil
 }
 
-// ParseWorkload reads what users have: a Pod, or the pod template of a
-// Deployment, StatefulSet, DaemonSet, ReplicaSet, Job (spec.template) or
-// CronJob (spec.jobTemplate.spec.template), as written or as `istioctl
-// kube-inject` prints it. The stream is read as SelectPod reads it
-// (documents, Lists), other kinds (Services, ServiceAccounts) skipped;
-// name ("NAME", "NAMESPACE/NAME" or "KIND/NAME") picks among several, and
-// without it there must be exactly one. Errors name the document, the
-// kind and the field.
+// ParseWorkload reads a Pod, or the pod template of one of WorkloadKinds,
+// as written or as `istioctl kube-inject` prints it. The stream is read as
+// SelectPod reads it, other kinds skipped; name ("NAME", "NAMESPACE/NAME"
+// or "KIND/NAME") picks among several, else there must be exactly one.
+// Errors name the document, the kind and the field.
 func ParseWorkload(data []byte, name string) (Object, error) {
 	c, err := selectObject(data, name, true)
 	if err != nil {
@@ -89,7 +81,6 @@ func ParseWorkload(data []byte, name string) (Object, error) {
 	return o, nil
 }
 
-// unmarshalYAML is sigs.k8s.io/yaml's Unmarshal: YAML (or JSON) into the
-// json tags, a number or boolean bound for a string field read as its
-// text (an unquoted `sidecar.istio.io/inject: true`).
+// unmarshalYAML is yaml.Unmarshal without options: a number or boolean
+// bound for a string field reads as its text.
 func unmarshalYAML(b []byte, v any) error { return yaml.Unmarshal(b, v) }

@@ -16,13 +16,12 @@ import (
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
-// MaxManifestSize caps what a manifest read takes in. The API server stores
-// objects of at most 1.5 MiB, and YAML of such a Pod is not much larger; a
-// cap keeps a mistaken path (/dev/zero, a log file) from filling memory.
+// MaxManifestSize caps a manifest read (objects are at most 1.5 MiB), so
+// a mistaken path (/dev/zero, a log file) cannot fill memory.
 const MaxManifestSize = 4 << 20
 
-// ReadCapped reads r to its end, or fails naming what (a file name, or
-// "standard input") once it passes MaxManifestSize.
+// ReadCapped reads r to its end, or fails naming what once it passes
+// MaxManifestSize.
 func ReadCapped(r io.Reader, what string) ([]byte, error) {
 	data, err := io.ReadAll(io.LimitReader(r, MaxManifestSize+1))
 	if err != nil {
@@ -44,16 +43,13 @@ func ReadManifestData(path string) ([]byte, error) {
 	return ReadCapped(f, path)
 }
 
-// SelectPod finds the one Pod a manifest stream describes and returns its
-// document (JSON or YAML, as found). The stream may hold several documents
-// separated by "---" lines (kubectl's rule and reader), and List or PodList
-// objects (`kubectl get pods -o yaml`); every Pod in them is a candidate.
-// name ("NAME", "NAMESPACE/NAME" or "Pod/NAME") picks one; without it
-// there must be exactly one. Anything else is an error listing what was
-// found, never a silent choice of the first.
-//
-// A stream of one document that is not a Pod keeps the single-manifest
-// errors (no kind, wrong kind, wrong apiVersion).
+// SelectPod finds the one Pod of a manifest stream and returns its document
+// as found. The stream may hold "---"-separated documents (kubectl's
+// reader) and List or PodList objects; every Pod in them is a candidate.
+// name ("NAME", "NAMESPACE/NAME" or "Pod/NAME") picks one, else there must
+// be exactly one; anything else is an error listing what was found, never
+// a silent choice. A lone document that is not a Pod is left to the Pod
+// decoder's errors.
 func SelectPod(data []byte, name string) ([]byte, error) {
 	c, err := selectObject(data, name, false)
 	if err != nil {
@@ -62,9 +58,8 @@ func SelectPod(data []byte, name string) ([]byte, error) {
 	return c.data, nil
 }
 
-// workloadGroups are the kinds that hold a pod template, with the API
-// group each belongs to (extensions: Deployments, DaemonSets and
-// ReplicaSets of old manifests, same template).
+// workloadGroups are the kinds that hold a pod template, with their API
+// groups (extensions: old manifests, same template).
 var workloadGroups = map[string][]string{
 	"Deployment":  {"apps", "extensions"},
 	"StatefulSet": {"apps"},
@@ -74,12 +69,10 @@ var workloadGroups = map[string][]string{
 	"CronJob":     {"batch"},
 }
 
-// WorkloadKinds names the kinds besides Pod whose pod template the
-// workload readers take, for help texts.
+// WorkloadKinds names workloadGroups' kinds, for help texts.
 const WorkloadKinds = "Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob"
 
-// selectObject finds the one object of a manifest stream that name picks
-// (see SelectPod): a Pod, or with workloads also an object of
+// selectObject is SelectPod that, with workloads, also takes
 // workloadGroups' kinds.
 func selectObject(data []byte, name string, workloads bool) (candidate, error) {
 	docs, err := splitDocuments(data)
@@ -93,9 +86,8 @@ func selectObject(data []byte, name string, workloads bool) (candidate, error) {
 		if len(docs) > 1 {
 			where = fmt.Sprintf("document %d", d+1)
 		}
-		// One struct, no embedding: sigs.k8s.io/yaml reads a number or
-		// boolean bound for a string field as its text (`name: 1234`) only
-		// in fields it finds directly in the target.
+		// One struct, no embedding: only then does sigs.k8s.io/yaml read
+		// `name: 1234` as text.
 		var head typeHead
 		if err := yaml.Unmarshal(doc, &head); err != nil {
 			return candidate{}, fmt.Errorf("decoding manifest%s: %w", prefixed(" ", where), err)
@@ -108,8 +100,7 @@ func selectObject(data []byte, name string, workloads bool) (candidate, error) {
 			}
 			found, others = append(found, f...), append(others, o...)
 		case len(docs) == 1 && !workloads, (&candidate{head: head}).wanted(workloads):
-			// A lone document goes to the Pod decoder, which says what is
-			// wrong with it (no kind, another kind, another apiVersion).
+			// The Pod decoder says what is wrong with a lone document.
 			found = append(found, candidate{head, doc, where})
 		default:
 			others = append(others, head.describe())
@@ -121,8 +112,8 @@ func selectObject(data []byte, name string, workloads bool) (candidate, error) {
 	return pick(found, others, name, workloads)
 }
 
-// listCandidates splits a List's or PodList's items (head, at where) into
-// those the selection may pick and descriptions of the others.
+// listCandidates splits a List's or PodList's items into candidates and
+// descriptions of the others.
 func listCandidates(head typeHead, where string, workloads bool) (found []candidate, others []string, err error) {
 	if len(head.Items) == 0 {
 		others = append(others, "an empty "+head.Kind)
@@ -181,8 +172,7 @@ func pick(found []candidate, others []string, name string, workloads bool) (cand
 	}
 }
 
-// typeHead is what the selection reads of each object (and of a List,
-// its items).
+// typeHead is what the selection reads of each object.
 type typeHead struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
@@ -211,16 +201,14 @@ func (h typeHead) describe() string {
 	return quote.TextN(kind, 64) + " " + quote.Value(h.ref())
 }
 
-// candidate is an object the selection may choose: its head, its data
-// (YAML or JSON), and where in the stream it is ("document 2", "List
-// item 0"; "" for a lone document).
+// candidate is an object the selection may choose, with where it is in
+// the stream ("document 2", "List item 0"; "" for a lone document).
 type candidate struct {
 	head  typeHead
 	data  []byte
 	where string
 }
 
-// wanted reports whether c is a Pod, or with workloads a workload kind.
 func (c *candidate) wanted(workloads bool) bool {
 	if c.head.Kind == "Pod" {
 		return true
@@ -229,8 +217,7 @@ func (c *candidate) wanted(workloads bool) bool {
 	return workloads && ok
 }
 
-// matches reports whether name ("NAME", "NAMESPACE/NAME" or "KIND/NAME",
-// the kind in any case) names c.
+// matches reports whether name names c (KIND/NAME in any case).
 func (c candidate) matches(name string) bool {
 	if first, n, ok := strings.Cut(name, "/"); ok {
 		return n == c.head.Metadata.Name && (first == c.head.Metadata.Namespace || strings.EqualFold(first, c.head.Kind))
@@ -238,8 +225,6 @@ func (c candidate) matches(name string) bool {
 	return c.head.Metadata.Name == name
 }
 
-// String names c for errors: its kind and NAMESPACE/NAME, and where it is
-// in the stream.
 func (c candidate) String() string { return c.head.describe() + prefixed(" ", "("+c.where+")") }
 
 // prefixed is p+s, or "" when s is empty or "()".
@@ -263,8 +248,8 @@ func count(cs []candidate) string {
 	return fmt.Sprintf("%d Pods", len(cs))
 }
 
-// candidateList lists cs for an error: Pods by their reference alone
-// ("shop/web") when all are Pods, else each with its kind.
+// candidateList lists cs: Pods by NAMESPACE/NAME alone when all are Pods,
+// else each with its kind.
 func candidateList(cs []candidate) string {
 	all := count(cs) == fmt.Sprintf("%d Pods", len(cs))
 	refs := make([]string, len(cs))
@@ -301,10 +286,9 @@ func withKind(item json.RawMessage, apiVersion string) (json.RawMessage, error) 
 	return json.Marshal(obj)
 }
 
-// splitDocuments splits a YAML stream into its documents with kubectl's
-// reader (apimachinery's YAMLReader: "---" lines), and drops documents
-// that hold nothing (white space and comments). A stream with no document
-// at all is one empty document, so that the decoder says what is missing.
+// splitDocuments splits a YAML stream with kubectl's reader and drops empty
+// documents; a stream of none is one empty document, so that the decoder
+// says what is missing.
 func splitDocuments(data []byte) ([][]byte, error) {
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	var docs [][]byte
