@@ -20,7 +20,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/nft"
-	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
@@ -361,8 +361,8 @@ func TestChainDualStack(t *testing.T) {
 			p := loadPod(t, "injected.yaml")
 			if dualStack {
 				for i := range p.Spec.Containers {
-					if p.Spec.Containers[i].Name == podinfo.ProxyContainer {
-						p.Spec.Containers[i].Env = append(p.Spec.Containers[i].Env, corev1.EnvVar{Name: podinfo.EnvDualStack, Value: "true"})
+					if p.Spec.Containers[i].Name == meshpod.ProxyContainer {
+						p.Spec.Containers[i].Env = append(p.Spec.Containers[i].Env, corev1.EnvVar{Name: meshpod.EnvDualStack, Value: "true"})
 					}
 				}
 			}

@@ -20,7 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nftmesh/nftmesh/capture"
-	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/capturetest"
 )
@@ -179,8 +179,8 @@ func TestFakeMeshPod(t *testing.T) {
 func TestFakeDualStackSidecar(t *testing.T) {
 	pod := injectedPod(t)
 	for i := range pod.Spec.Containers {
-		if pod.Spec.Containers[i].Name == podinfo.ProxyContainer {
-			pod.Spec.Containers[i].Env = append(pod.Spec.Containers[i].Env, corev1.EnvVar{Name: podinfo.EnvDualStack, Value: "true"})
+		if pod.Spec.Containers[i].Name == meshpod.ProxyContainer {
+			pod.Spec.Containers[i].Env = append(pod.Spec.Containers[i].Env, corev1.EnvVar{Name: meshpod.EnvDualStack, Value: "true"})
 		}
 	}
 	n := newFakeNode(t, pod)

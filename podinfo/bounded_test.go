@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/nftmesh/nftmesh/podinfo/cniconf"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -40,10 +41,10 @@ func TestHugeValuesBounded(t *testing.T) {
 		}, []string{meshPod().Name, redirect.AnnotationExcludeOutboundIPRanges, cut}},
 		{"proxy env", func() error {
 			p := meshPod()
-			setEnv(p, EnvDNSCapture, huge)
+			setEnv(p, meshpod.EnvDNSCapture, huge)
 			_, _, _, err := FromPod(p)
 			return err
-		}, []string{EnvDNSCapture, cut}},
+		}, []string{meshpod.EnvDNSCapture, cut}},
 		{"pod name in a manifest", func() error {
 			p := meshPod()
 			p.Name = huge

@@ -7,32 +7,6 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
-// Names and decision reasons of package meshpod, so callers need one
-// import.
-const (
-	ProxyContainer = meshpod.ProxyContainer
-	InitContainer  = meshpod.InitContainer
-
-	EnvDisableEnvoy = meshpod.EnvDisableEnvoy
-	EnvDNSCapture   = meshpod.EnvDNSCapture
-	EnvDualStack    = meshpod.EnvDualStack
-	EnvInvalidDrop  = meshpod.EnvInvalidDrop
-
-	ReasonNotKubernetes       = meshpod.ReasonNotKubernetes
-	ReasonExcludedNamespace   = meshpod.ReasonExcludedNamespace
-	ReasonAgentPod            = meshpod.ReasonAgentPod
-	ReasonIstioInit           = meshpod.ReasonIstioInit
-	ReasonEnvoyDisabled       = meshpod.ReasonEnvoyDisabled
-	ReasonNoProxy             = meshpod.ReasonNoProxy
-	ReasonNotSidecar          = meshpod.ReasonNotSidecar
-	ReasonInjectLabelFalse    = meshpod.ReasonInjectLabelFalse
-	ReasonInjectAnnotationOff = meshpod.ReasonInjectAnnotationOff
-	ReasonNotInjected         = meshpod.ReasonNotInjected
-	ReasonInterceptionNone    = meshpod.ReasonInterceptionNone
-	ReasonInvalid             = meshpod.ReasonInvalid
-	ReasonInMesh              = meshpod.ReasonInMesh
-)
-
 // FromPod is meshpod.Decide of pod.
 func FromPod(pod *corev1.Pod) (inMesh bool, reason string, spec redirect.Spec, err error) {
 	if pod == nil {

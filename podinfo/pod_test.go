@@ -29,7 +29,7 @@ func meshPod() *corev1.Pod {
 			InitContainers: []corev1.Container{{Name: "istio-validation"}},
 			Containers: []corev1.Container{
 				{Name: "web"},
-				{Name: ProxyContainer, Args: []string{"proxy", "sidecar"}},
+				{Name: meshpod.ProxyContainer, Args: []string{"proxy", "sidecar"}},
 			},
 		},
 	}
@@ -38,7 +38,7 @@ func meshPod() *corev1.Pod {
 func proxyOf(p *corev1.Pod) *corev1.Container {
 	for _, list := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
 		for i := range list {
-			if list[i].Name == ProxyContainer {
+			if list[i].Name == meshpod.ProxyContainer {
 				return &list[i]
 			}
 		}
@@ -62,78 +62,78 @@ func TestFromPodSelection(t *testing.T) {
 		inMesh bool
 		reason string
 	}{
-		{"injected sidecar", func(*corev1.Pod) {}, true, ReasonInMesh},
+		{"injected sidecar", func(*corev1.Pod) {}, true, meshpod.ReasonInMesh},
 		{"istio-init container", func(p *corev1.Pod) {
-			p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: InitContainer})
-		}, false, ReasonIstioInit},
+			p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: meshpod.InitContainer})
+		}, false, meshpod.ReasonIstioInit},
 		{"istio-init as a regular container", func(p *corev1.Pod) {
-			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: InitContainer})
-		}, false, ReasonIstioInit},
+			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: meshpod.InitContainer})
+		}, false, meshpod.ReasonIstioInit},
 		{"istio-init wins over inject=true", func(p *corev1.Pod) {
-			p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: InitContainer})
+			p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: meshpod.InitContainer})
 			p.Labels[redirect.AnnotationInject] = "true"
-		}, false, ReasonIstioInit},
-		{"DISABLE_ENVOY true", func(p *corev1.Pod) { setEnv(p, EnvDisableEnvoy, "true") }, false, ReasonEnvoyDisabled},
-		{"DISABLE_ENVOY 1", func(p *corev1.Pod) { setEnv(p, EnvDisableEnvoy, "1") }, false, ReasonEnvoyDisabled},
-		{"DISABLE_ENVOY false", func(p *corev1.Pod) { setEnv(p, EnvDisableEnvoy, "false") }, true, ReasonInMesh},
-		{"DISABLE_ENVOY malformed is not a skip (as Istio)", func(p *corev1.Pod) { setEnv(p, EnvDisableEnvoy, "yes") }, true, ReasonInMesh},
+		}, false, meshpod.ReasonIstioInit},
+		{"DISABLE_ENVOY true", func(p *corev1.Pod) { setEnv(p, meshpod.EnvDisableEnvoy, "true") }, false, meshpod.ReasonEnvoyDisabled},
+		{"DISABLE_ENVOY 1", func(p *corev1.Pod) { setEnv(p, meshpod.EnvDisableEnvoy, "1") }, false, meshpod.ReasonEnvoyDisabled},
+		{"DISABLE_ENVOY false", func(p *corev1.Pod) { setEnv(p, meshpod.EnvDisableEnvoy, "false") }, true, meshpod.ReasonInMesh},
+		{"DISABLE_ENVOY malformed is not a skip (as Istio)", func(p *corev1.Pod) { setEnv(p, meshpod.EnvDisableEnvoy, "yes") }, true, meshpod.ReasonInMesh},
 		{"DISABLE_ENVOY on another container is ignored", func(p *corev1.Pod) {
-			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: EnvDisableEnvoy, Value: "true"}}
-		}, true, ReasonInMesh},
+			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: meshpod.EnvDisableEnvoy, Value: "true"}}
+		}, true, meshpod.ReasonInMesh},
 		{"DISABLE_ENVOY checked before inject=false", func(p *corev1.Pod) {
-			setEnv(p, EnvDisableEnvoy, "true")
+			setEnv(p, meshpod.EnvDisableEnvoy, "true")
 			p.Labels[redirect.AnnotationInject] = "false"
-		}, false, ReasonEnvoyDisabled},
-		{"no istio-proxy", func(p *corev1.Pod) { p.Spec.Containers = p.Spec.Containers[:1] }, false, ReasonNoProxy},
-		{"no containers at all", func(p *corev1.Pod) { p.Spec = corev1.PodSpec{} }, false, ReasonNoProxy},
+		}, false, meshpod.ReasonEnvoyDisabled},
+		{"no istio-proxy", func(p *corev1.Pod) { p.Spec.Containers = p.Spec.Containers[:1] }, false, meshpod.ReasonNoProxy},
+		{"no containers at all", func(p *corev1.Pod) { p.Spec = corev1.PodSpec{} }, false, meshpod.ReasonNoProxy},
 		{"native sidecar in init containers", func(p *corev1.Pod) {
 			p.Spec.InitContainers = append(p.Spec.InitContainers, p.Spec.Containers[1])
 			p.Spec.Containers = p.Spec.Containers[:1]
-		}, true, ReasonInMesh},
-		{"gateway (proxy router)", func(p *corev1.Pod) { proxyOf(p).Args = []string{"proxy", "router"} }, false, ReasonNotSidecar},
-		{"proxy with no args", func(p *corev1.Pod) { proxyOf(p).Args = nil }, true, ReasonInMesh},
-		{"proxy with a single arg", func(p *corev1.Pod) { proxyOf(p).Args = []string{"proxy"} }, true, ReasonInMesh},
-		{"args not starting with proxy", func(p *corev1.Pod) { proxyOf(p).Args = []string{"--foo", "router"} }, true, ReasonInMesh},
+		}, true, meshpod.ReasonInMesh},
+		{"gateway (proxy router)", func(p *corev1.Pod) { proxyOf(p).Args = []string{"proxy", "router"} }, false, meshpod.ReasonNotSidecar},
+		{"proxy with no args", func(p *corev1.Pod) { proxyOf(p).Args = nil }, true, meshpod.ReasonInMesh},
+		{"proxy with a single arg", func(p *corev1.Pod) { proxyOf(p).Args = []string{"proxy"} }, true, meshpod.ReasonInMesh},
+		{"args not starting with proxy", func(p *corev1.Pod) { proxyOf(p).Args = []string{"--foo", "router"} }, true, meshpod.ReasonInMesh},
 		{"no-sidecar checked before inject=false", func(p *corev1.Pod) {
 			p.Spec.Containers = p.Spec.Containers[:1]
 			p.Labels[redirect.AnnotationInject] = "false"
-		}, false, ReasonNoProxy},
-		{"inject=false label", func(p *corev1.Pod) { p.Labels[redirect.AnnotationInject] = "false" }, false, ReasonInjectLabelFalse},
-		{"inject=false annotation", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInject] = "false" }, false, ReasonInjectAnnotationOff},
+		}, false, meshpod.ReasonNoProxy},
+		{"inject=false label", func(p *corev1.Pod) { p.Labels[redirect.AnnotationInject] = "false" }, false, meshpod.ReasonInjectLabelFalse},
+		{"inject=false annotation", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInject] = "false" }, false, meshpod.ReasonInjectAnnotationOff},
 		{"label true wins over annotation false", func(p *corev1.Pod) {
 			p.Labels[redirect.AnnotationInject] = "true"
 			p.Annotations[redirect.AnnotationInject] = "false"
-		}, true, ReasonInMesh},
+		}, true, meshpod.ReasonInMesh},
 		{"label false wins over annotation true", func(p *corev1.Pod) {
 			p.Labels[redirect.AnnotationInject] = "false"
 			p.Annotations[redirect.AnnotationInject] = "true"
-		}, false, ReasonInjectLabelFalse},
+		}, false, meshpod.ReasonInjectLabelFalse},
 		{"malformed label wins over annotation false (as Istio)", func(p *corev1.Pod) {
 			p.Labels[redirect.AnnotationInject] = "maybe"
 			p.Annotations[redirect.AnnotationInject] = "false"
-		}, true, ReasonInMesh},
-		{"inject=0 annotation", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInject] = "0" }, false, ReasonInjectAnnotationOff},
+		}, true, meshpod.ReasonInMesh},
+		{"inject=0 annotation", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInject] = "0" }, false, meshpod.ReasonInjectAnnotationOff},
 		{"inject=true without status", func(p *corev1.Pod) {
 			p.Labels[redirect.AnnotationInject] = "true"
 			delete(p.Annotations, redirect.AnnotationSidecarStatus)
-		}, false, ReasonNotInjected},
-		{"no status annotation", func(p *corev1.Pod) { p.Annotations = nil }, false, ReasonNotInjected},
-		{"empty status annotation still counts", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationSidecarStatus] = "" }, true, ReasonInMesh},
-		{"nil labels", func(p *corev1.Pod) { p.Labels = nil }, true, ReasonInMesh},
-		{"interceptionMode NONE", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInterceptionMode] = "NONE" }, false, ReasonInterceptionNone},
-		{"interceptionMode NONE with spaces", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInterceptionMode] = " NONE " }, false, ReasonInterceptionNone},
+		}, false, meshpod.ReasonNotInjected},
+		{"no status annotation", func(p *corev1.Pod) { p.Annotations = nil }, false, meshpod.ReasonNotInjected},
+		{"empty status annotation still counts", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationSidecarStatus] = "" }, true, meshpod.ReasonInMesh},
+		{"nil labels", func(p *corev1.Pod) { p.Labels = nil }, true, meshpod.ReasonInMesh},
+		{"interceptionMode NONE", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInterceptionMode] = "NONE" }, false, meshpod.ReasonInterceptionNone},
+		{"interceptionMode NONE with spaces", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInterceptionMode] = " NONE " }, false, meshpod.ReasonInterceptionNone},
 		{"interceptionMode NONE skips invalid capture annotations", func(p *corev1.Pod) {
 			p.Annotations[redirect.AnnotationInterceptionMode] = "NONE"
 			p.Annotations[redirect.AnnotationExcludeOutboundIPRanges] = "not-a-cidr"
-		}, false, ReasonInterceptionNone},
+		}, false, meshpod.ReasonInterceptionNone},
 		{"interceptionMode NONE without status is not injected", func(p *corev1.Pod) {
 			p.Annotations = map[string]string{redirect.AnnotationInterceptionMode: "NONE"}
-		}, false, ReasonNotInjected},
+		}, false, meshpod.ReasonNotInjected},
 		{"inject=false checked before interceptionMode NONE", func(p *corev1.Pod) {
 			p.Annotations[redirect.AnnotationInterceptionMode] = "NONE"
 			p.Labels[redirect.AnnotationInject] = "false"
-		}, false, ReasonInjectLabelFalse},
-		{"interceptionMode REDIRECT", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInterceptionMode] = "REDIRECT" }, true, ReasonInMesh},
+		}, false, meshpod.ReasonInjectLabelFalse},
+		{"interceptionMode REDIRECT", func(p *corev1.Pod) { p.Annotations[redirect.AnnotationInterceptionMode] = "REDIRECT" }, true, meshpod.ReasonInMesh},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -174,20 +174,20 @@ func TestFromPodSpec(t *testing.T) {
 		{"other container's securityContext is not read", func(p *corev1.Pod) {
 			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{RunAsUser: i64(4000)}
 		}, func(*redirect.Spec) {}},
-		{"DNS capture", func(p *corev1.Pod) { setEnv(p, EnvDNSCapture, "true") }, func(s *redirect.Spec) { s.CaptureDNS = true }},
-		{"DNS capture TRUE", func(p *corev1.Pod) { setEnv(p, EnvDNSCapture, "TRUE") }, func(s *redirect.Spec) { s.CaptureDNS = true }},
-		{"DNS capture later duplicate wins", func(p *corev1.Pod) { setEnv(p, EnvDNSCapture, "true", EnvDNSCapture, "false") }, func(*redirect.Spec) {}},
+		{"DNS capture", func(p *corev1.Pod) { setEnv(p, meshpod.EnvDNSCapture, "true") }, func(s *redirect.Spec) { s.CaptureDNS = true }},
+		{"DNS capture TRUE", func(p *corev1.Pod) { setEnv(p, meshpod.EnvDNSCapture, "TRUE") }, func(s *redirect.Spec) { s.CaptureDNS = true }},
+		{"DNS capture later duplicate wins", func(p *corev1.Pod) { setEnv(p, meshpod.EnvDNSCapture, "true", meshpod.EnvDNSCapture, "false") }, func(*redirect.Spec) {}},
 		{"DNS capture from valueFrom is not resolved", func(p *corev1.Pod) {
-			proxyOf(p).Env = []corev1.EnvVar{{Name: EnvDNSCapture, ValueFrom: &corev1.EnvVarSource{
+			proxyOf(p).Env = []corev1.EnvVar{{Name: meshpod.EnvDNSCapture, ValueFrom: &corev1.EnvVarSource{
 				FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}
 		}, func(*redirect.Spec) {}},
-		{"empty env value is unset", func(p *corev1.Pod) { setEnv(p, EnvDNSCapture, "") }, func(*redirect.Spec) {}},
-		{"drop invalid", func(p *corev1.Pod) { setEnv(p, EnvInvalidDrop, "1") }, func(s *redirect.Spec) { s.DropInvalid = true }},
+		{"empty env value is unset", func(p *corev1.Pod) { setEnv(p, meshpod.EnvDNSCapture, "") }, func(*redirect.Spec) {}},
+		{"drop invalid", func(p *corev1.Pod) { setEnv(p, meshpod.EnvInvalidDrop, "1") }, func(s *redirect.Spec) { s.DropInvalid = true }},
 		// IPv6 as Istio decides it (meshpod.IPv6Capture), predicted from the
 		// pod IPs in the order the kernel lists them: IPv4 first.
-		{"dual stack env, no pod IPs: nothing is IPv6", func(p *corev1.Pod) { setEnv(p, EnvDualStack, "true") }, func(s *redirect.Spec) { s.DualStack = true }},
+		{"dual stack env, no pod IPs: nothing is IPv6", func(p *corev1.Pod) { setEnv(p, meshpod.EnvDualStack, "true") }, func(s *redirect.Spec) { s.DualStack = true }},
 		{"dual stack env, v4 pod IP only", func(p *corev1.Pod) {
-			setEnv(p, EnvDualStack, "true")
+			setEnv(p, meshpod.EnvDualStack, "true")
 			p.Status.PodIPs = []corev1.PodIP{{IP: "198.51.100.3"}}
 		}, func(s *redirect.Spec) { s.DualStack = true }},
 		{"dual-stack pod IPs without dual stack env: IPv4 only", func(p *corev1.Pod) {
@@ -197,13 +197,13 @@ func TestFromPodSpec(t *testing.T) {
 			p.Status.PodIPs = []corev1.PodIP{{IP: "2001:db8::3"}, {IP: "198.51.100.3"}}
 		}, func(*redirect.Spec) {}},
 		{"dual-stack pod IPs with dual stack env", func(p *corev1.Pod) {
-			setEnv(p, EnvDualStack, "true")
+			setEnv(p, meshpod.EnvDualStack, "true")
 			p.Status.PodIPs = []corev1.PodIP{{IP: "198.51.100.3"}, {IP: "2001:db8::3"}}
 		}, func(s *redirect.Spec) { s.IPv6, s.DualStack = true, true }},
 		{"v6 primary pod IP", func(p *corev1.Pod) { p.Status.PodIP = "2001:db8::3" }, func(s *redirect.Spec) { s.IPv6 = true }},
 		{"v4 pod IP only", func(p *corev1.Pod) { p.Status.PodIPs = []corev1.PodIP{{IP: "198.51.100.3"}} }, func(*redirect.Spec) {}},
 		{"v6-only pod with dual stack false", func(p *corev1.Pod) {
-			setEnv(p, EnvDualStack, "false")
+			setEnv(p, meshpod.EnvDualStack, "false")
 			p.Status.PodIPs = []corev1.PodIP{{IP: "2001:db8::3"}}
 		}, func(s *redirect.Spec) { s.IPv6 = true }},
 		{"annotations applied", func(p *corev1.Pod) {
@@ -252,11 +252,11 @@ func TestFromPodBadInput(t *testing.T) {
 		mutate func(*corev1.Pod)
 		want   []string // substrings of the error, each naming field and value
 	}{
-		{"DNS capture not a bool", func(p *corev1.Pod) { setEnv(p, EnvDNSCapture, "yes") },
+		{"DNS capture not a bool", func(p *corev1.Pod) { setEnv(p, meshpod.EnvDNSCapture, "yes") },
 			[]string{"env ISTIO_META_DNS_CAPTURE", `"yes"`}},
-		{"drop invalid not a bool", func(p *corev1.Pod) { setEnv(p, EnvInvalidDrop, "on") },
+		{"drop invalid not a bool", func(p *corev1.Pod) { setEnv(p, meshpod.EnvInvalidDrop, "on") },
 			[]string{"env INVALID_DROP", `"on"`}},
-		{"dual stack not a bool", func(p *corev1.Pod) { setEnv(p, EnvDualStack, "2") },
+		{"dual stack not a bool", func(p *corev1.Pod) { setEnv(p, meshpod.EnvDualStack, "2") },
 			[]string{"env ISTIO_DUAL_STACK", `"2"`}},
 		{"negative runAsUser", func(p *corev1.Pod) {
 			proxyOf(p).SecurityContext = &corev1.SecurityContext{RunAsUser: i64(-1)}
@@ -274,7 +274,7 @@ func TestFromPodBadInput(t *testing.T) {
 			p.Annotations[redirect.AnnotationInterceptionMode] = "BOGUS"
 		}, []string{redirect.AnnotationInterceptionMode, `"BOGUS"`}},
 		{"env and annotation problems reported together", func(p *corev1.Pod) {
-			setEnv(p, EnvDNSCapture, "nope")
+			setEnv(p, meshpod.EnvDNSCapture, "nope")
 			p.Annotations[redirect.AnnotationExcludeOutboundPorts] = "0"
 		}, []string{"env ISTIO_META_DNS_CAPTURE", `"nope"`, redirect.AnnotationExcludeOutboundPorts, `"0"`}},
 	}
@@ -286,8 +286,8 @@ func TestFromPodBadInput(t *testing.T) {
 			if err == nil {
 				t.Fatal("FromPod: want an error")
 			}
-			if !inMesh || reason != ReasonInvalid {
-				t.Errorf("FromPod = (%v, %q), want (true, %q) so the caller fails closed", inMesh, reason, ReasonInvalid)
+			if !inMesh || reason != meshpod.ReasonInvalid {
+				t.Errorf("FromPod = (%v, %q), want (true, %q) so the caller fails closed", inMesh, reason, meshpod.ReasonInvalid)
 			}
 			var ve *redirect.ValidationError
 			if !errors.As(err, &ve) {
@@ -316,28 +316,28 @@ func TestSamplePods(t *testing.T) {
 		wantErr string
 		check   func(t *testing.T, s redirect.Spec)
 	}{
-		{"injected.yaml", true, ReasonInMesh, "", func(t *testing.T, s redirect.Spec) {
+		{"injected.yaml", true, meshpod.ReasonInMesh, "", func(t *testing.T, s redirect.Spec) {
 			if s.CaptureDNS || s.IPv6 || !slices.Equal(s.ProxyUIDs, []uint32{1337}) {
 				t.Errorf("spec %+v", s)
 			}
 		}},
-		{"annotated.json", true, ReasonInMesh, "", func(t *testing.T, s redirect.Spec) {
+		{"annotated.json", true, meshpod.ReasonInMesh, "", func(t *testing.T, s redirect.Spec) {
 			if !s.CaptureDNS || !s.IPv6 || !s.DropInvalid || s.InterceptionMode != redirect.ModeTProxy ||
 				!slices.Equal(s.InboundPorts.Ports, []uint16{8080, 9090}) || len(s.OutboundIPRangesExclude) != 2 ||
 				!slices.Equal(s.ProxyUIDs, []uint32{1337}) || !slices.Equal(s.OutboundPortsExclude, []uint16{5432}) {
 				t.Errorf("spec %+v", s)
 			}
 		}},
-		{"gateway.yaml", false, ReasonNotSidecar, "", nil},
-		{"interception-none.yaml", false, ReasonInterceptionNone, "", nil},
-		{"no-sidecar.yaml", false, ReasonNoProxy, "", nil},
-		{"inject-false.yaml", false, ReasonInjectLabelFalse, "", nil},
-		{"native-sidecar.yaml", true, ReasonInMesh, "", func(t *testing.T, s redirect.Spec) {
+		{"gateway.yaml", false, meshpod.ReasonNotSidecar, "", nil},
+		{"interception-none.yaml", false, meshpod.ReasonInterceptionNone, "", nil},
+		{"no-sidecar.yaml", false, meshpod.ReasonNoProxy, "", nil},
+		{"inject-false.yaml", false, meshpod.ReasonInjectLabelFalse, "", nil},
+		{"native-sidecar.yaml", true, meshpod.ReasonInMesh, "", func(t *testing.T, s redirect.Spec) {
 			if len(s.OutboundIPRangesExclude) != 1 {
 				t.Errorf("spec %+v", s)
 			}
 		}},
-		{"bad-annotation.yaml", true, ReasonInvalid, `"192.0.2.10" is not a CIDR`, nil},
+		{"bad-annotation.yaml", true, meshpod.ReasonInvalid, `"192.0.2.10" is not a CIDR`, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
@@ -403,7 +403,7 @@ func FuzzFromPod(f *testing.F) {
 	f.Fuzz(func(t *testing.T, arg0, arg1, dns, drop, dual, inPorts, exclCIDR, mode, inject string, uid, gid int64, status bool, ip1, ip2 string) {
 		p := meshPod()
 		proxyOf(p).Args = []string{arg0, arg1}
-		setEnv(p, EnvDNSCapture, dns, EnvInvalidDrop, drop, EnvDualStack, dual)
+		setEnv(p, meshpod.EnvDNSCapture, dns, meshpod.EnvInvalidDrop, drop, meshpod.EnvDualStack, dual)
 		proxyOf(p).SecurityContext = &corev1.SecurityContext{RunAsUser: &uid, RunAsGroup: &gid}
 		p.Annotations[redirect.AnnotationIncludeInboundPorts] = inPorts
 		p.Annotations[redirect.AnnotationExcludeOutboundIPRanges] = exclCIDR

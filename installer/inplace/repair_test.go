@@ -16,6 +16,7 @@ import (
 	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
@@ -72,14 +73,14 @@ func TestRepairPodRefusals(t *testing.T) {
 		text string
 	}{
 		{"host network", func() *corev1.Pod { p := loadPod(t, "injected.yaml", ip); p.Spec.HostNetwork = true; return p }, repair.ErrNotNeeded, "host network"},
-		{"excluded namespace", func() *corev1.Pod { p := loadPod(t, "injected.yaml", ip); p.Namespace = "kube-system"; return p }, repair.ErrNotNeeded, podinfo.ReasonExcludedNamespace},
+		{"excluded namespace", func() *corev1.Pod { p := loadPod(t, "injected.yaml", ip); p.Namespace = "kube-system"; return p }, repair.ErrNotNeeded, meshpod.ReasonExcludedNamespace},
 		{"agent pod", func() *corev1.Pod {
 			p := loadPod(t, "injected.yaml", ip)
 			p.Namespace, p.Name = "nftmesh-system", "nftmesh-agent-x1"
 			return p
-		}, repair.ErrNotNeeded, podinfo.ReasonAgentPod},
-		{"no sidecar", func() *corev1.Pod { return loadPod(t, "no-sidecar.yaml", ip) }, repair.ErrNotNeeded, podinfo.ReasonNoProxy},
-		{"interceptionMode NONE", func() *corev1.Pod { return loadPod(t, "interception-none.yaml", ip) }, repair.ErrNotNeeded, podinfo.ReasonInterceptionNone},
+		}, repair.ErrNotNeeded, meshpod.ReasonAgentPod},
+		{"no sidecar", func() *corev1.Pod { return loadPod(t, "no-sidecar.yaml", ip) }, repair.ErrNotNeeded, meshpod.ReasonNoProxy},
+		{"interceptionMode NONE", func() *corev1.Pod { return loadPod(t, "interception-none.yaml", ip) }, repair.ErrNotNeeded, meshpod.ReasonInterceptionNone},
 		{"bad annotation", func() *corev1.Pod { return loadPod(t, "bad-annotation.yaml", ip) }, repair.ErrImpossible, "traffic.sidecar.istio.io"},
 		{"no IP", func() *corev1.Pod { return loadPod(t, "injected.yaml") }, nil, "has no IP yet"},
 		{"bad IP", func() *corev1.Pod {
@@ -132,8 +133,8 @@ func TestRepairPodRealTraffic(t *testing.T) {
 			pod := loadPod(t, "injected.yaml", netlab.PodV4, netlab.PodV6)
 			if tc.dualStack {
 				for i := range pod.Spec.Containers {
-					if pod.Spec.Containers[i].Name == podinfo.ProxyContainer {
-						pod.Spec.Containers[i].Env = append(pod.Spec.Containers[i].Env, corev1.EnvVar{Name: podinfo.EnvDualStack, Value: "true"})
+					if pod.Spec.Containers[i].Name == meshpod.ProxyContainer {
+						pod.Spec.Containers[i].Env = append(pod.Spec.Containers[i].Env, corev1.EnvVar{Name: meshpod.EnvDualStack, Value: "true"})
 					}
 				}
 			}
