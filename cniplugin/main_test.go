@@ -246,7 +246,7 @@ func (h *host) del(cl *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
 // loadPod reads a sample manifest and gives it a unique name.
 func loadPod(t testing.TB, file string) *corev1.Pod {
 	t.Helper()
-	pod, err := podinfo.ReadPodFile(filepath.Join("..", "testdata", "pods", file))
+	pod, err := kubetest.ReadPodFile(filepath.Join("..", "testdata", "pods", file))
 	if err != nil {
 		t.Fatal(err)
 	}

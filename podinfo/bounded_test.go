@@ -7,6 +7,7 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
 // TestHugeValuesBounded: every parser of pod and plugin input quotes a
@@ -53,7 +54,7 @@ func TestHugeValuesBounded(t *testing.T) {
 			return err
 		}, []string{"reading capture settings of pod", cut, `"BOGUS"`}},
 		{"manifest kind", func() error {
-			_, err := ParsePod([]byte("kind: " + huge + "\n"))
+			_, err := kubetest.ParsePod([]byte("kind: " + huge + "\n"))
 			return err
 		}, []string{"manifest kind", cut}},
 		{"manifest kind, decision mirror", func() error {

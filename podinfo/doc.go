@@ -1,6 +1,6 @@
 // Package podinfo adapts client-go's corev1.Pod to the pure in-mesh
 // decision of podinfo/meshpod, for the Go code that holds corev1 objects
-// (the agent, tests), and reads Pod manifests into corev1.
+// (the agent, tests).
 //
 // Its subpackages are the plugin's pieces: cniconf (plugin config,
 // CNI_ARGS), agentsock (asking the node agent first) and podget (the pod

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod/manifest"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
 // parseManifest is ParsePod's twin without corev1: the Pod SelectPod
@@ -28,7 +29,7 @@ func parseManifest(data []byte) (*meshpod.Pod, error) {
 // decodes corev1.Pods. Both must decide the same.
 func sameDecision(t *testing.T, name string, data []byte) {
 	t.Helper()
-	pod, perr := ParsePod(data)
+	pod, perr := kubetest.ParsePod(data)
 	mp, merr := parseManifest(data)
 	if (perr == nil) != (merr == nil) {
 		t.Fatalf("%s: corev1 decode err=%v, manifest decode err=%v", name, perr, merr)
@@ -71,7 +72,7 @@ func FuzzManifestDecisionMatchesCorev1(f *testing.F) {
 		// differently, but must agree on every Pod corev1 accepts.
 		var pod corev1.Pod
 		if json.Unmarshal(data, &pod) != nil {
-			if _, err := ParsePod(data); err != nil {
+			if _, err := kubetest.ParsePod(data); err != nil {
 				return
 			}
 		}

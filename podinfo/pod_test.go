@@ -14,6 +14,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
 // meshPod is the smallest pod FromPod puts in the mesh; tests mutate it.
@@ -341,7 +342,7 @@ func TestSamplePods(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
-			pod, err := ReadPodFile(filepath.Join("..", "testdata", "pods", tt.file))
+			pod, err := kubetest.ReadPodFile(filepath.Join("..", "testdata", "pods", tt.file))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -382,13 +383,13 @@ func TestReadPodFileBadInput(t *testing.T) {
 			if err := os.WriteFile(path, []byte(tt.content), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			_, err := ReadPodFile(path)
+			_, err := kubetest.ReadPodFile(path)
 			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), path) {
 				t.Fatalf("ReadPodFile error = %v, want one containing %q and the path", err, tt.want)
 			}
 		})
 	}
-	if _, err := ReadPodFile(filepath.Join(dir, "missing.yaml")); err == nil || !errors.Is(err, os.ErrNotExist) {
+	if _, err := kubetest.ReadPodFile(filepath.Join(dir, "missing.yaml")); err == nil || !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("missing file: error = %v, want ErrNotExist", err)
 	}
 }

@@ -26,7 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
 // The binaries under comparison, built or found once for the package.
@@ -246,7 +246,7 @@ func newPodNetns(t testing.TB) (name, path string) {
 // both capture both families. Each gets its own name and UID.
 func benchPod(t testing.TB) *corev1.Pod {
 	t.Helper()
-	pod, err := podinfo.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", "injected.yaml"))
+	pod, err := kubetest.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", "injected.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

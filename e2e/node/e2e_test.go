@@ -557,7 +557,7 @@ func findLine(s string, parts ...string) string {
 // unique name.
 func createPod(t *testing.T, api *kubetest.Server, prefix string) *corev1.Pod {
 	t.Helper()
-	pod, err := podinfo.ReadPodFile(filepath.Join(repoRoot(t), "testdata", "pods", "injected.yaml"))
+	pod, err := kubetest.ReadPodFile(filepath.Join(repoRoot(t), "testdata", "pods", "injected.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,12 +19,13 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 )
 
 func loadPod(t testing.TB, file string, ips ...netip.Addr) *corev1.Pod {
 	t.Helper()
-	pod, err := podinfo.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", file))
+	pod, err := kubetest.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", file))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/testkit/istiotest"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
 // slimTestPods are every sample pod and every pod template Istio's injector
@@ -29,7 +30,7 @@ func slimTestPods(t *testing.T) []*corev1.Pod {
 	var pods []*corev1.Pod
 	files, _ := filepath.Glob(filepath.Join("..", "testdata", "pods", "*"))
 	for _, f := range files {
-		p, err := podinfo.ReadPodFile(f)
+		p, err := kubetest.ReadPodFile(f)
 		if err != nil {
 			continue // the deliberately bad samples
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/internal/phase"
 	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
 // benchClientEnv makes the test binary a one-shot client that prints its
@@ -38,7 +39,7 @@ func benchClient(path string) {
 // injected pod, as the agent's cache source does.
 func injectedResolver(tb testing.TB) Resolver {
 	tb.Helper()
-	pod, err := podinfo.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", "injected.yaml"))
+	pod, err := kubetest.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", "injected.yaml"))
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
 func int64p(v int64) *int64 { return &v }
@@ -16,7 +17,7 @@ func int64p(v int64) *int64 { return &v }
 // answers are answers as the agent writes them, with every field and the
 // strings JSON escapes.
 func answers(tb testing.TB) []Answer {
-	pod, err := podinfo.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", "injected.yaml"))
+	pod, err := kubetest.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", "injected.yaml"))
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/podget"
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
 // The plugin decodes the API server's JSON with its own mirror of the Pod
@@ -85,7 +86,7 @@ func TestDecodeMatchesCorev1(t *testing.T) {
 		}
 		n := 0
 		for _, e := range entries {
-			pod, err := podinfo.ReadPodFile(filepath.Join(dir, e.Name()))
+			pod, err := kubetest.ReadPodFile(filepath.Join(dir, e.Name()))
 			if err != nil {
 				continue // not a single Pod (a Deployment, a stream)
 			}
@@ -105,7 +106,7 @@ func TestDecodeMatchesCorev1(t *testing.T) {
 func FuzzDecodeMatchesCorev1(f *testing.F) {
 	entries, _ := os.ReadDir(filepath.Join("..", "..", "testdata", "pods"))
 	for _, e := range entries {
-		if pod, err := podinfo.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", e.Name())); err == nil {
+		if pod, err := kubetest.ReadPodFile(filepath.Join("..", "..", "testdata", "pods", e.Name())); err == nil {
 			pod.Kind, pod.APIVersion = "Pod", "v1"
 			if b, err := json.Marshal(pod); err == nil {
 				f.Add(b)

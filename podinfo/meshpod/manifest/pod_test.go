@@ -7,7 +7,7 @@ import (
 )
 
 // The Pod-only readers: the CLI reads --pod with ReadWorkload; these read
-// a stream as SelectPod chooses, as the corev1 reader (podinfo.ParsePod)
+// a stream as SelectPod chooses, as the corev1 reader (testkit/kubetest's ParsePod)
 // does, for the tests of that choice.
 
 // ReadManifest reads the one Pod of a manifest file, YAML or JSON (see

@@ -1,4 +1,4 @@
-package podinfo
+package kubetest
 
 import (
 	"fmt"
@@ -11,7 +11,7 @@ import (
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
-// ReadPodFile reads the one Pod of a manifest file (ParsePod), capped at
+// ReadPodFile reads the one Pod of a manifest file (test fixtures) (ParsePod), capped at
 // manifest.MaxManifestSize.
 func ReadPodFile(path string) (*corev1.Pod, error) {
 	data, err := manifest.ReadManifestData(path)
