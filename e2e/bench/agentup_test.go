@@ -43,20 +43,7 @@ func BenchmarkAgentUp(b *testing.B) {
 	if _, err := os.Stat(sock); err != nil {
 		b.Skipf("the agent serves no pod socket at %s (an agent without it): %v", sock, err)
 	}
-	// Without cni.sock the front execs the standalone plugin, which asks the
-	// agent only for the pod: every figure below would be the standalone
-	// plugin's, not the agent path's (as happened unnoticed where the host's
-	// network namespace could not be registered).
-	if _, err := os.Stat(filepath.Join(a.runDir, "agent-sock", "cni.sock")); err != nil {
-		b.Fatalf("the agent serves no CNI socket, so the front would run the standalone plugin and this would not measure the agent path: %v\nagent's reason: %s", err, agentRefusal(a.logs.String()))
-	}
-
-	// What the plugin needs of the chart's RBAC: get pods.
-	tok := api.ServiceAccount(b, agentNS, "nftmesh-cni")
-	api.Grant(b, agentNS, "nftmesh-cni", true, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}})
-	conns := countingProxy(b, strings.TrimPrefix(api.Host, "https://"))
-	ours := oursAgentPlugin(b, api, a.runDir, conns.url, tok)
-	istio := istioAPIPlugin(b, api, conns.url, tok)
+	ours, istio, conns, tok := agentUpPlugins(b, api, a)
 	ps := []plugin{ours, istio}
 	if bin := os.Getenv("BENCH_BASELINE_BIN"); bin != "" {
 		// Another build of our plugin (e.g. main's, before a change) in the
@@ -75,14 +62,7 @@ func BenchmarkAgentUp(b *testing.B) {
 	api.EnsureNamespace(b, "shop")
 	for _, p := range ps {
 		for range n {
-			pod := benchPod(b)
-			pod.UID, pod.ResourceVersion, pod.Status = "", "", corev1.PodStatus{}
-			pod.Spec.NodeName = agentNode
-			got, err := api.Client().CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{})
-			if err != nil {
-				b.Fatalf("creating pod: %v", err)
-			}
-			pods[p.name] = append(pods[p.name], got)
+			pods[p.name] = append(pods[p.name], createNodePod(b, api))
 		}
 	}
 	time.Sleep(time.Second) // the informer has them: no round waits on the watch
@@ -176,14 +156,8 @@ func BenchmarkBurstAgentUp(b *testing.B) {
 	api := kubetest.Start(b)
 	a := startAgent(b, api)
 	a.waitSynced(b)
-	if _, err := os.Stat(filepath.Join(a.runDir, "agent-sock", "cni.sock")); err != nil {
-		b.Fatalf("the agent serves no CNI socket, so the front would run the standalone plugin and this would not measure the agent path: %v\nagent's reason: %s", err, agentRefusal(a.logs.String()))
-	}
-	tok := api.ServiceAccount(b, agentNS, "nftmesh-cni")
-	api.Grant(b, agentNS, "nftmesh-cni", true, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}})
-	conns := countingProxy(b, strings.TrimPrefix(api.Host, "https://"))
-	ours := oursAgentPlugin(b, api, a.runDir, conns.url, tok)
-	ps := []plugin{ours, istioAPIPlugin(b, api, conns.url, tok)}
+	ours, istio, conns, _ := agentUpPlugins(b, api, a)
+	ps := []plugin{ours, istio}
 	api.EnsureNamespace(b, "shop")
 	f := newBurstFigures()
 	reqs := map[string]int64{}
@@ -194,14 +168,7 @@ func BenchmarkBurstAgentUp(b *testing.B) {
 			b.StopTimer()
 			pods := make([]*corev1.Pod, burstSize)
 			for k := range pods {
-				pod := benchPod(b)
-				pod.UID, pod.ResourceVersion, pod.Status = "", "", corev1.PodStatus{}
-				pod.Spec.NodeName = agentNode
-				got, err := api.Client().CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{})
-				if err != nil {
-					b.Fatalf("creating pod: %v", err)
-				}
-				pods[k] = got
+				pods[k] = createNodePod(b, api)
 			}
 			time.Sleep(time.Second) // the informer has them: no ADD waits on the watch
 			before, cpuBefore := conns.count.Load(), a.cpu(b)
@@ -230,6 +197,39 @@ func BenchmarkBurstAgentUp(b *testing.B) {
 	if n := int(adds); ran["nftmesh"] < n {
 		b.Errorf("%d of our %d ADDs ran in the standalone plugin, not the agent: the figures are not the agent path's\nagent's reason: %s", n-ran["nftmesh"], n, agentRefusal(a.logs.String()))
 	}
+}
+
+// agentUpPlugins is both plugins as they run on a node whose agent a is up:
+// ours configured as the agent installs it, Istio's with its kubeconfig,
+// both reaching the API server through conns, with the token (tok) of a
+// service account granted what the chart's RBAC grants the plugin: get pods.
+// Without the agent's cni.sock the front would exec the standalone plugin,
+// which asks the agent only for the pod: every figure would be the
+// standalone plugin's, not the agent path's (as happened unnoticed where
+// the host's network namespace could not be registered), so that fails.
+func agentUpPlugins(b *testing.B, api *kubetest.Server, a *agent) (ours, istio plugin, conns *proxy, tok string) {
+	b.Helper()
+	if _, err := os.Stat(filepath.Join(a.runDir, "agent-sock", "cni.sock")); err != nil {
+		b.Fatalf("the agent serves no CNI socket, so the front would run the standalone plugin and this would not measure the agent path: %v\nagent's reason: %s", err, agentRefusal(a.logs.String()))
+	}
+	tok = api.ServiceAccount(b, agentNS, "nftmesh-cni")
+	api.Grant(b, agentNS, "nftmesh-cni", true, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}})
+	conns = countingProxy(b, strings.TrimPrefix(api.Host, "https://"))
+	return oursAgentPlugin(b, api, a.runDir, conns.url, tok), istioAPIPlugin(b, api, conns.url, tok), conns, tok
+}
+
+// createNodePod creates a bench pod in the API, bound to the agent's node as
+// kubelet sees it.
+func createNodePod(b *testing.B, api *kubetest.Server) *corev1.Pod {
+	b.Helper()
+	pod := benchPod(b)
+	pod.UID, pod.ResourceVersion, pod.Status = "", "", corev1.PodStatus{}
+	pod.Spec.NodeName = agentNode
+	got, err := api.Client().CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatalf("creating pod: %v", err)
+	}
+	return got
 }
 
 // agentShare counts, by the plugin that made each call (owner, by
