@@ -127,7 +127,7 @@ func (g *generator) inbound() {
 	g.append(inTable, ChainPrerouting, FamilyAny, Jump{ChainInbound}, tcp)
 	established := MatchCTState{States: CTStateRelated | CTStateEstablished}
 	if s.InboundPorts.All {
-		excl := dedup(append(append([]uint16{}, s.InboundPortsExclude...), alwaysExcludedInbound...))
+		excl := dedup(slices.Concat(s.InboundPortsExclude, alwaysExcludedInbound))
 		g.portSet(setInboundExclude, excl)
 		g.append(inTable, ChainInbound, FamilyAny, Return{}, tcp, MatchSet{Set: setInboundExclude, Kind: SetPort})
 		if g.tproxy {
