@@ -1,12 +1,13 @@
 // Package capture is the one pipeline between the front ends (the CNI
 // plugin, the agent's repair, the `redirect` CLI) and the kernel backends:
-// it opens the pod's network namespace and refuses the host's, serializes
-// the verbs on one namespace with a per-namespace lock, selects the backend,
-// and applies, checks or removes a Plan.
+// it opens and checks the pod's network namespace, refuses the host's,
+// serializes the verbs on one namespace with a per-namespace lock, selects
+// the backend, and applies, checks or removes a Plan.
 //
 // The verbs are methods of a Pipeline over a Kernel: Linux(), or
-// testkit/capturetest's in-memory one for tests without root. It knows
-// neither Kubernetes nor CNI; podinfo and redirect.Build decide what a pod gets.
+// testkit/capturetest's in-memory one, which runs every decision of the
+// pipeline and the front ends without root. It knows neither Kubernetes
+// nor CNI; podinfo and redirect.Build decide what a pod gets.
 package capture
 
 import (

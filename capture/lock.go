@@ -22,9 +22,10 @@ const lockSubdir = "netns-locks"
 // netnsLock is an exclusive flock on one network namespace, held by every
 // verb of every process (plugin, agent repair, CLI) sharing the run dir.
 // Its file is named by the namespace's nsfs device and inode, so every path
-// to the namespace shares it, in a directory only its owner can write. The
-// namespace file itself is not locked: it is world-readable and a flock
-// needs only a descriptor, so any local user could wedge every verb on it.
+// to the namespace shares it, in a directory only its owner can write, so
+// no other user can hold it. The namespace file itself is not locked: it is
+// world-readable and a flock needs only a descriptor, so any local user
+// could wedge every verb on it.
 //
 // DEL, the namespace's last verb, removes the file. One left without a DEL
 // is harmless: nobody holds it, and the next namespace given that inode
