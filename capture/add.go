@@ -29,17 +29,13 @@ type Added struct {
 	Applied
 }
 
-// Add is a pod's ADD in one call:
-//
-//  1. the namespace at path is checked (Open) before anything else is read
-//     or written. A path that does not exist goes on: it can neither block
-//     nor be the host's, and the pod source's error, when it fails too, is
-//     the more useful one;
-//  2. Plan decides what the pod gets, from the namespace's addresses;
-//  3. for a pod in the mesh, the namespace is opened again if it was
-//     missing, and the plan applied (Apply).
-//
-// A pod not in the mesh gets nothing written. Errors are *PlanError.
+// Add is a pod's ADD in one call: the namespace at path is checked (Open)
+// before anything else is read or written, Plan decides what the pod gets
+// from the namespace's addresses, and for a pod in the mesh Apply writes
+// the plan; a pod not in the mesh gets nothing written. A path that does
+// not exist goes on (it can neither block nor be the host's, and the pod
+// source's error, when it fails too, is the more useful one) and is opened
+// again before Apply. Errors are *PlanError.
 func (pl *Pipeline) Add(ctx context.Context, path string, pod PodSource, o Options) (Added, error) {
 	n, err := pl.Open(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {

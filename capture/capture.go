@@ -1,18 +1,17 @@
 // Package capture is the one pipeline between the front ends (the CNI
 // plugin, the agent's repair, the `redirect` CLI) and the kernel backends:
-// it opens and validates the pod's network namespace, refuses the host's,
-// serializes every verb on one namespace with a per-namespace lock, selects
+// it opens and checks the pod's network namespace, refuses the host's,
+// serializes the verbs on one namespace with a per-namespace lock, selects
 // the backend, and applies, checks or removes a Plan.
 //
-// The verbs are methods of a Pipeline over a Kernel: Linux() drives the
-// running kernel, and testkit/capturetest's in-memory kernel lets tests run
-// every decision of the pipeline and the front ends without root.
-//
-// It does not decide what a pod gets (podinfo and redirect.Build do) and
-// does not know about Kubernetes or CNI.
+// The verbs are methods of a Pipeline over a Kernel: Linux(), or
+// testkit/capturetest's in-memory one, which runs every decision of the
+// pipeline and the front ends without root. It knows neither Kubernetes
+// nor CNI; podinfo and redirect.Build decide what a pod gets.
 package capture
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -91,12 +90,7 @@ type Options struct {
 	ApplyTimeout time.Duration
 }
 
-func (o Options) backend() string {
-	if o.Backend == "" {
-		return Auto
-	}
-	return o.Backend
-}
+func (o Options) backend() string { return cmp.Or(o.Backend, Auto) }
 
 // lock refuses the host's n and takes n's lock: the start of every verb.
 func (pl *Pipeline) lock(ctx context.Context, n *Netns, o Options) (*netnsLock, error) {

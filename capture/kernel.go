@@ -20,7 +20,6 @@ import (
 // network namespace files, the two backends, and the probes selection and
 // CHECK read. The pipeline keeps every decision (the host guard, the lock,
 // selection, clean-up after a failure); a Kernel only answers.
-// testkit/capturetest has an in-memory one.
 //
 // Paths passed to the methods are a namespace's pinned path (see pin).
 type Kernel interface {

@@ -20,20 +20,16 @@ const DefaultRunDir = "/var/run/nftmesh"
 const lockSubdir = "netns-locks"
 
 // netnsLock is an exclusive flock on one network namespace, held by every
-// verb in every process (plugin, agent repair, CLI) that shares the run
-// dir, so two runs never interleave in one namespace.
+// verb of every process (plugin, agent repair, CLI) sharing the run dir.
+// Its file is named by the namespace's nsfs device and inode, so every path
+// to the namespace shares it, in a directory only its owner can write, so
+// no other user can hold it. The namespace file itself is not locked: it is
+// world-readable and a flock needs only a descriptor, so any local user
+// could wedge every verb on it.
 //
-// The lock is a file named by the namespace's identity (device and inode
-// of its nsfs file), so every path to one namespace shares one lock, in a
-// directory only its owner can write, so no other user can hold it. The
-// namespace file itself is not locked: it is world-readable, and a flock
-// needs only a descriptor, so any local user could wedge every verb on the
-// pod.
-//
-// DEL, the namespace's last verb, removes the file. One left by a namespace
-// that went without a DEL is harmless: nobody holds it, and the next
-// namespace given that inode number (the kernel reuses the lowest free one)
-// takes it over.
+// DEL, the namespace's last verb, removes the file. One left without a DEL
+// is harmless: nobody holds it, and the next namespace given that inode
+// number (the kernel reuses the lowest free one) takes it over.
 type netnsLock struct {
 	dir  int    // the lock directory, held open: the file is unlinked through it
 	name string // the lock file's name in dir
@@ -43,12 +39,10 @@ type netnsLock struct {
 
 // lockDir opens the lock directory: runDir's subdirectory, or without a
 // run dir DefaultRunDir's, falling back to one under the temp dir if that
-// cannot be used (a CLI run as a user who cannot write /var/run). Missing
-// directories are created (mode 0700); the run dir, its lock directory and
-// any parent created must be directories owned by this user or root that
-// nobody else can write, reached without following a symlink: one another
-// user made or can write (a /tmp/nftmesh-<uid> made ahead of us) is
-// refused, as its lock files could be held or replaced.
+// cannot be used (a CLI run as a user who cannot write /var/run). The run
+// dir, its lock directory and any parent created must pass openPrivateAt:
+// one another user made or can write (a /tmp/nftmesh-<uid> made ahead of
+// us) is refused, as its lock files could be held or replaced.
 func lockDir(runDir string) (fd int, path string, err error) {
 	if runDir != "" {
 		return openLockDir(runDir)

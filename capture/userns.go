@@ -9,12 +9,11 @@ import (
 	"github.com/nftmesh/nftmesh/internal/hostns"
 )
 
-// ErrUserNamespaced is wrapped by the error that refuses the iptables-legacy
-// backend for a network namespace owned by another user namespace than the
-// caller's (a pod with hostUsers: false). The kernel accepts an x_tables
-// owner match only from a writer in the owning user namespace (EINVAL
-// otherwise), every plan bypasses the proxy by its UID, and a
-// multi-threaded process (every Go program) cannot join a user namespace.
+// ErrUserNamespaced is wrapped by the error that refuses iptables-legacy for
+// a netns owned by another user namespace (a pod with hostUsers: false). The
+// kernel accepts an x_tables owner match only from a writer in the owning
+// user namespace, every plan bypasses the proxy by its UID, and a
+// multi-threaded process (every Go program) cannot join a user namespace;
 // nftables' `meta skuid` has no such restriction.
 var ErrUserNamespaced = errors.New("the network namespace is owned by a user namespace other than this process's (a pod with hostUsers: false), where the kernel refuses the iptables owner match (EINVAL); use backend nftables or auto")
 

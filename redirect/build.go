@@ -34,7 +34,7 @@ func Build(s Spec) (Plan, error) {
 	g.tproxyMarks()
 	g.tproxyRoutes()
 	g.passthroughV6()
-	return g.finish()
+	return g.finish(), nil
 }
 
 // generator carries the Spec and what every step derives from it.
@@ -127,7 +127,7 @@ func (g *generator) inbound() {
 	g.append(inTable, ChainPrerouting, FamilyAny, Jump{ChainInbound}, tcp)
 	established := MatchCTState{States: CTStateRelated | CTStateEstablished}
 	if s.InboundPorts.All {
-		excl := dedup(append(append([]uint16{}, s.InboundPortsExclude...), alwaysExcludedInbound...))
+		excl := dedup(slices.Concat(s.InboundPortsExclude, alwaysExcludedInbound))
 		g.portSet(setInboundExclude, excl)
 		g.append(inTable, ChainInbound, FamilyAny, Return{}, tcp, MatchSet{Set: setInboundExclude, Kind: SetPort})
 		if g.tproxy {
@@ -163,15 +163,15 @@ func (g *generator) outboundEntry() {
 	g.append(TableNat, ChainOutbound, FamilyIPv6, Return{}, toLo, MatchAddr{Source: true, Prefix: InboundPassthroughV6})
 }
 
-// proxyOwnTraffic: per proxy UID and GID, the proxy calling its own pod over
-// lo goes through inbound capture, app-to-app traffic over lo is left alone,
-// and the proxy's other traffic goes straight out.
+// proxyOwnTraffic, per proxy UID and GID: the proxy calling its own pod's IP,
+// or a VIP that resolves back to it, over lo goes through inbound capture
+// (app → Envoy → Envoy → app); app-to-app traffic over lo is left alone
+// unless loopback ranges are explicitly included; the proxy's other
+// traffic, any protocol, goes straight out.
 func (g *generator) proxyOwnTraffic() {
 	s := g.s
 	includesLoopback := slices.ContainsFunc(s.OutboundIPRanges.Prefixes, func(p netip.Prefix) bool { return p.Addr().IsLoopback() })
 	for _, owner := range g.owners {
-		// The proxy calling its own pod's IP or a VIP that resolves back to it
-		// over lo goes through inbound capture (app → Envoy → Envoy → app).
 		notTunnel := MatchPort{Ports: []uint16{InboundTunnelPort}, Negate: true}
 		if s.CaptureDNS && !owner.GID {
 			notTunnel = MatchPort{Ports: []uint16{DNSPort, InboundTunnelPort}, Negate: true}
@@ -180,8 +180,6 @@ func (g *generator) proxyOwnTraffic() {
 			toLo, MatchAddr{Prefix: g.loop4, Negate: true}, tcp, notTunnel, owner)
 		g.append(TableNat, ChainOutbound, FamilyIPv6, Jump{ChainInRedirect},
 			toLo, MatchAddr{Prefix: loopbackV6, Negate: true}, tcp, notTunnel, owner)
-		// App to app over lo is not captured, unless loopback ranges are
-		// explicitly included.
 		if !includesLoopback {
 			notOwner := owner
 			notOwner.Negate = true
@@ -191,7 +189,6 @@ func (g *generator) proxyOwnTraffic() {
 				g.append(TableNat, ChainOutbound, FamilyAny, Return{}, toLo, notOwner)
 			}
 		}
-		// The proxy's own traffic, any protocol, goes straight out.
 		g.append(TableNat, ChainOutbound, FamilyAny, Return{}, owner)
 	}
 }
@@ -215,9 +212,7 @@ func (g *generator) ownerGroups() {
 	}
 }
 
-// dns sends the app's DNS (TCP and UDP port 53) to the proxy's DNS port, and
-// splits conntrack zones so the proxy's own queries do not collide with the
-// app's.
+// dns sends the app's DNS (TCP and UDP port 53) to the proxy's DNS port.
 func (g *generator) dns() {
 	if !g.s.CaptureDNS {
 		return

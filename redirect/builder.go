@@ -3,6 +3,7 @@ package redirect
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 )
 
 // builder accumulates rules with iptables' append/insert semantics.
@@ -10,11 +11,10 @@ type builder struct {
 	ipv6   bool
 	plan   Plan
 	tables map[TableName]*Table
-	order  map[TableName][]string
 }
 
 func newBuilder(ipv6 bool) *builder {
-	return &builder{ipv6: ipv6, tables: map[TableName]*Table{}, order: map[TableName][]string{}}
+	return &builder{ipv6: ipv6, tables: map[TableName]*Table{}}
 }
 
 func (b *builder) chain(t TableName, name string) *Chain {
@@ -72,8 +72,7 @@ func (b *builder) insert(t TableName, chain string, pos int, f Family, v Verdict
 		}
 		idx = max(idx, at)
 	}
-	r := Rule{Family: f, Matches: ms, Verdict: v}
-	c.Rules = append(c.Rules[:idx], append([]Rule{r}, c.Rules[idx:]...)...)
+	c.Rules = slices.Insert(c.Rules, idx, Rule{Family: f, Matches: ms, Verdict: v})
 }
 
 func (b *builder) portSet(name string, ports []uint16) {
@@ -88,7 +87,7 @@ func (b *builder) prefixSet(name string, kind SetKind, ps []netip.Prefix) {
 	}
 }
 
-func (b *builder) finish() (Plan, error) {
+func (b *builder) finish() Plan {
 	for _, name := range []TableName{TableMangle, TableNat, TableRaw} {
 		tab := b.tables[name]
 		if tab == nil {
@@ -129,5 +128,5 @@ func (b *builder) finish() (Plan, error) {
 			b.plan.Tables = append(b.plan.Tables, out)
 		}
 	}
-	return b.plan, nil
+	return b.plan
 }

@@ -93,9 +93,8 @@ func hasRule(p *Plan, s *TraceStep) bool {
 	return false
 }
 
-// explainVocab is what the representative packets are made of: the
-// addresses, ports, owner IDs and input interfaces the plans match on, and
-// the families they have rules for.
+// explainVocab is what the representative packets are made of (see
+// ExplainDrift), and the families the plans have rules for.
 type explainVocab struct {
 	addrs     map[Family][]netip.Addr
 	ports     []uint16

@@ -11,7 +11,7 @@ import (
 
 // readAnnotations are the annotation keys nftmesh reads from a pod: the
 // capture annotations and those deciding whether the pod is in the mesh.
-var readAnnotations = append(append([]string{}, CaptureAnnotations...), AnnotationSidecarStatus, AnnotationInject)
+var readAnnotations = slices.Concat(CaptureAnnotations, []string{AnnotationSidecarStatus, AnnotationInject})
 
 // maxSuggestDistance is how many single-character edits (case aside) a key
 // may be away from a known one to be taken for a misspelling of it.
