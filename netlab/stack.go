@@ -3,8 +3,6 @@ package netlab
 import (
 	"fmt"
 	"net/netip"
-
-	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 )
 
 // The pod's own addresses in every topology (as its Stack says):
@@ -51,11 +49,6 @@ func (st Stack) Added() []netip.Addr {
 	}
 	return []netip.Addr{PodV4, PodV6}
 }
-
-// Listed is Added in the order the kernel lists the namespace's addresses
-// (IPv4 first), the order Istio's IPv6 decision reads them in; the kernel
-// tests check it against the kernel's own listing.
-func (st Stack) Listed() []netip.Addr { return meshpod.KernelOrder(st.Added()) }
 
 // Has4 reports whether the pod has an IPv4 address.
 func (st Stack) Has4() bool { return st != StackIPv6 }

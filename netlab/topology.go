@@ -11,14 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-
-	"github.com/nftmesh/nftmesh/redirect"
 )
 
 // netnsDir is where named network namespaces are bind-mounted (as by
@@ -89,21 +86,6 @@ type TopologyOptions struct {
 	// their in-pod IDs map to, the only ones the kernel keeps for a
 	// socket's owner. Zero for a pod in the host's user namespace.
 	PodUIDBase, PodGIDBase uint32
-}
-
-// TopologyOptionsFor returns the options a scenario's spec needs: the pod's
-// interface takes the name of the first excluded (else rerouted) interface,
-// so the rules about that interface apply to the veth.
-func TopologyOptionsFor(s redirect.Spec) TopologyOptions {
-	var o TopologyOptions
-	for _, names := range [][]string{s.ExcludeInterfaces, s.RerouteVirtualInterfaces} {
-		for _, n := range names {
-			if n != "" && !strings.HasSuffix(n, "+") && n != "lo" && o.PodIface == "" {
-				o.PodIface = n
-			}
-		}
-	}
-	return o
 }
 
 // Topology is a throw-away "pod" network namespace and a "peer" namespace
