@@ -161,10 +161,6 @@ type Netns struct {
 // works on it as on any other.
 func Stub(path string, id ID) *Netns { return &Netns{Path: path, ID: id, fd: -1} }
 
-// SelfID is this process's own network namespace, as Guard.Refuse compares
-// it (testkit/capturetest gives it to a namespace of its in-memory kernel).
-func SelfID() (ID, error) { return self, selfErr }
-
 // Fd is the namespace file descriptor (usable with setns and netlink's
 // NETNSA_FD); it stays owned by n.
 func (n *Netns) Fd() int { return n.fd }
