@@ -221,13 +221,8 @@ func parseIDs(flag, v string) ([]uint32, error) {
 	return out, nil
 }
 
-// plan resolves the flags and builds the plan; a pod the CNI would skip is
-// exit code 4.
-func (f *specFlags) plan(fs *pflag.FlagSet) (redirect.Plan, resolved, error) {
-	return f.planIn(fs, "")
-}
-
-// planIn is plan for a pod in the network namespace at netns (none if ""):
+// planIn resolves the flags and builds the plan (a pod the CNI would skip
+// is exit code 4) for a pod in the network namespace at netns (none if ""):
 // unless --ipv6 is given, IPv6 capture is decided from its addresses, as the
 // CNI plugin does.
 func (f *specFlags) planIn(fs *pflag.FlagSet, netns string) (redirect.Plan, resolved, error) {

@@ -204,7 +204,7 @@ on eth0 from 192.0.2.1 or 2001:db8::1. The trace assumes the proxy is listening.
 			if err != nil {
 				return err
 			}
-			plan, r, err := sf.plan(cmd.Flags())
+			plan, r, err := sf.planIn(cmd.Flags(), "")
 			if err != nil {
 				return err
 			}
