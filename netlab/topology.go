@@ -309,8 +309,6 @@ func (t *Topology) linkUp(w *wiring) error {
 	return nil
 }
 
-// address gives the pod its Stack's addresses and the peer its own and
-// the external hosts'.
 func (t *Topology) address(w *wiring) error {
 	// The pod's addresses in the order of its Stack: the kernel lists them
 	// in its own order, which the IPv6 decision depends on.
@@ -341,7 +339,6 @@ func (t *Topology) address(w *wiring) error {
 func (t *Topology) neighbours(w *wiring) error {
 	pod, peer := w.pod, w.peer
 	podLink, peerLink := refresh(pod, w.podLink), refresh(peer, w.peerLink)
-	w.podLink, w.peerLink = podLink, peerLink
 	for _, n := range []struct {
 		h    *netlink.Handle
 		link netlink.Link
@@ -369,8 +366,6 @@ func (t *Topology) neighbours(w *wiring) error {
 	return nil
 }
 
-// route gives the pod a default route via the peer and the peer routes to
-// ThroughPodV4/V6 via the pod, for the families the pod has.
 func (t *Topology) route(w *wiring) error {
 	pod, peer, podLink, peerLink := w.pod, w.peer, w.podLink, w.peerLink
 	routes := []struct {
@@ -443,7 +438,7 @@ func setUp(h *netlink.Handle, name string) (netlink.Link, error) {
 // addAddr adds an address; IPv6 ones skip duplicate address detection so
 // they are usable at once instead of "tentative" for a second or two.
 func addAddr(h *netlink.Handle, l netlink.Link, p netip.Prefix) error {
-	a := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+	a := &netlink.Addr{IPNet: ipNet(p)}
 	if p.Addr().Is6() {
 		a.Flags = unix.IFA_F_NODAD
 	}
@@ -454,7 +449,7 @@ func addAddr(h *netlink.Handle, l netlink.Link, p netip.Prefix) error {
 }
 
 func ipNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: net.IP(p.Masked().Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 // Close deletes both namespaces and all they hold. It is safe on a partly
