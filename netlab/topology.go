@@ -113,11 +113,10 @@ func (t *Topology) hostCreds(uid, gid uint32) *creds {
 	return &creds{t.PodUIDBase + uid, t.PodGIDBase + gid}
 }
 
-// DoAs runs fn on a fresh OS thread in the pod namespace with in-pod uid
-// and gid (mapped as Probe maps them): sockets fn creates are the pod's and
-// are owned by that identity for netfilter, as a process of the pod
-// running as uid/gid would create them. Only that thread changes identity;
-// it is destroyed when fn returns.
+// DoAs runs fn on a fresh OS thread in the pod namespace as in-pod uid and
+// gid (mapped as for Probe): the sockets fn creates are the pod's, owned for
+// netfilter as a pod process of that identity would own them. The thread
+// dies when fn returns.
 func (t *Topology) DoAs(uid, gid uint32, fn func() error) error {
 	return inNetns(t.PodNetnsPath(), t.hostCreds(uid, gid), fn)
 }
