@@ -17,14 +17,10 @@ var (
 type Stack uint8
 
 const (
-	// StackDual: PodV4, then PodV6 (the usual order). The zero value.
-	StackDual Stack = iota
-	// StackDualV6First: PodV6, then PodV4.
-	StackDualV6First
-	// StackIPv4: PodV4 only.
-	StackIPv4
-	// StackIPv6: PodV6 only.
-	StackIPv6
+	StackDual        Stack = iota // PodV4, then PodV6 (the usual order); the zero value
+	StackDualV6First              // PodV6, then PodV4
+	StackIPv4                     // PodV4 only
+	StackIPv6                     // PodV6 only
 )
 
 var stackNames = [...]string{StackDual: "dual-stack", StackDualV6First: "dual-stack, IPv6 first", StackIPv4: "IPv4 only", StackIPv6: "IPv6 only"}

@@ -45,13 +45,9 @@ var (
 
 // Reply statuses.
 const (
-	// StatusOK: the plugin exited 0.
-	StatusOK uint32 = 0
-	// StatusError: the plugin exited 1 (the CNI error is on stdout).
-	StatusError uint32 = 1
-	// StatusDeclined: the agent did not run the call; nothing was
-	// written to the namespace.
-	StatusDeclined uint32 = 2
+	StatusOK       uint32 = 0 // the plugin exited 0
+	StatusError    uint32 = 1 // the plugin exited 1 (the CNI error is on stdout)
+	StatusDeclined uint32 = 2 // the agent did not run the call: nothing written to the namespace
 )
 
 // Errors of a malformed frame.
