@@ -26,9 +26,7 @@ type specFlags struct {
 	pod         string
 	name        string
 	annotations []string
-	// needInput: the command refuses to run without --pod, --annotation or
-	// --defaults (apply: installing Istio's defaults must be asked for).
-	needInput   bool
+	needInput   bool // see requireInput
 	defaults    bool
 	ipv6        bool
 	dualStack   bool
@@ -56,8 +54,9 @@ func (f *specFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.gids, "proxy-gid", "1337", "proxy GIDs whose traffic is never captured (comma list)")
 }
 
-// requireInput makes the command refuse to run without a spec source, and
-// registers --defaults to ask for Istio's defaults explicitly.
+// requireInput makes the command refuse to run without --pod, --annotation
+// or --defaults, which it registers: installing Istio's defaults (apply) must
+// be asked for.
 func (f *specFlags) requireInput(fs *pflag.FlagSet) {
 	f.needInput = true
 	fs.BoolVar(&f.defaults, "defaults", false, "use Istio's default capture (no --pod or --annotation): all outbound, all inbound ports")
