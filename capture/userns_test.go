@@ -184,7 +184,7 @@ func TestUsernsTraffic(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			opts := netlab.TopologyOptionsFor(spec)
+			opts := nettest.TopologyOptionsFor(spec)
 			opts.Stack = sc.Stack
 			opts.Prefix = "capu-"
 			opts.NewPodNetns = func(path string) (io.Closer, error) { return usernstest.NewAt(path, usernsBase) }

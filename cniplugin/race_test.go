@@ -65,7 +65,7 @@ func raceRound(t *testing.T, runDir string, pod *corev1.Pod, backend string, tra
 	var topo *netlab.Topology
 	if traffic {
 		topo, err = netlab.NewTopology(func() netlab.TopologyOptions {
-			o := netlab.TopologyOptionsFor(spec)
+			o := nettest.TopologyOptionsFor(spec)
 			o.Prefix = "cni-race-"
 			return o
 		}())

@@ -72,7 +72,7 @@ func realTraffic(t *testing.T, runDir string, ran func(t *testing.T, before int)
 			}
 			spec.IPv6 = tc.wantIPv6
 			topo, err := netlab.NewTopology(func() netlab.TopologyOptions {
-				o := netlab.TopologyOptionsFor(spec)
+				o := nettest.TopologyOptionsFor(spec)
 				o.Prefix = "cni-"
 				o.Stack = tc.stack
 				return o

@@ -134,7 +134,7 @@ func (l *Listeners) startTCP(ns, name string, port uint16, v6, transparent bool,
 	addr := fmt.Sprintf("%s:%d", host, port)
 	var ln *net.TCPListener
 	err := inNetns(ns, owner, func() error {
-		// Listened to by address, not by string (see exchange), with
+		// Listened to by address, not by string (see dial), with
 		// IP_TRANSPARENT set once listening: TPROXY checks it on the
 		// listener each time it hands one a connection.
 		var err error

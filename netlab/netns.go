@@ -14,13 +14,11 @@ import (
 type creds struct{ uid, gid uint32 }
 
 // inNetns runs fn on a fresh OS thread that has joined the network namespace
-// at nsPath (see onThread). Sockets fn creates stay in that namespace.
-//
-// With c set, the thread also drops to that identity before fn runs: the raw
-// setgroups/setresgid/setresuid system calls act on this thread only, unlike
-// syscall.Setuid, which Go applies to every thread. Such a thread may lack
-// the privilege to switch back and must not lend its identity to other
-// goroutines, so it dies when fn returns.
+// at nsPath (see onThread), so sockets fn creates stay there. With c set, the
+// thread first drops to that identity with the raw setgroups/setresgid/
+// setresuid calls, which act on this thread only (Go's syscall.Setuid acts
+// on every thread). Such a thread may lack the privilege to switch back and
+// must not lend its identity to other goroutines, so it dies when fn returns.
 func inNetns(nsPath string, c *creds, fn func() error) error {
 	return onThread(c != nil, func() error {
 		target, err := netns.GetFromPath(nsPath)

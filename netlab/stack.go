@@ -3,8 +3,6 @@ package netlab
 import (
 	"fmt"
 	"net/netip"
-
-	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 )
 
 // The pod's own addresses in every topology (as its Stack says):
@@ -19,14 +17,10 @@ var (
 type Stack uint8
 
 const (
-	// StackDual: PodV4, then PodV6 (the usual order). The zero value.
-	StackDual Stack = iota
-	// StackDualV6First: PodV6, then PodV4.
-	StackDualV6First
-	// StackIPv4: PodV4 only.
-	StackIPv4
-	// StackIPv6: PodV6 only.
-	StackIPv6
+	StackDual        Stack = iota // PodV4, then PodV6 (the usual order); the zero value
+	StackDualV6First              // PodV6, then PodV4
+	StackIPv4                     // PodV4 only
+	StackIPv6                     // PodV6 only
 )
 
 var stackNames = [...]string{StackDual: "dual-stack", StackDualV6First: "dual-stack, IPv6 first", StackIPv4: "IPv4 only", StackIPv6: "IPv6 only"}
@@ -51,11 +45,6 @@ func (st Stack) Added() []netip.Addr {
 	}
 	return []netip.Addr{PodV4, PodV6}
 }
-
-// Listed is Added in the order the kernel lists the namespace's addresses
-// (IPv4 first), the order Istio's IPv6 decision reads them in; the kernel
-// tests check it against the kernel's own listing.
-func (st Stack) Listed() []netip.Addr { return meshpod.KernelOrder(st.Added()) }
 
 // Has4 reports whether the pod has an IPv4 address.
 func (st Stack) Has4() bool { return st != StackIPv6 }

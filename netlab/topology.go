@@ -11,14 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-
-	"github.com/nftmesh/nftmesh/redirect"
 )
 
 // netnsDir is where named network namespaces are bind-mounted (as by
@@ -91,21 +88,6 @@ type TopologyOptions struct {
 	PodUIDBase, PodGIDBase uint32
 }
 
-// TopologyOptionsFor returns the options a scenario's spec needs: the pod's
-// interface takes the name of the first excluded (else rerouted) interface,
-// so the rules about that interface apply to the veth.
-func TopologyOptionsFor(s redirect.Spec) TopologyOptions {
-	var o TopologyOptions
-	for _, names := range [][]string{s.ExcludeInterfaces, s.RerouteVirtualInterfaces} {
-		for _, n := range names {
-			if n != "" && !strings.HasSuffix(n, "+") && n != "lo" && o.PodIface == "" {
-				o.PodIface = n
-			}
-		}
-	}
-	return o
-}
-
 // Topology is a throw-away "pod" network namespace and a "peer" namespace
 // joined by a veth pair. The pod has PodV4 and/or PodV6 (as Stack says) and
 // a default route via the peer for each; the peer owns the external hosts
@@ -131,11 +113,10 @@ func (t *Topology) hostCreds(uid, gid uint32) *creds {
 	return &creds{t.PodUIDBase + uid, t.PodGIDBase + gid}
 }
 
-// DoAs runs fn on a fresh OS thread in the pod namespace with in-pod uid
-// and gid (mapped as Probe maps them): sockets fn creates are the pod's and
-// are owned by that identity for netfilter, as a process of the pod
-// running as uid/gid would create them. Only that thread changes identity;
-// it is destroyed when fn returns.
+// DoAs runs fn on a fresh OS thread in the pod namespace as in-pod uid and
+// gid (mapped as for Probe): the sockets fn creates are the pod's, owned for
+// netfilter as a pod process of that identity would own them. The thread
+// dies when fn returns.
 func (t *Topology) DoAs(uid, gid uint32, fn func() error) error {
 	return inNetns(t.PodNetnsPath(), t.hostCreds(uid, gid), fn)
 }
@@ -327,8 +308,6 @@ func (t *Topology) linkUp(w *wiring) error {
 	return nil
 }
 
-// address gives the pod its Stack's addresses and the peer its own and
-// the external hosts'.
 func (t *Topology) address(w *wiring) error {
 	// The pod's addresses in the order of its Stack: the kernel lists them
 	// in its own order, which the IPv6 decision depends on.
@@ -359,7 +338,6 @@ func (t *Topology) address(w *wiring) error {
 func (t *Topology) neighbours(w *wiring) error {
 	pod, peer := w.pod, w.peer
 	podLink, peerLink := refresh(pod, w.podLink), refresh(peer, w.peerLink)
-	w.podLink, w.peerLink = podLink, peerLink
 	for _, n := range []struct {
 		h    *netlink.Handle
 		link netlink.Link
@@ -387,8 +365,6 @@ func (t *Topology) neighbours(w *wiring) error {
 	return nil
 }
 
-// route gives the pod a default route via the peer and the peer routes to
-// ThroughPodV4/V6 via the pod, for the families the pod has.
 func (t *Topology) route(w *wiring) error {
 	pod, peer, podLink, peerLink := w.pod, w.peer, w.podLink, w.peerLink
 	routes := []struct {
@@ -461,7 +437,7 @@ func setUp(h *netlink.Handle, name string) (netlink.Link, error) {
 // addAddr adds an address; IPv6 ones skip duplicate address detection so
 // they are usable at once instead of "tentative" for a second or two.
 func addAddr(h *netlink.Handle, l netlink.Link, p netip.Prefix) error {
-	a := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+	a := &netlink.Addr{IPNet: ipNet(p)}
 	if p.Addr().Is6() {
 		a.Flags = unix.IFA_F_NODAD
 	}
@@ -472,7 +448,7 @@ func addAddr(h *netlink.Handle, l netlink.Link, p netip.Prefix) error {
 }
 
 func ipNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: net.IP(p.Masked().Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 // Close deletes both namespaces and all they hold. It is safe on a partly

@@ -35,7 +35,7 @@ func newRenderCmd() *cobra.Command {
   plan      the backend-neutral plan, one line per set, chain and rule`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, _, err := sf.plan(cmd.Flags())
+			p, _, err := sf.planIn(cmd.Flags(), "")
 			if err != nil {
 				return err
 			}
@@ -68,7 +68,7 @@ settings (valid, invalid, not in the mesh), with the same exit codes.`,
 			if output != "text" && output != "json" {
 				return usageErr("--output %s: want text or json", quote.Value(output))
 			}
-			p, r, err := sf.plan(cmd.Flags())
+			p, r, err := sf.planIn(cmd.Flags(), "")
 			if output == "json" {
 				if doc, ok := validateJSON(p, r, err); ok {
 					if werr := writeJSON(cmd.OutOrStdout(), doc); werr != nil {
@@ -280,10 +280,15 @@ func (in inspection) check(want redirect.Plan) (checked, error) {
 			return c, failure(ferr)
 		}
 	}
-	// The traces go through nftmesh's rules only: with Istio's rules
-	// acting too, "live accept" would be wrong.
+	// The traces of representative packets through the planned and the
+	// live rules go through nftmesh's rules only: with Istio's rules acting
+	// too, "live accept" would be wrong. Best effort: if the live rules or
+	// the addresses cannot be read, the drift lines stand alone.
 	if c.drift != nil && len(c.foreign) == 0 {
-		c.effects = driftEffects(in.ctx, in.ns, in.netns, want, in.opts)
+		if live, _, err := pipeline.List(in.ctx, in.ns, in.opts); err == nil {
+			addrs, _ := pipeline.Addrs(in.netns)
+			c.effects = redirect.ExplainDrift(&want, &live, addrs)
+		}
 	}
 	return c, nil
 }
@@ -432,18 +437,6 @@ func warnDeprecated(cmd *cobra.Command, _ []string) {
 
 // maxEffectsShown bounds the drift effects inspect prints as text.
 const maxEffectsShown = 10
-
-// driftEffects explains a drift by tracing representative packets through
-// the planned and the live rules. It is best effort: if the live rules or
-// the namespace's addresses cannot be read, the drift lines stand alone.
-func driftEffects(ctx context.Context, ns *capture.Netns, netns string, want redirect.Plan, opts capture.Options) []redirect.DriftEffect {
-	live, _, err := pipeline.List(ctx, ns, opts)
-	if err != nil {
-		return nil
-	}
-	addrs, _ := pipeline.Addrs(netns)
-	return redirect.ExplainDrift(&want, &live, addrs)
-}
 
 // pipeline does the kernel work of every command: the running kernel, or
 // in the root-free tests an in-memory one.

@@ -82,7 +82,6 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 	if err != nil {
 		return failure(err)
 	}
-	plan := d.Plan
 	ns, err := capture.Linux().Open(topo.PodNetnsPath())
 	if err != nil {
 		return failure(err)
@@ -90,7 +89,7 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 	defer ns.Close()
 	opts := capture.Options{Backend: capture.NFTables}
 	start := time.Now()
-	res, err := capture.Linux().Apply(ctx, ns, plan, opts)
+	res, err := capture.Linux().Apply(ctx, ns, d.Plan, opts)
 	if err != nil {
 		return failure(fmt.Errorf("applying the capture rules: %w", err))
 	}
@@ -98,7 +97,7 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 	fmt.Fprintf(w, "pod netns %s (%s, %s) <-veth-> peer netns %s (external hosts %s, %s, %s)\n",
 		topo.PodNetns, netlab.PodV4, netlab.PodV6, topo.PeerNetns, netlab.OtherV4Host, netlab.OtherV6Host, netlab.ExcludedV4Host)
 	fmt.Fprintf(w, "applied the default sidecar capture (%d rules, %d sets, IPv4+IPv6, excludeOutboundIPRanges=192.0.2.0/24) with %s in %s, one netlink batch\n\n",
-		res.Rules, len(plan.Sets), res.Backend, took.Round(10*time.Microsecond))
+		res.Rules, len(d.Plan.Sets), res.Backend, took.Round(10*time.Microsecond))
 
 	cases := demoCases()
 	failed, err := probeAll(ctx, w, topo, cases)

@@ -14,7 +14,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nftmesh/nftmesh/capture"
-	_ "github.com/nftmesh/nftmesh/internal/oneproc" // GOMAXPROCS 1 from before os's init: see main
+	// GOMAXPROCS 1 from before os's init: a verb runs for milliseconds, one
+	// goroutine at a time (nft.Backend.Prepare too), and a second P only
+	// wakes idle threads (internal/oneproc has the figures).
+	_ "github.com/nftmesh/nftmesh/internal/oneproc"
 	"github.com/nftmesh/nftmesh/internal/phase"
 	"github.com/nftmesh/nftmesh/internal/version"
 )
@@ -65,9 +68,6 @@ func failure(err error) error {
 	return &exitError{exitFailure, err}
 }
 
-// main runs with GOMAXPROCS 1, set while the packages initialise: a verb
-// runs for milliseconds, one goroutine at a time (nft.Backend.Prepare too),
-// and a second P only wakes idle threads (internal/oneproc has the figures).
 func main() {
 	phase.Mark("main")
 	code := run(os.Args[1:], os.Stdout, os.Stderr)

@@ -26,9 +26,7 @@ type specFlags struct {
 	pod         string
 	name        string
 	annotations []string
-	// needInput: the command refuses to run without --pod, --annotation or
-	// --defaults (apply: installing Istio's defaults must be asked for).
-	needInput   bool
+	needInput   bool // see requireInput
 	defaults    bool
 	ipv6        bool
 	dualStack   bool
@@ -56,8 +54,9 @@ func (f *specFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.gids, "proxy-gid", "1337", "proxy GIDs whose traffic is never captured (comma list)")
 }
 
-// requireInput makes the command refuse to run without a spec source, and
-// registers --defaults to ask for Istio's defaults explicitly.
+// requireInput makes the command refuse to run without --pod, --annotation
+// or --defaults, which it registers: installing Istio's defaults (apply) must
+// be asked for.
 func (f *specFlags) requireInput(fs *pflag.FlagSet) {
 	f.needInput = true
 	fs.BoolVar(&f.defaults, "defaults", false, "use Istio's default capture (no --pod or --annotation): all outbound, all inbound ports")
@@ -221,13 +220,8 @@ func parseIDs(flag, v string) ([]uint32, error) {
 	return out, nil
 }
 
-// plan resolves the flags and builds the plan; a pod the CNI would skip is
-// exit code 4.
-func (f *specFlags) plan(fs *pflag.FlagSet) (redirect.Plan, resolved, error) {
-	return f.planIn(fs, "")
-}
-
-// planIn is plan for a pod in the network namespace at netns (none if ""):
+// planIn resolves the flags and builds the plan (a pod the CNI would skip
+// is exit code 4) for a pod in the network namespace at netns (none if ""):
 // unless --ipv6 is given, IPv6 capture is decided from its addresses, as the
 // CNI plugin does.
 func (f *specFlags) planIn(fs *pflag.FlagSet, netns string) (redirect.Plan, resolved, error) {

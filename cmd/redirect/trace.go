@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/quote"
@@ -204,7 +203,7 @@ on eth0 from 192.0.2.1 or 2001:db8::1. The trace assumes the proxy is listening.
 			if err != nil {
 				return err
 			}
-			plan, r, err := sf.plan(cmd.Flags())
+			plan, r, err := sf.planIn(cmd.Flags(), "")
 			if err != nil {
 				return err
 			}
@@ -219,19 +218,16 @@ on eth0 from 192.0.2.1 or 2001:db8::1. The trace assumes the proxy is listening.
 			return writeTrace(cmd, tr, r, output)
 		},
 	}
-	sf.register(cmd.Flags())
-	sf.requireInput(cmd.Flags())
-	registerTraceFlags(cmd.Flags(), &in)
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "output: text or json")
-	return cmd
-}
-
-func registerTraceFlags(fs *pflag.FlagSet, in *traceInput) {
+	fs := cmd.Flags()
+	sf.register(fs)
+	sf.requireInput(fs)
 	fs.StringVar(&in.uid, "uid", defaultTraceID, "out: UID of the sending socket")
 	fs.StringVar(&in.gid, "gid", defaultTraceID, "out: GID of the sending socket")
 	fs.StringVar(&in.src, "src", "", "source address (default: what the kernel would pick, see above)")
 	fs.StringVar(&in.iface, "iface", "", "out: the output interface; in: the input interface (default: see above)")
 	fs.StringVar(&in.proto, "proto", "tcp", "protocol: tcp or udp")
+	fs.StringVarP(&output, "output", "o", "text", "output: text or json")
+	return cmd
 }
 
 func writeTrace(cmd *cobra.Command, tr redirect.Trace, r resolved, output string) error {

@@ -144,7 +144,7 @@ func TestRepairPodRealTraffic(t *testing.T) {
 				t.Fatalf("sample pod not in mesh: %v", err)
 			}
 			topo, _ := nettest.NewLab(t, func() netlab.TopologyOptions {
-				o := netlab.TopologyOptionsFor(spec)
+				o := nettest.TopologyOptionsFor(spec)
 				o.Prefix = "e2e-"
 				return o
 			}(), netlab.ListenerOptions{ProxyUID: spec.ProxyUIDs[0], ProxyGID: spec.ProxyGIDs[0]})

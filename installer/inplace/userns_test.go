@@ -73,7 +73,7 @@ func TestRepairPodUsernsPod(t *testing.T) {
 			}
 			base := uint32(3_500_000 + i*usernstest.Size)
 			var holder *usernstest.Netns
-			o := netlab.TopologyOptionsFor(spec)
+			o := nettest.TopologyOptionsFor(spec)
 			o.Prefix = "e2e-"
 			o.NewPodNetns = func(path string) (io.Closer, error) {
 				n, err := usernstest.NewAt(path, base)

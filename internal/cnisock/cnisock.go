@@ -13,6 +13,7 @@
 package cnisock
 
 import (
+	"encoding/binary"
 	"errors"
 	"strconv"
 )
@@ -44,13 +45,9 @@ var (
 
 // Reply statuses.
 const (
-	// StatusOK: the plugin exited 0.
-	StatusOK uint32 = 0
-	// StatusError: the plugin exited 1 (the CNI error is on stdout).
-	StatusError uint32 = 1
-	// StatusDeclined: the agent did not run the call; nothing was
-	// written to the namespace.
-	StatusDeclined uint32 = 2
+	StatusOK       uint32 = 0 // the plugin exited 0
+	StatusError    uint32 = 1 // the plugin exited 1 (the CNI error is on stdout)
+	StatusDeclined uint32 = 2 // the agent did not run the call: nothing written to the namespace
 )
 
 // Errors of a malformed frame.
@@ -91,8 +88,8 @@ func AppendRequest(b []byte, r Request) ([]byte, error) {
 		return b, ErrTooBig
 	}
 	b = append(b, RequestMagic[:]...)
-	b = appendU32(b, uint32(n))
-	b = appendU32(b, uint32(len(r.Env)))
+	b = binary.BigEndian.AppendUint32(b, uint32(n))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(r.Env)))
 	for _, e := range r.Env {
 		b = appendString(b, e)
 	}
@@ -111,8 +108,8 @@ func AppendReply(b []byte, r Reply) []byte {
 		errOut = errOut[:room-len(out)]
 	}
 	b = append(b, ReplyMagic[:]...)
-	b = appendU32(b, uint32(12+len(out)+len(errOut)))
-	b = appendU32(b, r.Status)
+	b = binary.BigEndian.AppendUint32(b, uint32(12+len(out)+len(errOut)))
+	b = binary.BigEndian.AppendUint32(b, r.Status)
 	b = appendString(b, string(out))
 	return appendString(b, string(errOut))
 }
@@ -123,7 +120,7 @@ func BodyLen(hdr [HeaderLen]byte, magic [4]byte) (int, error) {
 	if [4]byte(hdr[:4]) != magic {
 		return 0, ErrMagic
 	}
-	n, limit := u32(hdr[4:]), uint32(MaxFrame)
+	n, limit := binary.BigEndian.Uint32(hdr[4:]), uint32(MaxFrame)
 	if magic == RequestMagic {
 		limit = MaxRequest
 	}
@@ -178,7 +175,7 @@ func (d *decoder) u32() uint32 {
 		d.err = ErrTruncated
 		return 0
 	}
-	v := u32(d.b)
+	v := binary.BigEndian.Uint32(d.b)
 	d.b = d.b[4:]
 	return v
 }
@@ -204,14 +201,6 @@ func (d *decoder) end() error {
 	return d.err
 }
 
-func appendU32(b []byte, v uint32) []byte {
-	return append(b, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
-}
-
 func appendString(b []byte, s string) []byte {
-	return append(appendU32(b, uint32(len(s))), s...)
-}
-
-func u32(b []byte) uint32 {
-	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	return append(binary.BigEndian.AppendUint32(b, uint32(len(s))), s...)
 }

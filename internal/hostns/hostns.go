@@ -3,20 +3,16 @@
 // (a hostNetwork pod, a PID that left its namespace, a typo in `redirect
 // apply --netns`, a symlink or bind mount pointing at the host's namespace)
 // would otherwise send every outbound connection of the node to a port
-// nobody listens on, or delete the node's own rules on removal.
+// nobody listens on, or delete the node's own rules on removal. Identity is
+// the device and inode of an opened descriptor's nsfs inode, never a path
+// string, so symlinks and bind mounts are seen through.
 //
-// Identity is always taken from an opened file descriptor (device and inode
-// of the nsfs inode behind it), never from path strings, so symlinks and
-// bind mounts are seen through.
-//
-// The CNI plugin and the CLI run in the host's namespace and the agent in its
-// own pod's, so "the namespace of this process" is never a pod we capture.
-// PID 1's namespace is refused as well, and so is every namespace registered
-// with AddHost (the agent's view of the host's). A Guard carries the one
-// setting of the check (AllowOwn), so two callers in one process can differ.
-//
-// It also enters a namespace for its caller (Do), the one way nftmesh
-// switches a thread's namespace; it never writes to a namespace itself.
+// Refused are this process's namespace (the plugin and the CLI run in the
+// host's, the agent in its own pod's: never a pod we capture), PID 1's, and
+// every one registered with AddHost (the agent's view of the host's). A
+// Guard carries the check's one setting (AllowOwn), so two callers in one
+// process can differ. Do enters a namespace for its caller, the one way
+// nftmesh switches a thread's namespace; the package never writes to one.
 package hostns
 
 import (
@@ -32,16 +28,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ErrOwnNetns is returned for a target that is this process's namespace,
-// PID 1's, or one registered with AddHost.
+// ErrOwnNetns is wrapped by the errors of what a Guard refuses.
 var ErrOwnNetns = errors.New("refusing to change capture rules in the host's network namespace (the caller's own, or PID 1's)")
 
 // ErrNotNetns is wrapped by Open's error when the path exists but is not a
 // network namespace file.
 var ErrNotNetns = errors.New("not a network namespace")
 
-// Guard is the host check of one caller. The zero Guard refuses this
-// process's own namespace, PID 1's and every one registered with AddHost.
+// Guard is the host check of one caller (see Refuse).
 type Guard struct {
 	// AllowOwn lets this process's own namespace through (`redirect apply
 	// --allow-own-netns`); the others are still refused.
@@ -80,12 +74,11 @@ func AddHost(path string) error {
 }
 
 // AddHostFromProc registers the host's network namespace as seen through
-// procDir (the host's /proc as the agent mounts it): PID 1's, or, where
-// PID 1's cannot be read (a sandbox whose init denies ptrace access even to
-// root, or a node run inside another machine's namespaces), that of this
-// process's nearest ancestor outside its own network namespace: the
-// container runtime's shim, which runs in the host's. It returns the path
-// registered.
+// procDir (the host's /proc as the agent mounts it) and returns its path:
+// PID 1's or, where that cannot be read (a sandbox whose init denies ptrace
+// access even to root, a node run inside another machine's namespaces), that
+// of this process's nearest ancestor outside its own network namespace: the
+// container runtime's shim, which runs in the host's.
 func AddHostFromProc(procDir string) (string, error) {
 	init := filepath.Join(procDir, "1", "ns", "net")
 	initErr := AddHost(init)
@@ -160,10 +153,6 @@ type Netns struct {
 // namespace of an in-memory kernel (testkit/capturetest). Guard.Refuse
 // works on it as on any other.
 func Stub(path string, id ID) *Netns { return &Netns{Path: path, ID: id, fd: -1} }
-
-// SelfID is this process's own network namespace, as Guard.Refuse compares
-// it (testkit/capturetest gives it to a namespace of its in-memory kernel).
-func SelfID() (ID, error) { return self, selfErr }
 
 // Fd is the namespace file descriptor (usable with setns and netlink's
 // NETNSA_FD); it stays owned by n.
@@ -267,19 +256,16 @@ func kind(mode uint32, fsType int64) string {
 
 // Do runs fn on an OS thread switched into n's network namespace (n's
 // descriptor, whatever n.Path names by now), so that the sockets and procfs
-// files fn opens belong to it; they serve any goroutine afterwards.
-//
-// The semantics are containernetworking's ns.Do: fn runs on a fresh
-// goroutine locked to its thread, which then switches back and returns to
-// the pool; if it cannot, it stays locked and the runtime ends it with the
-// goroutine. fn must not start goroutines that expect to run in n. A panic
-// in fn is returned as Do's error.
+// files fn opens belong to it; they serve any goroutine afterwards. As
+// containernetworking's ns.Do, fn runs on a fresh goroutine locked to its
+// thread, which then switches back and returns to the pool, or if it cannot
+// stays locked and dies with the goroutine. fn must not start goroutines
+// that expect to run in n. A panic in fn is returned as Do's error.
 func (n *Netns) Do(fn func() error) error {
 	if selfErr == nil && n.ID == self {
-		// n is where this process started (Guard.AllowOwn): every thread an
-		// unlocked goroutine runs on is there (a thread inside another Do
-		// runs only that Do's goroutine), so fn runs here, without a
-		// goroutine, a locked thread or two setns.
+		// n is where this process started (Guard.AllowOwn), as is every
+		// thread an unlocked goroutine runs on (a thread inside another Do
+		// runs only that Do's goroutine): no goroutine, lock or setns needed.
 		return fn()
 	}
 	errc := make(chan error, 1)

@@ -196,11 +196,10 @@ func tree(files []File) (map[string]File, error) {
 	return entries, nil
 }
 
-// maxQuoted bounds a path in an error message; %q may write 4 bytes for
-// each byte of it.
+// maxQuoted bounds the bytes of a user-supplied path that quote puts in an
+// error message; %q may write 4 bytes for each.
 const maxQuoted = 64
 
-// quote bounds a user-supplied path in an error message.
 func quote(s string) string {
 	if len(s) > maxQuoted {
 		return strconv.Quote(s[:maxQuoted]) + "..."

@@ -63,10 +63,9 @@ func (g *guard) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	secrets := RequestSecrets(req)
-	if w := resp.Header.Values("Warning"); len(w) > 0 {
-		for i := range w {
-			w[i] = Redact(w[i], secrets...)
-		}
+	w := resp.Header.Values("Warning") // the header's own slice, edited in place
+	for i := range w {
+		w[i] = Redact(w[i], secrets...)
 	}
 	switch {
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:

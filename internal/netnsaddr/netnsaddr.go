@@ -35,18 +35,17 @@ func List(path string) ([]netip.Addr, error) {
 	return ListIn(n, path)
 }
 
-// ListIn is List of the namespace n, which path names (in errors).
-//
-// The dump runs inside hostns.Netns.Do, not on a handle from
-// netlink.NewHandleAt, which moves the caller's own thread into n and back
-// and ignores a failure to move back; a thread Do cannot move back dies.
-// netlink's package-level AddrList opens its socket on the calling thread.
+// ListIn is List of the namespace n, which path names (in errors). The dump
+// runs inside hostns.Netns.Do (netlink's package-level AddrList opens its
+// socket on the calling thread), not on a handle from netlink.NewHandleAt,
+// which moves the caller's own thread into n and back and ignores a failure
+// to move back; a thread Do cannot move back dies.
 func ListIn(n *hostns.Netns, path string) ([]netip.Addr, error) {
 	var as []netlink.Addr
 	err := n.Do(func() (err error) {
 		for attempt := 1; ; attempt++ {
-			// FAMILY_ALL asks for AF_UNSPEC: one dump of every family, in
-			// the kernel's order, not two dumps concatenated in ours.
+			// FAMILY_ALL is AF_UNSPEC: one dump of all families, in the
+			// kernel's order, not two dumps concatenated in ours.
 			as, err = netlink.AddrList(nil, netlink.FAMILY_ALL)
 			if !errors.Is(err, netlink.ErrDumpInterrupted) || attempt == dumpAttempts {
 				return err

@@ -88,6 +88,11 @@ func Apply(g hostns.Guard, ns netns.NsHandle, p redirect.Plan, reapply bool) err
 	if len(p.Routes) == 0 && len(p.LoopbackAddrs) == 0 && !reapply {
 		return nil
 	}
+	return withHandle(g, ns, func(h *netlink.Handle) error { return apply(h, p, reapply) })
+}
+
+// withHandle runs fn on an rtnetlink handle in ns, which g must not refuse.
+func withHandle(g hostns.Guard, ns netns.NsHandle, fn func(*netlink.Handle) error) error {
 	if err := g.RefuseFd(int(ns), "of the policy routes"); err != nil {
 		return err
 	}
@@ -96,7 +101,7 @@ func Apply(g hostns.Guard, ns netns.NsHandle, p redirect.Plan, reapply bool) err
 		return err
 	}
 	defer h.Close()
-	return apply(h, p, reapply)
+	return fn(h)
 }
 
 // ApplyVia is Apply through h, opened inside the namespace ns
@@ -216,17 +221,7 @@ func ours(r redirect.PolicyRoute) bool {
 
 // Remove deletes the TPROXY routes and ::6 whatever plan put them there
 // from ns, which g must not refuse.
-func Remove(g hostns.Guard, ns netns.NsHandle) error {
-	if err := g.RefuseFd(int(ns), "of the policy routes"); err != nil {
-		return err
-	}
-	h, err := newHandle(ns)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	return remove(h)
-}
+func Remove(g hostns.Guard, ns netns.NsHandle) error { return withHandle(g, ns, remove) }
 
 // RemoveVia is Remove through h, opened inside the namespace ns
 // (OpenHere); ns is checked by g.

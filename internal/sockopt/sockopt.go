@@ -18,10 +18,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// soOriginalDst is SO_ORIGINAL_DST (IPv4, level SOL_IP) and
-// IP6T_SO_ORIGINAL_DST (IPv6, level SOL_IPV6): both 80.
-const soOriginalDst = 80
-
 // Destination is where an accepted TCP connection was going:
 // SO_ORIGINAL_DST, which conntrack answers for every tracked connection
 // (after a REDIRECT the destination before it; without NAT, as after
@@ -39,11 +35,12 @@ func Destination(c *net.TCPConn) (netip.AddrPort, error) {
 	var sa [unix.SizeofSockaddrInet6]byte
 	var serr error
 	cerr := rc.Control(func(fd uintptr) {
+		// IPv6's IP6T_SO_ORIGINAL_DST (level SOL_IPV6) is 80 as well.
 		level, size := unix.SOL_IP, uint32(len(sa))
 		if v6 {
 			level = unix.SOL_IPV6
 		}
-		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, uintptr(level), soOriginalDst,
+		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, uintptr(level), unix.SO_ORIGINAL_DST,
 			uintptr(unsafe.Pointer(&sa[0])), uintptr(unsafe.Pointer(&size)), 0)
 		if e != 0 {
 			serr = e

@@ -104,13 +104,14 @@ func (f *Fake) AddNetns(path string, addrs ...netip.Addr) {
 // AddHostNetns makes path name this process's own network namespace, by
 // its real identity: the pipeline's host guard must refuse it.
 func (f *Fake) AddHostNetns(path string) error {
-	id, err := hostns.SelfID()
+	self, err := hostns.Open("/proc/thread-self/ns/net")
 	if err != nil {
 		return fmt.Errorf("reading this process's network namespace: %w", err)
 	}
+	self.Close()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.netns[path] = &Netns{id: id, tables: map[string]redirect.Plan{}}
+	f.netns[path] = &Netns{id: self.ID, tables: map[string]redirect.Plan{}}
 	return nil
 }
 

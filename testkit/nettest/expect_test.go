@@ -192,7 +192,7 @@ func TestExpectations(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			o := netlab.TopologyOptionsFor(spec)
+			o := TopologyOptionsFor(spec)
 			if o.PodIface == "" {
 				o.PodIface = "eth0"
 			}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nftmesh/nftmesh/internal/netnsaddr"
@@ -108,6 +109,21 @@ type ScenarioRun struct {
 	Outcomes []Outcome
 }
 
+// TopologyOptionsFor returns the options a scenario's spec needs: the pod's
+// interface takes the name of the first excluded (else rerouted) interface,
+// so the rules about that interface apply to the veth.
+func TopologyOptionsFor(s redirect.Spec) netlab.TopologyOptions {
+	var o netlab.TopologyOptions
+	for _, names := range [][]string{s.ExcludeInterfaces, s.RerouteVirtualInterfaces} {
+		for _, n := range names {
+			if n != "" && !strings.HasSuffix(n, "+") && n != "lo" && o.PodIface == "" {
+				o.PodIface = n
+			}
+		}
+	}
+	return o
+}
+
 // RunScenario builds a topology for the scenario (with the scenario's
 // address families), checks that Istio's IPv6 decision taken from the
 // addresses the kernel lists there is the scenario's, starts the listeners,
@@ -125,7 +141,7 @@ func RunScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario) Sc
 	if err != nil {
 		t.Fatalf("building plan of scenario %s: %v", sc.Name, err)
 	}
-	opts := netlab.TopologyOptionsFor(spec)
+	opts := TopologyOptionsFor(spec)
 	opts.Stack = sc.Stack
 	topo, err := netlab.NewTopology(opts)
 	if err != nil {
@@ -185,8 +201,9 @@ func AssertScenario(t TestingT, backend redirect.Backend, sc scenarios.Scenario)
 }
 
 // CheckIPv6Decision reads the pod namespace's addresses as the kernel lists
-// them and checks that they are the topology's Stack in the order
-// netlab.Stack.Listed predicts, and that Istio's decision over them
+// them and checks that they are the topology's Stack in the kernel's order
+// (IPv4 first, meshpod.KernelOrder), the order Istio's IPv6 decision reads
+// them in, and that Istio's decision over them
 // (meshpod.IPv6Capture with spec.DualStack) is spec.IPv6.
 func CheckIPv6Decision(topo *netlab.Topology, spec redirect.Spec) error {
 	all, err := netnsaddr.List(topo.PodNetnsPath())
@@ -194,7 +211,7 @@ func CheckIPv6Decision(topo *netlab.Topology, spec redirect.Spec) error {
 		return err
 	}
 	counted := slices.DeleteFunc(slices.Clone(all), func(a netip.Addr) bool { return !meshpod.Counts(a) })
-	if want := topo.Stack.Listed(); !slices.Equal(counted, want) {
+	if want := meshpod.KernelOrder(topo.Stack.Added()); !slices.Equal(counted, want) {
 		return fmt.Errorf("pod namespace (%s) lists %v, of which %v count for Istio's IPv6 decision; want %v", topo.Stack, all, counted, want)
 	}
 	if got := meshpod.IPv6Capture(all, spec.DualStack); got != spec.IPv6 {

@@ -25,7 +25,7 @@ func TestTracerAgreesWithOracle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		o := netlab.TopologyOptionsFor(spec)
+		o := TopologyOptionsFor(spec)
 		if o.PodIface == "" {
 			o.PodIface = "eth0"
 		}

@@ -59,7 +59,7 @@ func (sc Scenario) Spec() (redirect.Spec, error) {
 	if sc.Mutate != nil {
 		sc.Mutate(&s)
 	}
-	s.IPv6 = meshpod.IPv6Capture(sc.Stack.Listed(), s.DualStack)
+	s.IPv6 = meshpod.IPv6Capture(meshpod.KernelOrder(sc.Stack.Added()), s.DualStack)
 	if err := s.Validate(); err != nil {
 		return s, fmt.Errorf("scenario %s: %w", sc.Name, err)
 	}
