@@ -21,7 +21,6 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 )
@@ -196,15 +195,6 @@ func (s *Source) fetch(ctx context.Context, req agentsock.Request) agentsock.Ans
 
 func answer(pod *corev1.Pod) agentsock.Answer {
 	return agentsock.Found(string(pod.UID), podinfo.Mesh(pod))
-}
-
-// NodeInformer is repair.NodePods' informer of the pods on node.
-func NodeInformer(client corev1client.CoreV1Interface, node string) cache.SharedIndexInformer {
-	inf, err := repair.NodePods{Node: node}.Informer(client)
-	if err != nil {
-		panic(err) // with no selectors, only an empty node name: a caller's bug
-	}
-	return inf
 }
 
 // APIGetter is a GetFunc reading with client, consistently (the informer
