@@ -21,10 +21,8 @@ import (
 // PluginName is the plugin's binary name and its conf "type".
 const PluginName = conflist.PluginName
 
-// StandaloneName is the plugin's companion binary: the whole plugin, which
-// the PluginName front execs from its own directory when the node agent is
-// not there to take the call. The agent installs it next to the front in
-// every bin dir, and takes it from the directory of --plugin-binary.
+// StandaloneName is the plugin's companion binary, the whole plugin, which
+// the PluginName front execs when the agent is not there (binarySources).
 const StandaloneName = PluginName + "-standalone"
 
 // DefaultStandaloneConfName is the file written in standalone (Multus) mode
