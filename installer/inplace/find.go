@@ -145,7 +145,6 @@ func walkNamespaces(procDir string) (map[nsID]*nsGroup, []nsID, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("finding a pod's network namespace: reading %s: %w", procDir, err)
 	}
-	// The host's namespace (PID 1's) and the agent's own are never candidates.
 	skip := map[nsID]bool{}
 	if id, err := nsIdentity(filepath.Join(procDir, "1", "ns", "net")); err == nil {
 		skip[id] = true
@@ -239,8 +238,6 @@ func (f *found) pick(uid string, ips []netip.Addr) (Netns, error) {
 	case uid == "" && len(f.others) > 0:
 		best = oldest(f.others)
 	case len(f.others) == 1 && !f.podCgroups:
-		// No process on the host is in a pod's cgroup: the runtime does
-		// not make them, so the IPs are all there is to go by.
 		best = f.others[0]
 	case candidates > 0:
 		return Netns{}, fmt.Errorf("%w (%v): %d network namespaces hold them (%d in other pods' cgroups), none in the cgroup of pod %s",

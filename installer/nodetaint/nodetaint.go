@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -50,12 +51,7 @@ func (u *Untainter) Remove(ctx context.Context) (removed int, err error) {
 		if err != nil {
 			return err
 		}
-		keep := make([]corev1.Taint, 0, len(node.Spec.Taints))
-		for _, t := range node.Spec.Taints {
-			if t.Key != u.Key {
-				keep = append(keep, t)
-			}
-		}
+		keep := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(t corev1.Taint) bool { return t.Key == u.Key })
 		removed = len(node.Spec.Taints) - len(keep)
 		if removed == 0 {
 			return nil

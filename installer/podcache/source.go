@@ -94,10 +94,7 @@ func (s *Source) subscribe(key string) chan struct{} {
 func (s *Source) unsubscribe(key string, ch chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ws := s.waiters[key]
-	if i := slices.Index(ws, ch); i >= 0 {
-		ws = slices.Delete(ws, i, i+1)
-	}
+	ws := slices.DeleteFunc(s.waiters[key], func(w chan struct{}) bool { return w == ch })
 	if len(ws) == 0 {
 		delete(s.waiters, key)
 	} else {
