@@ -33,9 +33,6 @@ type Untainter struct {
 	Client corev1client.CoreV1Interface
 	Node   string
 	Key    string
-
-	// beforePatch runs between read and patch (tests: a concurrent edit).
-	beforePatch func()
 }
 
 // Remove takes the key's taints off the node and reports how many it
@@ -59,9 +56,6 @@ func (u *Untainter) Remove(ctx context.Context) (removed int, err error) {
 		patch, err := taintPatch(node.Spec.Taints, keep)
 		if err != nil {
 			return err
-		}
-		if u.beforePatch != nil {
-			u.beforePatch()
 		}
 		_, err = u.Client.Nodes().Patch(ctx, u.Node, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: "nftmesh-agent"})
 		return err
