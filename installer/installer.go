@@ -894,13 +894,10 @@ func referencing(dir string, extra []string) []string {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return []string{dir + " (unreadable: " + err.Error() + ")"}
 	}
-	seen := map[string]bool{}
+	files = append(files, extra...)
+	slices.Sort(files)
 	var out []string
-	for _, f := range append(files, extra...) {
-		if seen[f] {
-			continue
-		}
-		seen[f] = true
+	for _, f := range slices.Compact(files) {
 		if fi, err := os.Stat(f); err == nil && !fi.Mode().IsRegular() {
 			continue // no runtime loads a FIFO or a directory
 		}
@@ -912,7 +909,6 @@ func referencing(dir string, extra []string) []string {
 			out = append(out, f)
 		}
 	}
-	slices.Sort(out)
 	return out
 }
 
