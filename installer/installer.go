@@ -83,9 +83,10 @@ func (in *Installer) foreignCapture(p string) error {
 	return fe
 }
 
-// standaloneForeign is foreignCapture for standalone mode: Istio's agent
-// writes a file of its own there, which a runtime or Multus would load
-// beside ours. With remove, our file, if it is there, is taken out.
+// standaloneForeign is foreignCapture for standalone mode, over every config
+// file in the conf dir (ours included): Istio's agent writes a file of its
+// own there, which a runtime or Multus would load beside ours. With remove,
+// our file, if it is there, is taken out.
 func (in *Installer) standaloneForeign(remove bool) error {
 	ents, err := os.ReadDir(in.cfg.CNIConfDir)
 	if err != nil {
