@@ -137,8 +137,7 @@ type Installer struct {
 	warned      map[string]string // skipped file → reason already logged
 	refused     string            // the foreign-capture refusal last logged
 
-	ready   atomic.Bool
-	lastErr atomic.Pointer[error]
+	notReady atomic.Pointer[error] // why the plugin is not ready; nil while it is
 
 	// Reconciled is signalled (non-blocking) after every reconcile, for tests.
 	Reconciled chan struct{}
@@ -174,8 +173,7 @@ func New(cfg *Config, log zerolog.Logger, m *metrics.Metrics) (*Installer, error
 func (in *Installer) statePath() string { return filepath.Join(in.cfg.AgentRunDir, StateFileName) }
 
 func (in *Installer) setNotReady(err error) {
-	in.ready.Store(false)
-	in.lastErr.Store(&err)
+	in.notReady.Store(&err)
 	in.m.SetReady(false)
 }
 
@@ -183,11 +181,8 @@ func (in *Installer) setNotReady(err error) {
 // reconcile succeeded and a live check of the binary, the kubeconfig and
 // the config still passes.
 func (in *Installer) Ready() error {
-	if !in.ready.Load() {
-		if p := in.lastErr.Load(); p != nil {
-			return *p
-		}
-		return errors.New("not installed")
+	if p := in.notReady.Load(); p != nil {
+		return *p
 	}
 	for _, d := range in.cfg.CNIBinDirs {
 		for _, b := range in.bins {
@@ -573,7 +568,7 @@ func (in *Installer) Run(ctx context.Context) error {
 			return err
 		}
 		turn.dirty |= got
-		if err := in.checkConf(false); err != nil && in.ready.Load() {
+		if err := in.checkConf(false); err != nil && in.notReady.Load() == nil {
 			in.setNotReady(err)
 		}
 	}
@@ -719,17 +714,17 @@ func (in *Installer) report(err error, result string, wrote bool, turn *loopStat
 		in.setNotReady(err)
 		turn.dirty = partConf
 	case err == nil:
-		if wrote || !in.ready.Load() {
+		if wrote || in.notReady.Load() != nil {
 			in.m.Install(metrics.ResultSuccess)
 			in.log.Info().Msg(PluginName + " installed and valid")
 		}
 		in.installed = true
-		in.ready.Store(true)
+		in.notReady.Store(nil)
 		in.m.SetReady(true)
 		turn.dirty = 0
 		turn.backoff = time.Second
 	case errors.Is(err, errNoPrimary):
-		if in.ready.Load() || in.lastErr.Load() == nil || !errors.Is(*in.lastErr.Load(), errNoPrimary) {
+		if p := in.notReady.Load(); p == nil || !errors.Is(*p, errNoPrimary) {
 			in.log.Info().Err(err).Msg("waiting for the primary CNI to write its config")
 		}
 		in.setNotReady(err)
