@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nftmesh/nftmesh/installer/podcache"
+	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
@@ -116,7 +117,10 @@ func startAgent(t testing.TB, runDir string) *agent {
 	t.Helper()
 	a := &agent{}
 	client := env.api.Client()
-	pods := podcache.NodeInformer(client.CoreV1(), testNode)
+	pods, err := repair.NodePods{Node: testNode}.Informer(client.CoreV1())
+	if err != nil {
+		t.Fatal(err)
+	}
 	get := podcache.APIGetter(client.CoreV1())
 	src := podcache.New(pods.GetIndexer(), pods.HasSynced, func(ctx context.Context, ns, name string) (*corev1.Pod, error) {
 		a.gets.Add(1)

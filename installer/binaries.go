@@ -16,9 +16,8 @@ import (
 // ReadOnlyError is a bin dir the agent cannot write: the node keeps its CNI
 // plugins elsewhere, so the chart value must point there.
 type ReadOnlyError struct {
-	Dir string
-	// Binary is the file being written when the error came.
-	Binary string
+	Dir    string
+	Binary string // the file being written when the error came
 	Err    error
 }
 

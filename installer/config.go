@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -21,10 +22,8 @@ import (
 // PluginName is the plugin's binary name and its conf "type".
 const PluginName = conflist.PluginName
 
-// StandaloneName is the plugin's companion binary: the whole plugin, which
-// the PluginName front execs from its own directory when the node agent is
-// not there to take the call. The agent installs it next to the front in
-// every bin dir, and takes it from the directory of --plugin-binary.
+// StandaloneName is the plugin's companion binary, the whole plugin, which
+// the PluginName front execs when the agent is not there (binarySources).
 const StandaloneName = PluginName + "-standalone"
 
 // DefaultStandaloneConfName is the file written in standalone (Multus) mode
@@ -85,6 +84,37 @@ type Config struct {
 
 // KubeconfigPath is where the plugin finds its kubeconfig.
 func (c *Config) KubeconfigPath() string { return filepath.Join(c.AgentRunDir, cniconf.KubeconfigName) }
+
+// StandaloneCNIVersion is the cniVersion of the standalone file; 0.3.1 is
+// what Istio writes there and what every Multus release accepts.
+const StandaloneCNIVersion = "0.3.1"
+
+// PluginConf returns our entry for this configuration, in the wire form the
+// plugin reads. In a list the cniVersion comes from the list, so it is only
+// set for the standalone file.
+func (c *Config) PluginConf() cniconf.PluginConf {
+	str := func(s string) *string { return &s }
+	pc := cniconf.PluginConf{
+		Name: PluginName,
+		Type: PluginName,
+		PluginSettings: cniconf.PluginSettings{
+			LogLevel:          str(c.LogLevel.String()),
+			ExcludeNamespaces: append([]string{}, c.ExcludeNamespaces...),
+			PodNamespace:      c.PodNamespace,
+			AgentRunDir:       str(c.AgentRunDir),
+			Kubeconfig:        str(c.KubeconfigPath()),
+			Backend:           str(c.Backend),
+			APITimeout:        str(c.APITimeout.String()),
+		},
+	}
+	if !c.Chained {
+		pc.CNIVersion = StandaloneCNIVersion
+		if c.NetworkName != "" {
+			pc.Name = c.NetworkName
+		}
+	}
+	return pc
+}
 
 // ConfigError is bad configuration: the flag, where its value came from,
 // the value and why it is wrong.
@@ -316,3 +346,53 @@ func unwrapPflag(err error) string {
 	}
 	return s
 }
+
+// istioLevels maps every level name an Istio log flag accepts to ours.
+// nftmesh always reports its errors, so Istio's none and fatal become error.
+var istioLevels = map[string]zerolog.Level{
+	"debug":   zerolog.DebugLevel,
+	"info":    zerolog.InfoLevel,
+	"warn":    zerolog.WarnLevel,
+	"warning": zerolog.WarnLevel,
+	"error":   zerolog.ErrorLevel,
+	"fatal":   zerolog.ErrorLevel,
+	"none":    zerolog.ErrorLevel,
+}
+
+// maxLevelItem bounds the bytes of a bad value quoted in an error: quoting
+// may spell each byte as four characters (\xNN), and an error names two.
+const maxLevelItem = 24
+
+// ParseLogLevel reads the level of the agent and the plugin: debug, info,
+// warn (or warning), error, or Istio's scope form as its charts write it,
+// scope:level pairs separated by commas (default:info,cni-plugin:debug),
+// where an item without a scope stands for the default scope. nftmesh has
+// one level for all of its logging, so the most verbose level named for any
+// scope applies: whoever asked for debug on one scope sees debug lines.
+func ParseLogLevel(s string) (zerolog.Level, error) {
+	if strings.TrimSpace(s) == "" {
+		return zerolog.NoLevel, fmt.Errorf("is empty")
+	}
+	best := zerolog.Disabled
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		scope, name, scoped := strings.Cut(item, ":")
+		if !scoped {
+			name, scope = scope, "default"
+		}
+		if !scopeName.MatchString(scope) {
+			return zerolog.NoLevel, fmt.Errorf("item %s: scope %s is not a scope name (letters, digits, '-', '_', '.')", bound(item), bound(scope))
+		}
+		lvl, ok := istioLevels[strings.ToLower(strings.TrimSpace(name))]
+		if !ok {
+			return zerolog.NoLevel, fmt.Errorf("item %s: %s is not a level (want debug, info, warn, error, or Istio's fatal or none)", bound(item), bound(name))
+		}
+		best = min(best, lvl)
+	}
+	return best, nil
+}
+
+var scopeName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,64}$`)
+
+// bound quotes a piece of a bad value for an error, bounded.
+func bound(s string) string { return quote.ValueN(s, maxLevelItem) }

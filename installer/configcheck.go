@@ -207,9 +207,8 @@ func (f *finisher) listenAddrs() error {
 
 // backend: one the plugin knows.
 func (f *finisher) backend() error {
-	c := f.c
-	if !slices.Contains(Backends, c.Backend) {
-		return f.bad("backend", c.Backend, "must be one of "+strings.Join(Backends, ", "))
+	if !slices.Contains(Backends, f.c.Backend) {
+		return f.bad("backend", f.c.Backend, "must be one of "+strings.Join(Backends, ", "))
 	}
 	return nil
 }

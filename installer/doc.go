@@ -3,10 +3,8 @@
 //
 // It owns the agent's configuration (flags and environment, with Istio's
 // install-cni names accepted), the atomic copy of the plugin's two binaries
-// into the host's CNI bin dirs (the front the runtime calls, which hands the
-// call to the agent, and its companion, the whole plugin, which the front
-// execs when the agent is not there; the companion always lands first), the
-// plugin's kubeconfig built from the agent's service account, the insertion
+// (the front and its companion, binarySources) into the host's CNI bin dirs,
+// the plugin's kubeconfig built from the agent's service account, the insertion
 // of our entry (cniconf.PluginConf) into the primary CNI config (or a
 // standalone file for Multus) with compare-and-swap writes, the fsnotify
 // watch that puts the entry back when the primary CNI rewrites its file, and

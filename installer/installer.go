@@ -46,12 +46,8 @@ const (
 // plugin (Istio's istio-cni): the agent does not insert ours next to it.
 type ForeignCaptureError struct {
 	File, Plugin string
-	// Removed: our entry (in standalone mode, our file) was there too and
-	// was taken out.
-	Removed bool
-	// Standalone: the refusal of standalone (Multus) mode, where the other
-	// plugin has a config file of its own in the conf dir.
-	Standalone bool
+	Removed      bool // our entry (standalone: our file) was there too and was taken out
+	Standalone   bool // refusing standalone (Multus) mode: the other plugin has a file of its own
 }
 
 func (e *ForeignCaptureError) Error() string {
@@ -87,11 +83,10 @@ func (in *Installer) foreignCapture(p string) error {
 	return fe
 }
 
-// standaloneForeign refuses standalone mode while a config file in the
-// conf dir (the one we would write included) holds another capture plugin:
-// Istio's agent in standalone mode writes its own file, which a runtime or
-// Multus would load beside ours. With remove, our own file, if it is there,
-// is taken out (the other plugin came after ours: a rollback to it).
+// standaloneForeign is foreignCapture for standalone mode, over every config
+// file in the conf dir (ours included): Istio's agent writes a file of its
+// own there, which a runtime or Multus would load beside ours. With remove,
+// our file, if it is there, is taken out.
 func (in *Installer) standaloneForeign(remove bool) error {
 	ents, err := os.ReadDir(in.cfg.CNIConfDir)
 	if err != nil {
@@ -142,10 +137,7 @@ type Installer struct {
 	warned      map[string]string // skipped file → reason already logged
 	refused     string            // the foreign-capture refusal last logged
 
-	ready   atomic.Bool
-	lastErr atomic.Pointer[error]
-
-	casConflicts atomic.Int64 // CNI config writes started over as the file changed (tests read it)
+	notReady atomic.Pointer[error] // why the plugin is not ready; nil while it is
 
 	// Reconciled is signalled (non-blocking) after every reconcile, for tests.
 	Reconciled chan struct{}
@@ -161,11 +153,9 @@ func New(cfg *Config, log zerolog.Logger, m *metrics.Metrics) (*Installer, error
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Chained {
-		// Fail on an unusable primary name before touching anything.
-		if n := cfg.CNIConfFileName; n != "" && filepath.Ext(n) == "" {
-			return nil, &ConfigError{Flag: "cni-conf-file-name", Value: n, Reason: "has no extension"}
-		}
+	// Fail on an unusable primary name before touching anything.
+	if n := cfg.CNIConfFileName; cfg.Chained && n != "" && filepath.Ext(n) == "" {
+		return nil, &ConfigError{Flag: "cni-conf-file-name", Value: n, Reason: "has no extension"}
 	}
 	in := &Installer{
 		cfg:        cfg,
@@ -182,14 +172,8 @@ func New(cfg *Config, log zerolog.Logger, m *metrics.Metrics) (*Installer, error
 
 func (in *Installer) statePath() string { return filepath.Join(in.cfg.AgentRunDir, StateFileName) }
 
-func (in *Installer) setReady() {
-	in.ready.Store(true)
-	in.m.SetReady(true)
-}
-
 func (in *Installer) setNotReady(err error) {
-	in.ready.Store(false)
-	in.lastErr.Store(&err)
+	in.notReady.Store(&err)
 	in.m.SetReady(false)
 }
 
@@ -197,11 +181,8 @@ func (in *Installer) setNotReady(err error) {
 // reconcile succeeded and a live check of the binary, the kubeconfig and
 // the config still passes.
 func (in *Installer) Ready() error {
-	if !in.ready.Load() {
-		if p := in.lastErr.Load(); p != nil {
-			return *p
-		}
-		return errors.New("not installed")
+	if p := in.notReady.Load(); p != nil {
+		return *p
 	}
 	for _, d := range in.cfg.CNIBinDirs {
 		for _, b := range in.bins {
@@ -334,9 +315,6 @@ func (in *Installer) installConf(ctx context.Context) (wrote bool, err error) {
 	err = retryChanged(fmt.Sprintf("inserting %s into %s (retrying on its next change)", PluginName, p), func() error {
 		w, err := in.insertOnce()
 		wrote = wrote || w
-		if errors.Is(err, errChanged) {
-			in.casConflicts.Add(1)
-		}
 		return err
 	})
 	if wrote {
@@ -423,9 +401,8 @@ func (in *Installer) recordInsert(p, target string, base snapshot, out []byte) (
 		// Our own earlier write, or one where only our entry
 		// changed (edited, or moved from last): the primary's bytes
 		// are still the recorded ones.
-		rec.Original, rec.OriginalBytes = prev.Original, prev.OriginalBytes
-		rec.OriginalMode, rec.OriginalUID, rec.OriginalGID = prev.OriginalMode, prev.OriginalUID, prev.OriginalGID
-		rec.OriginalLink = prev.OriginalLink
+		rec = *prev
+		rec.WrittenSum = sum(out)
 	case err == nil && changed:
 		// Written by someone else with our entry in it (or left by
 		// an agent that lost its state): the best original is that
@@ -515,8 +492,6 @@ func (in *Installer) reconcile(ctx context.Context, dirty parts) (wrote bool, re
 		if err != nil {
 			return wrote, metrics.ResultKubeconfig, err
 		}
-		// An older plugin kept its TLS session tickets beside the
-		// kubeconfig; none are written now, and an upgrade leaves none.
 		if err := removeLegacyTLSSessions(in.cfg.AgentRunDir); err != nil {
 			in.log.Warn().Err(err).Msg("removing an older plugin's TLS session files")
 		}
@@ -552,55 +527,8 @@ func (in *Installer) reconcile(ctx context.Context, dirty parts) (wrote bool, re
 	return wrote, metrics.ResultSuccess, nil
 }
 
-// watchSet classifies file events by what they invalidate.
-type watchSet struct {
-	runDir, saDir     string
-	confDirs, binDirs map[string]bool // confDirs: the conf dir and linked configs' dirs
-}
-
-func (w *watchSet) classify(ev fsnotify.Event) parts {
-	dir, base := filepath.Dir(ev.Name), filepath.Base(ev.Name)
-	if atomicfile.IsTemp(base) {
-		return 0
-	}
-	var p parts
-	if w.binDirs[dir] && (base == PluginName || base == StandaloneName) {
-		p |= partBinaries
-	}
-	if w.confDirs[dir] {
-		p |= partConf
-	}
-	if dir == w.runDir && base == "kubeconfig" || w.saDir != "" && dir == w.saDir {
-		p |= partKubeconfig
-	}
-	return p
-}
-
-// linkedConfDirs returns the directories, other than the conf dir, that
-// hold the targets of the symlinked config files we chain into.
-func (in *Installer) linkedConfDirs() []string {
-	if in.lastPrimary == "" {
-		return nil
-	}
-	var out []string
-	for _, p := range []string{in.lastPrimary, conflist.ListPath(in.lastPrimary)} {
-		fi, err := os.Lstat(p)
-		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
-			continue
-		}
-		if rp, err := resolve(p); err == nil && filepath.Dir(rp) != in.cfg.CNIConfDir {
-			out = append(out, filepath.Dir(rp))
-		}
-	}
-	return out
-}
-
 // Run installs the plugin and keeps it installed until ctx ends. It does
 // not clean up: call Cleanup after it returns.
-//
-// Each turn reconciles what changed (everything at first), reports the
-// outcome (metrics, readiness, one log line per change of state) and waits
-// for the next relevant file event or retry.
 func (in *Installer) Run(ctx context.Context) error {
 	if err := in.prepare(); err != nil {
 		return err
@@ -640,7 +568,7 @@ func (in *Installer) Run(ctx context.Context) error {
 			return err
 		}
 		turn.dirty |= got
-		if err := in.checkConf(false); err != nil && in.ready.Load() {
+		if err := in.checkConf(false); err != nil && in.notReady.Load() == nil {
 			in.setNotReady(err)
 		}
 	}
@@ -675,23 +603,42 @@ func (in *Installer) prepare() error {
 // undo the install: conf dir (and the dirs of linked configs), run dir,
 // bin dirs and the service account dir.
 type confWatch struct {
-	in *Installer
-	w  *fsnotify.Watcher
-	ws *watchSet
+	in       *Installer
+	w        *fsnotify.Watcher
+	confDirs map[string]bool // the conf dir and linked configs' dirs
+	binDirs  map[string]bool
 }
 
 func (in *Installer) newConfWatch() (*confWatch, error) {
-	cfg := in.cfg
 	watcher, err := fsnotify.NewBufferedWatcher(256)
 	if err != nil {
 		return nil, fmt.Errorf("creating file watcher: %w", err)
 	}
-	ws := &watchSet{runDir: cfg.AgentRunDir, saDir: cfg.ServiceAccountDir, binDirs: map[string]bool{},
-		confDirs: map[string]bool{cfg.CNIConfDir: true}}
-	for _, d := range cfg.CNIBinDirs {
-		ws.binDirs[d] = true
+	cw := &confWatch{in: in, w: watcher, confDirs: map[string]bool{in.cfg.CNIConfDir: true}, binDirs: map[string]bool{}}
+	for _, d := range in.cfg.CNIBinDirs {
+		cw.binDirs[d] = true
 	}
-	return &confWatch{in: in, w: watcher, ws: ws}, nil
+	return cw, nil
+}
+
+// classify says which parts of the install an event invalidates.
+func (cw *confWatch) classify(ev fsnotify.Event) parts {
+	cfg := cw.in.cfg
+	dir, base := filepath.Dir(ev.Name), filepath.Base(ev.Name)
+	if atomicfile.IsTemp(base) {
+		return 0
+	}
+	var p parts
+	if cw.binDirs[dir] && (base == PluginName || base == StandaloneName) {
+		p |= partBinaries
+	}
+	if cw.confDirs[dir] {
+		p |= partConf
+	}
+	if dir == cfg.AgentRunDir && base == "kubeconfig" || cfg.ServiceAccountDir != "" && dir == cfg.ServiceAccountDir {
+		p |= partKubeconfig
+	}
+	return p
 }
 
 // addAll watches every directory (again: a directory that was removed
@@ -711,19 +658,28 @@ func (cw *confWatch) addAll() error {
 	return nil
 }
 
-// watchLinked watches the directories of symlinked configs: a config that
-// is a symlink changes in its target's directory, which the conf dir's
-// watch does not see. added reports a new watch.
+// watchLinked watches the directories of the primary's symlinked configs:
+// a config that is a symlink changes in its target's directory, which the
+// conf dir's watch does not see. added reports a new watch.
 func (cw *confWatch) watchLinked() (added bool) {
-	for _, d := range cw.in.linkedConfDirs() {
-		if cw.ws.confDirs[d] {
+	in := cw.in
+	if in.lastPrimary == "" {
+		return false
+	}
+	for _, p := range []string{in.lastPrimary, conflist.ListPath(in.lastPrimary)} {
+		if fi, err := os.Lstat(p); err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			continue
+		}
+		rp, err := resolve(p)
+		d := filepath.Dir(rp)
+		if err != nil || cw.confDirs[d] {
 			continue
 		}
 		if err := cw.w.Add(d); err != nil {
-			cw.in.log.Warn().Err(err).Str("dir", d).Msg("watching the directory of a linked CNI config; its changes are seen on the next conf dir event only")
+			in.log.Warn().Err(err).Str("dir", d).Msg("watching the directory of a linked CNI config; its changes are seen on the next conf dir event only")
 			continue
 		}
-		cw.ws.confDirs[d] = true
+		cw.confDirs[d] = true
 		added = true
 	}
 	return added
@@ -758,16 +714,17 @@ func (in *Installer) report(err error, result string, wrote bool, turn *loopStat
 		in.setNotReady(err)
 		turn.dirty = partConf
 	case err == nil:
-		if wrote || !in.ready.Load() {
+		if wrote || in.notReady.Load() != nil {
 			in.m.Install(metrics.ResultSuccess)
 			in.log.Info().Msg(PluginName + " installed and valid")
 		}
 		in.installed = true
-		in.setReady()
+		in.notReady.Store(nil)
+		in.m.SetReady(true)
 		turn.dirty = 0
 		turn.backoff = time.Second
 	case errors.Is(err, errNoPrimary):
-		if in.ready.Load() || in.lastErr.Load() == nil || !errors.Is(*in.lastErr.Load(), errNoPrimary) {
+		if p := in.notReady.Load(); p == nil || !errors.Is(*p, errNoPrimary) {
 			in.log.Info().Err(err).Msg("waiting for the primary CNI to write its config")
 		}
 		in.setNotReady(err)
@@ -815,7 +772,7 @@ func (in *Installer) wait(ctx context.Context, cw *confWatch, retry <-chan time.
 			if !ok {
 				return 0, true, errors.New("file watcher closed")
 			}
-			dirty = cw.ws.classify(ev)
+			dirty = cw.classify(ev)
 		case werr, ok := <-cw.w.Errors:
 			if !ok {
 				return 0, true, errors.New("file watcher closed")
@@ -834,7 +791,7 @@ func (in *Installer) wait(ctx context.Context, cw *confWatch, retry <-chan time.
 			if !ok {
 				return dirty, false, nil
 			}
-			dirty |= cw.ws.classify(ev)
+			dirty |= cw.classify(ev)
 		case <-t.C:
 			return dirty, false, nil
 		case <-ctx.Done():
@@ -865,7 +822,7 @@ func (in *Installer) Cleanup() error {
 		var left []confRecord
 		for _, r := range st.Confs {
 			written = append(written, r.Written)
-			if err := restoreRecord(r); err != nil {
+			if err := retryChanged("restoring "+r.Written, func() error { return restoreOnce(r) }); err != nil {
 				errs = append(errs, err)
 				left = append(left, r)
 			} else {
@@ -933,13 +890,10 @@ func referencing(dir string, extra []string) []string {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return []string{dir + " (unreadable: " + err.Error() + ")"}
 	}
-	seen := map[string]bool{}
+	files = append(files, extra...)
+	slices.Sort(files)
 	var out []string
-	for _, f := range append(files, extra...) {
-		if seen[f] {
-			continue
-		}
-		seen[f] = true
+	for _, f := range slices.Compact(files) {
 		if fi, err := os.Stat(f); err == nil && !fi.Mode().IsRegular() {
 			continue // no runtime loads a FIFO or a directory
 		}
@@ -951,15 +905,10 @@ func referencing(dir string, extra []string) []string {
 			out = append(out, f)
 		}
 	}
-	slices.Sort(out)
 	return out
 }
 
-// restoreRecord undoes one rewrite, starting over when the file changes.
-func restoreRecord(r confRecord) error {
-	return retryChanged("restoring "+r.Written, func() error { return restoreOnce(r) })
-}
-
+// restoreOnce undoes one rewrite (errChanged: the file changed, start over).
 func restoreOnce(r confRecord) error {
 	cur, err := readSnapshot(r.Written)
 	if err != nil {

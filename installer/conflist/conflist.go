@@ -9,6 +9,8 @@
 // writes, with compare-and-swap) and does not log.
 package conflist
 
+//lint:file-ignore SA1019 kubelet and containerd still load single-plugin .conf files; libcni reads them only through ConfFromFile, ConfFromBytes and ConfListFromConf
+
 import (
 	"bytes"
 	"cmp"
@@ -56,12 +58,10 @@ func LoadConfFile(path string) (*libcni.NetworkConfigList, error) {
 		}
 		return l, nil
 	}
-	//lint:ignore SA1019 kubelet and containerd still load single-plugin .conf files; libcni reads them only through these
 	c, err := libcni.ConfFromFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("loading network config %s: %w", path, err)
 	}
-	//lint:ignore SA1019 kubelet and containerd still load single-plugin .conf files; libcni reads them only through these
 	l, err := libcni.ConfListFromConf(c)
 	if err != nil {
 		return nil, fmt.Errorf("loading network config %s: %w", path, err)
@@ -171,7 +171,6 @@ func InsertPlugin(path string, primary []byte, ours json.RawMessage) ([]byte, er
 		obj.set("plugins", marshalArray(append(kept, ours)))
 		out = obj
 	} else {
-		//lint:ignore SA1019 kubelet and containerd still load single-plugin .conf files; libcni reads them only through these
 		if _, err := libcni.ConfFromBytes(primary); err != nil {
 			return nil, fmt.Errorf("parsing %s: %w", path, err)
 		}
@@ -284,9 +283,7 @@ func pluginTypes(path string, b []byte) []string {
 		l, err = libcni.ConfListFromBytes(b)
 	} else {
 		var c *libcni.NetworkConfig
-		//lint:ignore SA1019 kubelet and containerd still load single-plugin .conf files; libcni reads them only through these
 		if c, err = libcni.ConfFromBytes(b); err == nil {
-			//lint:ignore SA1019 kubelet and containerd still load single-plugin .conf files; libcni reads them only through these
 			l, err = libcni.ConfListFromConf(c)
 		}
 	}

@@ -26,6 +26,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // ErrNotFound means no process on the host lives in a network namespace
@@ -75,26 +77,19 @@ func StartTicks(procDir string, pid int) (uint64, error) {
 func parseStartTicks(stat []byte) (uint64, error) {
 	i := bytes.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("parsing /proc stat %q: no ')' after the command name", truncate(stat))
+		return 0, fmt.Errorf("parsing /proc stat %s: no ')' after the command name", quote.ValueN(string(stat), 80))
 	}
 	// After ')' come fields 3 (state), 4, ...: starttime (22) is the 20th.
 	fields := bytes.Fields(stat[i+1:])
 	const idx = 22 - 3
 	if len(fields) <= idx {
-		return 0, fmt.Errorf("parsing /proc stat %q: %d fields after the command name, want at least %d", truncate(stat), len(fields), idx+1)
+		return 0, fmt.Errorf("parsing /proc stat %s: %d fields after the command name, want at least %d", quote.ValueN(string(stat), 80), len(fields), idx+1)
 	}
 	v, err := strconv.ParseUint(string(fields[idx]), 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("parsing /proc stat starttime %q: %w", fields[idx], err)
 	}
 	return v, nil
-}
-
-func truncate(b []byte) string {
-	if len(b) > 80 {
-		return string(b[:80]) + "..."
-	}
-	return string(b)
 }
 
 // FindNetns walks procDir (the host's /proc) for the network namespace of
@@ -145,7 +140,6 @@ func walkNamespaces(procDir string) (map[nsID]*nsGroup, []nsID, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("finding a pod's network namespace: reading %s: %w", procDir, err)
 	}
-	// The host's namespace (PID 1's) and the agent's own are never candidates.
 	skip := map[nsID]bool{}
 	if id, err := nsIdentity(filepath.Join(procDir, "1", "ns", "net")); err == nil {
 		skip[id] = true
@@ -239,8 +233,6 @@ func (f *found) pick(uid string, ips []netip.Addr) (Netns, error) {
 	case uid == "" && len(f.others) > 0:
 		best = oldest(f.others)
 	case len(f.others) == 1 && !f.podCgroups:
-		// No process on the host is in a pod's cgroup: the runtime does
-		// not make them, so the IPs are all there is to go by.
 		best = f.others[0]
 	case candidates > 0:
 		return Netns{}, fmt.Errorf("%w (%v): %d network namespaces hold them (%d in other pods' cgroups), none in the cgroup of pod %s",

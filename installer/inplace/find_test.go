@@ -37,6 +37,7 @@ func TestParseStartTicks(t *testing.T) {
 		{"truncated", "4242 (sleep) S 1 1 1", 0, "fields after the command name"},
 		{"not a number", strings.Replace(line("sleep", "x12"), " x12 ", " x12 ", 1), 0, `starttime "x12"`},
 		{"empty", "", 0, "no ')'"},
+		{"long, quoted and cut", strings.Repeat("x", 100), 0, `/proc stat "` + strings.Repeat("x", 80) + `"... (20 of 100 bytes cut): no ')'`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

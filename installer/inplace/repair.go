@@ -111,8 +111,7 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (repair.Repor
 	if why := r.skip.SkipBeforeLookup(cniconf.K8sArgs{PodNamespace: pod.Namespace, PodName: pod.Name}); why != "" {
 		return rep, fmt.Errorf("%w: %s", repair.ErrNotNeeded, why)
 	}
-	// The namespace is looked for only for a pod in the mesh: its
-	// addresses decide IPv6 capture, as the plugin's do.
+	// capture.Plan calls it only for a pod in the mesh.
 	var ns Netns
 	findNetns := func() ([]netip.Addr, error) {
 		ips, err := PodIPs(pod)

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,9 +33,6 @@ type Untainter struct {
 	Client corev1client.CoreV1Interface
 	Node   string
 	Key    string
-
-	// beforePatch runs between read and patch (tests: a concurrent edit).
-	beforePatch func()
 }
 
 // Remove takes the key's taints off the node and reports how many it
@@ -50,12 +48,7 @@ func (u *Untainter) Remove(ctx context.Context) (removed int, err error) {
 		if err != nil {
 			return err
 		}
-		keep := make([]corev1.Taint, 0, len(node.Spec.Taints))
-		for _, t := range node.Spec.Taints {
-			if t.Key != u.Key {
-				keep = append(keep, t)
-			}
-		}
+		keep := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(t corev1.Taint) bool { return t.Key == u.Key })
 		removed = len(node.Spec.Taints) - len(keep)
 		if removed == 0 {
 			return nil
@@ -63,9 +56,6 @@ func (u *Untainter) Remove(ctx context.Context) (removed int, err error) {
 		patch, err := taintPatch(node.Spec.Taints, keep)
 		if err != nil {
 			return err
-		}
-		if u.beforePatch != nil {
-			u.beforePatch()
 		}
 		_, err = u.Client.Nodes().Patch(ctx, u.Node, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: "nftmesh-agent"})
 		return err

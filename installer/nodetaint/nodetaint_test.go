@@ -10,7 +10,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
@@ -105,7 +107,7 @@ func TestRemoveKeepsConcurrentEdit(t *testing.T) {
 	ctx := context.Background()
 	newNode(t, c, "node-1", oursNoSchedule, maintenance)
 	races := 0
-	u := &Untainter{Client: c.CoreV1(), Node: "node-1", Key: DefaultKey, beforePatch: func() {
+	u := &Untainter{Client: racingClient{c.CoreV1(), func() {
 		races++
 		if races > 1 {
 			return
@@ -119,7 +121,7 @@ func TestRemoveKeepsConcurrentEdit(t *testing.T) {
 		if _, err := c.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 			t.Error(err)
 		}
-	}}
+	}}, Node: "node-1", Key: DefaultKey}
 	if n, err := u.Remove(ctx); err != nil || n != 1 {
 		t.Fatalf("Remove = %d, %v", n, err)
 	}
@@ -129,6 +131,27 @@ func TestRemoveKeepsConcurrentEdit(t *testing.T) {
 	if got, want := taintsOf(t, c, "node-1"), []string{"example.com/maintenance:NoSchedule", "example.com/gpu:PreferNoSchedule"}; !slices.Equal(got, want) {
 		t.Errorf("taints %v, want %v (the concurrent edit kept)", got, want)
 	}
+}
+
+// racingClient runs before ahead of every node patch: a concurrent edit
+// between the untainter's read and its patch.
+type racingClient struct {
+	corev1client.CoreV1Interface
+	before func()
+}
+
+func (c racingClient) Nodes() corev1client.NodeInterface {
+	return racingNodes{c.CoreV1Interface.Nodes(), c.before}
+}
+
+type racingNodes struct {
+	corev1client.NodeInterface
+	before func()
+}
+
+func (n racingNodes) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*corev1.Node, error) {
+	n.before()
+	return n.NodeInterface.Patch(ctx, name, pt, data, opts, sub...)
 }
 
 // RemoveWhenReady does nothing while the agent is not ready, then removes

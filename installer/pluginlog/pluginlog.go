@@ -57,9 +57,6 @@ type Follower struct {
 	offset  int64
 	partial []byte
 
-	// Drained is signalled (non-blocking) after every drain, for tests.
-	Drained chan struct{}
-
 	// OnDecision, when set before Run, hears every decision line, on the
 	// follower's goroutine: it must not block.
 	OnDecision func(Decision)
@@ -82,11 +79,10 @@ type fileID struct{ dev, ino uint64 }
 // below it are dropped). m may be nil.
 func New(runDir string, w io.Writer, level zerolog.Level, m *metrics.Metrics) *Follower {
 	return &Follower{
-		dir:     runDir,
-		path:    filepath.Join(runDir, FileName),
-		out:     zerolog.New(w).Level(level),
-		m:       m,
-		Drained: make(chan struct{}, 1),
+		dir:  runDir,
+		path: filepath.Join(runDir, FileName),
+		out:  zerolog.New(w).Level(level),
+		m:    m,
 	}
 }
 
@@ -178,13 +174,7 @@ func idOf(fi os.FileInfo) fileID {
 // the new one from its start; after a truncation it starts over.
 func (p *Follower) Drain() {
 	p.mu.Lock()
-	defer func() {
-		p.mu.Unlock()
-		select {
-		case p.Drained <- struct{}{}:
-		default:
-		}
-	}()
+	defer p.mu.Unlock()
 	if p.f != nil {
 		if fi, err := p.f.Stat(); err == nil && fi.Size() < p.offset {
 			p.offset, p.partial = 0, nil // truncated in place
@@ -268,8 +258,9 @@ func (p *Follower) emit(line []byte) {
 	level := zerolog.NoLevel
 	var msg string
 	rec := record{duration: -1, lookup: -1}
-	strs := map[string]*string{zerolog.MessageFieldName: &msg, "command": &rec.command, "decision": &rec.decision,
-		"lookup": &rec.lookupPath, "ran_by": &rec.ranBy, "pod": &rec.pod, "namespace": &rec.namespace, "error": &rec.err}
+	d := &rec.d
+	strs := map[string]*string{zerolog.MessageFieldName: &msg, "command": &d.Command, "decision": &d.Decision,
+		"lookup": &rec.lookupPath, "ran_by": &d.RanBy, "pod": &d.Pod, "namespace": &d.Namespace, "error": &d.Error}
 	for _, f := range fields {
 		switch f.key {
 		case zerolog.LevelFieldName:
@@ -291,10 +282,10 @@ func (p *Follower) emit(line []byte) {
 			}
 		}
 	}
+	d.Command = strings.ToUpper(d.Command)
 	p.count(rec)
-	if p.OnDecision != nil && rec.decision != "" {
-		p.OnDecision(Decision{Command: strings.ToUpper(rec.command), Decision: rec.decision,
-			Namespace: rec.namespace, Pod: rec.pod, RanBy: rec.ranBy, Error: rec.err})
+	if p.OnDecision != nil && d.Decision != "" {
+		p.OnDecision(*d)
 	}
 	e := p.out.WithLevel(level)
 	if e == nil || rec.recordOnly {
@@ -332,13 +323,10 @@ var (
 
 // record is what the metrics take from a plugin decision line.
 type record struct {
-	command, decision string
-	duration, lookup  float64 // seconds; <0 when the line has none
-	lookupPath        string  // agent or api; "" when the line has none
-	ranBy             string  // agent or standalone; "" when the line has none
-	pod, namespace    string
-	err               string
-	recordOnly        bool
+	d                Decision
+	duration, lookup float64 // seconds; <0 when the line has none
+	lookupPath       string  // agent or api; "" when the line has none
+	recordOnly       bool
 }
 
 // msField reads a milliseconds field as seconds, or -1.
@@ -351,23 +339,24 @@ func msField(raw json.RawMessage) float64 {
 }
 
 func (p *Follower) count(r record) {
-	if p.m == nil || r.decision == "" {
+	decision := r.d.Decision
+	if p.m == nil || decision == "" {
 		return
 	}
 	// Label values come from a file: keep them to the plugin's vocabulary,
 	// so a stray line cannot grow the series without bound.
-	command := strings.ToUpper(r.command)
+	command := r.d.Command
 	if !slices.Contains(pluginCommands, command) {
 		command = "OTHER"
 	}
-	if !slices.Contains(pluginDecisions, r.decision) {
-		r.decision = "other"
+	if !slices.Contains(pluginDecisions, decision) {
+		decision = "other"
 	}
-	p.m.PluginEvents.WithLabelValues(command, r.decision).Inc()
+	p.m.PluginEvents.WithLabelValues(command, decision).Inc()
 	if command == "ADD" && r.duration >= 0 {
-		p.m.AddDuration.WithLabelValues(r.decision).Observe(r.duration)
-		if slices.Contains(pluginRanBy, r.ranBy) {
-			p.m.AddByPath.WithLabelValues(r.ranBy).Observe(r.duration)
+		p.m.AddDuration.WithLabelValues(decision).Observe(r.duration)
+		if slices.Contains(pluginRanBy, r.d.RanBy) {
+			p.m.AddByPath.WithLabelValues(r.d.RanBy).Observe(r.duration)
 		}
 	}
 	if r.lookup >= 0 {

@@ -189,10 +189,7 @@ func TestPluginLogFollowerRun(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("timed out waiting for %s; output:\n%s", what, out.String())
 			}
-			select {
-			case <-f.Drained:
-			case <-time.After(100 * time.Millisecond):
-			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	deadline := time.Now().Add(5 * time.Second)

@@ -21,7 +21,6 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 )
@@ -95,10 +94,7 @@ func (s *Source) subscribe(key string) chan struct{} {
 func (s *Source) unsubscribe(key string, ch chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ws := s.waiters[key]
-	if i := slices.Index(ws, ch); i >= 0 {
-		ws = slices.Delete(ws, i, i+1)
-	}
+	ws := slices.DeleteFunc(s.waiters[key], func(w chan struct{}) bool { return w == ch })
 	if len(ws) == 0 {
 		delete(s.waiters, key)
 	} else {
@@ -196,15 +192,6 @@ func (s *Source) fetch(ctx context.Context, req agentsock.Request) agentsock.Ans
 
 func answer(pod *corev1.Pod) agentsock.Answer {
 	return agentsock.Found(string(pod.UID), podinfo.Mesh(pod))
-}
-
-// NodeInformer is repair.NodePods' informer of the pods on node.
-func NodeInformer(client corev1client.CoreV1Interface, node string) cache.SharedIndexInformer {
-	inf, err := repair.NodePods{Node: node}.Informer(client)
-	if err != nil {
-		panic(err) // with no selectors, only an empty node name: a caller's bug
-	}
-	return inf
 }
 
 // APIGetter is a GetFunc reading with client, consistently (the informer

@@ -67,11 +67,10 @@ type Controller struct {
 // server, so an outage is logged with its cause when it starts, now and
 // then while it lasts, and when it ends.
 type apiHealth struct {
-	down      bool
-	since     time.Time // start of the outage
-	lastLog   time.Time
-	errs      int // errors in this outage
-	lastError string
+	down    bool
+	since   time.Time // start of the outage
+	lastLog time.Time
+	errs    int // errors in this outage
 }
 
 // apiOutageLogEvery bounds how often a continuing outage is logged (the
@@ -201,7 +200,6 @@ func (c *Controller) apiFailed(err error) {
 		c.api = apiHealth{down: true, since: now}
 	}
 	c.api.errs++
-	c.api.lastError = err.Error()
 	if c.api.errs == 1 {
 		c.api.lastLog = now
 		c.log.Error().Err(err).

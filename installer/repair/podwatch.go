@@ -15,10 +15,8 @@ import (
 )
 
 // NodePods describes a watch of one node's pods as the agent caches them:
-// listed a page at a time and slimmed (ListSlimPods, SlimPod), so a full
-// node costs the agent the slimmed pods and one page, not the API server's
-// whole answer. The repair controller runs one; without it, the agent runs
-// one of its own for the plugin's lookups.
+// listed a page at a time and slimmed (ListSlimPods, SlimPod). The repair
+// controller runs one; without it, the agent runs one for the plugin's lookups.
 type NodePods struct {
 	Node                           string // spec.nodeName; required
 	FieldSelectors, LabelSelectors string // narrow the watch further

@@ -102,8 +102,6 @@ type inPlace struct {
 
 func (s *inPlace) Mode() Mode { return InPlace }
 
-func (s *inPlace) markDone(uid types.UID) { s.repaired.Store(uid, true) }
-
 func (s *inPlace) forget(uid types.UID) { s.repaired.Delete(uid) }
 
 func (s *inPlace) Repair(ctx context.Context, pod *corev1.Pod, log zerolog.Logger) (Result, error) {
@@ -115,17 +113,17 @@ func (s *inPlace) Repair(ctx context.Context, pod *corev1.Pod, log zerolog.Logge
 	rep, err := s.repairer.RepairPod(rctx, pod)
 	switch {
 	case errors.Is(err, ErrNotNeeded):
-		s.markDone(pod.UID) // its spec cannot change that: never look again
+		s.repaired.Store(pod.UID, true) // its spec cannot change that: never look again
 		log.Info().Err(err).Msg("broken pod needs no capture; not repairing it")
 		return Skip, nil
 	case errors.Is(err, ErrImpossible):
-		s.markDone(pod.UID)
+		s.repaired.Store(pod.UID, true)
 		log.Error().Err(err).Msg("repairing pod in place; it needs to be fixed and recreated")
 		return Fail, nil
 	case err != nil:
 		return Fail, fmt.Errorf("repairing pod %s/%s in place: %w", pod.Namespace, pod.Name, err)
 	}
-	s.markDone(pod.UID)
+	s.repaired.Store(pod.UID, true)
 	log.Info().Str("netns", rep.Netns).Int("pid", rep.PID).Int("candidates", rep.Candidates).Str("match", rep.Match).
 		Str("backend", rep.Backend).Str("why", rep.Why).Int("rules", rep.Rules).
 		Msg("repaired the pod's capture in place; it recovers when its validation container restarts")
