@@ -170,12 +170,6 @@ type QuickResolver interface {
 	ResolveNow(req Request) (Answer, bool)
 }
 
-// ResolverFunc adapts a function to Resolver.
-type ResolverFunc func(ctx context.Context, req Request) Answer
-
-// Resolve implements Resolver.
-func (f ResolverFunc) Resolve(ctx context.Context, req Request) Answer { return f(ctx, req) }
-
 // Server bounds; the whole budget fits inside the client's ClientTimeout.
 const (
 	// ResolveTimeout bounds the resolver: a pod the informer has not seen
