@@ -2,6 +2,7 @@ package cniconf
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -161,7 +162,8 @@ func decodeRaw(stdin []byte) (rawConfig, error) {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
 			field := strings.TrimPrefix(strings.TrimPrefix(te.Field, "NetConf."), "PluginSettings.")
-			return raw, &ConfigError{Field: field, Reason: fmt.Sprintf("has the wrong type (got a JSON %s, want %s)", te.Value, jsonKind(te.Type.Kind().String()))}
+			kind := te.Type.Kind().String()
+			return raw, &ConfigError{Field: field, Reason: fmt.Sprintf("has the wrong type (got a JSON %s, want %s)", te.Value, cmp.Or(jsonKinds[kind], "a "+kind))}
 		}
 		return raw, fmt.Errorf("decoding plugin config: %w", err)
 	}
@@ -191,13 +193,6 @@ func pick(ours *string, oursName string, alias *string, aliasName string) (*stri
 // jsonKinds name the JSON a field of a Go kind wants (pointers are to
 // strings).
 var jsonKinds = map[string]string{"string": "a string", "ptr": "a string", "slice": "an array", "map": "an object", "struct": "an object", "bool": "a boolean"}
-
-func jsonKind(goKind string) string {
-	if k, ok := jsonKinds[goKind]; ok {
-		return k
-	}
-	return "a " + goKind
-}
 
 // Excluded reports whether pods in namespace are never captured.
 func (c *Config) Excluded(namespace string) bool {
