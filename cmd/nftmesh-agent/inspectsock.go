@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -54,11 +53,4 @@ func (s *podSocket) inspectPod(procDir string) agentsock.InspectFunc {
 		}
 		return agentsock.InspectAnswer{UID: string(pod.UID), Pod: podinfo.Mesh(pod), Netns: found.Path, Match: found.Match}, fd
 	}
-}
-
-// adminPeer lets only a peer ask that could open the namespace itself:
-// root with CAP_NET_ADMIN in the node's initial user namespace, as the CNI
-// socket requires (agentsock.CheckAdminPeer), read through the host's /proc.
-func adminPeer(procDir string) func(*net.UnixConn) error {
-	return func(c *net.UnixConn) error { return agentsock.CheckAdminPeer(c, procDir) }
 }
