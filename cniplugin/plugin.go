@@ -175,21 +175,14 @@ const (
 	RanByStandalone = "standalone"
 )
 
-func (inv *invocation) backendName() string {
-	if inv.conf == nil {
-		return ""
-	}
-	return inv.conf.Backend
-}
-
 // decided logs the one decision line of a successful run.
 func (inv *invocation) decided(decision, reason string) {
-	inv.event(inv.decision(zerolog.InfoLevel), inv.backendName()).Str("decision", decision).Str("reason", reason).Msg(inv.verb + " " + decision)
+	inv.event(inv.decision(zerolog.InfoLevel), inv.conf.Backend).Str("decision", decision).Str("reason", reason).Msg(inv.verb + " " + decision)
 }
 
 // fail logs the decision line of a failed run and returns err.
 func (inv *invocation) fail(err *types.Error) error {
-	return inv.failWith(inv.backendName(), err)
+	return inv.failWith(inv.conf.Backend, err)
 }
 
 func (inv *invocation) podRef() string { return inv.k8s.PodNamespace + "/" + inv.k8s.PodName }
@@ -518,8 +511,6 @@ func (inv *invocation) captureOptions() capture.Options {
 	return capture.Options{Backend: inv.conf.Backend, RunDir: inv.conf.AgentRunDir}
 }
 
-// cmdStatus reports whether the plugin can serve ADD: the agent must have
-// written a loadable kubeconfig.
 func (r *run) cmdStatus(args *cmdArgs) error {
 	inv, closeLog, err := r.begin("STATUS", args)
 	defer closeLog()

@@ -128,7 +128,7 @@ func Main() {
 
 // skelMain runs the process's own call through the CNI library's skel.
 func skelMain() *types.Error {
-	return skel.PluginMainFuncsWithError(cniFuncs(), supportedVersions, about())
+	return skel.PluginMainFuncsWithError((&run{env: osEnv()}).funcs(), supportedVersions, about())
 }
 
 // about is what the plugin prints on stderr when run without CNI_COMMAND.
@@ -161,9 +161,6 @@ func (r *run) funcs() skel.CNIFuncs {
 		GC:     r.guard("GC", r.cmdGC),
 	}
 }
-
-// cniFuncs are the verbs of a call from the process's own environment.
-func cniFuncs() skel.CNIFuncs { return (&run{env: osEnv()}).funcs() }
 
 // osEnv is the process's own call.
 func osEnv() Env {
