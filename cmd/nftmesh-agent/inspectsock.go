@@ -14,11 +14,9 @@ import (
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
-// inspectPod answers `redirect inspect NAMESPACE/NAME` on the inspect
-// socket: the pod from this node's pod watch, and its network namespace,
-// found among the host's processes (procDir) by the pod's cgroup as repair
-// in place finds it, handed over open. It needs no repair mode, only the
-// host's /proc and the capabilities to open another process's namespace.
+// inspectPod answers on agentsock.InspectSocketName, finding the pod's
+// namespace among the host's processes at procDir: it needs no repair mode,
+// only that /proc and the capabilities to open another process's namespace.
 func (s *podSocket) inspectPod(procDir string) agentsock.InspectFunc {
 	return func(_ context.Context, req agentsock.InspectRequest) (agentsock.InspectAnswer, int) {
 		fail := func(format string, args ...any) (agentsock.InspectAnswer, int) {
