@@ -194,26 +194,16 @@ func pick(ours *string, oursName string, alias *string, aliasName string) (*stri
 // strings).
 var jsonKinds = map[string]string{"string": "a string", "ptr": "a string", "slice": "an array", "map": "an object", "struct": "an object", "bool": "a boolean"}
 
-// Excluded reports whether pods in namespace are never captured.
-func (c *Config) Excluded(namespace string) bool {
-	return slices.Contains(c.ExcludeNamespaces, namespace)
-}
-
-// IsAgentPod reports whether a pod is the node agent's own, by name prefix
-// and the configured pod_namespace (no pod_namespace, no match).
-func (c *Config) IsAgentPod(namespace, name string) bool {
-	return c.PodNamespace != "" && namespace == c.PodNamespace && strings.HasPrefix(name, AgentPodPrefix)
-}
-
 // SkipBeforeLookup returns why the pod needs no lookup at all ("" when it
-// does), before any Kubernetes client is built.
+// does), before any Kubernetes client is built. The agent's own pods are
+// known by name prefix and pod_namespace (no pod_namespace, no match).
 func (c *Config) SkipBeforeLookup(a K8sArgs) string {
 	switch {
 	case a.PodNamespace == "" || a.PodName == "":
 		return meshpod.ReasonNotKubernetes
-	case c.Excluded(a.PodNamespace):
+	case slices.Contains(c.ExcludeNamespaces, a.PodNamespace):
 		return meshpod.ReasonExcludedNamespace
-	case c.IsAgentPod(a.PodNamespace, a.PodName):
+	case c.PodNamespace != "" && a.PodNamespace == c.PodNamespace && strings.HasPrefix(a.PodName, AgentPodPrefix):
 		return meshpod.ReasonAgentPod
 	}
 	return ""
