@@ -138,21 +138,16 @@ func New(cfg *rest.Config) (*Client, error) {
 	cfg.APIPath = "/api"
 	cfg.GroupVersion = &schema.GroupVersion{Version: "v1"}
 	cfg.ContentType, cfg.AcceptContentTypes = "application/json", "application/json"
-	cfg.NegotiatedSerializer = statusCodecs().WithoutConversion()
+	// Codecs for the API server's Status answers only: meshpod reads the pod.
+	scheme := runtime.NewScheme()
+	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
+	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
 	rc, err := rest.RESTClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("building the API client for %s: %s", quote.Value(cfg.Host), quote.Text(kubeconf.Redact(err.Error(), c.secrets...)))
 	}
 	c.rc = rc
 	return c, nil
-}
-
-// statusCodecs decode the API server's Status answers (meshpod reads the
-// pod itself).
-func statusCodecs() serializer.CodecFactory {
-	s := runtime.NewScheme()
-	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
-	return serializer.NewCodecFactory(s)
 }
 
 // Pod is what GetPod returns: the decision fields and the UID.
