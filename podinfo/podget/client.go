@@ -306,13 +306,8 @@ func Retryable(err error) bool {
 	var status apierrors.APIStatus
 	if errors.As(err, &status) {
 		st := status.Status()
-		switch {
-		case st.Code == http.StatusTooManyRequests, st.Code == http.StatusRequestTimeout, st.Code >= 500:
-			return true
-		case st.Reason == metav1.StatusReasonTimeout, st.Reason == metav1.StatusReasonServerTimeout, st.Reason == metav1.StatusReasonTooManyRequests:
-			return true
-		}
-		return false
+		return st.Code == http.StatusTooManyRequests || st.Code == http.StatusRequestTimeout || st.Code >= 500 ||
+			st.Reason == metav1.StatusReasonTimeout || st.Reason == metav1.StatusReasonServerTimeout || st.Reason == metav1.StatusReasonTooManyRequests
 	}
 	var redirect *kubeconf.RedirectError
 	if errors.As(err, &redirect) || errors.Is(err, kubeconf.ErrAnswerTooLarge) || errors.Is(err, context.Canceled) {
