@@ -85,7 +85,7 @@ func dispatch(e cniEnv, funcs skel.CNIFuncs, versions cniversion.PluginInfo, abo
 		if !ok {
 			return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("config version does not allow %s", cmd), "")
 		}
-		// No error here: confVersion parsed just above, and our versions do.
+		// No error here: confVersion parsed just above, and our versions are valid.
 		if !slices.ContainsFunc(versions.SupportedVersions(), func(v string) bool {
 			ge, _ := cniversion.GreaterThanOrEqualTo(v, confVersion)
 			return ge
