@@ -85,18 +85,11 @@ func dispatch(e cniEnv, funcs skel.CNIFuncs, versions cniversion.PluginInfo, abo
 		if !ok {
 			return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("config version does not allow %s", cmd), "")
 		}
-		supported := false
-		for _, v := range versions.SupportedVersions() {
-			ge, err := cniversion.GreaterThanOrEqualTo(v, confVersion)
-			if err != nil {
-				return types.NewError(types.ErrDecodingFailure, err.Error(), "")
-			}
-			if ge {
-				supported = true
-				break
-			}
-		}
-		if !supported {
+		// No error here: confVersion parsed just above, and our versions are valid.
+		if !slices.ContainsFunc(versions.SupportedVersions(), func(v string) bool {
+			ge, _ := cniversion.GreaterThanOrEqualTo(v, confVersion)
+			return ge
+		}) {
 			return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("plugin version does not allow %s", cmd), "")
 		}
 	}

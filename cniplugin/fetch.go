@@ -82,7 +82,7 @@ func (inv *invocation) getPod(ctx context.Context, timeout time.Duration) (*mesh
 			serr.Error())
 	}
 	routeClientLogs(inv)
-	client, cerr := podget.NewFromFile(inv.conf.Kubeconfig, podget.Options{})
+	client, cerr := podget.NewFromFile(inv.conf.Kubeconfig)
 	if cerr != nil {
 		return nil, types.NewError(CodePodLookup,
 			fmt.Sprintf("nftmesh-cni: cannot look up pod %s: invalid kubeconfig", inv.podRef()), cerr.Error())

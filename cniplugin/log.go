@@ -31,7 +31,7 @@ const RecordOnlyField = "record_only"
 // their intake) see every decision. close closes the file.
 func newLoggers(stderr io.Writer, conf *cniconf.Config, command string) (log, record zerolog.Logger, close func()) {
 	setLogFormat()
-	writers := []io.Writer{stderr}
+	var w io.Writer = stderr
 	close = func() {}
 	level := zerolog.InfoLevel
 	record = zerolog.Nop()
@@ -43,14 +43,10 @@ func newLoggers(stderr io.Writer, conf *cniconf.Config, command string) (log, re
 			level = zerolog.Disabled
 		}
 		if f := openLogFile(conf.AgentRunDir); f != nil {
-			writers = append(writers, f)
+			w = zerolog.MultiLevelWriter(stderr, f)
 			close = func() { f.Close() }
 			record = zerolog.New(f).With().Timestamp().Str("plugin", "nftmesh-cni").Str("command", command).Bool(RecordOnlyField, true).Logger()
 		}
-	}
-	var w io.Writer = writers[0]
-	if len(writers) > 1 {
-		w = zerolog.MultiLevelWriter(writers...)
 	}
 	log = zerolog.New(w).Level(level).With().Timestamp().Str("plugin", "nftmesh-cni").Str("command", command).Logger()
 	return log, record, close
@@ -59,9 +55,6 @@ func newLoggers(stderr io.Writer, conf *cniconf.Config, command string) (log, re
 // openLogFile opens the log file for appending, rotating it first when it
 // is too big. A missing run dir (agent not installed yet) means no file.
 func openLogFile(dir string) *os.File {
-	if dir == "" {
-		return nil
-	}
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return nil
 	}

@@ -175,21 +175,14 @@ const (
 	RanByStandalone = "standalone"
 )
 
-func (inv *invocation) backendName() string {
-	if inv.conf == nil {
-		return ""
-	}
-	return inv.conf.Backend
-}
-
 // decided logs the one decision line of a successful run.
 func (inv *invocation) decided(decision, reason string) {
-	inv.event(inv.decision(zerolog.InfoLevel), inv.backendName()).Str("decision", decision).Str("reason", reason).Msg(inv.verb + " " + decision)
+	inv.event(inv.decision(zerolog.InfoLevel), inv.conf.Backend).Str("decision", decision).Str("reason", reason).Msg(inv.verb + " " + decision)
 }
 
 // fail logs the decision line of a failed run and returns err.
 func (inv *invocation) fail(err *types.Error) error {
-	return inv.failWith(inv.backendName(), err)
+	return inv.failWith(inv.conf.Backend, err)
 }
 
 func (inv *invocation) podRef() string { return inv.k8s.PodNamespace + "/" + inv.k8s.PodName }
@@ -239,22 +232,18 @@ func (inv *invocation) fetchPod(ctx context.Context) (*meshpod.Pod, error) {
 	return pod, nil
 }
 
-// lookup fetches the pod and decides. A nil plan with a nil error means
-// the pod is not in the mesh (reason says why).
-func (inv *invocation) lookup(ctx context.Context) (plan *redirect.Plan, reason string, err error) {
+// lookup fetches the pod and decides.
+func (inv *invocation) lookup(ctx context.Context) (capture.Decision, error) {
 	pod, err := inv.fetchPod(ctx)
 	if err != nil {
-		return nil, "", err
+		return capture.Decision{}, err
 	}
 	d, err := capture.Plan(pod, func() ([]netip.Addr, error) { return inv.r.pipeline().Addrs(inv.args.Netns) })
 	if err != nil {
-		return nil, "", inv.planFailed(err)
+		return capture.Decision{}, inv.planFailed(err)
 	}
 	phase.Mark("planned")
-	if !d.InMesh {
-		return nil, d.Reason, nil
-	}
-	return &d.Plan, d.Reason, nil
+	return d, nil
 }
 
 // planFailed is the logged CNI error of a failed step of capture.Plan (or
@@ -355,19 +344,15 @@ func (r *run) cmdCheck(args *cmdArgs) error {
 		return nil
 	}
 	ctx := r.ctx()
-	ns, plan, reason, err := inv.netnsAndPlan(ctx)
+	ns, d, err := inv.netnsAndPlan(ctx)
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
 	actx, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
-	want := redirect.Plan{}
-	if plan != nil {
-		want = *plan
-	}
-	// Not in the mesh means no rules of ours: Check against the empty plan.
-	backend, err := r.pipeline().Check(actx, ns, want, inv.captureOptions())
+	// Not in the mesh, d.Plan is empty: no rules of ours.
+	backend, err := r.pipeline().Check(actx, ns, d.Plan, inv.captureOptions())
 	if inv.refusedHere(err) {
 		return r.decline()
 	}
@@ -395,10 +380,10 @@ func (r *run) cmdCheck(args *cmdArgs) error {
 			(&capture.ForeignError{Netns: args.Netns, Found: foreign}).Error()))
 	}
 	decision := "capture"
-	if plan == nil {
+	if !d.InMesh {
 		decision = "skip"
 	}
-	inv.event(inv.decision(zerolog.InfoLevel), backend).Str("decision", decision).Str("reason", reason).Msg("CHECK ok")
+	inv.event(inv.decision(zerolog.InfoLevel), backend).Str("decision", decision).Str("reason", d.Reason).Msg("CHECK ok")
 	return nil
 }
 
@@ -494,32 +479,30 @@ func (inv *invocation) openNetns(missingOK bool) (*capture.Netns, error) {
 }
 
 // netnsAndPlan is the start of CHECK (ADD's is capture.Add): CNI_NETNS
-// checked (openNetns), the pod's plan looked up (nil: not in the mesh,
-// reason says why), then the namespace opened if it was missing before.
-func (inv *invocation) netnsAndPlan(ctx context.Context) (*capture.Netns, *redirect.Plan, string, error) {
+// checked (openNetns), the pod looked up and decided, then the namespace
+// opened if it was missing before.
+func (inv *invocation) netnsAndPlan(ctx context.Context) (*capture.Netns, capture.Decision, error) {
 	ns, err := inv.openNetns(true)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, capture.Decision{}, err
 	}
-	plan, reason, err := inv.lookup(ctx)
+	d, err := inv.lookup(ctx)
 	if err != nil {
 		ns.Close()
-		return nil, nil, reason, err
+		return nil, d, err
 	}
 	if ns == nil {
 		if ns, err = inv.openNetns(false); err != nil {
-			return nil, nil, "", err
+			return nil, d, err
 		}
 	}
-	return ns, plan, reason, nil
+	return ns, d, nil
 }
 
 func (inv *invocation) captureOptions() capture.Options {
 	return capture.Options{Backend: inv.conf.Backend, RunDir: inv.conf.AgentRunDir}
 }
 
-// cmdStatus reports whether the plugin can serve ADD: the agent must have
-// written a loadable kubeconfig.
 func (r *run) cmdStatus(args *cmdArgs) error {
 	inv, closeLog, err := r.begin("STATUS", args)
 	defer closeLog()

@@ -119,7 +119,6 @@ func Main() {
 		return
 	}
 	if err := skelMain(); err != nil {
-		// The CNI protocol: the error as JSON on stdout, exit status 1.
 		if perr := err.Print(); perr != nil {
 			fmt.Fprintln(os.Stderr, "nftmesh-cni: writing the error to stdout:", perr)
 		}
@@ -129,7 +128,7 @@ func Main() {
 
 // skelMain runs the process's own call through the CNI library's skel.
 func skelMain() *types.Error {
-	return skel.PluginMainFuncsWithError(cniFuncs(), supportedVersions, about())
+	return skel.PluginMainFuncsWithError((&run{env: osEnv()}).funcs(), supportedVersions, about())
 }
 
 // about is what the plugin prints on stderr when run without CNI_COMMAND.
@@ -139,13 +138,11 @@ func about() string {
 
 // run is one call's environment, shared by its verb.
 type run struct {
-	env Env
-	// declined: the verb stopped because the call must run elsewhere.
-	declined bool
+	env      Env
+	declined bool // set by decline
 }
 
-// errDeclined stops a verb that must run elsewhere; Run reports it as
-// ErrDeclined.
+// errDeclined ends a verb that must run elsewhere; Run reports ErrDeclined.
 var errDeclined = types.NewError(types.ErrTryAgainLater, "nftmesh-cni: declined", "")
 
 // decline marks the call as one to run elsewhere and returns the error that
@@ -164,9 +161,6 @@ func (r *run) funcs() skel.CNIFuncs {
 		GC:     r.guard("GC", r.cmdGC),
 	}
 }
-
-// cniFuncs are the verbs of a call from the process's own environment.
-func cniFuncs() skel.CNIFuncs { return (&run{env: osEnv()}).funcs() }
 
 // osEnv is the process's own call.
 func osEnv() Env {

@@ -1,12 +1,5 @@
 package cniplugin
 
-// Serve runs, inside the node agent, the CNI calls the nftmesh-cni front
-// hands over its socket (internal/cnisock): Run on the call's variables and
-// config, its pod from the agent's informer, its network namespace through
-// the descriptor the front passed. A call it cannot run as the plugin's own
-// process would is declined untouched, and the front runs the standalone
-// plugin.
-
 import (
 	"bytes"
 	"cmp"
@@ -47,7 +40,12 @@ const (
 	OutcomeBusy       = "busy"        // declined: over the bytes-in-flight budget
 )
 
-// Server runs the calls handed over.
+// Server runs, inside the node agent, the CNI calls the nftmesh-cni front
+// hands over its socket (internal/cnisock): Run on the call's variables and
+// config, its pod from the agent's informer, its network namespace through
+// the descriptor the front passed. A call it cannot run as the plugin's own
+// process would is declined untouched, and the front runs the standalone
+// plugin.
 type Server struct {
 	// RunDir is the agent_run_dir the plugin's config must name (the same
 	// path on the host and in the agent's pod).
@@ -179,8 +177,11 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 // call runs one well-formed request.
 func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (reply cnisock.Reply, status, reason string) {
 	declined := cnisock.Reply{Status: cnisock.StatusDeclined}
-	if err := s.hostNetns(); err != nil {
-		return declined, OutcomeDeclined, err.Error()
+	if s.HostNetns == nil {
+		return declined, OutcomeDeclined, hostNetnsUnknown
+	}
+	if err := s.HostNetns(); err != nil {
+		return declined, OutcomeDeclined, hostNetnsUnknown + ": " + err.Error()
 	}
 	// One descriptor exactly when the call names a namespace.
 	netns := getenv(req.Env, "CNI_NETNS")
@@ -221,18 +222,7 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 	return reply, status, ""
 }
 
-var errHostNetnsUnknown = errors.New("the host's network namespace is not known to the agent")
-
-// hostNetns is nil when the host's network namespace is known.
-func (s *Server) hostNetns() error {
-	if s.HostNetns == nil {
-		return errHostNetnsUnknown
-	}
-	if err := s.HostNetns(); err != nil {
-		return fmt.Errorf("%w: %w", errHostNetnsUnknown, err)
-	}
-	return nil
-}
+const hostNetnsUnknown = "the host's network namespace is not known to the agent"
 
 // runGuarded runs a call; a panic outside the verbs' own guard declines
 // it (the standalone plugin then answers the runtime).
@@ -248,8 +238,7 @@ func runGuarded(e Env) (code int, err error) {
 // watchHangUp returns a context of ctx that ends when the front at the
 // other end of c closes its end (killed, or out of time), so that a call
 // nobody waits for stops at its next wait instead of holding one of the
-// socket's slots to its own timeout. A front that only shuts down its
-// writing half still waits for the reply. stop ends the watch and reports
+// socket's slots to its own timeout. stop ends the watch and reports
 // whether the front had hung up.
 func watchHangUp(ctx context.Context, c *net.UnixConn) (context.Context, func() bool) {
 	cctx, cancel := context.WithCancel(ctx)
@@ -265,7 +254,8 @@ func watchHangUp(ctx context.Context, c *net.UnixConn) (context.Context, func() 
 		defer close(done)
 		// Read only waits in the runtime's poller and calls the function
 		// again; it reads nothing. POLLHUP: the peer's end is closed, which
-		// a half-close (POLLRDHUP alone) or extra bytes are not.
+		// a half-close (POLLRDHUP alone: that front still waits for the
+		// reply) or extra bytes are not.
 		_ = raw.Read(func(fd uintptr) bool {
 			p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
 			if n, err := unix.Poll(p, 0); err == nil && n > 0 && p[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0 {

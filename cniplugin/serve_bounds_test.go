@@ -34,6 +34,13 @@ import (
 // namespace: in tests, the host's is the test's own, refused anyway.
 func hostKnown() error { return nil }
 
+// resolverFunc adapts a function to agentsock.Resolver.
+type resolverFunc func(ctx context.Context, req agentsock.Request) agentsock.Answer
+
+func (f resolverFunc) Resolve(ctx context.Context, req agentsock.Request) agentsock.Answer {
+	return f(ctx, req)
+}
+
 // serveWith serves the CNI socket in a fresh run dir with srv (RunDir and
 // AllowUID filled in) until the test ends, and returns the run dir.
 func serveWith(t testing.TB, srv *Server) string {
@@ -92,7 +99,7 @@ func TestServeStopsWhenTheFrontHangsUp(t *testing.T) {
 	// halfClosed: the second part's resolver, which waits a little
 	// and reports whether its call was cancelled meanwhile.
 	var halfClosed atomic.Bool
-	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: agentsock.ResolverFunc(func(ctx context.Context, _ agentsock.Request) agentsock.Answer {
+	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: resolverFunc(func(ctx context.Context, _ agentsock.Request) agentsock.Answer {
 		if halfClosed.Load() {
 			select {
 			case <-ctx.Done():
@@ -203,7 +210,7 @@ func TestServeMemoryBound(t *testing.T) {
 	// loaded machine may reach before all the connections are dialed:
 	// the budget is about calls held at once, so count those.
 	var inResolver, mostAtOnce atomic.Int64
-	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: agentsock.ResolverFunc(func(ctx context.Context, _ agentsock.Request) agentsock.Answer {
+	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: resolverFunc(func(ctx context.Context, _ agentsock.Request) agentsock.Answer {
 		n := inResolver.Add(1)
 		for m := mostAtOnce.Load(); n > m && !mostAtOnce.CompareAndSwap(m, n); m = mostAtOnce.Load() {
 		}
@@ -362,7 +369,7 @@ func TestServeRefusesRootWithoutNetAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	outcomes := make(chan ServeOutcome, 1)
-	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
+	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: resolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
 		return agentsock.Unknown("not here")
 	}), Observe: func(o ServeOutcome) { outcomes <- o }}
 	runDir := serveWith(t, srv)
@@ -430,7 +437,7 @@ func TestServeDeclinesWithoutTheHostNetns(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			outcomes := make(chan ServeOutcome, 1)
 			asked := false
-			srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: tt.host, Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
+			srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: tt.host, Resolver: resolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
 				asked = true
 				return found
 			}), Observe: func(o ServeOutcome) { outcomes <- o }}
@@ -468,7 +475,7 @@ func BenchmarkFrontAddAgent(b *testing.B) {
 	pod := loadPod(b, "injected.yaml")
 	pod.UID = "uid-front-bench"
 	found := foundAnswer(b, pod)
-	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
+	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: resolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
 		return found
 	})}
 	runDir := serveWith(b, srv)
@@ -532,7 +539,7 @@ func TestServeDeclinesWhenStopping(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, RunDir: runDir,
-		Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
+		Resolver: resolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
 			stop() // the agent is told to stop while it has the pod
 			return foundAnswer(t, pod)
 		})}

@@ -240,7 +240,7 @@ func TestServeOnlyAllowedPeer(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var outcomes []string
-	srv := &Server{RunDir: runDir, AllowUID: 4242, HostNetns: hostKnown, Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
+	srv := &Server{RunDir: runDir, AllowUID: 4242, HostNetns: hostKnown, Resolver: resolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
 		t.Error("a refused peer's call was resolved")
 		return agentsock.Unknown("no")
 	}), Observe: func(o ServeOutcome) { mu.Lock(); outcomes = append(outcomes, o.Status); mu.Unlock() }}
@@ -301,7 +301,7 @@ func TestServeRunDirAsThePluginReadsIt(t *testing.T) {
 	pod := loadPod(t, "injected.yaml")
 	pod.UID = "uid-clean"
 	found := foundAnswer(t, pod)
-	srv := &Server{RunDir: runDir + "/./", AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: agentsock.ResolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
+	srv := &Server{RunDir: runDir + "/./", AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: resolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
 		return found
 	})}
 	ctx, cancel := context.WithCancel(context.Background())

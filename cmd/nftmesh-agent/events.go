@@ -18,7 +18,7 @@ import (
 
 // podEvents is the agent's event recorder, or nil when turned off or
 // without an API client. Pods are looked up in the node's pod watch, once
-// setPods has it.
+// setUp hands it over.
 type podEvents struct {
 	*podevents.Recorder
 	pods cache.Indexer

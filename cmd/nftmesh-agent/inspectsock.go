@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -15,11 +14,9 @@ import (
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
-// inspectPod answers `redirect inspect NAMESPACE/NAME` on the inspect
-// socket: the pod from this node's pod watch, and its network namespace,
-// found among the host's processes (procDir) by the pod's cgroup as repair
-// in place finds it, handed over open. It needs no repair mode, only the
-// host's /proc and the capabilities to open another process's namespace.
+// inspectPod answers on agentsock.InspectSocketName, finding the pod's
+// namespace among the host's processes at procDir: it needs no repair mode,
+// only that /proc and the capabilities to open another process's namespace.
 func (s *podSocket) inspectPod(procDir string) agentsock.InspectFunc {
 	return func(_ context.Context, req agentsock.InspectRequest) (agentsock.InspectAnswer, int) {
 		fail := func(format string, args ...any) (agentsock.InspectAnswer, int) {
@@ -54,11 +51,4 @@ func (s *podSocket) inspectPod(procDir string) agentsock.InspectFunc {
 		}
 		return agentsock.InspectAnswer{UID: string(pod.UID), Pod: podinfo.Mesh(pod), Netns: found.Path, Match: found.Match}, fd
 	}
-}
-
-// adminPeer lets only a peer ask that could open the namespace itself:
-// root with CAP_NET_ADMIN in the node's initial user namespace, as the CNI
-// socket requires (agentsock.CheckAdminPeer), read through the host's /proc.
-func adminPeer(procDir string) func(*net.UnixConn) error {
-	return func(c *net.UnixConn) error { return agentsock.CheckAdminPeer(c, procDir) }
 }

@@ -48,10 +48,9 @@ const (
 )
 
 // Repair in place enters pod namespaces from locked threads (netlink,
-// nftables sockets). Keeping the main goroutine on the main thread stops
-// one of those from being the main thread, whose namespace
-// /proc/self/ns/net shows and the backends' host-namespace guard compares
-// against.
+// nftables sockets); holding the main goroutine on the main thread keeps
+// them off it: /proc/self/ns/net shows its namespace, and the backends'
+// host-namespace guard compares against that.
 func init() { runtime.LockOSThread() }
 
 func main() {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 
@@ -203,8 +204,11 @@ func (s *podSocket) run(ctx context.Context) error {
 		go s.pods.RunWithContext(ctx)
 	}
 	if s.inspectLn != nil {
+		// Only a peer that could open the namespace itself may ask, as on
+		// the CNI socket, read through the host's /proc.
+		allow := func(c *net.UnixConn) error { return agentsock.CheckAdminPeer(c, s.procDir) }
 		go func() {
-			if err := agentsock.ServeInspect(ctx, s.inspectLn, adminPeer(s.procDir), s.inspectPod(s.procDir)); err != nil {
+			if err := agentsock.ServeInspect(ctx, s.inspectLn, allow, s.inspectPod(s.procDir)); err != nil {
 				s.log.Warn().Err(err).Msg("the inspect socket stopped")
 			}
 		}()

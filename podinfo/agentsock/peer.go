@@ -17,11 +17,10 @@ import (
 var ErrPeerNotAdmin = errors.New("peer does not hold CAP_NET_ADMIN in the initial user namespace")
 
 // CheckAdminPeer checks that the process at the other end of c holds
-// CAP_NET_ADMIN in its effective set and lives in the node's initial user
-// namespace: what it takes to change a network namespace's rules itself.
-// A root process whose capabilities were dropped (a root container given a
-// hostPath to the run dir) or that is root only in a user namespace of its
-// own is refused.
+// CAP_NET_ADMIN in its effective set, in the node's initial user namespace:
+// what it takes to change a network namespace's rules itself. Root with its
+// capabilities dropped (a root container given a hostPath to the run dir)
+// or root only in a user namespace of its own is refused.
 //
 // procDir is a proc file system of the node's PID namespace ("/proc", or
 // the host's /proc mounted in the agent's container). The peer is known by
@@ -66,10 +65,9 @@ func CheckAdminPeer(c *net.UnixConn, procDir string) error {
 	if err := checkAdmin(procDir, pid); err != nil {
 		return fmt.Errorf("%w: peer pid %d: %w", ErrPeerNotAdmin, pid, err)
 	}
-	// The pidfd's process is alive, so the PID read was still its own.
-	// (Read again from the pidfd's fdinfo, which says -1 once it exited:
-	// pidfd_send_signal is refused, EINVAL, for a process outside the
-	// caller's PID namespace, as the front is for an agent in a pod.)
+	// Alive by the pidfd's fdinfo (-1 once exited), not pidfd_send_signal:
+	// that is refused, EINVAL, for a process outside the caller's PID
+	// namespace, as the front is for an agent in a pod.
 	if again, err := pidfdPID(procDir, pidfd); err != nil || again != pid {
 		return fmt.Errorf("%w: peer pid %d exited while it was checked (%v)", ErrPeerNotAdmin, pid, err)
 	}

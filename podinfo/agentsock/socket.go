@@ -65,9 +65,7 @@ type Listener struct {
 
 // Listen creates the socket for runDir: the directory (0700, owned by this
 // process's user, not a symlink), then the socket (0600), replacing one a
-// previous agent left. Close removes the socket only while it is still
-// this listener's, so an agent shutting down after its successor started
-// does not take the successor's socket away.
+// previous agent left.
 func Listen(runDir string) (*Listener, error) { return ListenAt(runDir, SocketName) }
 
 // ListenAt is Listen for the agent's other sockets in the same directory.
@@ -127,7 +125,9 @@ func inode(path string) uint64 {
 // Path is the socket's path.
 func (l *Listener) Path() string { return l.path }
 
-// Close stops listening and removes the socket if it is still ours.
+// Close stops listening and removes the socket only while it is still
+// ours: an agent shutting down after its successor started leaves the
+// successor's socket alone.
 func (l *Listener) Close() error {
 	var err error
 	l.closeOnce.Do(func() {
@@ -170,12 +170,6 @@ type QuickResolver interface {
 	ResolveNow(req Request) (Answer, bool)
 }
 
-// ResolverFunc adapts a function to Resolver.
-type ResolverFunc func(ctx context.Context, req Request) Answer
-
-// Resolve implements Resolver.
-func (f ResolverFunc) Resolve(ctx context.Context, req Request) Answer { return f(ctx, req) }
-
 // Server bounds; the whole budget fits inside the client's ClientTimeout.
 const (
 	// ResolveTimeout bounds the resolver: a pod the informer has not seen
@@ -193,8 +187,7 @@ type Server struct {
 	AllowUID uint32        // the peer user answered; PeerUID unless a test changes it
 }
 
-// Serve answers connections until ctx ends or the listener fails; it
-// closes l and waits for the connections in progress.
+// Serve answers the connections l.ServeConns accepts.
 func (s *Server) Serve(ctx context.Context, l *Listener) error {
 	return l.ServeConns(ctx, func(c *net.UnixConn) { s.handle(ctx, c) }, nil)
 }

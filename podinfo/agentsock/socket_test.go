@@ -103,6 +103,11 @@ func podFor(req Request) *meshpod.Pod {
 	return &meshpod.Pod{Namespace: req.Namespace, Name: req.Name, Annotations: map[string]string{"sidecar.istio.io/status": "{}"}}
 }
 
+// ResolverFunc adapts a function to Resolver.
+type ResolverFunc func(ctx context.Context, req Request) Answer
+
+func (f ResolverFunc) Resolve(ctx context.Context, req Request) Answer { return f(ctx, req) }
+
 var found = ResolverFunc(func(_ context.Context, req Request) Answer { return Found(req.UID, podFor(req)) })
 
 // TestSocketPermissions: the socket is 0600 in a 0700 directory, both

@@ -20,6 +20,12 @@ type K8sArgs struct {
 // a repeated K8S_* key is an error naming it.
 func ParseK8sArgs(cniArgs string) (K8sArgs, error) {
 	var a K8sArgs
+	fields := map[string]*string{
+		"K8S_POD_NAMESPACE":          &a.PodNamespace,
+		"K8S_POD_NAME":               &a.PodName,
+		"K8S_POD_UID":                &a.PodUID,
+		"K8S_POD_INFRA_CONTAINER_ID": &a.InfraContainerID,
+	}
 	seen := map[string]bool{}
 	for _, pair := range strings.Split(cniArgs, ";") {
 		if pair == "" {
@@ -29,17 +35,8 @@ func ParseK8sArgs(cniArgs string) (K8sArgs, error) {
 		if !ok {
 			return K8sArgs{}, fmt.Errorf("parsing CNI_ARGS: %s is not KEY=VALUE", quote.Value(pair))
 		}
-		var dst *string
-		switch k {
-		case "K8S_POD_NAMESPACE":
-			dst = &a.PodNamespace
-		case "K8S_POD_NAME":
-			dst = &a.PodName
-		case "K8S_POD_UID":
-			dst = &a.PodUID
-		case "K8S_POD_INFRA_CONTAINER_ID":
-			dst = &a.InfraContainerID
-		default:
+		dst, ours := fields[k]
+		if !ours {
 			continue
 		}
 		if seen[k] {

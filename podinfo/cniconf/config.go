@@ -2,6 +2,7 @@ package cniconf
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -161,7 +162,8 @@ func decodeRaw(stdin []byte) (rawConfig, error) {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
 			field := strings.TrimPrefix(strings.TrimPrefix(te.Field, "NetConf."), "PluginSettings.")
-			return raw, &ConfigError{Field: field, Reason: fmt.Sprintf("has the wrong type (got a JSON %s, want %s)", te.Value, jsonKind(te.Type.Kind().String()))}
+			kind := te.Type.Kind().String()
+			return raw, &ConfigError{Field: field, Reason: fmt.Sprintf("has the wrong type (got a JSON %s, want %s)", te.Value, cmp.Or(jsonKinds[kind], "a "+kind))}
 		}
 		return raw, fmt.Errorf("decoding plugin config: %w", err)
 	}
@@ -192,33 +194,16 @@ func pick(ours *string, oursName string, alias *string, aliasName string) (*stri
 // strings).
 var jsonKinds = map[string]string{"string": "a string", "ptr": "a string", "slice": "an array", "map": "an object", "struct": "an object", "bool": "a boolean"}
 
-func jsonKind(goKind string) string {
-	if k, ok := jsonKinds[goKind]; ok {
-		return k
-	}
-	return "a " + goKind
-}
-
-// Excluded reports whether pods in namespace are never captured.
-func (c *Config) Excluded(namespace string) bool {
-	return slices.Contains(c.ExcludeNamespaces, namespace)
-}
-
-// IsAgentPod reports whether a pod is the node agent's own, by name prefix
-// and the configured pod_namespace (no pod_namespace, no match).
-func (c *Config) IsAgentPod(namespace, name string) bool {
-	return c.PodNamespace != "" && namespace == c.PodNamespace && strings.HasPrefix(name, AgentPodPrefix)
-}
-
 // SkipBeforeLookup returns why the pod needs no lookup at all ("" when it
-// does), before any Kubernetes client is built.
+// does), before any Kubernetes client is built. The agent's own pods are
+// known by name prefix and pod_namespace (no pod_namespace, no match).
 func (c *Config) SkipBeforeLookup(a K8sArgs) string {
 	switch {
 	case a.PodNamespace == "" || a.PodName == "":
 		return meshpod.ReasonNotKubernetes
-	case c.Excluded(a.PodNamespace):
+	case slices.Contains(c.ExcludeNamespaces, a.PodNamespace):
 		return meshpod.ReasonExcludedNamespace
-	case c.IsAgentPod(a.PodNamespace, a.PodName):
+	case c.PodNamespace != "" && a.PodNamespace == c.PodNamespace && strings.HasPrefix(a.PodName, AgentPodPrefix):
 		return meshpod.ReasonAgentPod
 	}
 	return ""

@@ -10,11 +10,16 @@ import (
 // manifest mirrors the Pod fields Decide reads (and the UID) by their JSON
 // names; other fields are ignored, as a non-strict corev1.Pod decode does.
 type manifest struct {
-	APIVersion string    `json:"apiVersion"`
-	Kind       string    `json:"kind"`
-	Metadata   podMeta   `json:"metadata"`
-	Spec       podSpec   `json:"spec"`
-	Status     podStatus `json:"status"`
+	APIVersion string  `json:"apiVersion"`
+	Kind       string  `json:"kind"`
+	Metadata   podMeta `json:"metadata"`
+	Spec       podSpec `json:"spec"`
+	Status     struct {
+		PodIP  string `json:"podIP"`
+		PodIPs []struct {
+			IP string `json:"ip"`
+		} `json:"podIPs"`
+	} `json:"status"`
 }
 
 type podMeta struct {
@@ -28,13 +33,6 @@ type podMeta struct {
 type podSpec struct {
 	InitContainers []manifestContainer `json:"initContainers"`
 	Containers     []manifestContainer `json:"containers"`
-}
-
-type podStatus struct {
-	PodIP  string `json:"podIP"`
-	PodIPs []struct {
-		IP string `json:"ip"`
-	} `json:"podIPs"`
 }
 
 // podTemplate is a workload's pod template (named fields, not embedded, so

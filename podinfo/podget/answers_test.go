@@ -23,7 +23,7 @@ func fakeAPI(t *testing.T, answer func(n int, w http.ResponseWriter, r *http.Req
 		answer(int(n.Add(1)), w, r)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := New(&rest.Config{Host: srv.URL}, Options{})
+	c, err := New(&rest.Config{Host: srv.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestGetPodPlainHTTPServer(t *testing.T) {
 	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.Add(1) }))
 	t.Cleanup(srv.Close)
-	c, err := New(&rest.Config{Host: "https://" + srv.Listener.Addr().String(), TLSClientConfig: rest.TLSClientConfig{Insecure: true}}, Options{})
+	c, err := New(&rest.Config{Host: "https://" + srv.Listener.Addr().String(), TLSClientConfig: rest.TLSClientConfig{Insecure: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,11 +50,6 @@ type Client struct {
 	attemptTime time.Duration
 }
 
-// Options configure New.
-type Options struct {
-	UserAgent string // default "nftmesh-cni"
-}
-
 // Bounds on the kubeconfig file (one with a CA bundle and client
 // certificates is a few KiB) and on what an error quotes of clientcmd's
 // message, which may quote the file.
@@ -104,19 +99,19 @@ func LoadKubeconfig(path string) (*rest.Config, error) {
 }
 
 // NewFromFile loads a kubeconfig (see LoadKubeconfig) and builds a client.
-func NewFromFile(path string, o Options) (*Client, error) {
+func NewFromFile(path string) (*Client, error) {
 	cfg, err := LoadKubeconfig(path)
 	if err != nil {
 		return nil, err
 	}
-	return New(cfg, o)
+	return New(cfg)
 }
 
 // maxBody bounds an answer: etcd caps an object at about 1.5 MiB.
 const maxBody = 16 << 20
 
 // New builds a client for cfg (not modified).
-func New(cfg *rest.Config, o Options) (*Client, error) {
+func New(cfg *rest.Config) (*Client, error) {
 	c := &Client{attemptTime: maxAttemptTime}
 	cfg = rest.CopyConfig(cfg)
 	c.secrets = []string{cfg.BearerToken, cfg.Password}
@@ -125,10 +120,7 @@ func New(cfg *rest.Config, o Options) (*Client, error) {
 			c.secrets = append(c.secrets, strings.TrimSpace(string(b)))
 		}
 	}
-	cfg.UserAgent = o.UserAgent
-	if cfg.UserAgent == "" {
-		cfg.UserAgent = "nftmesh-cni"
-	}
+	cfg.UserAgent = "nftmesh-cni"
 	// GetPod retries with backoff; client-go's rate limiter would only add
 	// waits.
 	cfg.QPS, cfg.Burst, cfg.RateLimiter = -1, 0, nil
@@ -146,21 +138,16 @@ func New(cfg *rest.Config, o Options) (*Client, error) {
 	cfg.APIPath = "/api"
 	cfg.GroupVersion = &schema.GroupVersion{Version: "v1"}
 	cfg.ContentType, cfg.AcceptContentTypes = "application/json", "application/json"
-	cfg.NegotiatedSerializer = statusCodecs().WithoutConversion()
+	// Codecs for the API server's Status answers only: meshpod reads the pod.
+	scheme := runtime.NewScheme()
+	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
+	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
 	rc, err := rest.RESTClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("building the API client for %s: %s", quote.Value(cfg.Host), quote.Text(kubeconf.Redact(err.Error(), c.secrets...)))
 	}
 	c.rc = rc
 	return c, nil
-}
-
-// statusCodecs decode the API server's Status answers (meshpod reads the
-// pod itself).
-func statusCodecs() serializer.CodecFactory {
-	s := runtime.NewScheme()
-	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
-	return serializer.NewCodecFactory(s)
 }
 
 // Pod is what GetPod returns: the decision fields and the UID.
@@ -290,7 +277,11 @@ func (c *Client) get(ctx context.Context, namespace, name string, cached bool) (
 	if !isJSON(ctype) {
 		return nil, fmt.Errorf("the API server answered with content type %s, not JSON: %s", quote.Value(ctype), quote.Value(string(body)))
 	}
-	return decodePod(body)
+	p, uid, err := meshpod.DecodeAPIPod(body)
+	if err != nil {
+		return nil, err
+	}
+	return &Pod{UID: uid, Pod: p}, nil
 }
 
 // isJSON reports whether a Content-Type is application/json, parameters
@@ -298,15 +289,6 @@ func (c *Client) get(ctx context.Context, namespace, name string, cached bool) (
 func isJSON(ctype string) bool {
 	mt, _, _ := strings.Cut(ctype, ";")
 	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
-}
-
-// decodePod decodes a Pod answer; anything else is an error naming it.
-func decodePod(body []byte) (*Pod, error) {
-	p, uid, err := meshpod.DecodeAPIPod(body)
-	if err != nil {
-		return nil, err
-	}
-	return &Pod{UID: uid, Pod: p}, nil
 }
 
 // ErrWrongPod: the API server's answer is a Pod, but not the one asked for.
@@ -324,13 +306,8 @@ func Retryable(err error) bool {
 	var status apierrors.APIStatus
 	if errors.As(err, &status) {
 		st := status.Status()
-		switch {
-		case st.Code == http.StatusTooManyRequests, st.Code == http.StatusRequestTimeout, st.Code >= 500:
-			return true
-		case st.Reason == metav1.StatusReasonTimeout, st.Reason == metav1.StatusReasonServerTimeout, st.Reason == metav1.StatusReasonTooManyRequests:
-			return true
-		}
-		return false
+		return st.Code == http.StatusTooManyRequests || st.Code == http.StatusRequestTimeout || st.Code >= 500 ||
+			st.Reason == metav1.StatusReasonTimeout || st.Reason == metav1.StatusReasonServerTimeout || st.Reason == metav1.StatusReasonTooManyRequests
 	}
 	var redirect *kubeconf.RedirectError
 	if errors.As(err, &redirect) || errors.Is(err, kubeconf.ErrAnswerTooLarge) || errors.Is(err, context.Canceled) {

@@ -52,7 +52,7 @@ func TestGetPod(t *testing.T) {
 	}
 
 	start := time.Now()
-	c, err := NewFromFile(reader, Options{})
+	c, err := NewFromFile(reader)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestGetPod(t *testing.T) {
 	if b, _ := os.ReadFile(yamlPath); len(b) == 0 || b[0] == '{' {
 		t.Fatalf("not a YAML kubeconfig:\n%s", b)
 	}
-	yc, err := NewFromFile(yamlPath, Options{})
+	yc, err := NewFromFile(yamlPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestGetPod(t *testing.T) {
 		t.Fatalf("with the YAML kubeconfig: %+v, %v", got, err)
 	}
 
-	dc, err := NewFromFile(denied, Options{})
+	dc, err := NewFromFile(denied)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestGetPod(t *testing.T) {
 	if err := api.WriteKubeconfigHost(unreach, "https://"+addr, token); err != nil {
 		t.Fatal(err)
 	}
-	uc, err := NewFromFile(unreach, Options{})
+	uc, err := NewFromFile(unreach)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,14 +124,14 @@ func TestGetPod(t *testing.T) {
 		t.Fatalf("unreachable: err = %v after %v, want not reachable after ~700ms", err, took)
 	}
 
-	if _, err := NewFromFile(filepath.Join(dir, "nonexistent"), Options{}); err == nil {
+	if _, err := NewFromFile(filepath.Join(dir, "nonexistent")); err == nil {
 		t.Fatal("missing kubeconfig: want an error")
 	}
 	bad := filepath.Join(dir, "bad")
 	if err := os.WriteFile(bad, []byte("clusters: 3"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewFromFile(bad, Options{}); err == nil || !strings.Contains(err.Error(), bad) {
+	if _, err := NewFromFile(bad); err == nil || !strings.Contains(err.Error(), bad) {
 		t.Fatalf("invalid kubeconfig: err = %v, want one naming the file", err)
 	}
 }

@@ -30,7 +30,7 @@ func hostileAPI(t *testing.T, answer http.HandlerFunc) (*Client, *atomic.Int32) 
 		answer(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	c, err := New(&rest.Config{Host: srv.URL, BearerToken: secretToken}, Options{})
+	c, err := New(&rest.Config{Host: srv.URL, BearerToken: secretToken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestGetPodTLSVersionRefused(t *testing.T) {
 	srv.TLS = &tls.Config{MaxVersion: tls.VersionTLS11}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	c, err := New(&rest.Config{Host: srv.URL, BearerToken: secretToken, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}, Options{})
+	c, err := New(&rest.Config{Host: srv.URL, BearerToken: secretToken, TLSClientConfig: rest.TLSClientConfig{Insecure: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func rawAPI(t *testing.T, answer func(w *bufio.Writer)) *Client {
 			}()
 		}
 	}()
-	c, err := New(&rest.Config{Host: "http://" + ln.Addr().String(), BearerToken: secretToken}, Options{})
+	c, err := New(&rest.Config{Host: "http://" + ln.Addr().String(), BearerToken: secretToken})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -120,16 +120,14 @@ func listCandidates(head typeHead, where string, workloads bool) (found []candid
 	}
 	for i, item := range head.Items {
 		var ih typeHead
-		if err := json.Unmarshal(item, &ih); err != nil {
-			return nil, nil, fmt.Errorf("decoding manifest%s: %s item %d: %w", prefixed(" ", where), head.Kind, i, err)
-		}
-		if head.Kind == "PodList" && ih.Kind == "" {
+		err := json.Unmarshal(item, &ih)
+		if err == nil && head.Kind == "PodList" && ih.Kind == "" {
 			// A PodList's items carry no kind of their own.
 			ih.Kind, ih.APIVersion = "Pod", head.APIVersion
-			var err error
-			if item, err = withKind(item, ih.APIVersion); err != nil {
-				return nil, nil, fmt.Errorf("decoding manifest%s: %s item %d: %w", prefixed(" ", where), head.Kind, i, err)
-			}
+			item, err = withKind(item, ih.APIVersion)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("decoding manifest%s: %s item %d: %w", prefixed(" ", where), head.Kind, i, err)
 		}
 		c := candidate{ih, item, strings.TrimPrefix(fmt.Sprintf("%s, %s item %d", where, head.Kind, i), ", ")}
 		if c.wanted(workloads) {

@@ -1,4 +1,0 @@
-package podget
-
-// DecodePod is decodePod, for the external tests.
-var DecodePod = decodePod
