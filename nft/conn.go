@@ -97,12 +97,7 @@ func (c *Conn) known(name string) (exists, ok bool) {
 	if !c.dumpedOK {
 		return false, false
 	}
-	for _, t := range c.dumped {
-		if t.Family == unix.NFPROTO_INET && t.Name == name {
-			return true, true
-		}
-	}
-	return false, true
+	return slices.Contains(c.dumped, TableRef{Family: unix.NFPROTO_INET, Name: name}), true
 }
 
 func (c *Conn) changed() { c.dumped, c.dumpedOK = nil, false }

@@ -230,31 +230,26 @@ func (b *Backend) restorePoint(ns netns.NsHandle, existed bool) *program {
 	if b.listTable(ns, &was) != nil {
 		return nil
 	}
-	old, err := encode(was, b.table)
-	if err != nil {
-		return nil
+	if old, err := encode(was, b.table); err == nil {
+		return old
 	}
-	return old
+	return nil
 }
 
 // rollback undoes a committed batch: the old table goes back, or without
 // one, the table goes.
 func (b *Backend) rollback(cc *nftables.Conn, old *program) error {
+	var err error
 	if old != nil {
-		err := replaceTable(cc, old)
-		if err == nil {
+		if err = replaceTable(cc, old); err == nil {
 			return nil
 		}
 		err = fmt.Errorf("restoring the earlier table inet %s: %w", b.table, err)
-		if derr := b.deleteTable(cc); derr != nil {
-			return errors.Join(err, fmt.Errorf("rolling back table inet %s: %w", b.table, derr))
-		}
-		return err
 	}
 	if derr := b.deleteTable(cc); derr != nil {
-		return fmt.Errorf("rolling back table inet %s: %w", b.table, derr)
+		return errors.Join(err, fmt.Errorf("rolling back table inet %s: %w", b.table, derr))
 	}
-	return nil
+	return err
 }
 
 // replaceTable sends prog as one batch that deletes and re-adds our table.

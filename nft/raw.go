@@ -247,6 +247,7 @@ func parseExprs(b []byte) ([]any, error) {
 
 var errUnknownExpr = errors.New("unknown expression type")
 
+// parseExpr parses one expression; with an error, the value is not to be used.
 func parseExpr(name string, data []byte) (any, error) {
 	const fam = unix.NFPROTO_INET
 	var e expr.Any
@@ -277,25 +278,16 @@ func parseExpr(name string, data []byte) (any, error) {
 			}
 			return nil
 		})
-		if err != nil {
-			return nil, err
-		}
-		return c, nil
+		return c, err
 	case "redir":
 		e = &expr.Redir{}
 	case "immediate":
 		imm := &expr.Immediate{}
-		if err := unmarshalExpr(fam, data, imm); err != nil {
-			return nil, err
-		}
-		if imm.Register != unix.NFT_REG_VERDICT {
-			return imm, nil
+		if err := unmarshalExpr(fam, data, imm); err != nil || imm.Register != unix.NFT_REG_VERDICT {
+			return imm, err
 		}
 		v := &expr.Verdict{}
-		if err := unmarshalExpr(fam, data, v); err != nil {
-			return nil, err
-		}
-		return v, nil
+		return v, unmarshalExpr(fam, data, v)
 	case "tproxy":
 		t := &tproxyExpr{}
 		err := walkAttrs(data, func(ad *netlink.AttributeDecoder) error {
@@ -309,17 +301,11 @@ func parseExpr(name string, data []byte) (any, error) {
 			}
 			return nil
 		})
-		if err != nil {
-			return nil, err
-		}
-		return t, nil
+		return t, err
 	default:
 		return nil, errUnknownExpr
 	}
-	if err := unmarshalExpr(fam, data, e); err != nil {
-		return nil, err
-	}
-	return e, nil
+	return e, unmarshalExpr(fam, data, e)
 }
 
 // unmarshalExpr is expr.Unmarshal with its panics on malformed attributes
