@@ -122,7 +122,7 @@ func (b *Backend) rewrite(ctx context.Context, netns string, want map[redirect.F
 				continue // never instantiate a table we have nothing for
 			}
 			restore, err := updateTable(ctx, fd, layoutFor(fam), name, func(t *table) error {
-				if _, err := t.stripOurs(); err != nil {
+				if err := t.stripOurs(); err != nil {
 					return err
 				}
 				if wanted {
