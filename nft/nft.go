@@ -51,13 +51,11 @@ func (b *Backend) Name() string { return redirect.BackendNFTables }
 // socket's send buffer: a netlink sendmsg larger than the buffer fails.
 const sendBufferDefault = 200 << 10
 
-// connect is the write path's way into the namespace, refusing the host's
-// (b's guard): the Conn of Via, or else the namespace opened by path with
-// a lasting google/nftables connection and, with raw, a raw socket. A
-// batch of batchSize bytes over what a socket takes by default gets
-// connections of their own with grown send buffers (the Via connection's
-// cannot be reached through google/nftables). done releases what connect
-// opened.
+// connect opens the write path into the namespace, refusing what b's guard
+// refuses: Via's Conn, else a lasting google/nftables connection and, with
+// raw, a raw socket. A batch over sendBufferDefault gets connections of its
+// own with grown send buffers (google/nftables does not expose the Via
+// connection's). done releases what connect opened.
 func (b *Backend) connect(netnsPath string, batchSize int, raw bool) (netns.NsHandle, *nftables.Conn, *netlink.Conn, func(), error) {
 	if v := b.via; v != nil && !v.conn.spoiled && batchSize <= sendBufferDefault {
 		if err := b.guard.RefuseFd(v.ns, netnsPath); err != nil {
@@ -141,12 +139,11 @@ func (b *Backend) tableExists(cc *nftables.Conn) (bool, error) {
 	return false, fmt.Errorf("querying table inet %s: %w", b.table, err)
 }
 
-// Apply implements redirect.Backend. The table goes in with one netlink
-// batch: into a namespace without our table the batch only adds (a delete
-// would cost the kernel an RCU grace period); otherwise it deletes and
-// re-adds the table, atomically. Routes and loopback addresses follow; if
-// they fail, a table this call created is removed and one it replaced is
-// put back (an earlier run's rules are not this call's to remove).
+// Apply implements redirect.Backend with one netlink batch that only adds
+// the table where there is none (a delete costs an RCU grace period), else
+// deletes and re-adds it atomically. If the routes and loopback addresses
+// that follow fail, a table this call created is removed and one it
+// replaced is put back (an earlier run's rules are not this call's).
 func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -236,8 +233,7 @@ func (b *Backend) restorePoint(ns netns.NsHandle, existed bool) *program {
 	return nil
 }
 
-// rollback undoes a committed batch: the old table goes back, or without
-// one, the table goes.
+// rollback undoes a committed batch: the old table goes back, else the table goes.
 func (b *Backend) rollback(cc *nftables.Conn, old *program) error {
 	var err error
 	if old != nil {
