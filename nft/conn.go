@@ -200,8 +200,7 @@ func (c *batchCache) lookup(p redirect.Plan, table string) ([]netlink.Message, b
 	defer c.mu.Unlock()
 	for i, e := range c.entries {
 		if e.table == table && e.plan.Equal(p) {
-			copy(c.entries[1:i+1], c.entries[:i])
-			c.entries[0] = e
+			c.entries = slices.Insert(slices.Delete(c.entries, i, i+1), 0, e)
 			return slices.Clone(e.msgs), true
 		}
 	}
@@ -216,11 +215,7 @@ func (c *batchCache) remember(p redirect.Plan, table string, msgs []netlink.Mess
 	e := cachedBatch{table: table, plan: p.Clone(), msgs: slices.Clone(msgs)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.entries) < c.max {
-		c.entries = append(c.entries, cachedBatch{})
-	}
-	copy(c.entries[1:], c.entries)
-	c.entries[0] = e
+	c.entries = slices.Insert(c.entries[:min(len(c.entries), c.max-1)], 0, e)
 }
 
 // isFor reports whether pr was prepared for table from p itself (the same
