@@ -23,9 +23,6 @@ type Backend struct {
 	via      *via      // see Via
 	prepared *Prepared // see With
 	guard    hostns.Guard
-	// afterBatch, when set, runs between the batch and the routes; tests
-	// inject a failure there.
-	afterBatch func() error
 }
 
 // Option configures a Backend.
@@ -188,13 +185,7 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 	if err != nil {
 		return fmt.Errorf("applying capture table inet %s in netns %s: %w", b.table, netnsPath, err)
 	}
-	if b.afterBatch != nil {
-		err = b.afterBatch()
-	}
-	if err == nil {
-		err = b.applyRoutes(ns, p, existed)
-	}
-	if err != nil {
+	if err = b.applyRoutes(ns, p, existed); err != nil {
 		if rerr := b.rollback(cc, old); rerr != nil {
 			b.spoil(rerr)
 			err = errors.Join(err, rerr)
