@@ -19,8 +19,8 @@ import (
 // for what the library (v0.3.0, the newest release the module proxy serves)
 // does not do, or (1) what costs the agent's ADD a measured price; all else
 // (marshalling every batch, reading back tables, chains, sets and elements,
-// deleting and replacing the table) uses the library as documented.
-// Re-check it on upgrade: TestUpstreamStillMisreads fails once a release no
+// deleting and replacing the table) uses the library as documented. Re-check
+// this file on upgrade: TestUpstreamStillMisreads fails once a release no
 // longer needs a piece of 2.
 //
 //  1. The ADD's creating batch is marshalled by google/nftables (batch.go's
