@@ -19,6 +19,7 @@ import (
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 	"github.com/nftmesh/nftmesh/testkit/usernstest"
+	"github.com/nftmesh/nftmesh/testkit/xttest"
 )
 
 // usernsBase is the host ID in-namespace 0 maps to in these tests' user
@@ -122,7 +123,7 @@ func TestUsernsSelect(t *testing.T) {
 		if _, err := Linux().Check(ctx, n, defaultPlan(t), Options{Backend: Legacy, RunDir: t.TempDir()}); !errors.Is(err, ErrUserNamespaced) {
 			t.Errorf("Check with iptables-legacy: err = %v, want ErrUserNamespaced", err)
 		}
-		if pr, err := iptables.Probe(ns.Path); err != nil || pr.Ours || pr.NatOrMangleRules {
+		if pr, err := xttest.Probe(ns.Path); err != nil || pr.Ours || pr.NatOrMangleRules {
 			t.Errorf("legacy tables after the refusal: %+v %v, want untouched", pr, err)
 		}
 		if p, err := nft.New().List(ctx, ns.Path); err != nil || !p.Empty() {
@@ -150,7 +151,7 @@ func TestUsernsLegacyEINVAL(t *testing.T) {
 		t.Fatalf("legacy Apply into a user-namespaced netns: err = %v, want EINVAL", err)
 	}
 	t.Logf("without the refusal: %v", err)
-	if pr, err := iptables.Probe(ns.Path); err != nil || pr.Ours {
+	if pr, err := xttest.Probe(ns.Path); err != nil || pr.Ours {
 		t.Errorf("legacy tables after the failed Apply: %+v %v, want nothing of ours", pr, err)
 	}
 	if err := nft.New().Apply(ctx, ns.Path, defaultPlan(t)); err != nil {

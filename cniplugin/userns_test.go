@@ -12,6 +12,7 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 	"github.com/nftmesh/nftmesh/testkit/usernstest"
+	"github.com/nftmesh/nftmesh/testkit/xttest"
 
 	"github.com/nftmesh/nftmesh/testkit/cnitest"
 )
@@ -52,7 +53,7 @@ func TestChainUsernsPod(t *testing.T) {
 				if p, err := nft.New().List(ctx, ns.Path); err != nil || !p.Empty() {
 					t.Errorf("nftables rules after the refused ADD (%v)", err)
 				}
-				if pr, err := iptables.Probe(ns.Path); err != nil || pr.Ours {
+				if pr, err := xttest.Probe(ns.Path); err != nil || pr.Ours {
 					t.Errorf("legacy rules after the refused ADD: %+v %v", pr, err)
 				}
 				return

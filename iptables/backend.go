@@ -90,10 +90,9 @@ func (b *Backend) Apply(ctx context.Context, netns string, p redirect.Plan) erro
 	return nil
 }
 
-// rewrite replaces our part of each legacy table of netns with want's (none
-// when want has nothing for it), then runs after, all under the xtables
-// lock. With rollback, a failure writes the tables already replaced back
-// as they were.
+// rewrite replaces our part of each legacy table of netns with want's (if
+// any), then runs after, all under the xtables lock. With rollback, a
+// failure writes back the tables already replaced.
 func (b *Backend) rewrite(ctx context.Context, netns string, want map[redirect.Family]map[string]xtable, rollback bool, after func() error) error {
 	s, err := openSockets(netns, allFamilies, &b.guard)
 	if err != nil {
@@ -122,7 +121,7 @@ func (b *Backend) rewrite(ctx context.Context, netns string, want map[redirect.F
 				continue // never instantiate a table we have nothing for
 			}
 			restore, err := updateTable(ctx, fd, layoutFor(fam), name, func(t *table) error {
-				if _, err := t.stripOurs(); err != nil {
+				if err := t.stripOurs(); err != nil {
 					return err
 				}
 				if wanted {

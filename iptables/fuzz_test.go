@@ -60,7 +60,7 @@ func FuzzDecode(f *testing.F) {
 				_, _ = decodeRule(l, e.parsed)
 			}
 		}
-		if _, err := tb.stripOurs(); err == nil {
+		if err := tb.stripOurs(); err == nil {
 			_, _, _, _, _ = tb.layout()
 		}
 	})

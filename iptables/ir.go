@@ -114,7 +114,6 @@ type (
 )
 
 const (
-	xtConnmarkSet     = 0
 	xtConnmarkSave    = 1
 	xtConnmarkRestore = 2
 )

@@ -20,7 +20,7 @@ func TestForeignIstioChainsNotOurs(t *testing.T) {
 	ipt("-t", "mangle", "-N", "ISTIO_INBOUND")
 	before := saveTables(t, ns, false)
 	ctx := context.Background()
-	pr, err := Probe(path)
+	pr, err := probe(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,26 +58,12 @@ type Presence struct {
 	Foreign []string
 }
 
-// Probe reads the legacy tables of netns once, cheaply: tables that were
-// never instantiated there are not created, and where none exists nothing
-// is read but their names. A kernel without legacy x_tables has none (it
-// lists no table names), so Probe does not ask the kernel whether it has
-// them: whoever means to write legacy tables asks LegacyAvailable.
-func Probe(netns string) (Presence, error) {
-	s, err := openSockets(netns, allFamilies, nil)
-	if err != nil {
-		return Presence{}, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
-	}
-	defer s.Close()
-	pr, err := s.Probe()
-	if err != nil {
-		return pr, fmt.Errorf("probing legacy tables in netns %s: %w", netns, err)
-	}
-	return pr, nil
-}
-
-// Probe is the package-level Probe on sockets opened by OpenHere: it reads
-// the tables as they are now.
+// Probe reads the legacy tables of the sockets' namespace (OpenHere) as
+// they are now. Tables never instantiated there are not created, and where
+// none exists nothing is read but their names. A kernel without legacy
+// x_tables has none (it lists no table names), so Probe does not ask the
+// kernel whether it has them: whoever means to write legacy tables asks
+// LegacyAvailable.
 func (s *Sockets) Probe() (Presence, error) {
 	var pr Presence
 	for _, fam := range allFamilies {

@@ -24,7 +24,7 @@ func TestProbeNatOrMangleRules(t *testing.T) {
 	ns, path := nstest.New(t, "leg-")
 	check := func(want bool, when string) {
 		t.Helper()
-		pr, err := Probe(path)
+		pr, err := probe(path)
 		if err != nil {
 			t.Fatalf("%s: %v", when, err)
 		}

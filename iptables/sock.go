@@ -39,10 +39,9 @@ func (s *Sockets) Close() {
 	}
 }
 
-// openSockets opens the namespace at path and the sockets of openHere
-// inside it. With a write guard, what it refuses is refused (the sockets
-// are for replacing tables) and every family gets a socket, tables or not;
-// a nil one opens for reading.
+// openSockets runs openHere inside the namespace at path: with a write
+// guard, refusing what it refuses and giving every family a socket, tables
+// or not (for replacing tables); with nil, for reading.
 func openSockets(path string, fams []redirect.Family, write *hostns.Guard) (*Sockets, error) {
 	open := hostns.Open
 	if write != nil {
@@ -62,11 +61,10 @@ func openSockets(path string, fams []redirect.Family, write *hostns.Guard) (*Soc
 }
 
 // openHere reads which legacy tables exist in the calling thread's network
-// namespace and creates a raw socket per family there, or with always
-// unset only per family that has a table (reading needs no socket where
-// there is nothing to read). A socket keeps the namespace it was created
-// in, so everything after this runs on ordinary goroutines. It must run on a
-// thread inside the namespace (hostns.Netns.Do).
+// namespace (it must run inside it, hostns.Netns.Do) and creates a raw
+// socket per family, or without always only per family that has a table
+// (a reader needs none elsewhere). A socket keeps its namespace, so all
+// after this runs on any goroutine.
 func openHere(fams []redirect.Family, always bool) (*Sockets, error) {
 	s := &Sockets{fd: map[redirect.Family]int{}, tables: map[redirect.Family]map[string]bool{}}
 	for _, f := range fams {

@@ -286,36 +286,31 @@ func (t *table) ourChains() map[string]bool {
 	return mine
 }
 
-// stripOurs removes our chains and our rules in builtin chains, and
-// reports whether anything was removed. Chains of the same names that are
-// not ours stay. A foreign rule that jumps into one of our chains means
-// someone else (istio-init, a hand-written rule) builds on our rules; we
-// refuse rather than break their rule.
-func (t *table) stripOurs() (bool, error) {
+// stripOurs removes our chains and our rules in builtin chains. Chains of
+// the same names that are not ours stay. A foreign rule that jumps into one
+// of our chains means someone else (istio-init, a hand-written rule) builds
+// on our rules; we refuse rather than break their rule.
+func (t *table) stripOurs() error {
 	mine := t.ourChains()
-	changed := false
 	var keep []*tchain
 	for _, c := range t.chains {
 		if c.hook < 0 && mine[c.name] {
-			changed = true
 			continue
 		}
 		if c.hook >= 0 {
-			n := len(c.rules)
 			c.rules = slices.DeleteFunc(slices.Clone(c.rules), ours)
-			changed = changed || n != len(c.rules)
 		}
 		keep = append(keep, c)
 	}
 	for _, c := range keep {
 		for _, e := range c.rules {
 			if mine[e.jumpChain] {
-				return false, fmt.Errorf("table %s: chain %s has a rule not installed by nftmesh that jumps to %s (iptables rules of another Istio installer?)", t.name, c.name, e.jumpChain)
+				return fmt.Errorf("table %s: chain %s has a rule not installed by nftmesh that jumps to %s (iptables rules of another Istio installer?)", t.name, c.name, e.jumpChain)
 			}
 		}
 	}
 	t.chains = keep
-	return changed, nil
+	return nil
 }
 
 // addOurs appends our lowered rules to the builtin chains and adds our user

@@ -429,8 +429,7 @@ func parseEntry(l *layout, b []byte) (rawEntry, int, error) {
 		return rawEntry{}, 0, fmt.Errorf("bad target size %d at %d (next_offset %d)", tsize, to, next)
 	}
 	e.target = b[to:next]
-	e.targetName = cString(e.target[2 : 2+xtExtMaxNameLen])
-	e.targetRev = e.target[2+xtExtMaxNameLen]
+	e.targetName, e.targetRev = extName(e.target)
 	return e, next, nil
 }
 

@@ -8,10 +8,10 @@ import (
 )
 
 // queue puts prog's batch on cc: the table created exclusively or, with
-// replace, deleted and re-created; then, in the order nft sends them, the
-// named sets with their first elements, the chains, each rule after its
-// anonymous sets, and the named sets' further elements, maxElemsPerMsg per
-// message. The kernel commits a batch whole or not at all.
+// replace, deleted and re-created; then, in nft's order, the named sets with
+// their first maxElemsPerMsg elements, the chains, each rule after its
+// anonymous sets, and the named sets' further elements. The kernel commits
+// a batch whole or not at all.
 func queue(cc *nftables.Conn, prog *program, replace bool) error {
 	if err := prog.fits(); err != nil {
 		return err
@@ -108,10 +108,10 @@ func elemListLen(elems []nftables.SetElement) int {
 	return n
 }
 
-// marshal is the batch that creates prog's table as google/nftables
-// marshals it, caught by a dial function that keeps and acknowledges what
-// Flush sends. The echo flag on each rule is cleared (raw.go, 1);
-// sequence, PID and length are left to the sending socket.
+// marshal is the batch that creates prog's table, as google/nftables'
+// Flush sends it to a dial function that keeps and acknowledges it, with
+// the echo flag cleared (raw.go, 1) and sequence, PID and length left to
+// the sending socket.
 func marshal(prog *program) ([]netlink.Message, error) {
 	var msgs []netlink.Message
 	cc, err := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {

@@ -15,15 +15,13 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
-// Conn is a lasting google/nftables connection and a netfilter netlink
-// socket, both created inside one namespace (DialHere) by a caller that
-// enters it once for everything (capture). The creating batch goes over
-// the raw socket (sendBatch), everything else over the first.
+// Conn is a lasting google/nftables connection and a raw netfilter netlink
+// socket (for the creating batch, sendBatch), both made by DialHere for a
+// caller that enters the namespace once for everything (capture).
 type Conn struct {
 	cc *nftables.Conn
 	nf *netlink.Conn
-	// dumped is the last Tables answer (dumpedOK), until a batch through
-	// the Conn.
+	// dumped is the last Tables answer until a batch through the Conn.
 	dumped   []TableRef
 	dumpedOK bool
 	// spoiled: a failed exchange may have left replies unread, or an error
@@ -97,12 +95,7 @@ func (c *Conn) known(name string) (exists, ok bool) {
 	if !c.dumpedOK {
 		return false, false
 	}
-	for _, t := range c.dumped {
-		if t.Family == unix.NFPROTO_INET && t.Name == name {
-			return true, true
-		}
-	}
-	return false, true
+	return slices.Contains(c.dumped, TableRef{Family: unix.NFPROTO_INET, Name: name}), true
 }
 
 func (c *Conn) changed() { c.dumped, c.dumpedOK = nil, false }
@@ -114,20 +107,18 @@ type via struct {
 }
 
 // Via returns a copy of b whose Apply and Remove work in the namespace ns
-// (a descriptor) through sockets the caller opened inside it, c (DialHere)
-// and route (policyroute.OpenHere), still refusing the host's; netnsPath
-// then only names it in messages. List and Check still read by path. The
-// caller keeps ownership of ns, c and route.
+// (a descriptor, still refused if the host's) through c (DialHere) and
+// route (policyroute.OpenHere); netnsPath then only names it in messages.
+// List and Check still read by path. The caller keeps ns, c and route.
 func (b *Backend) Via(ns int, c *Conn, route *policyroute.Handle) *Backend {
 	cp := *b
 	cp.via = &via{ns: ns, conn: c, route: route}
 	return &cp
 }
 
-// Prepared is a plan encoded, and the batch that creates its table
-// marshalled, on another goroutine ahead of Apply (Prepare), overlapping
-// the caller's lock, entry and backend choice. Replacing an existing table
-// takes another batch, which Apply marshals from the same encoding.
+// Prepared is a plan encoded and its creating batch marshalled ahead of
+// Apply (Prepare), overlapping the caller's lock, entry and backend choice.
+// Replacing a table takes another batch, marshalled from the same encoding.
 type Prepared struct {
 	plan   redirect.Plan
 	table  string
@@ -137,9 +128,9 @@ type Prepared struct {
 	err    error
 }
 
-// Prepare starts preparing p for b's table; pass the result to With. With
-// one P (the CLI, the standalone plugin) it does the work before it
-// returns: a goroutine could not run beside the caller there.
+// Prepare starts preparing p for b's table on another goroutine; pass the
+// result to With. With one P (the CLI, the standalone plugin), where no
+// goroutine could run beside the caller, it does the work before returning.
 func (b *Backend) Prepare(p redirect.Plan) *Prepared {
 	return prepare(p, b.table, runtime.GOMAXPROCS(0) > 1)
 }
@@ -209,8 +200,7 @@ func (c *batchCache) lookup(p redirect.Plan, table string) ([]netlink.Message, b
 	defer c.mu.Unlock()
 	for i, e := range c.entries {
 		if e.table == table && e.plan.Equal(p) {
-			copy(c.entries[1:i+1], c.entries[:i])
-			c.entries[0] = e
+			c.entries = slices.Insert(slices.Delete(c.entries, i, i+1), 0, e)
 			return slices.Clone(e.msgs), true
 		}
 	}
@@ -225,16 +215,11 @@ func (c *batchCache) remember(p redirect.Plan, table string, msgs []netlink.Mess
 	e := cachedBatch{table: table, plan: p.Clone(), msgs: slices.Clone(msgs)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.entries) < c.max {
-		c.entries = append(c.entries, cachedBatch{})
-	}
-	copy(c.entries[1:], c.entries)
-	c.entries[0] = e
+	c.entries = slices.Insert(c.entries[:min(len(c.entries), c.max-1)], 0, e)
 }
 
-// isFor reports whether pr was prepared from p itself (its slices the same
-// arrays) for table. The caller must not change the plan in place between
-// Prepare and Apply; any other plan is encoded anew.
+// isFor reports whether pr was prepared for table from p itself (the same
+// slice arrays; the caller must not change the plan in place in between).
 func (pr *Prepared) isFor(p redirect.Plan, table string) bool {
 	q := pr.plan
 	return pr.table == table && same(q.Tables, p.Tables) && same(q.Sets, p.Sets) &&

@@ -136,12 +136,8 @@ func encodeHook(h redirect.Hook) (*nftables.ChainHook, error) {
 
 func encodeChainType(t redirect.ChainType) (nftables.ChainType, error) {
 	switch t {
-	case redirect.ChainTypeNat:
-		return nftables.ChainTypeNAT, nil
-	case redirect.ChainTypeFilter:
-		return nftables.ChainTypeFilter, nil
-	case redirect.ChainTypeRoute:
-		return nftables.ChainTypeRoute, nil
+	case redirect.ChainTypeNat, redirect.ChainTypeFilter, redirect.ChainTypeRoute:
+		return nftables.ChainType(t), nil // the same names (decodeChain)
 	}
 	return "", fmt.Errorf("unsupported chain type %q", t)
 }

@@ -23,9 +23,6 @@ type Backend struct {
 	via      *via      // see Via
 	prepared *Prepared // see With
 	guard    hostns.Guard
-	// afterBatch, when set, runs between the batch and the routes; tests
-	// inject a failure there.
-	afterBatch func() error
 }
 
 // Option configures a Backend.
@@ -51,13 +48,11 @@ func (b *Backend) Name() string { return redirect.BackendNFTables }
 // socket's send buffer: a netlink sendmsg larger than the buffer fails.
 const sendBufferDefault = 200 << 10
 
-// connect is the write path's way into the namespace, refusing the host's
-// (b's guard): the Conn of Via, or else the namespace opened by path with
-// a lasting google/nftables connection and, with raw, a raw socket. A
-// batch of batchSize bytes over what a socket takes by default gets
-// connections of their own with grown send buffers (the Via connection's
-// cannot be reached through google/nftables). done releases what connect
-// opened.
+// connect opens the write path into the namespace, refusing what b's guard
+// refuses: Via's Conn, else a lasting google/nftables connection and, with
+// raw, a raw socket. A batch over sendBufferDefault gets connections of its
+// own with grown send buffers (google/nftables does not expose the Via
+// connection's). done releases what connect opened.
 func (b *Backend) connect(netnsPath string, batchSize int, raw bool) (netns.NsHandle, *nftables.Conn, *netlink.Conn, func(), error) {
 	if v := b.via; v != nil && !v.conn.spoiled && batchSize <= sendBufferDefault {
 		if err := b.guard.RefuseFd(v.ns, netnsPath); err != nil {
@@ -141,12 +136,11 @@ func (b *Backend) tableExists(cc *nftables.Conn) (bool, error) {
 	return false, fmt.Errorf("querying table inet %s: %w", b.table, err)
 }
 
-// Apply implements redirect.Backend. The table goes in with one netlink
-// batch: into a namespace without our table the batch only adds (a delete
-// would cost the kernel an RCU grace period); otherwise it deletes and
-// re-adds the table, atomically. Routes and loopback addresses follow; if
-// they fail, a table this call created is removed and one it replaced is
-// put back (an earlier run's rules are not this call's to remove).
+// Apply implements redirect.Backend with one netlink batch that only adds
+// the table where there is none (a delete costs an RCU grace period), else
+// deletes and re-adds it atomically. If the routes and loopback addresses
+// that follow fail, a table this call created is removed and one it
+// replaced is put back (an earlier run's rules are not this call's).
 func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -191,13 +185,7 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 	if err != nil {
 		return fmt.Errorf("applying capture table inet %s in netns %s: %w", b.table, netnsPath, err)
 	}
-	if b.afterBatch != nil {
-		err = b.afterBatch()
-	}
-	if err == nil {
-		err = b.applyRoutes(ns, p, existed)
-	}
-	if err != nil {
+	if err = b.applyRoutes(ns, p, existed); err != nil {
 		if rerr := b.rollback(cc, old); rerr != nil {
 			b.spoil(rerr)
 			err = errors.Join(err, rerr)
@@ -230,31 +218,25 @@ func (b *Backend) restorePoint(ns netns.NsHandle, existed bool) *program {
 	if b.listTable(ns, &was) != nil {
 		return nil
 	}
-	old, err := encode(was, b.table)
-	if err != nil {
-		return nil
+	if old, err := encode(was, b.table); err == nil {
+		return old
 	}
-	return old
+	return nil
 }
 
-// rollback undoes a committed batch: the old table goes back, or without
-// one, the table goes.
+// rollback undoes a committed batch: the old table goes back, else the table goes.
 func (b *Backend) rollback(cc *nftables.Conn, old *program) error {
+	var err error
 	if old != nil {
-		err := replaceTable(cc, old)
-		if err == nil {
+		if err = replaceTable(cc, old); err == nil {
 			return nil
 		}
 		err = fmt.Errorf("restoring the earlier table inet %s: %w", b.table, err)
-		if derr := b.deleteTable(cc); derr != nil {
-			return errors.Join(err, fmt.Errorf("rolling back table inet %s: %w", b.table, derr))
-		}
-		return err
 	}
 	if derr := b.deleteTable(cc); derr != nil {
-		return fmt.Errorf("rolling back table inet %s: %w", b.table, derr)
+		return errors.Join(err, fmt.Errorf("rolling back table inet %s: %w", b.table, derr))
 	}
-	return nil
+	return err
 }
 
 // replaceTable sends prog as one batch that deletes and re-adds our table.

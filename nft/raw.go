@@ -16,34 +16,31 @@ import (
 )
 
 // This file is where the backend goes beneath google/nftables' public API,
-// each time for something the library (v0.3.0, the newest release the
-// module proxy serves) does not do, or (1) costs the agent's ADD a measured
-// price; everything else (marshalling every batch, the tables, chains,
-// sets and elements read back, deleting and replacing the table) uses the
-// library as documented. One file to re-check when google/nftables is
-// upgraded; TestUpstreamStillMisreads fails once a release no longer needs
-// a piece of 2.
+// for what the library (v0.3.0, the newest release the module proxy serves)
+// does not do, or (1) what costs the agent's ADD a measured price; all else
+// (marshalling every batch, reading back tables, chains, sets and elements,
+// deleting and replacing the table) uses the library as documented. Re-check
+// this file on upgrade: TestUpstreamStillMisreads fails once a release no
+// longer needs a piece of 2.
 //
-//  1. The batch that creates the table (the ADD's) is marshalled by
-//     google/nftables (batch.go's marshal), kept per plan (created), and
-//     sent here (sendBatch) on a raw socket: Conn.Flush asks the kernel to
-//     echo every new rule (upstream still does at 1db35da, Nov 2025, to
-//     learn rule handles) and reads each message's replies one by one;
-//     docs/dependencies.md has the figures and what would let it go.
-//     forceSendBuffer grows a socket's send buffer for a large batch, which
-//     v0.3.0 does not (upstream does since #312, unreleased); it is passed
-//     to the library as a SockOption too. (batch.go's fits is the other
-//     guard on the write path: v0.3.0 writes an element list over 64 KiB
-//     with its length cut to 16 bits.)
-//  2. The rule dump, read on a socket of our own and decoded here with the
-//     library's expression types (dumpRules), rather than by
-//     Conn.GetRules, which in v0.3.0 (a) drops NFTA_CT_SREG, so "ct mark
-//     set" reads as "ct mark" (fixed upstream by #301, unreleased); (b)
-//     skips tproxy, and any expression it does not know, instead of
-//     failing, so a rule we did not write could read as one we did
-//     (upstream at 1db35da knows tproxy but reads its 4-byte family as one
-//     byte and fails); and (c) panics on a short verdict (still so
-//     upstream at 1db35da), which unmarshalExpr turns into an error.
+//  1. The ADD's creating batch is marshalled by google/nftables (batch.go's
+//     marshal), kept per plan (created) and sent here (sendBatch) on a raw
+//     socket: Conn.Flush asks the kernel to echo every new rule (upstream
+//     still does at 1db35da, Nov 2025, to learn rule handles) and reads each
+//     message's replies one by one; docs/dependencies.md has the figures and
+//     what would let it go. forceSendBuffer, also passed to the library as a
+//     SockOption, grows a send buffer for a large batch, which v0.3.0 does
+//     not (upstream does since #312, unreleased). (batch.go's fits guards
+//     the write path too: v0.3.0 cuts an element list's length over 64 KiB
+//     to 16 bits.)
+//  2. The rule dump, read on our own socket and decoded here with the
+//     library's expression types (dumpRules), not by Conn.GetRules, which in
+//     v0.3.0 (a) drops NFTA_CT_SREG, so "ct mark set" reads as "ct mark"
+//     (fixed upstream by #301, unreleased); (b) skips tproxy and any unknown
+//     expression instead of failing, so a rule we did not write could read as
+//     ours (upstream at 1db35da knows tproxy but reads its 4-byte family as
+//     one byte and fails); (c) panics on a short verdict (still so at
+//     1db35da), which unmarshalExpr turns into an error.
 
 // batchTimeout bounds the wait for acks, normally queued by the time
 // sendmsg returns.
@@ -247,6 +244,7 @@ func parseExprs(b []byte) ([]any, error) {
 
 var errUnknownExpr = errors.New("unknown expression type")
 
+// parseExpr parses one expression; with an error, the value is not to be used.
 func parseExpr(name string, data []byte) (any, error) {
 	const fam = unix.NFPROTO_INET
 	var e expr.Any
@@ -277,25 +275,16 @@ func parseExpr(name string, data []byte) (any, error) {
 			}
 			return nil
 		})
-		if err != nil {
-			return nil, err
-		}
-		return c, nil
+		return c, err
 	case "redir":
 		e = &expr.Redir{}
 	case "immediate":
 		imm := &expr.Immediate{}
-		if err := unmarshalExpr(fam, data, imm); err != nil {
-			return nil, err
-		}
-		if imm.Register != unix.NFT_REG_VERDICT {
-			return imm, nil
+		if err := unmarshalExpr(fam, data, imm); err != nil || imm.Register != unix.NFT_REG_VERDICT {
+			return imm, err
 		}
 		v := &expr.Verdict{}
-		if err := unmarshalExpr(fam, data, v); err != nil {
-			return nil, err
-		}
-		return v, nil
+		return v, unmarshalExpr(fam, data, v)
 	case "tproxy":
 		t := &tproxyExpr{}
 		err := walkAttrs(data, func(ad *netlink.AttributeDecoder) error {
@@ -309,17 +298,11 @@ func parseExpr(name string, data []byte) (any, error) {
 			}
 			return nil
 		})
-		if err != nil {
-			return nil, err
-		}
-		return t, nil
+		return t, err
 	default:
 		return nil, errUnknownExpr
 	}
-	if err := unmarshalExpr(fam, data, e); err != nil {
-		return nil, err
-	}
-	return e, nil
+	return e, unmarshalExpr(fam, data, e)
 }
 
 // unmarshalExpr is expr.Unmarshal with its panics on malformed attributes

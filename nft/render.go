@@ -8,16 +8,14 @@ import (
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
-// Render prints p as `nft -f` input for table inet nftmesh: the same chain
-// names, sets and expression order Apply programs, deterministic, without
-// handles or counters. It mirrors what `nft list table inet nftmesh` prints
-// after Apply (nft hides the implicit dependencies it would add itself: a
-// family guard before an ip/ip6 address match, and "meta l4proto tcp"
-// before a "tcp dport" match). Policy routes and loopback addresses, which
-// are not nftables objects, follow as "#" comment lines with the equivalent
-// ip commands.
+// Render prints p as `nft -f` input for table inet nftmesh, deterministic,
+// as `nft list table inet nftmesh` prints it after Apply: the chain names,
+// sets and expression order Apply programs, without handles or counters and
+// without the dependencies nft adds itself (a family guard before an ip/ip6
+// address match, "meta l4proto tcp" before "tcp dport"). Policy routes and
+// loopback addresses follow as "#" lines with the equivalent ip commands.
+// Only what Apply can program renders (chain names included).
 func Render(p redirect.Plan) (string, error) {
-	// Render prints only what Apply can program (chain names included).
 	if _, err := encode(p, TableName); err != nil {
 		return "", fmt.Errorf("rendering plan: %w", err)
 	}

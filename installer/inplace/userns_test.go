@@ -20,6 +20,7 @@ import (
 	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 	"github.com/nftmesh/nftmesh/testkit/usernstest"
+	"github.com/nftmesh/nftmesh/testkit/xttest"
 )
 
 // TestFindNetnsUsernsPod: the /proc walk finds a pod whose netns is owned by
@@ -98,7 +99,7 @@ func TestRepairPodUsernsPod(t *testing.T) {
 				if p, err := nft.New().List(context.Background(), topo.PodNetnsPath()); err != nil || !p.Empty() {
 					t.Errorf("nftables rules after the refused repair (%v)", err)
 				}
-				if pr, err := iptables.Probe(topo.PodNetnsPath()); err != nil || pr.Ours {
+				if pr, err := xttest.Probe(topo.PodNetnsPath()); err != nil || pr.Ours {
 					t.Errorf("legacy rules after the refused repair: %+v %v", pr, err)
 				}
 				return
