@@ -271,7 +271,7 @@ func decodeIntervals(elems []nftables.SetElement, v6 bool) ([]redirect.AddrRange
 			r.To = bs[i+1].addr.Prev()
 			i++
 		} else {
-			r.To = lastOf(netip.PrefixFrom(r.From, 0))
+			r.To = redirect.LastAddr(netip.PrefixFrom(r.From, 0))
 		}
 		out = append(out, r)
 	}
@@ -287,26 +287,17 @@ func rangePrefixes(r redirect.AddrRange) []netip.Prefix {
 		// Widen the prefix while it stays aligned and inside the range.
 		for bits > 0 {
 			p := netip.PrefixFrom(from, bits-1)
-			if p.Masked().Addr() != from || lastOf(p).Compare(r.To) > 0 {
+			if p.Masked().Addr() != from || redirect.LastAddr(p).Compare(r.To) > 0 {
 				break
 			}
 			bits--
 		}
 		p := netip.PrefixFrom(from, bits)
 		out = append(out, p)
-		last := lastOf(p)
+		last := redirect.LastAddr(p)
 		if last.Compare(r.To) >= 0 {
 			return out
 		}
 		from = last.Next()
 	}
-}
-
-func lastOf(p netip.Prefix) netip.Addr {
-	a := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(a)*8; i++ {
-		a[i/8] |= 0x80 >> (i % 8)
-	}
-	out, _ := netip.AddrFromSlice(a)
-	return out
 }

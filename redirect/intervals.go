@@ -15,7 +15,7 @@ func (r AddrRange) String() string {
 	// Print as a prefix when it is one.
 	for bits := 0; bits <= r.From.BitLen(); bits++ {
 		p := netip.PrefixFrom(r.From, bits).Masked()
-		if p.Addr() == r.From && lastAddr(p) == r.To {
+		if p.Addr() == r.From && LastAddr(p) == r.To {
 			return p.String()
 		}
 	}
@@ -28,7 +28,7 @@ func MergePrefixes(ps []netip.Prefix) []AddrRange {
 	rs := make([]AddrRange, 0, len(ps))
 	for _, p := range ps {
 		p = p.Masked()
-		rs = append(rs, AddrRange{p.Addr(), lastAddr(p)})
+		rs = append(rs, AddrRange{p.Addr(), LastAddr(p)})
 	}
 	slices.SortFunc(rs, func(x, y AddrRange) int { return x.From.Compare(y.From) })
 	var out []AddrRange
@@ -48,8 +48,8 @@ func MergePrefixes(ps []netip.Prefix) []AddrRange {
 	return out
 }
 
-// lastAddr is the highest address in p.
-func lastAddr(p netip.Prefix) netip.Addr {
+// LastAddr is the highest address in p.
+func LastAddr(p netip.Prefix) netip.Addr {
 	a := p.Masked().Addr().AsSlice()
 	for i := max(p.Bits(), 0); i < len(a)*8; i++ {
 		a[i/8] |= 0x80 >> (i % 8)
