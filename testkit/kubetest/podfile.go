@@ -4,11 +4,10 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod/manifest"
-	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // ReadPodFile reads the one Pod of a manifest file (test fixtures) (ParsePod), capped at
@@ -32,17 +31,9 @@ func ParsePod(data []byte) (*corev1.Pod, error) {
 	if err != nil {
 		return nil, err
 	}
-	var tm metav1.TypeMeta
-	if err := yaml.Unmarshal(data, &tm); err != nil {
-		return nil, fmt.Errorf("decoding manifest: %w", err)
-	}
-	switch {
-	case tm.Kind == "":
-		return nil, fmt.Errorf("manifest has no kind (want kind: Pod)")
-	case tm.Kind != "Pod":
-		return nil, fmt.Errorf("manifest kind is %s (want Pod)", quote.Value(tm.Kind))
-	case tm.APIVersion != "" && tm.APIVersion != "v1":
-		return nil, fmt.Errorf("manifest apiVersion is %s (want v1)", quote.Value(tm.APIVersion))
+	// The kind and apiVersion checks are the product's own.
+	if _, err := meshpod.DecodeManifest(data, func(b []byte, v any) error { return yaml.Unmarshal(b, v) }); err != nil {
+		return nil, err
 	}
 	var pod corev1.Pod
 	if err := yaml.Unmarshal(data, &pod); err != nil {
