@@ -795,3 +795,36 @@ func TestHealthReadinessMetricsOverHTTP(t *testing.T) {
 }
 
 var testConfDir = cnitest.ConfDir()
+
+// An agent started over the install an earlier one left is not ready
+// before its first reconcile (the files on disk are not yet its own
+// check), and that reconcile, which writes nothing, still counts a
+// successful install and says so.
+func TestRestartOverEarlierInstall(t *testing.T) {
+	h := newHost(t)
+	h.put(t, "10-calico.conflist", 0o644)
+	cfg := h.config(t)
+	first := startAgent(t, cfg)
+	first.waitReady(t)
+	first.stop()
+
+	var log lockedBuf
+	in, err := New(cfg, zerolog.New(&log), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Ready(); err == nil {
+		t.Fatal("ready before its first reconcile")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &agent{in: in, cancel: cancel, done: make(chan error, 1)}
+	go func() { a.done <- in.Run(ctx) }()
+	t.Cleanup(a.stop)
+	a.waitReady(t)
+	if got := testutil.ToFloat64(in.m.Installs.WithLabelValues(metrics.ResultSuccess)); got != 1 {
+		t.Errorf("successful installs counted %v, want 1", got)
+	}
+	if !log.has(PluginName + " installed and valid") {
+		t.Errorf("no %q line in:\n%s", "installed and valid", log.String())
+	}
+}
