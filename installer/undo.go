@@ -287,9 +287,9 @@ func checkRecord(r confRecord) error {
 		return fmt.Errorf("original_bytes: %d bytes that are not a JSON document", len(r.OriginalBytes))
 	case r.OriginalMode&^0o777 != 0:
 		return fmt.Errorf("original_mode: %#o is not a file's permission bits", uint32(r.OriginalMode))
-	case r.OriginalUID < 0 || r.OriginalUID >= math.MaxUint32:
+	case r.OriginalUID < 0 || int64(r.OriginalUID) >= math.MaxUint32:
 		return fmt.Errorf("original_uid: %d is not a user id", r.OriginalUID)
-	case r.OriginalGID < 0 || r.OriginalGID >= math.MaxUint32:
+	case r.OriginalGID < 0 || int64(r.OriginalGID) >= math.MaxUint32:
 		return fmt.Errorf("original_gid: %d is not a group id", r.OriginalGID)
 	case r.OriginalLink != "" && (r.Original == r.Written || len(r.OriginalLink) > unix.PathMax || strings.ContainsRune(r.OriginalLink, 0)):
 		return fmt.Errorf("original_link: %s is not the link a converted config was", quoteBounded(r.OriginalLink))

@@ -246,7 +246,7 @@ func TestDecodeUndoBadInput(t *testing.T) {
 		{"bytes empty", `confs[0].original_bytes: 0 bytes`, set("original_bytes", "")},
 		{"mode setuid", `confs[0].original_mode: 04755 is not`, set("original_mode", 0o4755)},
 		{"uid negative", `confs[0].original_uid: -1 is not a user id`, set("original_uid", -1)},
-		{"gid too large", `confs[0].original_gid: 4294967295 is not a group id`, set("original_gid", 4294967295)},
+		{"gid too large", `confs[0].original_gid: 4294967295 is not a group id`, set("original_gid", int64(4294967295))},
 		{"link on a list", `confs[0].original_link: "../shared/bridge.conf" is not`, func(f map[string]any) {
 			set("original", "10-bridge.conflist")(f)
 		}},
