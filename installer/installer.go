@@ -827,38 +827,7 @@ func (in *Installer) Cleanup() error {
 	cfg := in.cfg
 	var written []string
 	if cfg.Chained {
-		in.mu.Lock()
-		st := in.st
-		if len(st.Confs) == 0 {
-			// Not loaded by Run; what is readable is still undone.
-			st, _, _ = in.loadUndo()
-		}
-		in.mu.Unlock()
-		var left []confRecord
-		for _, r := range st.Confs {
-			written = append(written, r.Written)
-			if err := retryChanged("restoring "+r.Written, func() error { return restoreOnce(r) }); err != nil {
-				errs = append(errs, err)
-				left = append(left, r)
-			} else {
-				in.log.Info().Str("file", r.Original).Msg("removed " + PluginName + " from the CNI config")
-			}
-		}
-		// A primary we never recorded (state lost) may still hold our entry.
-		if p, _, err := conflist.FindPrimary(cfg.CNIConfDir); err == nil && p != "" {
-			written = append(written, p)
-			if err := stripFile(p); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		in.mu.Lock()
-		in.st = agentState{Confs: left}
-		if err := in.undo.save(in.st); err != nil {
-			errs = append(errs, err)
-		} else if err := in.removeLegacy(); err != nil {
-			errs = append(errs, err)
-		}
-		in.mu.Unlock()
+		written, errs = in.restoreConfs()
 	} else {
 		p := in.standalonePath()
 		if b, err := os.ReadFile(p); err == nil {
@@ -897,6 +866,46 @@ func (in *Installer) Cleanup() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// restoreConfs undoes every recorded rewrite (from the undo record when Run
+// did not load it), strips our entry from a primary never recorded, and
+// keeps the records of what it could not undo. It returns the files that
+// held our entry.
+func (in *Installer) restoreConfs() (written []string, errs []error) {
+	in.mu.Lock()
+	st := in.st
+	if len(st.Confs) == 0 {
+		// What is readable is still undone.
+		st, _, _ = in.loadUndo()
+	}
+	in.mu.Unlock()
+	var left []confRecord
+	for _, r := range st.Confs {
+		written = append(written, r.Written)
+		if err := retryChanged("restoring "+r.Written, func() error { return restoreOnce(r) }); err != nil {
+			errs = append(errs, err)
+			left = append(left, r)
+		} else {
+			in.log.Info().Str("file", r.Original).Msg("removed " + PluginName + " from the CNI config")
+		}
+	}
+	// A primary we never recorded (state lost) may still hold our entry.
+	if p, _, err := conflist.FindPrimary(in.cfg.CNIConfDir); err == nil && p != "" {
+		written = append(written, p)
+		if err := stripFile(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.st = agentState{Confs: left}
+	if err := in.undo.save(in.st); err != nil {
+		errs = append(errs, err)
+	} else if err := in.removeLegacy(); err != nil {
+		errs = append(errs, err)
+	}
+	return written, errs
 }
 
 // referencing lists the config files a runtime could load (those in dir,
