@@ -129,7 +129,7 @@ type Installer struct {
 	limiter *rate.Limiter
 
 	mu          sync.Mutex
-	st          agentState // what undo needs; kept in undo
+	st          agentState // the undo record as last saved to undo
 	undo        undoStore
 	installed   bool        // at least one successful install: later rewrites are re-inserts
 	reinserts   []time.Time // within the fight window

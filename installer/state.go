@@ -131,6 +131,9 @@ func (in *Installer) loadUndo() (st agentState, legacy bool, err error) {
 	old, legacy, lerr := loadLegacyState(in.legacyStatePath())
 	if legacy && lerr == nil {
 		old, lerr = inConfDir(in.cfg.CNIConfDir, old)
+		if lerr != nil {
+			lerr = fmt.Errorf("leaving out of %s: %w", in.legacyStatePath(), lerr)
+		}
 		st.merge(old)
 	}
 	return st, legacy, errors.Join(err, lerr)
