@@ -77,6 +77,10 @@ func TestHelmUninstall(t *testing.T) {
 // killed (SIGKILL) and its pod force-deleted, so no agent reads the old
 // run dir after; it returns once the new agent is ready.
 func (c *Cluster) rebootAgent(ctx context.Context) error {
+	// helm's --wait can see the DaemonSet ready before its pod exists.
+	if err := c.waitAgentImage(ctx, nftmeshImage, ""); err != nil {
+		return err
+	}
 	old, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})
 	if err != nil || len(old.Items) != 1 {
 		return fmt.Errorf("agent pods: %v (%d)", err, len(old.Items))
