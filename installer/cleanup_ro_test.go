@@ -80,8 +80,8 @@ func TestCleanupReadOnlyConfDirKeepsPlugin(t *testing.T) {
 		t.Fatalf("the read-only config changed:\n%s", got)
 	}
 	h.assertInstalled(t, cfg)
-	if _, err := os.Stat(filepath.Join(h.run, StateFileName)); err != nil {
-		t.Errorf("the state for a later restore is gone: %v", err)
+	if _, err := os.Stat(filepath.Join(h.conf, UndoDirName, UndoFileName)); err != nil {
+		t.Errorf("the undo record for a later restore is gone: %v", err)
 	}
 
 	// Writable again (the next agent start, or a retry): all goes.

@@ -75,7 +75,8 @@ func complete(s snapshot) error {
 }
 
 // beforeSwap, when set (tests only), runs between the final check and the
-// rename, where another writer can slip in.
+// rename, where another writer can slip in, and before each change of the
+// undo record: at every point between two changes that reach the disk.
 var beforeSwap func(path string)
 
 // snapshot is a config file's content and identity as read.

@@ -9,7 +9,8 @@
 // standalone file for Multus) with compare-and-swap writes, the fsnotify
 // watch that puts the entry back when the primary CNI rewrites its file, and
 // the cleanup that leaves the primary config byte-identical to what it would
-// be without us.
+// be without us, from the undo record it keeps in the conf dir (undo.go), so
+// that a reboot between install and cleanup changes nothing.
 //
 // The agent's other jobs live in subpackages, which never import this one:
 // installer/conflist (CNI config documents as runtimes load them),

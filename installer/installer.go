@@ -129,7 +129,8 @@ type Installer struct {
 	limiter *rate.Limiter
 
 	mu          sync.Mutex
-	st          agentState
+	st          agentState // the undo record as last saved to undo
+	undo        undoStore
 	installed   bool        // at least one successful install: later rewrites are re-inserts
 	reinserts   []time.Time // within the fight window
 	lastWarn    time.Time
@@ -164,13 +165,16 @@ func New(cfg *Config, log zerolog.Logger, m *metrics.Metrics) (*Installer, error
 		bins:       bins,
 		ours:       cfg.PluginConf().JSON(),
 		limiter:    rate.NewLimiter(rate.Limit(cfg.ReinstallRate), cfg.ReinstallBurst),
+		undo:       undoStore{confDir: cfg.CNIConfDir},
 		Reconciled: make(chan struct{}, 1),
 	}
 	in.setNotReady(errors.New("not installed yet"))
 	return in, nil
 }
 
-func (in *Installer) statePath() string { return filepath.Join(in.cfg.AgentRunDir, StateFileName) }
+func (in *Installer) legacyStatePath() string {
+	return filepath.Join(in.cfg.AgentRunDir, legacyStateName)
+}
 
 func (in *Installer) setNotReady(err error) {
 	in.notReady.Store(&err)
@@ -414,17 +418,17 @@ func (in *Installer) recordInsert(p, target string, base snapshot, out []byte) (
 
 // writeRecorded saves rec, then writes out over cur with base's mode and
 // owner unless cur changed (errChanged); on failure the state goes back to
-// prev. The record goes first, so a crash right after the write still knows
-// the original. in.mu is held.
+// prev. The record is on disk (synced) before the write starts, so a crash
+// or power loss at any point after still knows the original. in.mu is held.
 func (in *Installer) writeRecorded(rec confRecord, prev *confRecord, cur snapshot, out []byte, base snapshot) error {
 	in.st.put(rec)
-	if err := saveState(in.statePath(), in.st); err != nil {
+	if err := in.undo.save(in.st); err != nil {
 		in.st.drop(rec.Written, prev)
 		return err
 	}
 	if err := replaceIfUnchanged(cur, out, base.mode, base.uid, base.gid); err != nil {
 		in.st.drop(rec.Written, prev)
-		if serr := saveState(in.statePath(), in.st); serr != nil {
+		if serr := in.undo.save(in.st); serr != nil {
 			in.log.Warn().Err(serr).Msg("restoring the agent state after a failed write")
 		}
 		return unlessChanged(err, "writing %s", rec.Written)
@@ -574,8 +578,9 @@ func (in *Installer) Run(ctx context.Context) error {
 	}
 }
 
-// prepare creates the run and conf dirs, loads the state an earlier agent
-// left, and removes temp files an interrupted write left.
+// prepare creates the run and conf dirs, loads the undo record an earlier
+// agent left (moving an older agent's run dir state into it), and removes
+// temp files an interrupted write left.
 func (in *Installer) prepare() error {
 	cfg := in.cfg
 	if err := os.MkdirAll(cfg.AgentRunDir, 0o755); err != nil {
@@ -584,14 +589,25 @@ func (in *Installer) prepare() error {
 	if err := os.MkdirAll(cfg.CNIConfDir, 0o755); err != nil {
 		return fmt.Errorf("creating CNI conf dir: %w", err)
 	}
-	st, err := loadState(in.statePath())
+	st, legacy, err := in.loadUndo()
 	if err != nil {
 		in.log.Warn().Err(err).Msg("ignoring unreadable agent state; cleanup will strip our entry instead of restoring bytes")
+	}
+	if legacy {
+		if err := in.moveLegacy(st); err != nil {
+			in.log.Warn().Err(err).Msg("keeping the agent state in the run dir, where a reboot loses it")
+		} else {
+			in.log.Info().Str("from", in.legacyStatePath()).Str("to", in.undo.path()).Msg("moved the agent state into the undo record")
+		}
 	}
 	in.mu.Lock()
 	in.st = st
 	in.mu.Unlock()
-	for _, d := range []string{cfg.CNIConfDir, cfg.AgentRunDir} {
+	dirs := []string{cfg.CNIConfDir, cfg.AgentRunDir}
+	if fi, err := os.Lstat(in.undo.dir()); err == nil && fi.IsDir() {
+		dirs = append(dirs, in.undo.dir())
+	}
+	for _, d := range dirs {
 		if err := atomicfile.RemoveLeftovers(d); err != nil {
 			in.log.Warn().Err(err).Msg("removing leftovers")
 		}
@@ -811,37 +827,7 @@ func (in *Installer) Cleanup() error {
 	cfg := in.cfg
 	var written []string
 	if cfg.Chained {
-		in.mu.Lock()
-		st := in.st
-		if len(st.Confs) == 0 {
-			if s, err := loadState(in.statePath()); err == nil {
-				st = s
-			}
-		}
-		in.mu.Unlock()
-		var left []confRecord
-		for _, r := range st.Confs {
-			written = append(written, r.Written)
-			if err := retryChanged("restoring "+r.Written, func() error { return restoreOnce(r) }); err != nil {
-				errs = append(errs, err)
-				left = append(left, r)
-			} else {
-				in.log.Info().Str("file", r.Original).Msg("removed " + PluginName + " from the CNI config")
-			}
-		}
-		// A primary we never recorded (state lost) may still hold our entry.
-		if p, _, err := conflist.FindPrimary(cfg.CNIConfDir); err == nil && p != "" {
-			written = append(written, p)
-			if err := stripFile(p); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		in.mu.Lock()
-		in.st = agentState{Confs: left}
-		if err := saveState(in.statePath(), in.st); err != nil {
-			errs = append(errs, err)
-		}
-		in.mu.Unlock()
+		written, errs = in.restoreConfs()
 	} else {
 		p := in.standalonePath()
 		if b, err := os.ReadFile(p); err == nil {
@@ -880,6 +866,46 @@ func (in *Installer) Cleanup() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// restoreConfs undoes every recorded rewrite (from the undo record when Run
+// did not load it), strips our entry from a primary never recorded, and
+// keeps the records of what it could not undo. It returns the files that
+// held our entry.
+func (in *Installer) restoreConfs() (written []string, errs []error) {
+	in.mu.Lock()
+	st := in.st
+	if len(st.Confs) == 0 {
+		// What is readable is still undone.
+		st, _, _ = in.loadUndo()
+	}
+	in.mu.Unlock()
+	var left []confRecord
+	for _, r := range st.Confs {
+		written = append(written, r.Written)
+		if err := retryChanged("restoring "+r.Written, func() error { return restoreOnce(r) }); err != nil {
+			errs = append(errs, err)
+			left = append(left, r)
+		} else {
+			in.log.Info().Str("file", r.Original).Msg("removed " + PluginName + " from the CNI config")
+		}
+	}
+	// A primary we never recorded (state lost) may still hold our entry.
+	if p, _, err := conflist.FindPrimary(in.cfg.CNIConfDir); err == nil && p != "" {
+		written = append(written, p)
+		if err := stripFile(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.st = agentState{Confs: left}
+	if err := in.undo.save(in.st); err != nil {
+		errs = append(errs, err)
+	} else if err := in.removeLegacy(); err != nil {
+		errs = append(errs, err)
+	}
+	return written, errs
 }
 
 // referencing lists the config files a runtime could load (those in dir,
@@ -952,6 +978,7 @@ func restoreOriginal(r confRecord) error {
 			if err := os.Symlink(r.OriginalLink, r.Original); err != nil && !errors.Is(err, fs.ErrExist) {
 				return fmt.Errorf("restoring the link %s: %w", r.Original, err)
 			}
+			atomicfile.SyncDir(r.Original)
 			return nil
 		}
 	}

@@ -40,21 +40,12 @@ type host struct {
 func newHost(t *testing.T) *host {
 	t.Helper()
 	r := t.TempDir()
-	h := &host{
-		root: r,
-		bin:  filepath.Join(r, "opt/cni/bin"),
-		bin2: filepath.Join(r, "home/kubernetes/bin"),
-		conf: filepath.Join(r, "etc/cni/net.d"),
-		run:  filepath.Join(r, "var/run/nftmesh"),
-		sa:   filepath.Join(r, "sa"),
-	}
+	h := hostAt(r)
 	for _, d := range []string{h.bin, h.bin2, h.conf, h.sa, filepath.Join(r, "image")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	h.plugin = filepath.Join(r, "image", PluginName)
-	h.companion = filepath.Join(r, "image", StandaloneName)
 	for _, p := range []string{h.plugin, h.companion} {
 		bin := make([]byte, 256<<10)
 		_, _ = rand.Read(bin)
@@ -63,6 +54,22 @@ func newHost(t *testing.T) *host {
 		}
 	}
 	h.rotateToken(t, "token-1")
+	return h
+}
+
+// hostAt is the layout of a host rooted at r (newHost fills it), so a
+// child process can take over a parent test's host.
+func hostAt(r string) *host {
+	h := &host{
+		root: r,
+		bin:  filepath.Join(r, "opt/cni/bin"),
+		bin2: filepath.Join(r, "home/kubernetes/bin"),
+		conf: filepath.Join(r, "etc/cni/net.d"),
+		run:  filepath.Join(r, "var/run/nftmesh"),
+		sa:   filepath.Join(r, "sa"),
+	}
+	h.plugin = filepath.Join(r, "image", PluginName)
+	h.companion = filepath.Join(r, "image", StandaloneName)
 	return h
 }
 
@@ -314,7 +321,8 @@ func TestRunChainedRealWorldAndCleanup(t *testing.T) {
 			}
 			h.assertBinariesGone(t)
 			assertGone(t, cfg.KubeconfigPath())
-			assertGone(t, filepath.Join(h.run, StateFileName))
+			assertGone(t, filepath.Join(h.run, legacyStateName))
+			assertGone(t, filepath.Join(h.conf, UndoDirName))
 			entries, _ := os.ReadDir(h.conf)
 			if len(entries) != 1 {
 				t.Errorf("conf dir has %d entries after cleanup, want only the primary", len(entries))

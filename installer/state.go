@@ -10,12 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+
+	"golang.org/x/sys/unix"
 )
 
-// StateFileName is kept in the run dir. It remembers, for every config file
-// the agent rewrote, the primary's own bytes, so cleanup can put them back
-// exactly, even after an agent restart.
-const StateFileName = "agent-state.json"
+// legacyStateName is where agents before the undo record (UndoDirName)
+// kept it: in the run dir, a tmpfs that a reboot empties. An agent finding
+// it moves its content into the undo record and removes it.
+const legacyStateName = "agent-state.json"
 
 // confRecord is one rewrite: we turned Original (whose content was
 // OriginalBytes) into Written (whose content hashed to WrittenSum).
@@ -67,37 +69,88 @@ func (s *agentState) drop(written string, prev *confRecord) {
 	s.Confs = slices.DeleteFunc(s.Confs, func(r confRecord) bool { return r.Written == written })
 }
 
-func loadState(path string) (agentState, error) {
-	var s agentState
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return s, nil
+// loadLegacyState reads the state an earlier agent kept in the run dir
+// (paths absolute, as it wrote them); found says whether there was one.
+func loadLegacyState(path string) (s agentState, found bool, err error) {
+	b, err := readNoFollow(unix.AT_FDCWD, path, path)
+	if errors.Is(err, unix.ENOENT) {
+		return s, false, nil
 	}
 	if err != nil {
-		return s, fmt.Errorf("reading agent state %s: %w", path, err)
+		return s, true, err
 	}
 	if err := json.Unmarshal(b, &s); err != nil {
-		return agentState{}, fmt.Errorf("parsing agent state %s: %w", path, err)
+		return agentState{}, true, fmt.Errorf("parsing agent state %s: %w", path, err)
 	}
-	return s, nil
+	return s, true, nil
 }
 
-func saveState(path string, s agentState) error {
-	if len(s.Confs) == 0 {
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("removing agent state %s: %w", path, err)
+// inConfDir keeps the records of files in confDir that pass the undo
+// record's checks, and reports the others: they cannot go into the record,
+// whose names are relative to the conf dir.
+func inConfDir(confDir string, s agentState) (agentState, error) {
+	var out agentState
+	var errs []error
+	for i, r := range s.Confs {
+		rel := r
+		rel.Written, rel.Original = filepath.Base(r.Written), filepath.Base(r.Original)
+		err := checkRecord(rel)
+		if err == nil && (filepath.Dir(r.Written) != confDir || filepath.Dir(r.Original) != confDir) {
+			err = fmt.Errorf("written: %s is not in the CNI conf dir %s", quoteBounded(r.Written), confDir)
 		}
-		return nil
+		if err != nil {
+			errs = append(errs, fmt.Errorf("agent state: confs[%d].%w", i, err))
+			continue
+		}
+		out.Confs = append(out.Confs, r)
 	}
-	b, err := json.MarshalIndent(s, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encoding agent state: %w", err)
+	return out, errors.Join(errs...)
+}
+
+// merge adds old's records to s. Where both have a record of one file, the
+// one whose written content the file still holds wins (an earlier agent may
+// have rewritten it after this one); otherwise s's.
+func (s *agentState) merge(old agentState) {
+	for _, r := range old.Confs {
+		have := s.record(r.Written)
+		if have == nil {
+			s.Confs = append(s.Confs, r)
+			continue
+		}
+		if cur, err := readSnapshot(r.Written); err == nil && cur.exists && cur.sum == r.WrittenSum && cur.sum != have.WrittenSum {
+			*have = r
+		}
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("creating run dir: %w", err)
+}
+
+// loadUndo reads the undo record, merged with the state an agent of an
+// earlier version left in the run dir (legacy: whether there was one). It
+// returns what it could read, and why it could not read the rest.
+func (in *Installer) loadUndo() (st agentState, legacy bool, err error) {
+	st, err = in.undo.load()
+	old, legacy, lerr := loadLegacyState(in.legacyStatePath())
+	if legacy && lerr == nil {
+		old, lerr = inConfDir(in.cfg.CNIConfDir, old)
+		if lerr != nil {
+			lerr = fmt.Errorf("leaving out of %s: %w", in.legacyStatePath(), lerr)
+		}
+		st.merge(old)
 	}
-	if err := writeFileAtomic(path, b, 0o600, -1, -1); err != nil {
-		return fmt.Errorf("writing agent state %s: %w", path, err)
+	return st, legacy, errors.Join(err, lerr)
+}
+
+// moveLegacy makes st, which holds an earlier agent's run dir state, the
+// undo record, and removes that state once the record is on disk.
+func (in *Installer) moveLegacy(st agentState) error {
+	if err := in.undo.save(st); err != nil {
+		return fmt.Errorf("moving the agent state from the run dir into the undo record: %w", err)
+	}
+	return in.removeLegacy()
+}
+
+func (in *Installer) removeLegacy() error {
+	if err := os.Remove(in.legacyStatePath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing the earlier agent state: %w", err)
 	}
 	return nil
 }

@@ -3,20 +3,29 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // TestHelmUninstall is assertion 6, the last step: `helm uninstall` takes
 // our entry and binary off the node, the primary's conflist is byte for
 // byte what it was before the install, and a new pod outside the mesh
-// starts normally through the primary alone.
+// starts normally through the primary alone. The node reboots before the
+// uninstall (issue 29 item 3): what the restore needs must outlive the run
+// dir.
 func TestHelmUninstall(t *testing.T) {
 	c := need(t)
 	ctx := context.Background()
 	installChart(t, c)
+	if err := c.rebootAgent(ctx); err != nil {
+		t.Fatal(err)
+	}
 
 	t0 := time.Now()
 	// The agent restores the config on SIGTERM; helm returns once the
@@ -60,4 +69,47 @@ func TestHelmUninstall(t *testing.T) {
 	if err := c.deletePods(ctx, "default", "e2e-run=after-uninstall"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// rebootAgent does to the agent what an unclean reboot of the node does:
+// the run dir (a tmpfs) comes back empty and the agent starts again without
+// having cleaned up. The run dir is emptied first and the agent then
+// killed (SIGKILL) and its pod force-deleted, so no agent reads the old
+// run dir after; it returns once the new agent is ready.
+func (c *Cluster) rebootAgent(ctx context.Context) error {
+	// helm's --wait can see the DaemonSet ready before its pod exists.
+	if err := c.waitAgentImage(ctx, nftmeshImage, ""); err != nil {
+		return err
+	}
+	old, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})
+	if err != nil || len(old.Items) != 1 {
+		return fmt.Errorf("agent pods: %v (%d)", err, len(old.Items))
+	}
+	pid, err := c.agentPID()
+	if err != nil {
+		return err
+	}
+	runDir := c.NodePath(agentRunDirOnNode)
+	ents, err := os.ReadDir(runDir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(runDir, e.Name())); err != nil {
+			return fmt.Errorf("emptying the node's run dir: %w", err)
+		}
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("killing the agent (pid %d): %w", pid, err)
+	}
+	zero := int64(0)
+	if err := c.Client.CoreV1().Pods(agentNS).Delete(ctx, old.Items[0].Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := c.waitAgentImage(ctx, nftmeshImage, old.Items[0].Name); err != nil {
+		return err
+	}
+	record("chart: simulated reboot (run dir emptied, agent SIGKILLed) → new agent Ready %.2fs", time.Since(t0).Seconds())
+	return nil
 }

@@ -205,7 +205,8 @@ func TestMeshPodDeletedAfterUninstall(t *testing.T) {
 // TestAgentFilesLostStartPodsAgain (issue 22 item 9): a hard power-off
 // can leave the files the agent wrote empty or missing (data not yet on
 // disk). With the node's kubeconfig and plugin binary emptied, the
-// companion binary and the agent's state file gone, the restarted agent
+// companion binary gone and the agent's undo record cut (it is synced
+// before use, so only a damaged disk cuts it), the restarted agent
 // puts everything back and mesh pods start captured again as soon as it is
 // up, without any hand edit (istio/istio#60668).
 func TestAgentFilesLostStartPodsAgain(t *testing.T) {
@@ -220,7 +221,7 @@ func TestAgentFilesLostStartPodsAgain(t *testing.T) {
 		filepath.Join(runDir, "kubeconfig"):                  "empty",
 		filepath.Join(c.CNIBinDir, "nftmesh-cni"):            "empty",
 		filepath.Join(c.CNIBinDir, "nftmesh-cni-standalone"): "gone",
-		filepath.Join(runDir, "agent-state.json"):            "cut",
+		filepath.Join(c.CNIConfDir, ".nftmesh", "undo.json"): "cut",
 	} {
 		var err error
 		switch how {
