@@ -47,9 +47,9 @@ type Server struct {
 // Serve listens on addr and serves h until Shutdown, within the package's
 // limits: timeouts on every phase of a request and between requests, a
 // header size cap, and at most 64 open connections, where a new one
-// closes the least recently active idle one (or one that has not sent a
-// whole request), so that a flood of held connections neither exhausts
-// the agent nor keeps kubelet's probe out.
+// closes an idle one (or one that has not sent a whole request), so that
+// a flood of held connections neither exhausts the agent nor keeps
+// kubelet's probe out.
 func Serve(addr string, h http.Handler) (*Server, error) {
 	return serve(addr, h, defaults)
 }
@@ -85,14 +85,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// connCap keeps a server at max open connections by closing, when one
-// more arrives, the least recently active connection that is not inside a
-// request (idle between requests, or not yet through its first request's
-// header), else the newcomer. Unlike a listener that stops accepting at
-// the cap (golang.org/x/net/netutil.LimitListener), held connections buy
-// an attacker nothing: the connection that arrives last, kubelet's probe,
-// is served, and it sends its request at once. A connection inside a
-// request is bounded by the write timeout.
+// connCap keeps a server at max open connections. When one more arrives
+// it closes the least recently active idle connection (between requests),
+// else the oldest that has not yet sent a whole request, else the
+// newcomer: connections inside a request are left to the write timeout.
+// Unlike a listener that stops accepting at the cap
+// (golang.org/x/net/netutil.LimitListener), held connections buy an
+// attacker nothing: the connection that arrives last, kubelet's probe, is
+// served, and an attacker's idle connections go before it.
 type connCap struct {
 	max   int
 	mu    sync.Mutex
@@ -101,8 +101,8 @@ type connCap struct {
 }
 
 type capEntry struct {
-	el     *list.Element
-	active bool
+	el    *list.Element
+	state http.ConnState // StateNew, StateActive or StateIdle
 }
 
 func newConnCap(max int) *connCap {
@@ -116,16 +116,16 @@ func (c *connCap) track(conn net.Conn, state http.ConnState) {
 	var victim net.Conn
 	switch state {
 	case http.StateNew:
-		c.conns[conn] = &capEntry{el: c.order.PushBack(conn)}
+		c.conns[conn] = &capEntry{el: c.order.PushBack(conn), state: state}
 		if len(c.conns) > c.max {
 			victim = c.victimLocked()
 			c.forgetLocked(victim)
 		}
 	case http.StateActive, http.StateIdle:
-		// A connection already closed here may still report a request it
-		// had read: it stays forgotten.
+		// A connection closed here may still report a request it had
+		// read: it stays forgotten.
 		if e, ok := c.conns[conn]; ok {
-			e.active = state == http.StateActive
+			e.state = state
 			c.order.MoveToBack(e.el)
 		}
 	case http.StateHijacked, http.StateClosed:
@@ -133,21 +133,27 @@ func (c *connCap) track(conn net.Conn, state http.ConnState) {
 	}
 	c.mu.Unlock()
 	if victim != nil {
-		// The server's goroutine for it sees the read fail and ends.
+		// The server's goroutine for it sees its read fail and ends.
 		_ = victim.Close()
 	}
 }
 
-// victimLocked is the least recently active connection outside a request;
-// the newest (last in order) when every other one is inside a request.
+// victimLocked picks the connection to close; the newcomer, last in
+// order, is a new one, so there always is one.
 func (c *connCap) victimLocked() net.Conn {
+	var firstNew net.Conn
 	for el := c.order.Front(); el != nil; el = el.Next() {
 		conn := el.Value.(net.Conn)
-		if !c.conns[conn].active {
+		switch c.conns[conn].state {
+		case http.StateIdle:
 			return conn
+		case http.StateNew:
+			if firstNew == nil {
+				firstNew = conn
+			}
 		}
 	}
-	return c.order.Back().Value.(net.Conn)
+	return firstNew
 }
 
 func (c *connCap) forgetLocked(conn net.Conn) {

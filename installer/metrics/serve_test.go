@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -231,5 +232,33 @@ func TestServeTimeouts(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Error("a write to a client that does not read outlived the write timeout")
+	}
+}
+
+// Idle connections go before ones that have not sent a request yet, which
+// may be a probe that has just connected: the older silent ones stay while
+// an idle one is there to close, and go oldest first after.
+func TestServeClosesIdleBeforeSilent(t *testing.T) {
+	l := defaults
+	l.maxConns = 4
+	addr := startServer(t, HealthHandler(healthy), &l)
+	silent := []*held{dial(t, addr), dial(t, addr)}
+	idle := []*held{dial(t, addr), dial(t, addr)}
+	for _, c := range idle {
+		if err := c.get(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The server notes a request's end just after the answer is sent.
+	time.Sleep(100 * time.Millisecond)
+	dial(t, addr)
+	if got := closedByServer(append(silent, idle...), 300*time.Millisecond); !slices.Equal(got, []bool{false, false, true, false}) {
+		t.Fatalf("closed (silent, silent, idle, idle) = %v, want the older idle one only", got)
+	}
+	// Two more: the other idle one goes, then the oldest silent one.
+	dial(t, addr)
+	dial(t, addr)
+	if got := closedByServer(append(silent, idle[1]), 300*time.Millisecond); !slices.Equal(got, []bool{true, false, true}) {
+		t.Fatalf("closed (silent, silent, idle) = %v after two more, want the idle and the oldest silent one", got)
 	}
 }
