@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -47,9 +48,9 @@ type Server struct {
 // Serve listens on addr and serves h until Shutdown, within the package's
 // limits: timeouts on every phase of a request and between requests, a
 // header size cap, and at most 64 open connections, where a new one
-// closes an idle one (or one that has not sent a whole request), so that
-// a flood of held connections neither exhausts the agent nor keeps
-// kubelet's probe out.
+// closes one of the source that holds the most (connCap), so that a flood
+// of held connections neither exhausts the agent nor keeps kubelet's probe
+// out.
 func Serve(addr string, h http.Handler) (*Server, error) {
 	return serve(addr, h, defaults)
 }
@@ -86,27 +87,31 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // connCap keeps a server at max open connections. When one more arrives
-// it closes the least recently active idle connection (between requests),
-// else the oldest that has not yet sent a whole request, else the
-// newcomer: connections inside a request are left to the write timeout.
-// Unlike a listener that stops accepting at the cap
+// it closes one that is not inside a request: from the source address
+// holding the most connections, an idle one (between requests) before one
+// that has not yet sent a whole request, the least recently active first;
+// the newcomer when every other one is inside a request (those are left to
+// the write timeout). Unlike a listener that stops accepting at the cap
 // (golang.org/x/net/netutil.LimitListener), held connections buy an
-// attacker nothing: the connection that arrives last, kubelet's probe, is
-// served, and an attacker's idle connections go before it.
+// attacker nothing: a flood, held or opened over and over, only ever
+// closes its own connections, while kubelet's probe, from the node's
+// address with one connection, is served.
 type connCap struct {
-	max   int
-	mu    sync.Mutex
-	order *list.List // of net.Conn, least recently active first
-	conns map[net.Conn]*capEntry
+	max      int
+	mu       sync.Mutex
+	order    *list.List // of net.Conn, least recently active first
+	conns    map[net.Conn]*capEntry
+	bySource map[netip.Addr]int
 }
 
 type capEntry struct {
-	el    *list.Element
-	state http.ConnState // StateNew, StateActive or StateIdle
+	el     *list.Element
+	state  http.ConnState // StateNew, StateActive or StateIdle
+	source netip.Addr
 }
 
 func newConnCap(max int) *connCap {
-	return &connCap{max: max, order: list.New(), conns: map[net.Conn]*capEntry{}}
+	return &connCap{max: max, order: list.New(), conns: map[net.Conn]*capEntry{}, bySource: map[netip.Addr]int{}}
 }
 
 // track is the server's ConnState hook. net/http calls it for StateNew in
@@ -116,7 +121,9 @@ func (c *connCap) track(conn net.Conn, state http.ConnState) {
 	var victim net.Conn
 	switch state {
 	case http.StateNew:
-		c.conns[conn] = &capEntry{el: c.order.PushBack(conn), state: state}
+		e := &capEntry{el: c.order.PushBack(conn), state: state, source: sourceOf(conn)}
+		c.conns[conn] = e
+		c.bySource[e.source]++
 		if len(c.conns) > c.max {
 			victim = c.victimLocked()
 			c.forgetLocked(victim)
@@ -138,27 +145,46 @@ func (c *connCap) track(conn net.Conn, state http.ConnState) {
 	}
 }
 
-// victimLocked picks the connection to close; the newcomer, last in
-// order, is a new one, so there always is one.
+// victimLocked picks the connection to close. The newcomer is outside a
+// request, so there always is one.
 func (c *connCap) victimLocked() net.Conn {
-	var firstNew net.Conn
+	var (
+		victim         net.Conn
+		held           int
+		idle, haveBest bool
+	)
 	for el := c.order.Front(); el != nil; el = el.Next() {
 		conn := el.Value.(net.Conn)
-		switch c.conns[conn].state {
-		case http.StateIdle:
-			return conn
-		case http.StateNew:
-			if firstNew == nil {
-				firstNew = conn
-			}
+		e := c.conns[conn]
+		if e.state == http.StateActive {
+			continue
+		}
+		n, isIdle := c.bySource[e.source], e.state == http.StateIdle
+		// Strictly better only: among equals the least recently active.
+		if !haveBest || n > held || (n == held && isIdle && !idle) {
+			victim, held, idle, haveBest = conn, n, isIdle, true
 		}
 	}
-	return firstNew
+	return victim
 }
 
 func (c *connCap) forgetLocked(conn net.Conn) {
-	if e, ok := c.conns[conn]; ok {
-		c.order.Remove(e.el)
-		delete(c.conns, conn)
+	e, ok := c.conns[conn]
+	if !ok {
+		return
 	}
+	c.order.Remove(e.el)
+	delete(c.conns, conn)
+	if c.bySource[e.source]--; c.bySource[e.source] == 0 {
+		delete(c.bySource, e.source)
+	}
+}
+
+// sourceOf is a connection's remote address (the zero Addr for a listener
+// that is not TCP: one source).
+func sourceOf(conn net.Conn) netip.Addr {
+	if a, ok := conn.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
 }

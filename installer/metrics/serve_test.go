@@ -262,3 +262,49 @@ func TestServeClosesIdleBeforeSilent(t *testing.T) {
 		t.Fatalf("closed (silent, silent, idle) = %v after two more, want the idle and the oldest silent one", got)
 	}
 }
+
+func dialFrom(t *testing.T, src, addr string) *held {
+	t.Helper()
+	d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &held{c, bufio.NewReader(c)}
+}
+
+// A flood from one address only ever closes its own connections: a lone
+// connection from another address (kubelet's probe, from the node), even
+// the oldest and silent, stays while the flooding address holds more, and
+// a newcomer from a third address is served. Without this, a flood opening
+// connections faster than the server reads their requests closed probes
+// that had just connected (3 of 32 in the flood test).
+func TestServeClosesTheBiggestSourceFirst(t *testing.T) {
+	l := defaults
+	l.maxConns = 4
+	addr := startServer(t, HealthHandler(healthy), &l)
+	lone := dialFrom(t, "127.0.0.1", addr)
+	for range 3 {
+		if err := dialFrom(t, "127.0.0.2", addr).get(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	var flood []*held
+	for range 8 {
+		flood = append(flood, dialFrom(t, "127.0.0.2", addr))
+	}
+	if lone.closedByServer(300 * time.Millisecond) {
+		t.Fatal("the lone connection was closed while another address held more")
+	}
+	if got := closedByServer(flood, 300*time.Millisecond); slices.Contains(got[5:], true) || !slices.Equal(got[:5], []bool{true, true, true, true, true}) {
+		t.Errorf("flooding connections closed: %v, want the 5 oldest", got)
+	}
+	if err := dialFrom(t, "127.0.0.3", addr).get(); err != nil {
+		t.Errorf("a newcomer from a third address under the flood: %v", err)
+	}
+	if err := lone.get(); err != nil {
+		t.Errorf("the lone connection's request: %v", err)
+	}
+}
