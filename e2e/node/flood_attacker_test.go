@@ -115,10 +115,10 @@ func (a *attacker) field(name string) int64 {
 	return 0
 }
 
-// startAttackers starts floodAttackers copies of this test binary as user
-// nobody in the node's namespace, each trying to hold its share of
-// floodConns connections, half to each port; they are killed by PID when
-// the test ends.
+// startAttackers starts floodAttackers copies of this test binary (more if
+// the descriptor limit they inherit is low) as user nobody in the node's
+// namespace, each trying to hold its share of floodConns connections, half
+// to each port; they are killed by PID when the test ends.
 func startAttackers(t *testing.T, netns string) []*attacker {
 	t.Helper()
 	// nobody cannot read the go build cache: a copy it can run.
@@ -130,10 +130,22 @@ func startAttackers(t *testing.T, netns string) []*attacker {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// Each attacker holds its share of the flood in descriptors, up to the
+	// hard limit it inherits (Go raises its soft limit to it at start):
+	// more attackers where that is low.
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	per := int(min(lim.Max, 1<<20)) - 256
+	if per < 256 {
+		t.Fatalf("descriptor limit %d: too low for an attacker", lim.Max)
+	}
+	procs := max(floodAttackers, (floodConns+per-1)/per)
 	bin := filepath.Join(dir, "attacker")
 	copyFile(t, os.Args[0], bin, 0o755)
 	var out []*attacker
-	for i := range floodAttackers {
+	for i := range procs {
 		var sources []string
 		for s := 2; s < 10; s++ {
 			sources = append(sources, fmt.Sprintf("127.0.%d.%d", i, s))
@@ -141,7 +153,7 @@ func startAttackers(t *testing.T, netns string) []*attacker {
 		cmd := exec.Command(bin)
 		cmd.Dir = "/"
 		cmd.Env = []string{"PATH=/usr/bin:/bin", attackEnv + "=" + agentHealth + "/healthz," + agentMetrics + "/metrics",
-			attackConnsEnv + "=" + strconv.Itoa(floodConns/floodAttackers), attackRateEnv + "=" + strconv.Itoa(floodRate),
+			attackConnsEnv + "=" + strconv.Itoa(floodConns/procs), attackRateEnv + "=" + strconv.Itoa(floodRate/procs),
 			attackSourcesEnv + "=" + strings.Join(sources, ",")}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nonroot.Nobody, Gid: nonroot.Nobody, Groups: []uint32{}}}
 		stdout, err := cmd.StdoutPipe()

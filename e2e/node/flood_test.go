@@ -34,7 +34,7 @@ import (
 const (
 	floodConns     = 12000 // idle keep-alive connections tried at once
 	floodAttackers = 2     // processes of user nobody holding them
-	floodRate      = 2000  // connections each attacker opens per second at most
+	floodRate      = 4000  // connections the attackers open per second at most, together
 	maxAgentFDs    = 2500
 	maxRSSGrowth   = 48 << 20
 	maxProbe       = 2 * time.Second // kubelet's probe must be answered within
