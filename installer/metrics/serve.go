@@ -18,8 +18,8 @@ import (
 type limits struct {
 	readHeader, read, write, idle time.Duration
 	maxHeaderBytes                int
-	// maxConns is the most connections open at once; past it the least
-	// recently active connection not inside a request is closed (connCap).
+	// maxConns is the most connections open at once; past it one not
+	// inside a request is closed (connCap).
 	maxConns int
 }
 
