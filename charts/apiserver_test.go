@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -429,8 +430,22 @@ func TestPlatformsAndIstioValuesOnRealAPIServer(t *testing.T) {
 	if err != nil || q.Spec.Hard.Pods().Value() != 64 {
 		t.Errorf("resource quota: %v %+v", err, q)
 	}
-	if _, err := admin.NetworkingV1().NetworkPolicies(agentNS).Get(ctx, "nftmesh-agent", metav1.GetOptions{}); err != nil {
+	// The network policy as stored: scrapes from the default scraper
+	// namespace only; then scrapers by namespace and pod together, and by
+	// address, which the API server validates too.
+	np, err := admin.NetworkingV1().NetworkPolicies(agentNS).Get(ctx, "nftmesh-agent", metav1.GetOptions{})
+	if err != nil {
 		t.Errorf("network policy: %v", err)
+	} else if got := ingressPorts(np); !slices.Equal(got, []string{"15014 from [ns{kubernetes.io/metadata.name=monitoring}]"}) {
+		t.Errorf("network policy ingress as stored: %q", got)
+	}
+	helmDo("upgrade", "-f", filepath.Join("testdata", "istio-cni-values.yaml"), "--set-json",
+		`networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"istio-system"}},"podSelector":{"matchLabels":{"app.kubernetes.io/name":"prometheus"}}},{"ipBlock":{"cidr":"192.0.2.0/24"}}]`)
+	np, err = admin.NetworkingV1().NetworkPolicies(agentNS).Get(ctx, "nftmesh-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Errorf("network policy: %v", err)
+	} else if got := ingressPorts(np); !slices.Equal(got, []string{"15014 from [ns{kubernetes.io/metadata.name=istio-system}+pod{app.kubernetes.io/name=prometheus} ip{192.0.2.0/24}]"}) {
+		t.Errorf("network policy ingress as stored after the upgrade: %q", got)
 	}
 	ds, err := admin.AppsV1().DaemonSets(agentNS).Get(ctx, "nftmesh-agent", metav1.GetOptions{})
 	if err != nil {

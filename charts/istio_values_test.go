@@ -116,19 +116,15 @@ func TestIstioValuesFileTakesEffect(t *testing.T) {
 	}
 	// resourceQuotas.{enabled,pods}.
 	checkQuota(t, r, "64")
-	// global.networkPolicy.enabled: probes and scrapes in, everything out.
+	// global.networkPolicy.enabled: scrapes of the metrics port from the
+	// default scraper namespace in (the node's probes need no rule),
+	// everything out.
 	if len(r.NetworkPolicies) != 1 {
 		t.Fatalf("%d NetworkPolicies", len(r.NetworkPolicies))
 	}
 	np := r.NetworkPolicies[0]
-	var ports []int32
-	for _, in := range np.Spec.Ingress {
-		for _, p := range in.Ports {
-			ports = append(ports, p.Port.IntVal)
-		}
-	}
-	if !slices.Equal(ports, []int32{15014, 8000}) || len(np.Spec.Egress) != 1 || np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != "nftmesh-agent" {
-		t.Errorf("network policy %+v", np.Spec)
+	if got := ingressPorts(np); !slices.Equal(got, []string{"15014 from [ns{kubernetes.io/metadata.name=monitoring}]"}) || len(np.Spec.Egress) != 1 || np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != "nftmesh-agent" {
+		t.Errorf("network policy ingress %q, spec %+v", got, np.Spec)
 	}
 	// affinity, labels, annotations, tolerations, update strategy, grace.
 	if a := pod.Spec.Affinity; a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Key != "mesh" {
@@ -623,25 +619,41 @@ func TestNetworkAttachmentDefinitionOwnership(t *testing.T) {
 }
 
 // Privileges and resources as an Istio user knows them: Istio's resource
-// defaults (requests only: no memory limit, so no GOMEMLIMIT), a value
-// that adds capabilities (DAC_OVERRIDE, which Istio 1.25 added), and
-// Istio's privileged escape hatch.
+// requests plus a default memory limit (which is GOMEMLIMIT too) that the
+// user's values override entry by entry, a value that adds capabilities
+// (DAC_OVERRIDE, which Istio 1.25 added), and Istio's privileged escape
+// hatch.
 func TestPrivilegesAndResources(t *testing.T) {
-	c := render(t).ds(t).Spec.Template.Spec.Containers[0]
-	if len(c.Resources.Limits) != 0 || c.Resources.Requests.Cpu().Cmp(resource.MustParse("100m")) != 0 || c.Resources.Requests.Memory().Cmp(resource.MustParse("100Mi")) != 0 {
-		t.Errorf("resources %+v, want Istio's: requests 100m/100Mi, no limits", c.Resources)
-	}
-	for _, e := range c.Env {
-		if e.Name == "GOMEMLIMIT" {
-			t.Error("GOMEMLIMIT without a memory limit")
+	for _, tc := range []struct {
+		args               []string
+		cpu, mem, memLimit string // "" for none
+	}{
+		{nil, "100m", "100Mi", "256Mi"},
+		{[]string{"--set", "resources.limits.memory=300Mi"}, "100m", "100Mi", "300Mi"},
+		{[]string{"--set", "resources.limits.memory=null"}, "100m", "100Mi", ""},
+		{[]string{"--set", "resources.requests.memory=64Mi", "--set", "resources.limits.cpu=1"}, "100m", "64Mi", "256Mi"},
+		// Istio's stock values (requests only): Istio's requests, the limit.
+		{[]string{"-f", filepath.Join("testdata", "istio-stock-values.yaml")}, "100m", "100Mi", "256Mi"},
+		{[]string{"--set", "profile=demo"}, "10m", "40Mi", "256Mi"},
+		{[]string{"--set", "resources=null", "--set", "global.defaultResources.requests.cpu=10m"}, "10m", "", ""},
+	} {
+		c := render(t, tc.args...).ds(t).Spec.Template.Spec.Containers[0]
+		q := func(l corev1.ResourceList, n corev1.ResourceName) string {
+			if v, ok := l[n]; ok {
+				return v.String()
+			}
+			return ""
 		}
-	}
-	// A memory limit, when set, is the Go runtime's soft limit too.
-	c = render(t, "--set", "resources.limits.memory=300Mi").ds(t).Spec.Template.Spec.Containers[0]
-	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
-		return e.Name == "GOMEMLIMIT" && e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory"
-	}) {
-		t.Errorf("no GOMEMLIMIT from the memory limit: %+v", c.Env)
+		if got := [3]string{q(c.Resources.Requests, corev1.ResourceCPU), q(c.Resources.Requests, corev1.ResourceMemory), q(c.Resources.Limits, corev1.ResourceMemory)}; got != [3]string{tc.cpu, tc.mem, tc.memLimit} {
+			t.Errorf("%v: requests cpu/memory, memory limit %q, want %q", tc.args, got, [3]string{tc.cpu, tc.mem, tc.memLimit})
+		}
+		// A memory limit is the Go runtime's soft limit too.
+		goMemLimit := slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+			return e.Name == "GOMEMLIMIT" && e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory"
+		})
+		if goMemLimit != (tc.memLimit != "") {
+			t.Errorf("%v: GOMEMLIMIT from the limit %v, memory limit %q", tc.args, goMemLimit, tc.memLimit)
+		}
 	}
 
 	for _, tc := range []struct {

@@ -5,12 +5,8 @@
 package metrics
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -165,35 +161,4 @@ func HealthHandler(ready func() error) http.Handler {
 		fmt.Fprintln(w, "ready")
 	})
 	return mux
-}
-
-// Server is a started HTTP listener.
-type Server struct {
-	srv  *http.Server
-	Addr net.Addr
-	done chan error
-}
-
-// Serve listens on addr and serves h until Shutdown.
-func Serve(addr string, h http.Handler) (*Server, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listening on %s: %w", addr, err)
-	}
-	s := &Server{
-		srv:  &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second},
-		Addr: ln.Addr(),
-		done: make(chan error, 1),
-	}
-	go func() { s.done <- s.srv.Serve(ln) }()
-	return s, nil
-}
-
-// Shutdown stops the server and waits for it.
-func (s *Server) Shutdown(ctx context.Context) error {
-	err := s.srv.Shutdown(ctx)
-	if serr := <-s.done; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
-		err = serr
-	}
-	return err
 }
