@@ -263,7 +263,9 @@ func flockWait(ctx context.Context, fd, how int, what, holder string) error {
 func flockDir(ctx context.Context, dirfd int, path string, how int) (int, error) {
 	fd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.EACCES) {
-		return -1, nil // nobody but root can flock it either
+		// This user may search and write it, not read it: neither could
+		// a removal of this user flock it.
+		return -1, nil
 	}
 	if err != nil {
 		return -1, fmt.Errorf("opening directory %s to lock it: %w", path, err)
