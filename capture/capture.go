@@ -78,8 +78,9 @@ type Options struct {
 	// runs of the same run dir. Empty: see lockDir.
 	RunDir string
 	// Locked, when set, is called once the namespace's lock is held,
-	// before anything there is read or written (see cmd/redirect's
-	// holdInterrupt).
+	// before anything there is written, and read but for Remove's first
+	// look (see nothingToRemove: a Remove with nothing to do takes no
+	// lock and does not call it; see cmd/redirect's holdInterrupt).
 	Locked func()
 	// RefuseForeign makes Apply refuse, with a *ForeignError and nothing
 	// written, a namespace that holds another installer's capture (see
@@ -92,15 +93,22 @@ type Options struct {
 
 func (o Options) backend() string { return cmp.Or(o.Backend, Auto) }
 
-// lock refuses the host's n and takes n's lock: the start of every verb.
-func (pl *Pipeline) lock(ctx context.Context, n *Netns, o Options) (*netnsLock, error) {
+// refuse refuses a bad backend name and the host's n: the start of every
+// verb that writes.
+func (pl *Pipeline) refuse(n *Netns, o Options) error {
 	if err := ValidateBackend(o.backend()); err != nil {
+		return err
+	}
+	return pl.guard.Refuse(n)
+}
+
+// lock refuses what refuse refuses and takes n's lock with take (lockNetns,
+// or lockForRemoval).
+func (pl *Pipeline) lock(ctx context.Context, n *Netns, o Options, take func(context.Context, string, *Netns, string) (*netnsLock, error)) (*netnsLock, error) {
+	if err := pl.refuse(n, o); err != nil {
 		return nil, err
 	}
-	if err := pl.guard.Refuse(n); err != nil {
-		return nil, err
-	}
-	lk, err := lockNetns(ctx, o.RunDir, n, n.Path)
+	lk, err := take(ctx, o.RunDir, n, n.Path)
 	if err == nil && o.Locked != nil {
 		o.Locked()
 	}
@@ -162,7 +170,7 @@ func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 	if b := o.backend(); b == Auto || b == NFTables {
 		prep = pl.k.Prepare(p)
 	}
-	lk, err := pl.lock(ctx, n, o)
+	lk, err := pl.lock(ctx, n, o, lockNetns)
 	if err != nil {
 		return Applied{}, err
 	}
@@ -207,7 +215,7 @@ func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 // lock; a difference is a *redirect.DriftError. It returns the backend's
 // name.
 func (pl *Pipeline) Check(ctx context.Context, n *Netns, p redirect.Plan, o Options) (string, error) {
-	lk, err := pl.lock(ctx, n, o)
+	lk, err := pl.lock(ctx, n, o, lockNetns)
 	if err != nil {
 		return "", err
 	}
@@ -272,9 +280,17 @@ func (r Removal) String() string {
 // Remove deletes nftmesh's rules from n, under its lock: with backend auto
 // from every backend that holds them, else from the named one; then the
 // TPROXY policy routes and ::6. Foreign rules stay. Nothing of ours there
-// is success with an empty Removal, and nothing is written.
+// is success with an empty Removal, and nothing is written, the run dir
+// included (see nothingToRemove). On a full or read-only run dir the lock
+// is taken another way (see lockForRemoval): a pod's sandbox must go.
 func (pl *Pipeline) Remove(ctx context.Context, n *Netns, o Options) (Removal, error) {
-	lk, err := pl.lock(ctx, n, o)
+	if err := pl.refuse(n, o); err != nil {
+		return nil, err
+	}
+	if pl.nothingToRemove(ctx, n, o.RunDir) {
+		return nil, nil
+	}
+	lk, err := pl.lock(ctx, n, o, lockForRemoval)
 	if err != nil {
 		return nil, err
 	}
@@ -313,6 +329,34 @@ func (pl *Pipeline) Remove(ctx context.Context, n *Netns, o Options) (Removal, e
 	}
 	removed = true
 	return out, nil
+}
+
+// nothingToRemove looks at n without its lock, writing nothing (the run
+// dir may be full: DEL of every pod nftmesh never captured, and every
+// repeated DEL, must pass there): true when no backend holds anything of
+// ours in n and n's lock file does not exist in runDir, looked for after
+// the namespace. A verb holding the lock (it made the file) may be about
+// to write: the removal then waits for it, as it would have. Any doubt (an
+// error) is false: the removal under the lock decides.
+func (pl *Pipeline) nothingToRemove(ctx context.Context, n *Netns, runDir string) bool {
+	path := pin(n)
+	v, err := pl.k.Enter(n, path, nil, pl.guard)
+	if err != nil {
+		return false
+	}
+	defer v.Close()
+	if ours, _, err := v.NFTPresence(); err != nil || ours {
+		return false
+	}
+	if pr, err := v.LegacyPresence(); err != nil || pr.Ours {
+		return false
+	}
+	// The table is not there: this reads the routes and ::6.
+	live, err := v.Backend(NFTables).List(ctx, path)
+	if err != nil || len(live.Tables) > 0 || len(live.Sets) > 0 || len(ourRoutes(live)) > 0 {
+		return false
+	}
+	return !lockFileExists(runDir, n)
 }
 
 func remove(ctx context.Context, bs []redirect.Backend, path string) (Removal, error) {

@@ -176,7 +176,7 @@ func TestLockStub(t *testing.T) {
 func TestLockDir(t *testing.T) {
 	base := t.TempDir()
 	run := filepath.Join(base, "a", "b")
-	fd, dir, err := lockDir(run)
+	fd, dir, err := lockDir(context.Background(), run)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestLockDir(t *testing.T) {
 			t.Fatalf("%s: %v, %v; want a 0700 directory", d, st, err)
 		}
 	}
-	fd, again, err := lockDir(run)
+	fd, again, err := lockDir(context.Background(), run)
 	if err != nil || again != dir {
 		t.Fatalf("lockDir on an existing directory = %s, %v", again, err)
 	}
@@ -198,7 +198,7 @@ func TestLockDir(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(file, lockSubdir), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := lockDir(file); err == nil || !strings.Contains(err.Error(), lockSubdir) {
+	if _, _, err := lockDir(context.Background(), file); err == nil || !strings.Contains(err.Error(), lockSubdir) {
 		t.Fatalf("lockDir with a file in the way = %v, want an error naming it", err)
 	}
 }

@@ -1,6 +1,7 @@
 package cniplugin
 
 import (
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 )
 
@@ -35,6 +37,7 @@ func newLoggers(stderr io.Writer, conf *cniconf.Config, command string) (log, re
 	close = func() {}
 	level := zerolog.InfoLevel
 	record = zerolog.Nop()
+	var refused error
 	if conf != nil {
 		if l, err := zerolog.ParseLevel(conf.LogLevel); err == nil && conf.LogLevel != "" {
 			level = l
@@ -42,33 +45,40 @@ func newLoggers(stderr io.Writer, conf *cniconf.Config, command string) (log, re
 		if conf.LogLevel == "none" {
 			level = zerolog.Disabled
 		}
-		if f := openLogFile(conf.AgentRunDir); f != nil {
+		var f *os.File
+		if f, refused = openLogFile(conf.AgentRunDir); f != nil {
 			w = zerolog.MultiLevelWriter(stderr, f)
 			close = func() { f.Close() }
 			record = zerolog.New(f).With().Timestamp().Str("plugin", "nftmesh-cni").Str("command", command).Bool(RecordOnlyField, true).Logger()
 		}
 	}
 	log = zerolog.New(w).Level(level).With().Timestamp().Str("plugin", "nftmesh-cni").Str("command", command).Logger()
+	if refused != nil {
+		log.Warn().Err(refused).Msg("not writing the plugin's log file: the agent does not see this run")
+	}
 	return log, record, close
 }
 
 // openLogFile opens the log file for appending, rotating it first when it
-// is too big. A missing run dir (agent not installed yet) means no file.
-func openLogFile(dir string) *os.File {
+// is too big. A missing run dir (agent not installed yet), or one that is
+// full, means no file; what is not a regular file of its own there (a
+// symlink, a FIFO, a hard link) is refused, with the refusal returned.
+func openLogFile(dir string) (*os.File, error) {
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return nil
+		return nil, nil
 	}
 	path := filepath.Join(dir, LogFileName)
-	if st, err := os.Stat(path); err == nil && st.Size() > maxLogSize {
+	if st, err := os.Lstat(path); err == nil && st.Mode().IsRegular() && st.Size() > maxLogSize {
 		// Concurrent plugin runs may both rename; the loser's rename fails
-		// or moves an almost empty file, which is harmless.
+		// or moves an almost empty file, which is harmless. A rename
+		// replaces a symlink at the new name, never what it points to.
 		_ = os.Rename(path, path+".1")
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
-	if err != nil {
-		return nil
+	f, err := cnisock.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	if re := (*cnisock.RefusedError)(nil); errors.As(err, &re) {
+		return nil, err
 	}
-	return f
+	return f, nil
 }
 
 // setLogFormat sets zerolog's package-wide time format once: the agent

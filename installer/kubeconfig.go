@@ -51,10 +51,11 @@ func RenderKubeconfig(server, saDir, caFile string) ([]byte, error) {
 }
 
 // syncKubeconfig writes want to path (0600, atomically) unless it already
-// holds exactly that; it reports whether it wrote.
+// holds exactly that; it reports whether it wrote. A symlink there is
+// replaced, whatever it leads to: the plugin would read that file.
 func syncKubeconfig(path string, want []byte) (bool, error) {
 	if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, want) {
-		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm() == KubeconfigMode {
+		if fi, err := os.Lstat(path); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == KubeconfigMode {
 			return false, nil
 		}
 	}

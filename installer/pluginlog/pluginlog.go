@@ -24,6 +24,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/nftmesh/nftmesh/installer/metrics"
+	"github.com/nftmesh/nftmesh/internal/cnisock"
 )
 
 // FileName is the plugin's JSON log in the agent run dir (cniplugin's
@@ -56,6 +57,7 @@ type Follower struct {
 	id      fileID
 	offset  int64
 	partial []byte
+	refused fileID // the last file openAt refused, reported once
 
 	// OnDecision, when set before Run, hears every decision line, on the
 	// follower's goroutine: it must not block.
@@ -143,9 +145,17 @@ func (p *Follower) close() {
 }
 
 // openAt opens the current file, if any yet; atEnd starts after its
-// present content.
+// present content. What is not a regular file of its own (a symlink, a
+// hard link, a FIFO: see cnisock.OpenFile) is not read, or its lines
+// would be re-emitted as the plugin's: it is reported once.
 func (p *Follower) openAt(atEnd bool) {
-	f, err := os.Open(p.path)
+	f, err := cnisock.OpenFile(p.path, os.O_RDONLY, 0)
+	if re := (*cnisock.RefusedError)(nil); errors.As(err, &re) {
+		if fi, lerr := os.Lstat(p.path); lerr == nil && idOf(fi) != p.refused {
+			p.refused = idOf(fi)
+			p.out.Warn().Str("component", "nftmesh-agent").Err(err).Msg("not following the plugin log")
+		}
+	}
 	if err != nil {
 		return
 	}
@@ -181,7 +191,7 @@ func (p *Follower) Drain() {
 		}
 		p.readOn()
 	}
-	fi, err := os.Stat(p.path)
+	fi, err := os.Lstat(p.path)
 	if err != nil || idOf(fi) == (fileID{}) {
 		return // rotated away and not recreated yet: keep the old file
 	}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -354,5 +355,72 @@ func TestPluginAddByPathAndDecisions(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("decisions\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// TestPluginLogLinkRefused: a symlink or a hard link at the plugin's log
+// name, to a file the test owns elsewhere holding plugin-like lines, or a
+// FIFO there, is not followed: none of its lines reach the agent's log or
+// its metrics, the refusal is reported once, the target is untouched, and
+// once a real log file takes the name its lines are followed again.
+// Before, the follower opened the link's target and re-emitted it as the
+// plugin's lines (any root-readable file would do), and blocked on the
+// FIFO.
+func TestPluginLogLinkRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		plant func(t *testing.T, path, target string) error
+	}{
+		{"symlink", func(_ *testing.T, path, target string) error { return os.Symlink(target, path) }},
+		{"hard link", func(_ *testing.T, path, target string) error { return os.Link(target, path) }},
+		{"FIFO", func(_ *testing.T, path, _ string) error { return syscall.Mkfifo(path, 0o600) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, FileName)
+			target := filepath.Join(t.TempDir(), "elsewhere")
+			secret := pluginLine("info", "ADD capture", `,"pod":"secret-from-elsewhere","decision":"capture"`)
+			if err := os.WriteFile(target, []byte(secret), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var out lockedBuf
+			m := metrics.New()
+			f := New(dir, &out, zerolog.InfoLevel, m)
+			f.openAt(true) // no file yet
+			if err := tc.plant(t, path, target); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				f.Drain()
+				appendFile(t, target, pluginLine("error", "ADD failed", `,"pod":"secret-2","decision":"error"`))
+				f.Drain()
+			}()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the follower blocked on a %s", tc.name) // holding its mutex: no close
+			}
+			defer f.close()
+			if s := out.String(); strings.Contains(s, "secret") || strings.Count(s, "not following the plugin log") != 1 || !strings.Contains(s, "it is a "+strings.Fields(tc.name)[0]) {
+				t.Fatalf("agent log with a %s at the plugin log:\n%s", tc.name, s)
+			}
+			if got := testutil.ToFloat64(m.PluginEvents.WithLabelValues("ADD", "capture")); got != 0 {
+				t.Errorf("plugin ADD capture events %v, want 0", got)
+			}
+			if data, err := os.ReadFile(target); err != nil || !strings.HasPrefix(string(data), secret) {
+				t.Errorf("target: %q, %v", data, err)
+			}
+			// The plugin's own file in its place is followed from its start.
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			appendFile(t, path, pluginLine("info", "ADD skip", `,"pod":"web-1","decision":"skip"`))
+			f.Drain()
+			if got := messages(out.lines(t)); got[len(got)-1] != "ADD skip" {
+				t.Errorf("after a real log file came: %q", got)
+			}
+		})
 	}
 }

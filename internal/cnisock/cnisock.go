@@ -10,6 +10,9 @@
 // uint32 length and its bytes, then the config, as the runtime wrote it, as
 // one such string. A reply's body: a uint32 status, then stdout and stderr
 // as such strings.
+//
+// It also knows the run dir the two share (RunDir) and opens the files
+// there (OpenFile) so that a link placed in it is refused.
 package cnisock
 
 import (

@@ -95,23 +95,45 @@ func ListenAt(runDir, name string) (*Listener, error) {
 		}
 	}
 	path := filepath.Join(dir, name)
+	// unlink and bind never follow a symlink at path: the old socket (or
+	// a link put in its place) goes, not what it leads to.
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("removing the old socket %s: %w", path, err)
 	}
-	ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ln, err := restricted.Listen(context.Background(), "unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", path, err)
 	}
+	ul := ln.(*net.UnixListener)
 	ul.SetUnlinkOnClose(false)
 	l := &Listener{UnixListener: ul, path: path}
-	// The second wall, should the directory ever be opened up.
-	if err := os.Chmod(path, socketMode); err != nil {
+	var sst unix.Stat_t
+	if err := unix.Lstat(path, &sst); err != nil {
 		ul.Close()
-		return nil, fmt.Errorf("restricting socket %s to mode %o: %w", path, socketMode, err)
+		return nil, fmt.Errorf("checking socket %s: %w", path, err)
 	}
-	l.ino = inode(path)
+	if sst.Mode&unix.S_IFMT != unix.S_IFSOCK || sst.Mode&0o777&^socketMode != 0 {
+		ul.Close()
+		return nil, fmt.Errorf("checking socket %s: mode %#o, want a socket of mode %#o", path, sst.Mode, socketMode)
+	}
+	l.ino = sst.Ino
 	return l, nil
 }
+
+// restricted binds a socket file of socketMode, the second wall should the
+// directory ever be opened up: bind gives the file the socket's own mode
+// (less the umask), set here before it, so no chmod by path follows, which
+// a symlink put in the socket's place meanwhile would lead elsewhere.
+var restricted = net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+	var err error
+	if cerr := c.Control(func(fd uintptr) { err = unix.Fchmod(int(fd), socketMode) }); cerr != nil {
+		return cerr
+	}
+	if err != nil {
+		return fmt.Errorf("restricting the socket to mode %o: %w", socketMode, err)
+	}
+	return nil
+}}
 
 // inode is path's inode number, 0 when it cannot be read.
 func inode(path string) uint64 {

@@ -467,3 +467,71 @@ func openTempDir(t *testing.T, prefix string, mode os.FileMode) string {
 	}
 	return dir
 }
+
+// TestListenNotFollowingLinks: a symlink at the socket's path, to a file
+// the test owns elsewhere, planted before Listen or swapped in for the
+// socket while Listen runs (rename over it, 2,000 times, from another
+// goroutine), never leads Listen's unlink, bind or mode setting to that
+// file: its mode and content stay. Before, the socket's mode was set by
+// path after bind, following a symlink swapped in meanwhile (the target
+// became 0600 within a few hundred rounds).
+func TestListenNotFollowingLinks(t *testing.T) {
+	needRoot(t)
+	runDir := t.TempDir()
+	target := filepath.Join(t.TempDir(), "elsewhere")
+	if err := os.WriteFile(target, []byte("the test's own file\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	untouched := func(when string) {
+		t.Helper()
+		st, err := os.Stat(target)
+		data, rerr := os.ReadFile(target)
+		if err != nil || rerr != nil || st.Mode().Perm() != 0o644 || string(data) != "the test's own file\n" {
+			t.Fatalf("the symlink's target %s: %v %q (%v, %v), want mode 0644 and its content", when, st.Mode(), data, err, rerr)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(runDir, DirName), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, Path(runDir)); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := Listen(runDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	untouched("after Listen over a planted symlink")
+
+	stop := make(chan struct{})
+	swapped := make(chan int)
+	go func() {
+		n := 0
+		tmp := Path(runDir) + ".swap"
+		for {
+			select {
+			case <-stop:
+				swapped <- n
+				return
+			default:
+			}
+			_ = os.Remove(tmp)
+			if os.Symlink(target, tmp) == nil && os.Rename(tmp, Path(runDir)) == nil {
+				n++
+			}
+		}
+	}()
+	for i := range 2000 {
+		if ln, err := Listen(runDir); err == nil {
+			ln.Close()
+		}
+		if st, err := os.Stat(target); err == nil && st.Mode().Perm() != 0o644 {
+			close(stop)
+			<-swapped
+			untouched(fmt.Sprintf("after round %d", i))
+		}
+	}
+	close(stop)
+	t.Logf("2,000 Listens, %d symlinks swapped in", <-swapped)
+	untouched("after the swaps")
+}
