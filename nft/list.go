@@ -216,8 +216,14 @@ func decodeSet(s *nftables.Set, elems []nftables.SetElement) (redirect.Set, erro
 	switch s.KeyType.Name {
 	case nftables.TypeInetService.Name:
 		out.Kind = redirect.SetPort
-		ports, err := decodePorts(elems)
-		out.Ports = ports
+		var err error
+		if s.Interval {
+			out.Ports, err = decodePortIntervals(elems)
+		} else {
+			// A plain set, as nftmesh wrote port sets before they became
+			// interval sets (a pod started before an upgrade).
+			out.Ports, err = decodePorts(elems)
+		}
 		return out, err
 	case nftables.TypeIPAddr.Name:
 		out.Kind = redirect.SetIPv4
@@ -276,6 +282,44 @@ func decodeIntervals(elems []nftables.SetElement, v6 bool) ([]redirect.AddrRange
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// decodePortIntervals is decodeIntervals for a port interval set, each
+// range expanded into its ports.
+func decodePortIntervals(elems []nftables.SetElement) ([]uint16, error) {
+	type bound struct {
+		port uint16
+		end  bool
+	}
+	bs := make([]bound, 0, len(elems))
+	for _, e := range elems {
+		if len(e.Key) != 2 {
+			return nil, fmt.Errorf("element %x is not a port", e.Key)
+		}
+		bs = append(bs, bound{binary.BigEndian.Uint16(e.Key), e.IntervalEnd})
+	}
+	slices.SortFunc(bs, func(x, y bound) int { return int(x.port) - int(y.port) })
+	if len(bs) > 0 && bs[0].end && bs[0].port == 0 {
+		bs = bs[1:] // nft's opening end element (see decodeIntervals)
+	}
+	var ports []uint16
+	for i := 0; i < len(bs); i++ {
+		if bs[i].end {
+			return nil, fmt.Errorf("interval end %d without a start", bs[i].port)
+		}
+		from, to := int(bs[i].port), 0xffff
+		if i+1 < len(bs) && bs[i+1].end {
+			to = int(bs[i+1].port) - 1
+			i++
+		}
+		if from > to {
+			return nil, fmt.Errorf("empty interval from %d", from)
+		}
+		for p := from; p <= to; p++ {
+			ports = append(ports, uint16(p))
+		}
+	}
+	return ports, nil
 }
 
 // rangePrefixes splits an inclusive range into the fewest prefixes.

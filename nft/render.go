@@ -73,9 +73,9 @@ func renderSet(s redirect.Set) (string, error) {
 	var elems []string
 	switch s.Kind {
 	case redirect.SetPort:
-		sb.WriteString("\t\ttype inet_service\n")
-		for _, p := range redirect.SortedPorts(s.Ports) {
-			elems = append(elems, fmt.Sprint(p))
+		sb.WriteString("\t\ttype inet_service\n\t\tflags interval\n")
+		for _, r := range redirect.MergePorts(s.Ports) {
+			elems = append(elems, r.String())
 		}
 	case redirect.SetIPv4, redirect.SetIPv6:
 		fmt.Fprintf(&sb, "\t\ttype %s\n\t\tflags interval\n", s.Kind)
