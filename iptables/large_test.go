@@ -67,3 +67,39 @@ func timed(t *testing.T, what string, f func() error) {
 	}
 	t.Logf("%s: %v", what, took.Round(time.Millisecond))
 }
+
+// TestKernelListCarriesPolicy: a builtin chain's policy that someone set to
+// DROP, in a chain holding our rules, is in what List reads (Render then
+// prints what iptables-legacy-save prints), Check names it, and Apply does
+// not take a plan that would set one.
+func TestKernelListCarriesPolicy(t *testing.T) {
+	nstest.NeedRoot(t)
+	ctx := context.Background()
+	p := scenarios.MustPlan(t, "tproxy")
+	ns, path := nstest.New(t, "leg-")
+	b := New()
+	if err := b.Apply(ctx, path, p); err != nil {
+		t.Fatal(err)
+	}
+	nstest.Run(t, ns, "", "iptables-legacy", "-w", "-t", "mangle", "-P", "PREROUTING", "DROP")
+	live, err := b.List(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := live.Table(redirect.TableMangle).Chain(redirect.ChainPrerouting).Policy; got != redirect.PolicyDrop {
+		t.Fatalf("List: mangle PREROUTING policy %s, want drop", got)
+	}
+	want, err := Render(live, redirect.FamilyIPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := saveTables(t, ns, false); got != want {
+		t.Errorf("iptables-legacy-save differs from Render of List:\n%s", lineDiff(want, got))
+	}
+	if err := b.Check(ctx, path, p); !redirect.IsDrift(err) || !strings.Contains(err.Error(), "policy drop") {
+		t.Errorf("Check = %v, want drift naming the policy", err)
+	}
+	if err := b.Apply(ctx, path, live); err == nil || !strings.Contains(err.Error(), "policies to their owners") {
+		t.Errorf("Apply of a plan with a builtin chain's policy = %v, want a refusal", err)
+	}
+}

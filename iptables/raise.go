@@ -139,6 +139,9 @@ func raise(byFam map[redirect.Family][]decodedTable) (redirect.Plan, error) {
 	type famRules map[redirect.Family][]redirect.Rule
 	for _, tname := range []redirect.TableName{redirect.TableMangle, redirect.TableNat, redirect.TableRaw} {
 		chains := map[string]famRules{}
+		// A builtin chain's policy is per family; either dropping is a
+		// drop for the one chain of the Plan.
+		policies := map[string]redirect.ChainPolicy{}
 		var names []string
 		for _, fam := range []redirect.Family{redirect.FamilyIPv4, redirect.FamilyIPv6} {
 			for _, dt := range byFam[fam] {
@@ -158,6 +161,7 @@ func raise(byFam map[redirect.Family][]decodedTable) (redirect.Plan, error) {
 						return p, fmt.Errorf("reading %s %s/%s: %w", fam, tname, xc.name, err)
 					}
 					chains[xc.name][fam] = rules
+					policies[xc.name] = max(policies[xc.name], xc.policy)
 				}
 			}
 		}
@@ -173,7 +177,7 @@ func raise(byFam map[redirect.Family][]decodedTable) (redirect.Plan, error) {
 				if !ok || h != hookPrerouting && h != hookOutput {
 					return p, fmt.Errorf("our rules in %s/%s, a chain nftmesh never uses", tname, name)
 				}
-				c.Hook, c.Type, c.Priority = bc.Hook, bc.Type, bc.Priority
+				c.Hook, c.Type, c.Priority, c.Policy = bc.Hook, bc.Type, bc.Priority, policies[name]
 			}
 			t.Chains = append(t.Chains, c)
 		}

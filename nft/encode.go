@@ -61,6 +61,10 @@ func encode(p redirect.Plan, table string) (*program, error) {
 	if err := p.Verify(); err != nil {
 		return nil, fmt.Errorf("verifying plan: %w", err)
 	}
+	if p.TableFlags != 0 {
+		// Only List finds them (google/nftables v0.3.0 writes none).
+		return nil, fmt.Errorf("table flags %s: nftmesh writes none", p.TableFlags)
+	}
 	prog := &program{table: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}}
 	// Set IDs are chosen here, not by google/nftables' global counter, so
 	// concurrent Applies never share state; they only need to be unique
@@ -89,8 +93,11 @@ func encode(p redirect.Plan, table string) (*program, error) {
 				if err := cmp.Or(herr, terr); err != nil {
 					return nil, fmt.Errorf("chain %s/%s: %w", t.Name, c.Name, err)
 				}
-				accept := nftables.ChainPolicyAccept
-				ch.Hooknum, ch.Type, ch.Policy = hook, typ, &accept
+				pol, perr := encodePolicy(c.Policy)
+				if perr != nil {
+					return nil, fmt.Errorf("chain %s/%s: %w", t.Name, c.Name, perr)
+				}
+				ch.Hooknum, ch.Type, ch.Policy = hook, typ, &pol
 				ch.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(c.Priority))
 			}
 			prog.chains = append(prog.chains, ch)
@@ -132,6 +139,16 @@ func encodeHook(h redirect.Hook) (*nftables.ChainHook, error) {
 		return nftables.ChainHookRef(unix.NF_INET_LOCAL_OUT), nil
 	}
 	return nil, fmt.Errorf("unsupported hook %q", h)
+}
+
+func encodePolicy(p redirect.ChainPolicy) (nftables.ChainPolicy, error) {
+	switch p {
+	case redirect.PolicyAccept:
+		return nftables.ChainPolicyAccept, nil
+	case redirect.PolicyDrop:
+		return nftables.ChainPolicyDrop, nil
+	}
+	return 0, fmt.Errorf("unsupported policy %s", p)
 }
 
 func encodeChainType(t redirect.ChainType) (nftables.ChainType, error) {

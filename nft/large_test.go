@@ -98,3 +98,34 @@ func nftSetPorts(t *testing.T, ns, set string) []uint16 {
 	slices.Sort(ports)
 	return ports
 }
+
+// TestKernelListCarriesFlagsAndPolicy: a table switched off and a base
+// chain set to drop, by nft, read back through List and printed by Render,
+// are what nft itself lists: the read-back carries both.
+func TestKernelListCarriesFlagsAndPolicy(t *testing.T) {
+	nstest.NeedRoot(t)
+	ctx := context.Background()
+	p := scenarios.MustPlan(t, "defaults")
+	ns, cleanup := newNetns(t)
+	t.Cleanup(cleanup)
+	b := New()
+	if err := b.Apply(ctx, ns, p); err != nil {
+		t.Fatal(err)
+	}
+	nstest.Run(t, ns, "add table inet nftmesh { flags dormant; }\nadd chain inet nftmesh nat-output { policy drop; }\n", "nft", "-f", "-")
+	live, err := b.List(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if live.TableFlags != redirect.TableDormant || live.Table(redirect.TableNat).Chain(redirect.ChainOutput).Policy != redirect.PolicyDrop {
+		t.Fatalf("List: table flags %s, nat OUTPUT policy %s; want dormant, drop", live.TableFlags, live.Table(redirect.TableNat).Chain(redirect.ChainOutput).Policy)
+	}
+	rendered, err := Render(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := handleRE.ReplaceAllString(nstest.Run(t, ns, "", "nft", "list", "table", "inet", TableName), "")
+	if normalize(listed) != normalize(rendered) {
+		t.Errorf("nft list differs from Render of List:\n--- nft list\n%s\n--- Render\n%s", listed, rendered)
+	}
+}

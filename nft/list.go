@@ -44,10 +44,13 @@ func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
 		return err
 	}
 	defer cc.CloseLasting()
-	if ok, err := b.tableExists(cc); err != nil || !ok {
+	table, err := b.ourTable(cc)
+	if err != nil || table == nil {
 		return err
 	}
-	table := &nftables.Table{Name: b.table, Family: nftables.TableFamilyINet}
+	// A dormant table keeps its chains but none is on its hook: every
+	// rule is off though each reads back as written.
+	p.TableFlags = tableFlags(table)
 	if err := refuseObjects(cc, table); err != nil {
 		return err
 	}
@@ -114,6 +117,11 @@ func listSets(cc *nftables.Conn, table *nftables.Table, p *redirect.Plan) (map[s
 	anon := map[string][]uint16{}
 	kinds := map[string]redirect.SetKind{}
 	for _, s := range sets {
+		if s.HasTimeout {
+			// Its elements (ours read as they are) may be gone
+			// tomorrow.
+			return nil, nil, redirect.Unreadable(fmt.Errorf("set %s: elements may expire (flag timeout): nftmesh writes no timeouts", s.Name))
+		}
 		elems, err := cc.GetSetElements(s)
 		if err != nil {
 			return nil, nil, fmt.Errorf("listing elements of set %s: %w", s.Name, err)
@@ -183,18 +191,34 @@ func decodeChain(c *nftables.Chain, name string) (redirect.Chain, error) {
 		rc.Priority = int32(*c.Priority)
 	}
 	rc.Type = redirect.ChainType(c.Type)
-	if c.Policy != nil && *c.Policy != nftables.ChainPolicyAccept {
-		return rc, fmt.Errorf("chain %s: policy %d, ours are accept", c.Name, *c.Policy)
+	if c.Policy != nil {
+		switch *c.Policy {
+		case nftables.ChainPolicyAccept:
+		case nftables.ChainPolicyDrop:
+			rc.Policy = redirect.PolicyDrop
+		default:
+			return rc, fmt.Errorf("chain %s: policy %d", c.Name, *c.Policy)
+		}
 	}
 	return rc, nil
 }
 
+// decodeHook names every hook of the inet family, so that a chain of ours
+// moved to one nftmesh never uses reads back as such and CHECK names it.
 func decodeHook(h nftables.ChainHook) (redirect.Hook, error) {
 	switch h {
 	case unix.NF_INET_PRE_ROUTING:
 		return redirect.HookPrerouting, nil
 	case unix.NF_INET_LOCAL_OUT:
 		return redirect.HookOutput, nil
+	case unix.NF_INET_LOCAL_IN:
+		return "input", nil
+	case unix.NF_INET_FORWARD:
+		return "forward", nil
+	case unix.NF_INET_POST_ROUTING:
+		return "postrouting", nil
+	case unix.NF_INET_NUMHOOKS: // NF_INET_INGRESS, which x/sys does not name
+		return "ingress", nil
 	}
 	return "", fmt.Errorf("unsupported hook %d", h)
 }

@@ -126,14 +126,20 @@ func (b *Backend) removeRoutes(ns netns.NsHandle) error {
 
 // tableExists asks the kernel for our one table: a single non-dump request.
 func (b *Backend) tableExists(cc *nftables.Conn) (bool, error) {
-	_, err := cc.ListTableOfFamily(b.table, nftables.TableFamilyINet)
+	t, err := b.ourTable(cc)
+	return t != nil, err
+}
+
+// ourTable is our table as the kernel has it (its flags too), nil if none.
+func (b *Backend) ourTable(cc *nftables.Conn) (*nftables.Table, error) {
+	t, err := cc.ListTableOfFamily(b.table, nftables.TableFamilyINet)
 	switch {
 	case err == nil:
-		return true, nil
+		return t, nil
 	case errors.Is(err, unix.ENOENT):
-		return false, nil
+		return nil, nil
 	}
-	return false, fmt.Errorf("querying table inet %s: %w", b.table, err)
+	return nil, fmt.Errorf("querying table inet %s: %w", b.table, err)
 }
 
 // Apply implements redirect.Backend with one netlink batch that only adds

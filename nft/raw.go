@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
@@ -41,6 +42,10 @@ import (
 //     ours (upstream at 1db35da knows tproxy but reads its 4-byte family as
 //     one byte and fails); (c) panics on a short verdict (still so at
 //     1db35da), which unmarshalExpr turns into an error.
+//  3. A table's flags: v0.3.0 reads the big-endian NFTA_TABLE_FLAGS in host
+//     order (dormant reads as 0x1000000 on amd64; upstream's tableFromMsg
+//     still does at 000298f) and writes none (#332 adds writing them,
+//     unreleased); tableFlags reads them right.
 
 // batchTimeout bounds the wait for acks, normally queued by the time
 // sendmsg returns.
@@ -125,6 +130,13 @@ func forceSendBuffer(c *netlink.Conn, n int) error {
 		return err
 	}
 	return serr
+}
+
+// tableFlags is t's NFTA_TABLE_FLAGS as the kernel sent them (3 above).
+func tableFlags(t *nftables.Table) redirect.TableFlags {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], t.Flags)
+	return redirect.TableFlags(binary.BigEndian.Uint32(b[:]))
 }
 
 // liveRule is one rule as dumped by the kernel, its expressions parsed.

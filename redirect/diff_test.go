@@ -66,3 +66,26 @@ func TestDiffListsOnlyDifferences(t *testing.T) {
 		t.Fatalf("Diff after changing one rule: %q", d)
 	}
 }
+
+// TestDiffNamesTableFlagsAndPolicy: a table switched off and a base chain
+// that drops what falls through are differences, each named in its line.
+func TestDiffNamesTableFlagsAndPolicy(t *testing.T) {
+	p, err := Build(DefaultSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := p.Clone()
+	q.TableFlags = TableDormant | TableOwner
+	q.Table(TableNat).Chain(ChainPrerouting).Policy = PolicyDrop
+	want := []string{
+		"+ table flags dormant,owner",
+		"+ chain nat PREROUTING { type nat hook prerouting priority -100 policy drop }",
+		"- chain nat PREROUTING { type nat hook prerouting priority -100 }",
+	}
+	if d := Diff(p, q); !slices.Equal(d, want) {
+		t.Errorf("Diff = %q\nwant %q", d, want)
+	}
+	if s := TableFlags(0x18).String(); s != "0x18" {
+		t.Errorf("unknown flags print as %q", s)
+	}
+}
