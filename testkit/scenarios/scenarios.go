@@ -159,9 +159,10 @@ func MustPlan(t testing.TB, name string) redirect.Plan {
 }
 
 // Large are the largest port annotations a pod can carry (the API admits
-// 256 KiB of annotations in all: some 45,500 distinct ports as text), kept
-// out of All: each backend's kernel test applies and checks every one within
-// LargeApplyBound, in a real namespace.
+// 256 KiB of annotations in all: some 45,500 distinct ports as text), and
+// the most rules annotations can make (interface lists, each name a rule,
+// at redirect.MaxInterfaces), kept out of All: each backend's kernel test
+// applies and checks every one within LargeApplyBound, in a real namespace.
 var Large = []Scenario{
 	{Name: "exclude-inbound-ports-1-45341", Doc: "excludeInboundPorts 1,2,...,45341 (255 KiB), as in issue 29's review: one range once merged",
 		Annotations: map[string]string{redirect.AnnotationExcludeInboundPorts: portList(portRange(1, 45341))}},
@@ -169,6 +170,12 @@ var Large = []Scenario{
 		Annotations: map[string]string{redirect.AnnotationExcludeInboundPorts: portList(randomPorts(43000))}},
 	{Name: "exclude-every-other-inbound-port", Doc: "excludeInboundPorts with the 32,768 odd ports (187 KiB): no two adjacent, the most ranges a port set can need",
 		Annotations: map[string]string{redirect.AnnotationExcludeInboundPorts: portList(oddPorts())}},
+	{Name: "tproxy-most-interfaces", Doc: "TPROXY with redirect.MaxInterfaces excluded and as many rerouted interfaces: some 7,000 rules",
+		Annotations: map[string]string{
+			redirect.AnnotationInterceptionMode:         "TPROXY",
+			redirect.AnnotationExcludeInterfaces:        interfaceList("x", redirect.MaxInterfaces),
+			redirect.AnnotationRerouteVirtualInterfaces: interfaceList("v", redirect.MaxInterfaces),
+		}},
 }
 
 // LargeApplyBound is what applying a Large scenario may take on a loaded
@@ -201,6 +208,14 @@ func oddPorts() []uint16 {
 		out = append(out, uint16(p))
 	}
 	return out
+}
+
+func interfaceList(prefix string, n int) string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = prefix + strconv.Itoa(i)
+	}
+	return strings.Join(names, ",")
 }
 
 func portList(ports []uint16) string {
