@@ -230,7 +230,14 @@ func (pl *Pipeline) Check(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 	if err != nil {
 		return "", unpin(err, path, n)
 	}
-	return sel.backend.Name(), unpin(sel.backend.Check(ctx, path, p), path, n)
+	err = sel.backend.Check(ctx, path, p)
+	// Callers show the drift's lines, not only its Error().
+	if d := (*redirect.DriftError)(nil); path != n.Path && errors.As(err, &d) {
+		for i, l := range d.Lines {
+			d.Lines[i] = strings.ReplaceAll(l, path, n.Path)
+		}
+	}
+	return sel.backend.Name(), unpin(err, path, n)
 }
 
 // List returns what the selected backend finds of ours in n (any namespace,

@@ -102,6 +102,11 @@ func TestCheckUnreadable(t *testing.T) {
 			if !errors.As(err, &d) || len(d.Lines) != 1 || !strings.Contains(d.Lines[0], "nftmesh does not write") || !strings.Contains(d.Lines[0], tc.why) {
 				t.Fatalf("Check = %v, want drift naming %q", err, tc.why)
 			}
+			// The line names the namespace as the caller did, not as
+			// the pipeline pinned it (/proc/self/fd/N).
+			if tc.backend == NFTables && !strings.Contains(d.Lines[0], n.Path) || strings.Contains(d.Lines[0], "/proc/self/fd/") {
+				t.Errorf("drift line %q does not name netns %s", d.Lines[0], n.Path)
+			}
 			if _, err := Linux().Apply(context.Background(), n, p, o); err != nil {
 				t.Fatalf("re-Apply: %v", err)
 			}

@@ -73,6 +73,9 @@ func (b *Backend) Apply(ctx context.Context, netns string, p redirect.Plan) erro
 	if err := p.Verify(); err != nil {
 		return fmt.Errorf("applying plan to netns %s: %w", netns, err)
 	}
+	if err := sharedPolicies(p); err != nil {
+		return fmt.Errorf("applying plan to netns %s: %w", netns, err)
+	}
 	want := map[redirect.Family]map[string]xtable{}
 	for _, fam := range allFamilies {
 		xs, err := lowerPlan(p, fam)
@@ -296,6 +299,12 @@ func (t *table) decodeOurs() (decodedTable, error) {
 			continue
 		}
 		xc := xchain{name: c.name, builtin: c.hook >= 0}
+		if xc.builtin {
+			var err error
+			if xc.policy, err = chainPolicy(c); err != nil {
+				return dt, err
+			}
+		}
 		for i, e := range c.rules {
 			if c.hook >= 0 && !ours(e) {
 				continue
@@ -317,10 +326,53 @@ func (t *table) decodeOurs() (decodedTable, error) {
 	return dt, nil
 }
 
+// sharedPolicies refuses a plan that sets a builtin chain's policy: the
+// chain is shared with every other user of the table, and its policy is
+// its owner's (List reads it, Render prints it, Apply leaves it).
+func sharedPolicies(p redirect.Plan) error {
+	for _, t := range p.Tables {
+		for _, c := range t.Chains {
+			if c.Policy != redirect.PolicyAccept {
+				return fmt.Errorf("%s/%s: policy %s: nftmesh leaves builtin chains' policies to their owners", t.Name, c.Name, c.Policy)
+			}
+		}
+	}
+	return nil
+}
+
+// chainPolicy reads a builtin chain's policy entry.
+func chainPolicy(c *tchain) (redirect.ChainPolicy, error) {
+	switch v, _ := c.tail.parsed.stdVerdict(); v {
+	case verdictAccept:
+		return redirect.PolicyAccept, nil
+	case verdictDrop:
+		return redirect.PolicyDrop, nil
+	}
+	return 0, fmt.Errorf("chain %s: policy entry is neither ACCEPT nor DROP", c.name)
+}
+
 // Check implements redirect.Backend: List compared with the canonical
-// form of p (redirect.CheckAgainst on Canonical(p)).
+// form of p (redirect.CheckAgainst on Canonical(p)), and the foreign rules
+// placed before ours that can end a builtin chain (see aheadOfOurs), each
+// a drift line.
 func (b *Backend) Check(ctx context.Context, netns string, p redirect.Plan) error {
-	return redirect.CheckAgainst(ctx, b, netns, Canonical(p))
+	err := redirect.CheckAgainst(ctx, b, netns, Canonical(p))
+	var drift *redirect.DriftError
+	if err != nil && !errors.As(err, &drift) {
+		return err
+	}
+	ahead, aerr := aheadOfOursIn(ctx, netns)
+	if aerr != nil {
+		return errors.Join(err, fmt.Errorf("reading the rules before nftmesh's in netns %s: %w", netns, aerr))
+	}
+	if len(ahead) == 0 {
+		return err
+	}
+	if drift == nil {
+		drift = &redirect.DriftError{}
+	}
+	drift.Lines = append(drift.Lines, ahead...)
+	return drift
 }
 
 // Remove implements redirect.Backend: our chains, our rules in builtin

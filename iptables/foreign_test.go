@@ -3,8 +3,10 @@ package iptables
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -152,7 +154,10 @@ COMMIT
 // TestForeignRulesSurvive loads foreign chains and rules in nat, mangle and
 // filter with iptables-legacy-restore, applies and removes every scenario,
 // and checks that the foreign rules print the same throughout and that the
-// tables equal the original after Remove.
+// tables equal the original after Remove. Check reads our rules as planned
+// and names, as drift, the foreign rules before ours that can keep packets
+// from them (KUBE-SERVICES' DNATs, AAA-FIRST's ACCEPT); CNI-MARK, which only
+// marks and returns, is none.
 func TestForeignRulesSurvive(t *testing.T) {
 	nstest.NeedRoot(t)
 	ctx := context.Background()
@@ -178,9 +183,7 @@ func TestForeignRulesSurvive(t *testing.T) {
 					t.Errorf("v6=%v: foreign rules changed by Apply:\n%s", v6, lineDiff(withoutOurs(before[i]), foreign))
 				}
 			}
-			if err := b.Check(ctx, path, p); err != nil {
-				t.Errorf("Check with foreign rules around: %v", err)
-			}
+			checkForeignAhead(t, b.Check(ctx, path, p))
 			if err := b.Remove(ctx, path); err != nil {
 				t.Fatalf("Remove: %v", err)
 			}
@@ -298,5 +301,26 @@ func TestConcurrentIptables(t *testing.T) {
 	}
 	if err := b.Check(ctx, path, p); err != nil {
 		t.Errorf("our rules after the concurrent run: %v", err)
+	}
+}
+
+// checkForeignAhead: err is drift listing only foreign rules before ours
+// that jump to KUBE-SERVICES or AAA-FIRST, IPv4 nat OUTPUT's among them
+// (every scenario has rules of ours there).
+func checkForeignAhead(t *testing.T, err error) {
+	t.Helper()
+	var d *redirect.DriftError
+	if !errors.As(err, &d) {
+		t.Fatalf("Check with foreign rules before ours = %v, want drift naming them", err)
+	}
+	for _, l := range d.Lines {
+		if !strings.Contains(l, ", before nftmesh's, is not nftmesh's and can end the chain: -j KUBE-SERVICES") &&
+			!strings.Contains(l, ", before nftmesh's, is not nftmesh's and can end the chain: -j AAA-FIRST") {
+			t.Errorf("drift line %q names something else than a foreign rule ahead of ours", l)
+		}
+	}
+	want := "+ ipv4 nat OUTPUT rule 1, before nftmesh's, is not nftmesh's and can end the chain: -j KUBE-SERVICES"
+	if !slices.Contains(d.Lines, want) {
+		t.Errorf("drift lacks %q:\n%s", want, strings.Join(d.Lines, "\n"))
 	}
 }

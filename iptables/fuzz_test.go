@@ -55,6 +55,7 @@ func FuzzDecode(f *testing.F) {
 		if _, err := tb.decodeOurs(); err == nil {
 			_ = err
 		}
+		_ = tb.aheadOfOurs()
 		for _, c := range tb.chains {
 			for _, e := range c.rules {
 				_, _ = decodeRule(l, e.parsed)

@@ -121,7 +121,9 @@ const (
 type xchain struct {
 	name    string
 	builtin bool
-	rules   []xrule
+	// policy is a builtin chain's, as read (its owner's: never written).
+	policy redirect.ChainPolicy
+	rules  []xrule
 }
 
 // xtable is the part of one table that is ours, for one family.
@@ -136,6 +138,9 @@ type xtable struct {
 func lowerPlan(p redirect.Plan, fam redirect.Family) ([]xtable, error) {
 	if fam != redirect.FamilyIPv4 && fam != redirect.FamilyIPv6 {
 		return nil, fmt.Errorf("lowering plan: family %s is not ipv4 or ipv6", fam)
+	}
+	if p.TableFlags != 0 {
+		return nil, fmt.Errorf("lowering plan: table flags %s: x_tables has none", p.TableFlags)
 	}
 	var out []xtable
 	for _, t := range p.Tables {
@@ -168,7 +173,11 @@ func lowerPlan(p redirect.Plan, fam redirect.Family) ([]xtable, error) {
 					return nil, fmt.Errorf("lowering plan: table %s has no builtin chain %s", t.Name, c.Name)
 				}
 				xt.chains[i].rules = append(xt.chains[i].rules, rules...)
+				xt.chains[i].policy = c.Policy
 				continue
+			}
+			if c.Policy != redirect.PolicyAccept {
+				return nil, fmt.Errorf("lowering plan: %s/%s: a user chain has no policy", t.Name, c.Name)
 			}
 			if !strings.HasPrefix(c.Name, ourChainPref) || len(c.Name) > maxChainName {
 				return nil, fmt.Errorf("lowering plan: chain name %q must start with %s and be at most %d bytes", c.Name, ourChainPref, maxChainName)

@@ -134,11 +134,14 @@ type decodedTable struct {
 // raise turns the decoded tables of both families into a canonical Plan.
 func raise(byFam map[redirect.Family][]decodedTable) (redirect.Plan, error) {
 	var p redirect.Plan
-	sets := map[string]*redirect.Set{}
+	sets := map[string]*setAcc{}
 	var setOrder []string
 	type famRules map[redirect.Family][]redirect.Rule
 	for _, tname := range []redirect.TableName{redirect.TableMangle, redirect.TableNat, redirect.TableRaw} {
 		chains := map[string]famRules{}
+		// A builtin chain's policy is per family; either dropping is a
+		// drop for the one chain of the Plan.
+		policies := map[string]redirect.ChainPolicy{}
 		var names []string
 		for _, fam := range []redirect.Family{redirect.FamilyIPv4, redirect.FamilyIPv6} {
 			for _, dt := range byFam[fam] {
@@ -158,6 +161,7 @@ func raise(byFam map[redirect.Family][]decodedTable) (redirect.Plan, error) {
 						return p, fmt.Errorf("reading %s %s/%s: %w", fam, tname, xc.name, err)
 					}
 					chains[xc.name][fam] = rules
+					policies[xc.name] = max(policies[xc.name], xc.policy)
 				}
 			}
 		}
@@ -173,7 +177,7 @@ func raise(byFam map[redirect.Family][]decodedTable) (redirect.Plan, error) {
 				if !ok || h != hookPrerouting && h != hookOutput {
 					return p, fmt.Errorf("our rules in %s/%s, a chain nftmesh never uses", tname, name)
 				}
-				c.Hook, c.Type, c.Priority = bc.Hook, bc.Type, bc.Priority
+				c.Hook, c.Type, c.Priority, c.Policy = bc.Hook, bc.Type, bc.Priority, policies[name]
 			}
 			t.Chains = append(t.Chains, c)
 		}
@@ -181,14 +185,14 @@ func raise(byFam map[redirect.Family][]decodedTable) (redirect.Plan, error) {
 		p.Tables = append(p.Tables, t)
 	}
 	for _, name := range setOrder {
-		p.Sets = append(p.Sets, *sets[name])
+		p.Sets = append(p.Sets, sets[name].set)
 	}
 	return p, nil
 }
 
 // raiseRules converts one chain's rules and folds runs of rules expanded
 // from one set (same set tag, equal but for the element) into one rule.
-func raiseRules(xs []xrule, fam redirect.Family, sets map[string]*redirect.Set, order *[]string) ([]redirect.Rule, error) {
+func raiseRules(xs []xrule, fam redirect.Family, sets map[string]*setAcc, order *[]string) ([]redirect.Rule, error) {
 	var out []redirect.Rule
 	lastKey, lastSet := "", ""
 	for i, x := range xs {
@@ -199,23 +203,14 @@ func raiseRules(xs []xrule, fam redirect.Family, sets map[string]*redirect.Set, 
 		if setName != "" {
 			s := sets[setName]
 			if s == nil {
-				s = &redirect.Set{Name: setName, Kind: el.kind}
+				s = &setAcc{set: redirect.Set{Name: setName, Kind: el.kind}, prefixes: map[netip.Prefix]bool{}, ports: map[uint16]bool{}}
 				sets[setName] = s
 				*order = append(*order, setName)
 			}
-			if s.Kind != el.kind {
-				return nil, fmt.Errorf("rule %d: set %s holds %s and %s elements", i+1, setName, s.Kind, el.kind)
+			if s.set.Kind != el.kind {
+				return nil, fmt.Errorf("rule %d: set %s holds %s and %s elements", i+1, setName, s.set.Kind, el.kind)
 			}
-			for _, pr := range el.prefixes {
-				if !slices.Contains(s.Prefixes, pr) {
-					s.Prefixes = append(s.Prefixes, pr)
-				}
-			}
-			for _, pt := range el.ports {
-				if !slices.Contains(s.Ports, pt) {
-					s.Ports = append(s.Ports, pt)
-				}
-			}
+			s.add(el)
 			key := r.String()
 			if setName == lastSet && key == lastKey {
 				continue // another element of the same expanded rule
@@ -227,6 +222,30 @@ func raiseRules(xs []xrule, fam redirect.Family, sets map[string]*redirect.Set, 
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// setAcc gathers a set from the rules it was expanded into, each element
+// once, in the order first seen. The maps keep it linear: a port set can
+// hold 45,000 ports (one rule each).
+type setAcc struct {
+	set      redirect.Set
+	prefixes map[netip.Prefix]bool
+	ports    map[uint16]bool
+}
+
+func (s *setAcc) add(el setElems) {
+	for _, pr := range el.prefixes {
+		if !s.prefixes[pr] {
+			s.prefixes[pr] = true
+			s.set.Prefixes = append(s.set.Prefixes, pr)
+		}
+	}
+	for _, pt := range el.ports {
+		if !s.ports[pt] {
+			s.ports[pt] = true
+			s.set.Ports = append(s.set.Ports, pt)
+		}
+	}
 }
 
 type setElems struct {

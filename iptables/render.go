@@ -31,7 +31,7 @@ func renderTable(b *strings.Builder, t xtable, fam redirect.Family) {
 	fmt.Fprintf(b, "*%s\n", t.name)
 	for _, c := range t.chains {
 		if c.builtin {
-			fmt.Fprintf(b, ":%s ACCEPT [0:0]\n", c.name)
+			fmt.Fprintf(b, ":%s %s [0:0]\n", c.name, strings.ToUpper(c.policy.String()))
 		} else {
 			fmt.Fprintf(b, ":%s - [0:0]\n", c.name)
 		}

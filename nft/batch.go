@@ -108,11 +108,11 @@ func elemListLen(elems []nftables.SetElement) int {
 	return n
 }
 
-// marshal is the batch that creates prog's table, as google/nftables'
-// Flush sends it to a dial function that keeps and acknowledges it, with
+// marshal is the batch that creates prog's table (with replace, that
+// deletes and re-creates it), as google/nftables' Flush sends it to a dial function that keeps and acknowledges it, with
 // the echo flag cleared (raw.go, 1) and sequence, PID and length left to
 // the sending socket.
-func marshal(prog *program) ([]netlink.Message, error) {
+func marshal(prog *program, replace bool) ([]netlink.Message, error) {
 	var msgs []netlink.Message
 	cc, err := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
 		msgs = append(msgs, req...)
@@ -128,7 +128,7 @@ func marshal(prog *program) ([]netlink.Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := queue(cc, prog, false); err != nil {
+	if err := queue(cc, prog, replace); err != nil {
 		return nil, err
 	}
 	if err := cc.Flush(); err != nil {

@@ -249,7 +249,7 @@ func BenchmarkMarshal(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := marshal(prog); err != nil {
+				if _, err := marshal(prog, false); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -257,17 +257,20 @@ func BenchmarkMarshal(b *testing.B) {
 	}
 }
 
-// TestMarshalIsTheLibrarysBatch: the creating batch kept and sent by hand
-// is the one google/nftables' Flush sends for the program, message for
-// message and byte for byte, less the echo flag on each rule.
+// TestMarshalIsTheLibrarysBatch: the creating and replacing batches sent by
+// hand are the ones google/nftables' Flush sends for the program, message
+// for message and byte for byte, less the echo flag on each rule.
 func TestMarshalIsTheLibrarysBatch(t *testing.T) {
-	for _, p := range []redirect.Plan{scenarios.MustPlan(t, "defaults"), vocabularyPlan(), planWithExcludes(t, 3000)} {
-		prog := mustEncode(t, p)
-		got, err := marshal(prog)
+	for _, c := range []struct {
+		p       redirect.Plan
+		replace bool
+	}{{scenarios.MustPlan(t, "defaults"), false}, {vocabularyPlan(), false}, {planWithExcludes(t, 3000), false}, {scenarios.MustPlan(t, "tproxy"), true}} {
+		prog := mustEncode(t, c.p)
+		got, err := marshal(prog, c.replace)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := sent(t, prog, false)
+		want := sent(t, prog, c.replace)
 		if len(got) != len(want) {
 			t.Fatalf("%d messages, Flush sends %d", len(got), len(want))
 		}

@@ -31,7 +31,7 @@ func TestBatchCache(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		msgs, err := marshal(prog)
+		msgs, err := marshal(prog, false)
 		if err != nil {
 			t.Fatal(err)
 		}

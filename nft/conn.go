@@ -161,7 +161,7 @@ func prepare(p redirect.Plan, table string, async bool) *Prepared {
 		if pr.prog, pr.err = encode(p, table); pr.err != nil {
 			return
 		}
-		if pr.create, pr.err = marshal(pr.prog); pr.err == nil {
+		if pr.create, pr.err = marshal(pr.prog, false); pr.err == nil {
 			created.remember(p, table, pr.create)
 		}
 	}

@@ -44,10 +44,13 @@ func (b *Backend) listTable(ns netns.NsHandle, p *redirect.Plan) error {
 		return err
 	}
 	defer cc.CloseLasting()
-	if ok, err := b.tableExists(cc); err != nil || !ok {
+	table, err := b.ourTable(cc)
+	if err != nil || table == nil {
 		return err
 	}
-	table := &nftables.Table{Name: b.table, Family: nftables.TableFamilyINet}
+	// A dormant table keeps its chains but none is on its hook: every
+	// rule is off though each reads back as written.
+	p.TableFlags = tableFlags(table)
 	if err := refuseObjects(cc, table); err != nil {
 		return err
 	}
@@ -114,6 +117,11 @@ func listSets(cc *nftables.Conn, table *nftables.Table, p *redirect.Plan) (map[s
 	anon := map[string][]uint16{}
 	kinds := map[string]redirect.SetKind{}
 	for _, s := range sets {
+		if s.HasTimeout {
+			// Its elements (ours read as they are) may be gone
+			// tomorrow.
+			return nil, nil, redirect.Unreadable(fmt.Errorf("set %s: elements may expire (flag timeout): nftmesh writes no timeouts", s.Name))
+		}
 		elems, err := cc.GetSetElements(s)
 		if err != nil {
 			return nil, nil, fmt.Errorf("listing elements of set %s: %w", s.Name, err)
@@ -183,18 +191,34 @@ func decodeChain(c *nftables.Chain, name string) (redirect.Chain, error) {
 		rc.Priority = int32(*c.Priority)
 	}
 	rc.Type = redirect.ChainType(c.Type)
-	if c.Policy != nil && *c.Policy != nftables.ChainPolicyAccept {
-		return rc, fmt.Errorf("chain %s: policy %d, ours are accept", c.Name, *c.Policy)
+	if c.Policy != nil {
+		switch *c.Policy {
+		case nftables.ChainPolicyAccept:
+		case nftables.ChainPolicyDrop:
+			rc.Policy = redirect.PolicyDrop
+		default:
+			return rc, fmt.Errorf("chain %s: policy %d", c.Name, *c.Policy)
+		}
 	}
 	return rc, nil
 }
 
+// decodeHook names every hook of the inet family, so that a chain of ours
+// moved to one nftmesh never uses reads back as such and CHECK names it.
 func decodeHook(h nftables.ChainHook) (redirect.Hook, error) {
 	switch h {
 	case unix.NF_INET_PRE_ROUTING:
 		return redirect.HookPrerouting, nil
 	case unix.NF_INET_LOCAL_OUT:
 		return redirect.HookOutput, nil
+	case unix.NF_INET_LOCAL_IN:
+		return "input", nil
+	case unix.NF_INET_FORWARD:
+		return "forward", nil
+	case unix.NF_INET_POST_ROUTING:
+		return "postrouting", nil
+	case unix.NF_INET_NUMHOOKS: // NF_INET_INGRESS, which x/sys does not name
+		return "ingress", nil
 	}
 	return "", fmt.Errorf("unsupported hook %d", h)
 }
@@ -216,8 +240,14 @@ func decodeSet(s *nftables.Set, elems []nftables.SetElement) (redirect.Set, erro
 	switch s.KeyType.Name {
 	case nftables.TypeInetService.Name:
 		out.Kind = redirect.SetPort
-		ports, err := decodePorts(elems)
-		out.Ports = ports
+		var err error
+		if s.Interval {
+			out.Ports, err = decodePortIntervals(elems)
+		} else {
+			// A plain set, as nftmesh wrote port sets before they became
+			// interval sets (a pod started before an upgrade).
+			out.Ports, err = decodePorts(elems)
+		}
 		return out, err
 	case nftables.TypeIPAddr.Name:
 		out.Kind = redirect.SetIPv4
@@ -276,6 +306,44 @@ func decodeIntervals(elems []nftables.SetElement, v6 bool) ([]redirect.AddrRange
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// decodePortIntervals is decodeIntervals for a port interval set, each
+// range expanded into its ports.
+func decodePortIntervals(elems []nftables.SetElement) ([]uint16, error) {
+	type bound struct {
+		port uint16
+		end  bool
+	}
+	bs := make([]bound, 0, len(elems))
+	for _, e := range elems {
+		if len(e.Key) != 2 {
+			return nil, fmt.Errorf("element %x is not a port", e.Key)
+		}
+		bs = append(bs, bound{binary.BigEndian.Uint16(e.Key), e.IntervalEnd})
+	}
+	slices.SortFunc(bs, func(x, y bound) int { return int(x.port) - int(y.port) })
+	if len(bs) > 0 && bs[0].end && bs[0].port == 0 {
+		bs = bs[1:] // nft's opening end element (see decodeIntervals)
+	}
+	var ports []uint16
+	for i := 0; i < len(bs); i++ {
+		if bs[i].end {
+			return nil, fmt.Errorf("interval end %d without a start", bs[i].port)
+		}
+		from, to := int(bs[i].port), 0xffff
+		if i+1 < len(bs) && bs[i+1].end {
+			to = int(bs[i+1].port) - 1
+			i++
+		}
+		if from > to {
+			return nil, fmt.Errorf("empty interval from %d", from)
+		}
+		for p := from; p <= to; p++ {
+			ports = append(ports, uint16(p))
+		}
+	}
+	return ports, nil
 }
 
 // rangePrefixes splits an inclusive range into the fewest prefixes.

@@ -126,14 +126,20 @@ func (b *Backend) removeRoutes(ns netns.NsHandle) error {
 
 // tableExists asks the kernel for our one table: a single non-dump request.
 func (b *Backend) tableExists(cc *nftables.Conn) (bool, error) {
-	_, err := cc.ListTableOfFamily(b.table, nftables.TableFamilyINet)
+	t, err := b.ourTable(cc)
+	return t != nil, err
+}
+
+// ourTable is our table as the kernel has it (its flags too), nil if none.
+func (b *Backend) ourTable(cc *nftables.Conn) (*nftables.Table, error) {
+	t, err := cc.ListTableOfFamily(b.table, nftables.TableFamilyINet)
 	switch {
 	case err == nil:
-		return true, nil
+		return t, nil
 	case errors.Is(err, unix.ENOENT):
-		return false, nil
+		return nil, nil
 	}
-	return false, fmt.Errorf("querying table inet %s: %w", b.table, err)
+	return nil, fmt.Errorf("querying table inet %s: %w", b.table, err)
 }
 
 // Apply implements redirect.Backend with one netlink batch that only adds
@@ -177,7 +183,7 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 				return fmt.Errorf("encoding plan for netns %s: %w", netnsPath, err)
 			}
 		}
-		err = replaceTable(cc, prog)
+		err = replaceTable(nf, prog)
 	} else {
 		err = sendBatch(nf, pr.create)
 	}
@@ -186,7 +192,7 @@ func (b *Backend) Apply(ctx context.Context, netnsPath string, p redirect.Plan) 
 		return fmt.Errorf("applying capture table inet %s in netns %s: %w", b.table, netnsPath, err)
 	}
 	if err = b.applyRoutes(ns, p, existed); err != nil {
-		if rerr := b.rollback(cc, old); rerr != nil {
+		if rerr := b.rollback(cc, nf, old); rerr != nil {
 			b.spoil(rerr)
 			err = errors.Join(err, rerr)
 		}
@@ -225,10 +231,10 @@ func (b *Backend) restorePoint(ns netns.NsHandle, existed bool) *program {
 }
 
 // rollback undoes a committed batch: the old table goes back, else the table goes.
-func (b *Backend) rollback(cc *nftables.Conn, old *program) error {
+func (b *Backend) rollback(cc *nftables.Conn, nf *netlink.Conn, old *program) error {
 	var err error
 	if old != nil {
-		if err = replaceTable(cc, old); err == nil {
+		if err = replaceTable(nf, old); err == nil {
 			return nil
 		}
 		err = fmt.Errorf("restoring the earlier table inet %s: %w", b.table, err)
@@ -239,12 +245,16 @@ func (b *Backend) rollback(cc *nftables.Conn, old *program) error {
 	return err
 }
 
-// replaceTable sends prog as one batch that deletes and re-adds our table.
-func replaceTable(cc *nftables.Conn, prog *program) error {
-	if err := queue(cc, prog, true); err != nil {
+// replaceTable sends prog as one batch that deletes and re-adds our table,
+// as the creating batch goes (raw.go, 1): Conn.Flush's echo of every rule
+// overflowed the socket's receive buffer from ~170 rules on (ENOBUFS, a
+// pod with 80 excluded interfaces could not be re-applied).
+func replaceTable(nf *netlink.Conn, prog *program) error {
+	msgs, err := marshal(prog, true)
+	if err != nil {
 		return err
 	}
-	return cc.Flush()
+	return sendBatch(nf, msgs)
 }
 
 // deleteTable deletes our table; a missing table is success.

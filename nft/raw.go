@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
@@ -17,9 +18,10 @@ import (
 
 // This file is where the backend goes beneath google/nftables' public API,
 // for what the library (v0.3.0, the newest release the module proxy serves)
-// does not do, or (1) what costs the agent's ADD a measured price; all else
-// (marshalling every batch, reading back tables, chains, sets and elements,
-// deleting and replacing the table) uses the library as documented. Re-check
+// does not do, or (1) what costs the agent's ADD a measured price or fails
+// a large plan; all else (marshalling every batch, reading back tables,
+// chains, sets and elements, deleting the table) uses the library as
+// documented. Re-check
 // this file on upgrade: TestUpstreamStillMisreads fails once a release no
 // longer needs a piece of 2.
 //
@@ -28,9 +30,12 @@ import (
 //     socket: Conn.Flush asks the kernel to echo every new rule (upstream
 //     still does at 1db35da, Nov 2025, to learn rule handles) and reads each
 //     message's replies one by one; docs/dependencies.md has the figures and
-//     what would let it go. forceSendBuffer, also passed to the library as a
-//     SockOption, grows a send buffer for a large batch, which v0.3.0 does
-//     not (upstream does since #312, unreleased). (batch.go's fits guards
+//     what would let it go. A replacing batch goes the same way (marshalled
+//     when needed, not kept): with Flush, the echoes of ~170 rules
+//     overflowed the socket's receive buffer (ENOBUFS). forceSendBuffer,
+//     also passed to the library as a SockOption, grows a send buffer for a
+//     large batch, which v0.3.0 does not (upstream does since #312,
+//     unreleased). (batch.go's fits guards
 //     the write path too: v0.3.0 cuts an element list's length over 64 KiB
 //     to 16 bits.)
 //  2. The rule dump, read on our own socket and decoded here with the
@@ -41,6 +46,10 @@ import (
 //     ours (upstream at 1db35da knows tproxy but reads its 4-byte family as
 //     one byte and fails); (c) panics on a short verdict (still so at
 //     1db35da), which unmarshalExpr turns into an error.
+//  3. A table's flags: v0.3.0 reads the big-endian NFTA_TABLE_FLAGS in host
+//     order (dormant reads as 0x1000000 on amd64; upstream's tableFromMsg
+//     still does at 000298f) and writes none (#332 adds writing them,
+//     unreleased); tableFlags reads them right.
 
 // batchTimeout bounds the wait for acks, normally queued by the time
 // sendmsg returns.
@@ -125,6 +134,13 @@ func forceSendBuffer(c *netlink.Conn, n int) error {
 		return err
 	}
 	return serr
+}
+
+// tableFlags is t's NFTA_TABLE_FLAGS as the kernel sent them (3 above).
+func tableFlags(t *nftables.Table) redirect.TableFlags {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], t.Flags)
+	return redirect.TableFlags(binary.BigEndian.Uint32(b[:]))
 }
 
 // liveRule is one rule as dumped by the kernel, its expressions parsed.

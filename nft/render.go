@@ -14,9 +14,12 @@ import (
 // without the dependencies nft adds itself (a family guard before an ip/ip6
 // address match, "meta l4proto tcp" before "tcp dport"). Policy routes and
 // loopback addresses follow as "#" lines with the equivalent ip commands.
-// Only what Apply can program renders (chain names included).
+// Only what Apply can program renders (chain names included), and the
+// table flags List finds, which Apply never writes.
 func Render(p redirect.Plan) (string, error) {
-	if _, err := encode(p, TableName); err != nil {
+	unflagged := p
+	unflagged.TableFlags = 0
+	if _, err := encode(unflagged, TableName); err != nil {
 		return "", fmt.Errorf("rendering plan: %w", err)
 	}
 	var blocks []string
@@ -32,7 +35,7 @@ func Render(p redirect.Plan) (string, error) {
 			var sb strings.Builder
 			fmt.Fprintf(&sb, "\tchain %s {\n", ChainName(t.Name, c.Name))
 			if c.IsBase() {
-				fmt.Fprintf(&sb, "\t\ttype %s hook %s priority %s; policy accept;\n", c.Type, c.Hook, priorityName(c.Hook, c.Priority))
+				fmt.Fprintf(&sb, "\t\ttype %s hook %s priority %s; policy %s;\n", c.Type, c.Hook, priorityName(c.Hook, c.Priority), c.Policy)
 			}
 			for i, r := range c.Rules {
 				line, err := renderRule(t.Name, r)
@@ -47,6 +50,9 @@ func Render(p redirect.Plan) (string, error) {
 	}
 	var out strings.Builder
 	fmt.Fprintf(&out, "table inet %s {\n", TableName)
+	if p.TableFlags != 0 {
+		fmt.Fprintf(&out, "\tflags %s\n\n", p.TableFlags)
+	}
 	out.WriteString(strings.Join(blocks, "\n"))
 	out.WriteString("}\n")
 	for _, r := range p.Routes {
@@ -73,9 +79,9 @@ func renderSet(s redirect.Set) (string, error) {
 	var elems []string
 	switch s.Kind {
 	case redirect.SetPort:
-		sb.WriteString("\t\ttype inet_service\n")
-		for _, p := range redirect.SortedPorts(s.Ports) {
-			elems = append(elems, fmt.Sprint(p))
+		sb.WriteString("\t\ttype inet_service\n\t\tflags interval\n")
+		for _, r := range redirect.MergePorts(s.Ports) {
+			elems = append(elems, r.String())
 		}
 	case redirect.SetIPv4, redirect.SetIPv6:
 		fmt.Fprintf(&sb, "\t\ttype %s\n\t\tflags interval\n", s.Kind)

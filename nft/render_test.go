@@ -2,8 +2,11 @@ package nft
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/google/nftables"
 
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/golden"
@@ -126,5 +129,55 @@ func TestRangePrefixes(t *testing.T) {
 	}
 	if want := "10.0.0.1/32,10.0.0.2/31,10.0.0.4/31,10.0.0.6/32"; strings.Join(got, ",") != want {
 		t.Errorf("rangePrefixes = %v, want %s", got, want)
+	}
+}
+
+// TestPortIntervalRoundTrip: port lists go to the kernel as merged ranges
+// (a range up to 65535 without an end element) and come back as the same
+// ports; nft's opening end element at 0 bounds nothing.
+func TestPortIntervalRoundTrip(t *testing.T) {
+	all := make([]uint16, 0, 65535)
+	for p := 1; p <= 65535; p++ {
+		all = append(all, uint16(p))
+	}
+	for _, c := range []struct {
+		name  string
+		ports []uint16
+		elems int
+	}{
+		{"one port", []uint16{80}, 2},
+		{"adjacent merge", []uint16{15021, 15090, 15020}, 4},
+		{"repeats", []uint16{8080, 8080, 8081}, 2},
+		{"top port", []uint16{65534, 65535}, 1},
+		{"zero and top", []uint16{0, 65535}, 3},
+		{"every port", all, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			elems := portIntervalElements(redirect.MergePorts(c.ports))
+			if len(elems) != c.elems {
+				t.Errorf("%d elements, want %d", len(elems), c.elems)
+			}
+			for _, withOpener := range []bool{false, true} {
+				in := elems
+				if withOpener && c.ports[0] != 0 {
+					in = append([]nftables.SetElement{{Key: be16(0), IntervalEnd: true}}, elems...)
+				}
+				got, err := decodePortIntervals(in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := redirect.SortedPorts(c.ports); !slices.Equal(got, want) {
+					t.Errorf("opener %v: round trip gives %d ports, want %d", withOpener, len(got), len(want))
+				}
+			}
+		})
+	}
+	for _, bad := range [][]nftables.SetElement{
+		{{Key: be16(80), IntervalEnd: true}, {Key: be16(81), IntervalEnd: true}},
+		{{Key: []byte{1, 2, 3}}},
+	} {
+		if got, err := decodePortIntervals(bad); err == nil {
+			t.Errorf("decodePortIntervals(%v) = %v, want an error", bad, got)
+		}
 	}
 }

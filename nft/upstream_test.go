@@ -1,12 +1,15 @@
 package nft
 
 import (
+	"encoding/binary"
 	"testing"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/redirect"
 )
 
 // TestUpstreamStillMisreads pins what raw.go works around in
@@ -43,6 +46,7 @@ func TestUpstreamStillMisreads(t *testing.T) {
 			t.Fatal("google/nftables no longer panics on a short verdict: drop unmarshalExpr's recover in raw.go")
 		}
 	})
+	t.Run("table flags read in host byte order", misreadsTableFlags)
 	t.Run("GetRules skips tproxy and expressions it does not know", func(t *testing.T) {
 		tproxy, err := expr.Marshal(byte(nftables.TableFamilyINet), &expr.TProxy{Family: unix.NFPROTO_IPV4, TableFamily: byte(nftables.TableFamilyINet), RegPort: 1})
 		if err != nil {
@@ -76,6 +80,37 @@ func TestUpstreamStillMisreads(t *testing.T) {
 			t.Fatalf("google/nftables now returns %d rules, the first with %d expressions (%#v): see whether raw.go's dumpRules can become Conn.GetRules", len(rules), len(rules[0].Exprs), rules[0].Exprs)
 		}
 	})
+}
+
+// misreadsTableFlags: v0.3.0 reads NFTA_TABLE_FLAGS in host byte order
+// (raw.go, 3).
+func misreadsTableFlags(t *testing.T) {
+	if binary.NativeEndian.Uint16([]byte{0, 1}) == 1 {
+		t.Skip("big-endian host: host order is the kernel's")
+	}
+	table := mustAttrs(t,
+		netlink.Attribute{Type: unix.NFTA_TABLE_NAME, Data: []byte(TableName + "\x00")},
+		netlink.Attribute{Type: unix.NFTA_TABLE_FLAGS, Data: []byte{0, 0, 0, 1}}, // dormant, big-endian
+	)
+	cc, err := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
+		return []netlink.Message{{
+			Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWTABLE), Sequence: req[0].Header.Sequence},
+			Data:   append([]byte{unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0}, table...),
+		}}, nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := cc.ListTableOfFamily(TableName, nftables.TableFamilyINet)
+	if err != nil {
+		t.Fatalf("ListTableOfFamily: %v", err)
+	}
+	if got.Flags == 1 {
+		t.Fatal("google/nftables now reads NFTA_TABLE_FLAGS big-endian: drop raw.go's tableFlags")
+	}
+	if f := tableFlags(got); f != redirect.TableDormant {
+		t.Fatalf("tableFlags = %s, want dormant", f)
+	}
 }
 
 // exprData is the NFTA_EXPR_DATA of one marshalled expression.

@@ -182,5 +182,12 @@ func parseInterfaces(ps *problems, field, v string) []string {
 		}
 		out = append(out, item)
 	}
-	return dedup(out)
+	out = dedup(out)
+	if len(out) > MaxInterfaces {
+		// Reported here, under the annotation used (kubevirtInterfaces
+		// too), and not again by validate.
+		ps.add(field, v, "%s", tooManyInterfaces(len(out)))
+		return nil
+	}
+	return out
 }

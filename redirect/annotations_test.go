@@ -256,3 +256,56 @@ func FuzzParseAnnotations(f *testing.F) {
 		}
 	})
 }
+
+// TestInterfaceListLimit: an interface list takes MaxInterfaces names; one
+// more is an error naming the annotation used (the deprecated kubevirt one
+// too), the count and the limit, bounded however long the value; a Spec
+// built in code is held to the same limit.
+func TestInterfaceListLimit(t *testing.T) {
+	names := func(n int) string {
+		s := make([]string, n)
+		for i := range s {
+			s[i] = fmt.Sprintf("e%x", i)
+		}
+		return strings.Join(s, ",")
+	}
+	if _, err := ParseAnnotations(DefaultSpec(), map[string]string{
+		AnnotationExcludeInterfaces:        names(MaxInterfaces),
+		AnnotationRerouteVirtualInterfaces: names(MaxInterfaces),
+	}); err != nil {
+		t.Fatalf("%d names each: %v", MaxInterfaces, err)
+	}
+	for _, tc := range []struct {
+		field string
+		n     int
+	}{
+		{AnnotationExcludeInterfaces, MaxInterfaces + 1},
+		{AnnotationRerouteVirtualInterfaces, MaxInterfaces + 1},
+		{AnnotationKubevirtInterfaces, MaxInterfaces + 1},
+		// As many as 255 KiB of annotations hold.
+		{AnnotationExcludeInterfaces, 44248},
+	} {
+		t.Run(fmt.Sprintf("%s %d", tc.field, tc.n), func(t *testing.T) {
+			v := names(tc.n) + ",e0" // a repeat counts once
+			_, err := ParseAnnotations(DefaultSpec(), map[string]string{tc.field: v})
+			var ve *ValidationError
+			if !errors.As(err, &ve) || len(ve.Problems) != 1 || ve.Problems[0].Field != tc.field || ve.Problems[0].Value != v {
+				t.Fatalf("ParseAnnotations = %v, want one problem with %s and its value", err, tc.field)
+			}
+			msg := err.Error()
+			for _, w := range []string{"annotation " + tc.field, fmt.Sprintf("names %d interfaces, more than the %d", tc.n, MaxInterfaces)} {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %.300q lacks %q", msg, w)
+				}
+			}
+			if len(msg) > 1<<10 {
+				t.Errorf("error is %d bytes for a %d-byte annotation", len(msg), len(v))
+			}
+		})
+	}
+	s := DefaultSpec()
+	s.RerouteVirtualInterfaces = strings.Split(names(MaxInterfaces+1), ",")
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), AnnotationRerouteVirtualInterfaces) || !strings.Contains(err.Error(), "more than the 1024") {
+		t.Errorf("Validate of %d rerouted interfaces = %v", MaxInterfaces+1, err)
+	}
+}

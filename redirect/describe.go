@@ -10,6 +10,9 @@ import (
 // chain, rule, route and address. It is the form Diff compares.
 func Describe(p Plan) []string {
 	var out []string
+	if p.TableFlags != 0 {
+		out = append(out, "table flags "+p.TableFlags.String())
+	}
 	sets := slices.Clone(p.Sets)
 	slices.SortFunc(sets, func(x, y Set) int { return strings.Compare(x.Name, y.Name) })
 	for _, s := range sets {
@@ -18,7 +21,10 @@ func Describe(p Plan) []string {
 	for _, t := range p.Tables {
 		for _, c := range t.Chains {
 			if c.IsBase() {
-				out = append(out, fmt.Sprintf("chain %s %s { type %s hook %s priority %d }", t.Name, c.Name, c.Type, c.Hook, c.Priority))
+				// Accept, the policy of every chain Build makes, goes
+				// unsaid: a policy is named where it differs.
+				out = append(out, fmt.Sprintf("chain %s %s { type %s hook %s priority %d%s }", t.Name, c.Name, c.Type, c.Hook, c.Priority,
+					pick(c.Policy != PolicyAccept, " policy "+c.Policy.String(), "")))
 			} else {
 				out = append(out, fmt.Sprintf("chain %s %s", t.Name, c.Name))
 			}

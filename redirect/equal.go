@@ -9,7 +9,7 @@ func (p Plan) Equal(q Plan) bool {
 	return slices.EqualFunc(p.Tables, q.Tables, tableEqual) &&
 		slices.EqualFunc(p.Sets, q.Sets, setEqual) &&
 		slices.Equal(p.Routes, q.Routes) &&
-		slices.Equal(p.LoopbackAddrs, q.LoopbackAddrs)
+		slices.Equal(p.LoopbackAddrs, q.LoopbackAddrs) && p.TableFlags == q.TableFlags
 }
 
 func tableEqual(a, b Table) bool {
@@ -17,7 +17,7 @@ func tableEqual(a, b Table) bool {
 }
 
 func chainEqual(a, b Chain) bool {
-	return a.Name == b.Name && a.Hook == b.Hook && a.Type == b.Type && a.Priority == b.Priority &&
+	return a.Name == b.Name && a.Hook == b.Hook && a.Type == b.Type && a.Priority == b.Priority && a.Policy == b.Policy &&
 		slices.EqualFunc(a.Rules, b.Rules, ruleEqual)
 }
 
@@ -47,6 +47,7 @@ func (p Plan) Clone() Plan {
 		Sets:          slices.Clone(p.Sets),
 		Routes:        slices.Clone(p.Routes),
 		LoopbackAddrs: slices.Clone(p.LoopbackAddrs),
+		TableFlags:    p.TableFlags,
 	}
 	for i := range q.Tables {
 		t := &q.Tables[i]

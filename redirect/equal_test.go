@@ -76,6 +76,7 @@ func planChanges(p redirect.Plan) map[string]func(*redirect.Plan) {
 			q.Routes = append(q.Routes, redirect.PolicyRoute{Family: redirect.FamilyIPv6, Mark: 7, Table: 9})
 		},
 		"address added": func(q *redirect.Plan) { q.LoopbackAddrs = append(q.LoopbackAddrs, netip.MustParsePrefix("::7/128")) },
+		"table flags":   func(q *redirect.Plan) { q.TableFlags = redirect.TableDormant },
 		"set added": func(q *redirect.Plan) {
 			q.Sets = append(q.Sets, redirect.Set{Name: "x", Kind: redirect.SetPort, Ports: []uint16{1}})
 		},
@@ -95,6 +96,7 @@ func planChanges(p redirect.Plan) map[string]func(*redirect.Plan) {
 	for ti, t := range p.Tables {
 		for ci, ch := range t.Chains {
 			c["chain priority"] = func(q *redirect.Plan) { q.Tables[ti].Chains[ci].Priority++ }
+			c["chain policy"] = func(q *redirect.Plan) { q.Tables[ti].Chains[ci].Policy = redirect.PolicyDrop }
 			for ri, r := range ch.Rules {
 				c["rule family"] = func(q *redirect.Plan) { q.Tables[ti].Chains[ci].Rules[ri].Family ^= 3 }
 				c["rule verdict"] = func(q *redirect.Plan) { q.Tables[ti].Chains[ci].Rules[ri].Verdict = redirect.Jump{Chain: "elsewhere"} }

@@ -1,6 +1,7 @@
 package redirect
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -57,11 +58,18 @@ func ExplainDrift(want, live *Plan, local []netip.Addr) []DriftEffect {
 	return out
 }
 
-// driftWhy names the rule behind a difference: the planned deciding rule if
-// the live chain does not have it, else the live deciding rule if the plan
-// does not have it, else the first matched rule either lacks, else that the
-// rules differ in order or in a set.
+// driftWhy names the rule behind a difference: a live table switched off,
+// or a base chain hooked otherwise than planned; the planned deciding rule
+// if the live chain does not have it, else the live deciding rule if the
+// plan does not have it, else the first matched rule either lacks, else
+// that the rules differ in order or in a set.
 func driftWhy(pw, pl Trace, live, want *Plan) string {
+	if live.TableFlags&TableDormant != 0 && want.TableFlags&TableDormant == 0 {
+		return "the live table is dormant: none of its chains sees a packet"
+	}
+	if s := baseChainDiffers(live, want); s != "" {
+		return s
+	}
 	for _, decidedOnly := range []bool{true, false} {
 		if s := lackedStep(pw, live, decidedOnly); s != nil {
 			return fmt.Sprintf("missing rule in %s %s: %s", s.Table, s.Chain, s.Text)
@@ -71,6 +79,29 @@ func driftWhy(pw, pl Trace, live, want *Plan) string {
 		}
 	}
 	return "the rules are reordered, or a set's elements differ"
+}
+
+// baseChainDiffers describes the first base chain of want that live hooks
+// with another hook, type, priority or policy, or "".
+func baseChainDiffers(live, want *Plan) string {
+	for _, t := range want.Tables {
+		for _, w := range t.Chains {
+			if !w.IsBase() {
+				continue
+			}
+			lt := live.Table(t.Name)
+			if lt == nil {
+				continue
+			}
+			l := lt.Chain(w.Name)
+			if l == nil || l.Hook == w.Hook && l.Type == w.Type && l.Priority == w.Priority && l.Policy == w.Policy {
+				continue
+			}
+			return fmt.Sprintf("live chain %s %s is type %s hook %s priority %d policy %s, planned type %s hook %s priority %d policy %s",
+				t.Name, w.Name, l.Type, cmp.Or(string(l.Hook), "none"), l.Priority, l.Policy, w.Type, w.Hook, w.Priority, w.Policy)
+		}
+	}
+	return ""
 }
 
 // lackedStep is the first matched rule of tr (the deciding one, if

@@ -62,6 +62,28 @@ func TestExplainDrift(t *testing.T) {
 			"missing rule in nat PREROUTING: ipv4 l4proto tcp -> jump ISTIO_INBOUND",
 			func(p Packet) bool { return p.Dir == DirIn }},
 	}
+	dormant := plan.Clone()
+	dormant.TableFlags = TableDormant
+	dropping := plan.Clone()
+	dropping.Table(TableNat).Chain(ChainOutput).Policy = PolicyDrop
+	moved := plan.Clone()
+	moved.Table(TableNat).Chain(ChainPrerouting).Hook = "input"
+	cases = append(cases, []struct {
+		name          string
+		live          Plan
+		planned, now  string
+		why           string
+		packetMatches func(Packet) bool
+	}{
+		{"table dormant", dormant, "redirect :15001", "accept", "the live table is dormant: none of its chains sees a packet",
+			func(p Packet) bool { return p.Dir == DirOut && p.UID == 1000 && p.Proto == ProtoTCP }},
+		{"policy drop", dropping, "accept", "drop",
+			"live chain nat OUTPUT is type nat hook output priority -100 policy drop, planned type nat hook output priority -100 policy accept",
+			func(p Packet) bool { return p.Dir == DirOut && p.UID == 1337 }},
+		{"chain on another hook", moved, "redirect :15006", "accept",
+			"live chain nat PREROUTING is type nat hook input priority -100 policy accept, planned type nat hook prerouting priority -100 policy accept",
+			func(p Packet) bool { return p.Dir == DirIn }},
+	}...)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			effects := ExplainDrift(&plan, &c.live, nil)

@@ -3,6 +3,7 @@ package redirect
 import (
 	"net/netip"
 	"slices"
+	"strconv"
 )
 
 // AddrRange is an inclusive address range.
@@ -55,5 +56,31 @@ func LastAddr(p netip.Prefix) netip.Addr {
 		a[i/8] |= 0x80 >> (i % 8)
 	}
 	out, _ := netip.AddrFromSlice(a)
+	return out
+}
+
+// PortRange is an inclusive port range.
+type PortRange struct{ From, To uint16 }
+
+func (r PortRange) String() string {
+	if r.From == r.To {
+		return strconv.Itoa(int(r.From))
+	}
+	return strconv.Itoa(int(r.From)) + "-" + strconv.Itoa(int(r.To))
+}
+
+// MergePorts returns the ports as sorted, non-overlapping, non-adjacent
+// ranges: the form an nftables interval set stores, where a port list of
+// any length (all 65,535 ports) is one range and the most ranges any list
+// can need is 32,768 (every other port).
+func MergePorts(ports []uint16) []PortRange {
+	var out []PortRange
+	for _, p := range SortedPorts(ports) {
+		if n := len(out); n > 0 && out[n-1].To+1 == p {
+			out[n-1].To = p
+			continue
+		}
+		out = append(out, PortRange{p, p})
+	}
 	return out
 }

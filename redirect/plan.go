@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 )
 
 // Plan is the backend-neutral rule set for one pod network namespace. It is
@@ -23,6 +24,38 @@ type Plan struct {
 	// LoopbackAddrs are added to lo (::6/128, the inbound passthrough source,
 	// when IPv6 is on).
 	LoopbackAddrs []netip.Prefix
+	// TableFlags are the flags a backend's List found on the kernel table
+	// holding the rules (nftables: dormant switches every chain of it off).
+	// Build sets none and no backend writes one: any is drift.
+	TableFlags TableFlags
+}
+
+// TableFlags are nftables table flags (NFT_TABLE_F_*).
+type TableFlags uint32
+
+// The flags the kernel knows (uapi nf_tables.h).
+const (
+	TableDormant TableFlags = 1 << iota // the table's base chains are off their hooks
+	TableOwner                          // the table goes when the netlink socket that made it closes
+	TablePersist                        // with TableOwner: the table stays when its owner goes
+)
+
+// String lists the flags as nft names them, unknown bits in hex.
+func (f TableFlags) String() string {
+	var out []string
+	for _, fl := range []struct {
+		bit  TableFlags
+		name string
+	}{{TableDormant, "dormant"}, {TableOwner, "owner"}, {TablePersist, "persist"}} {
+		if f&fl.bit != 0 {
+			out = append(out, fl.name)
+			f &^= fl.bit
+		}
+	}
+	if f != 0 || len(out) == 0 {
+		out = append(out, fmt.Sprintf("0x%x", uint32(f)))
+	}
+	return strings.Join(out, ",")
 }
 
 // Table is one logical netfilter table.
@@ -46,10 +79,31 @@ const (
 type Chain struct {
 	Name string
 	Hook Hook
-	// Type and Priority only mean something for base chains.
+	// Type, Priority and Policy only mean something for base chains.
 	Type     ChainType
 	Priority int32
-	Rules    []Rule
+	// Policy is what happens to a packet that reaches the end of a base
+	// chain: accept (the zero value) in every chain Build makes.
+	Policy ChainPolicy
+	Rules  []Rule
+}
+
+// ChainPolicy is a base chain's verdict for packets no rule ended.
+type ChainPolicy uint8
+
+const (
+	PolicyAccept ChainPolicy = iota
+	PolicyDrop
+)
+
+func (p ChainPolicy) String() string {
+	switch p {
+	case PolicyAccept:
+		return "accept"
+	case PolicyDrop:
+		return "drop"
+	}
+	return fmt.Sprintf("policy(%d)", uint8(p))
 }
 
 // IsBase reports whether the chain is attached to a netfilter hook.

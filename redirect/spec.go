@@ -263,6 +263,10 @@ func (s Spec) validate(ps *problems) {
 	checkPrefixes(AnnotationIncludeOutboundIPRanges, s.OutboundIPRanges.Prefixes)
 	checkPrefixes(AnnotationExcludeOutboundIPRanges, s.OutboundIPRangesExclude)
 	checkIfaces := func(field string, names []string) {
+		if len(names) > MaxInterfaces {
+			ps.add(field, strings.Join(names, ","), "%s", tooManyInterfaces(len(names)))
+			return
+		}
 		for _, n := range names {
 			if why := badInterfaceName(n); why != "" {
 				ps.add(field, n, "%s", why)
@@ -282,6 +286,20 @@ func (s Spec) validate(ps *problems) {
 	} else if !s.HostIPv4LoopbackCIDR.Addr().IsLoopback() {
 		ps.add("hostIPv4LoopbackCIDR", s.HostIPv4LoopbackCIDR.String(), "is not inside 127.0.0.0/8")
 	}
+}
+
+// MaxInterfaces bounds each interface list (excludeInterfaces,
+// reroute-virtual-interfaces). Unlike ports and CIDRs, which are set
+// elements, each name is a rule of its own (two, or four in TPROXY mode, for
+// an excluded one) in both backends, and the kernel's rule dump, which CHECK
+// reads, slows with the square of a chain's rules: the 44,000 names a pod's
+// 256 KiB of annotations can hold made an nftables CHECK take 8 s. A pod
+// has a few interfaces; at the limit, ~7,000 rules, each verb takes well
+// under a second (scenarios.Large).
+const MaxInterfaces = 1024
+
+func tooManyInterfaces(n int) string {
+	return fmt.Sprintf("names %d interfaces, more than the %d nftmesh takes (each is a rule of its own)", n, MaxInterfaces)
 }
 
 // badInterfaceName returns why name cannot be a Linux interface name (or an

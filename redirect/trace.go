@@ -229,6 +229,9 @@ type baseChain struct {
 // hook runs the base chains attached to h by priority. A non-nil verdict
 // ends the packet's path (drop, tproxy).
 func (t *tracer) hook(h Hook, natDone bool) (*TraceVerdict, error) {
+	if t.plan.TableFlags&TableDormant != 0 {
+		return nil, nil // no chain of a dormant table sees a packet
+	}
 	var bases []baseChain
 	for ti := range t.plan.Tables {
 		tab := &t.plan.Tables[ti]
@@ -251,7 +254,10 @@ func (t *tracer) hook(h Hook, natDone bool) (*TraceVerdict, error) {
 		}
 		switch end {
 		case endFallThrough:
-			t.note(h, b.table.Name, b.chain.Name, "policy accept")
+			t.note(h, b.table.Name, b.chain.Name, "policy "+b.chain.Policy.String())
+			if b.chain.Policy == PolicyDrop {
+				return &TraceVerdict{Outcome: OutcomeDrop}, nil
+			}
 		case endDrop:
 			return &TraceVerdict{Outcome: OutcomeDrop}, nil
 		case endTProxy:

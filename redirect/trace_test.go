@@ -43,6 +43,12 @@ func TestTracePacketVerdicts(t *testing.T) {
 	dns := tracePlan(t, func(s *Spec) { s.CaptureDNS = true })
 	excl := tracePlan(t, func(s *Spec) { s.OutboundIPRangesExclude = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")} })
 	invalid := tracePlan(t, func(s *Spec) { s.DropInvalid = true })
+	// As a backend lists a table someone switched off, or a chain whose
+	// policy they set to drop.
+	dormant := redirectMode.Clone()
+	dormant.TableFlags = TableDormant
+	dropping := redirectMode.Clone()
+	dropping.Table(TableNat).Chain(ChainOutput).Policy = PolicyDrop
 	cases := []struct {
 		name    string
 		plan    Plan
@@ -65,6 +71,8 @@ func TestTracePacketVerdicts(t *testing.T) {
 		{"passthrough over lo", redirectMode, out(1337, "10.1.0.2:8080", "127.0.0.6", "lo", ProtoTCP), "accept", "saddr 127.0.0.6/32 -> return"},
 		{"tproxy: proxy to own pod over lo", tproxy, out(1337, "10.1.0.2:8080", "10.1.0.2", "lo", ProtoTCP), "redirect :15006", "redirect to :15006"},
 		{"drop-invalid leaves new connections", invalid, in("10.1.0.2:8080", "eth0"), "redirect :15006", "redirect to :15006"},
+		{"dormant table", dormant, out(1000, "10.0.0.5:443", "10.1.0.2", "eth0", ProtoTCP), "accept", ""},
+		{"policy drop", dropping, out(1000, "10.0.0.5:15020", "10.1.0.2", "eth0", ProtoTCP), "drop", "@outbound-exclude-ports -> return"},
 		{"no rules", Plan{}, out(1000, "10.0.0.5:443", "10.1.0.2", "eth0", ProtoTCP), "accept", ""},
 		{"IPv6 without IPv6 rules", redirectMode, Packet{Dir: DirOut, Proto: ProtoTCP, UID: 1000, Dst: netip.MustParseAddrPort("[2001:db8::5]:443"), Iface: "eth0"}, "accept", ""},
 	}

@@ -10,7 +10,11 @@ package scenarios
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
@@ -152,4 +156,72 @@ func MustPlan(t testing.TB, name string) redirect.Plan {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// Large are the largest port annotations a pod can carry (the API admits
+// 256 KiB of annotations in all: some 45,500 distinct ports as text), and
+// the most rules annotations can make (interface lists, each name a rule,
+// at redirect.MaxInterfaces), kept out of All: each backend's kernel test
+// applies and checks every one within LargeApplyBound, in a real namespace.
+var Large = []Scenario{
+	{Name: "exclude-inbound-ports-1-45341", Doc: "excludeInboundPorts 1,2,...,45341 (255 KiB), as in issue 29's review: one range once merged",
+		Annotations: map[string]string{redirect.AnnotationExcludeInboundPorts: portList(portRange(1, 45341))}},
+	{Name: "exclude-43000-random-inbound-ports", Doc: "excludeInboundPorts with 43,000 ports drawn at random (250 KiB), unsorted",
+		Annotations: map[string]string{redirect.AnnotationExcludeInboundPorts: portList(randomPorts(43000))}},
+	{Name: "exclude-every-other-inbound-port", Doc: "excludeInboundPorts with the 32,768 odd ports (187 KiB): no two adjacent, the most ranges a port set can need",
+		Annotations: map[string]string{redirect.AnnotationExcludeInboundPorts: portList(oddPorts())}},
+	{Name: "tproxy-most-interfaces", Doc: "TPROXY with redirect.MaxInterfaces excluded and as many rerouted interfaces: some 7,000 rules",
+		Annotations: map[string]string{
+			redirect.AnnotationInterceptionMode:         "TPROXY",
+			redirect.AnnotationExcludeInterfaces:        interfaceList("x", redirect.MaxInterfaces),
+			redirect.AnnotationRerouteVirtualInterfaces: interfaceList("v", redirect.MaxInterfaces),
+		}},
+}
+
+// LargeApplyBound is what applying a Large scenario may take on a loaded
+// test machine: a small share of the plugin's 30 s budget for kernel work,
+// itself well inside the 4 minutes kubelet gives a pod sandbox's creation.
+const LargeApplyBound = 5 * time.Second
+
+// randomPorts is n distinct ports of 1-65535 in random order, the same on
+// every run.
+func randomPorts(n int) []uint16 {
+	perm := rand.New(rand.NewPCG(29, 4)).Perm(65535)
+	out := make([]uint16, n)
+	for i := range out {
+		out[i] = uint16(perm[i] + 1)
+	}
+	return out
+}
+
+func portRange(from, to int) []uint16 {
+	var out []uint16
+	for p := from; p <= to; p++ {
+		out = append(out, uint16(p))
+	}
+	return out
+}
+
+func oddPorts() []uint16 {
+	var out []uint16
+	for p := 1; p < 65536; p += 2 {
+		out = append(out, uint16(p))
+	}
+	return out
+}
+
+func interfaceList(prefix string, n int) string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = prefix + strconv.Itoa(i)
+	}
+	return strings.Join(names, ",")
+}
+
+func portList(ports []uint16) string {
+	parts := make([]string, len(ports))
+	for i, p := range ports {
+		parts[i] = strconv.Itoa(int(p))
+	}
+	return strings.Join(parts, ",")
 }
