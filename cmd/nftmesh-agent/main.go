@@ -68,7 +68,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	if cfg == nil {
 		return code
 	}
-	a := &agent{cfg: cfg, log: agentLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel), m: metrics.New()}
+	a := &agent{cfg: cfg, log: agentLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel), m: metrics.New(), starved: newStarvation()}
 	defer func() { a.events.shutdown() }()
 	if !a.setUp() || !a.serve() {
 		return exitConfig
@@ -111,6 +111,7 @@ type agent struct {
 	events    *podEvents
 	sock      *podSocket
 	servers   []*metrics.Server
+	starved   *starvation // calls declined for lack of a resource, for readiness
 }
 
 // setUp builds everything before the agent touches the host; false when
@@ -147,7 +148,7 @@ func (a *agent) setUp() bool {
 	}
 	// Without the socket the plugin reads pods from the API itself, so a
 	// socket that cannot be set up costs speed, not pod starts.
-	a.sock, err = newPodSocket(cfg, client, a.repairCtl, hostNetns, log, a.m)
+	a.sock, err = newPodSocket(cfg, client, a.repairCtl, hostNetns, log, a.m, a.starved)
 	if err != nil {
 		log.Error().Err(err).Msg("setting up the pod socket; the plugin reads pods from the API itself")
 		a.sock = nil
@@ -193,7 +194,7 @@ func hostRepair(cfg *installer.Config) (repair.PodRepairer, func() error, error)
 // address); false when one cannot listen.
 func (a *agent) serve() bool {
 	cfg := a.cfg
-	health := metrics.HealthHandler(a.in.Ready)
+	health := metrics.HealthHandler(a.ready)
 	if cfg.HealthAddr != "" && cfg.HealthAddr == cfg.MetricsAddr {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", a.m.Handler())
@@ -204,6 +205,16 @@ func (a *agent) serve() bool {
 		return false
 	}
 	return cfg.MetricsAddr == "" || a.listen(cfg.MetricsAddr, a.m.Handler(), "metrics")
+}
+
+// ready is /readyz: the plugin installed with a valid config (the
+// installer's readiness, which also lifts the node's taint), and the agent
+// not starved of what a CNI call needs (starvation).
+func (a *agent) ready() error {
+	if err := a.in.Ready(); err != nil {
+		return err
+	}
+	return a.starved.check()
 }
 
 func (a *agent) listen(addr string, h http.Handler, what string) bool {
