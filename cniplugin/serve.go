@@ -43,8 +43,8 @@ const (
 	OutcomeBusy       = "busy"        // declined: over the bytes-in-flight budget, or every call slot taken
 	// OutcomeStarved: declined, the agent lacking a resource to take or
 	// run the call (Resource says which), where the namespace is as the
-	// call found it. Also told, without a call, for each accept that
-	// failed and left a connection waiting.
+	// call found it. Also told, without a call, when accepts start to
+	// fail and leave connections waiting.
 	OutcomeStarved = "starved"
 )
 

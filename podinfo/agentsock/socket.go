@@ -219,8 +219,9 @@ type Handlers struct {
 	// descriptors, memory). With the listener's reserve descriptor spent
 	// to take the connection all the same, c is it (in its own goroutine:
 	// answer at once and close it, which gives the descriptor back); else
-	// c is nil. Unset, such a connection is closed at once: the peer sees
-	// the end at once rather than waiting in the backlog for its timeout.
+	// c is nil, once per spell of failing accepts. Unset, such a
+	// connection is closed at once: the peer sees the end at once rather
+	// than waiting in the backlog for its timeout.
 	Starved func(c *net.UnixConn, err error)
 }
 
@@ -236,8 +237,12 @@ func (l *Listener) ServeConns(ctx context.Context, h Handlers) error {
 	sem := make(chan struct{}, maxInFlight)
 	reserve := l.reserve()
 	defer func() { closeReserve(reserve) }()
+	told := false // of the accepts failing now, without a connection
 	for {
 		c, err := l.AcceptUnix()
+		if err == nil {
+			told = false
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -249,7 +254,9 @@ func (l *Listener) ServeConns(ctx context.Context, h Handlers) error {
 				go h.starved(c, err)
 				continue
 			}
-			if StarvedOf(err) != "" {
+			if StarvedOf(err) != "" && !told {
+				// Once per spell: the retries are every acceptRetry.
+				told = true
 				h.starved(nil, err)
 			}
 			// Out of descriptors or memory, a connection reset before it
