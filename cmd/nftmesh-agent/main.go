@@ -302,6 +302,24 @@ func goRun(f func() error) <-chan error {
 	return done
 }
 
+// answerLimits bound every answer the agent's API client reads: one
+// answer without a bound (a 200 MB pod) took the agent's RSS from 37.7 to
+// 275.7 MB, and a watch is a stream that lasts.
+//   - One object (a pod, the node, an event written): 16 MiB, as the
+//     plugin's client (podget) and apimachinery's bound on a protobuf watch
+//     event. etcd refuses objects over 1.5 MiB unless told otherwise, and
+//     the API server writes of over 3 MiB.
+//   - A list: the node's pods are the largest answer the agent reads, and
+//     the reflector's first list comes whole. The scale contract is 1,000
+//     pods a node; an injected pod with its managed fields is 8 KiB in
+//     protobuf, the encoding the agent asks for (1,000 such pods: 7.7 MiB;
+//     JSON about 1.6 times that). 64 MiB leaves 64 KiB a pod; the list is
+//     read a pod at a time (repair.ReadSlimPodList), so the bound stops an
+//     endless answer rather than sizes a buffer.
+//   - A watch event: 16 MiB, as an object (apimachinery's own bound for
+//     protobuf; the Guard's for JSON, which apimachinery reads whole).
+var answerLimits = kubeconf.Limits{Object: 16 << 20, List: 64 << 20, Event: 16 << 20}
+
 // repairClient talks to the API server as the agent's service account; the
 // token file is re-read, so projected-token rotation needs nothing more.
 func repairClient(cfg *installer.Config) (corev1client.CoreV1Interface, error) {
@@ -318,8 +336,9 @@ func repairClient(cfg *installer.Config) (corev1client.CoreV1Interface, error) {
 		TLSClientConfig: rest.TLSClientConfig{CAFile: ca},
 		UserAgent:       "nftmesh-agent",
 		// No credential in an error or log line (a proxy that echoes the
-		// request in its error page), no redirect followed with the token.
-		WrapTransport: kubeconf.Guard(0),
+		// request in its error page), no redirect followed with the token,
+		// no answer read past its bound.
+		WrapTransport: kubeconf.GuardLimits(answerLimits),
 		// Pods in protobuf, as Kubernetes' own node components read them:
 		// decoding the node's pod list from JSON allocated several times
 		// the objects' size at once, and that peak is the agent's RSS.
