@@ -312,10 +312,12 @@ func goRun(f func() error) <-chan error {
 //   - A list: the node's pods are the largest answer the agent reads, and
 //     the reflector's first list comes whole. The scale contract is 1,000
 //     pods a node; an injected pod with its managed fields is 8 KiB in
-//     protobuf, the encoding the agent asks for (1,000 such pods: 7.7 MiB;
-//     JSON about 1.6 times that). 64 MiB leaves 64 KiB a pod; the list is
-//     read a pod at a time (repair.ReadSlimPodList), so the bound stops an
-//     endless answer rather than sizes a buffer.
+//     protobuf, the encoding the agent asks for (1,000 such pods: 7.7 MiB).
+//     64 MiB leaves 64 KiB a pod; the list is read a pod at a time
+//     (repair.ReadSlimPodList, which also stops at repair.MaxListPods), so
+//     the bound stops an endless answer rather than sizes a buffer. A list
+//     in JSON, which the API server sends only when protobuf is not asked
+//     for, is read whole: it gets the object's bound.
 //   - A watch event: 16 MiB, as an object (apimachinery's own bound for
 //     protobuf; the Guard's for JSON, which apimachinery reads whole).
 var answerLimits = kubeconf.Limits{Object: 16 << 20, List: 64 << 20, Event: 16 << 20}
