@@ -242,6 +242,9 @@ func (l *Listener) ServeConns(ctx context.Context, h Handlers) error {
 		c, err := l.AcceptUnix()
 		if err == nil {
 			told = false
+			if reserve < 0 {
+				reserve = l.reserve()
+			}
 		}
 		if err != nil {
 			if ctx.Err() != nil {
