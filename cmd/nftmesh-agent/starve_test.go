@@ -348,3 +348,21 @@ func (n netnsNode) waitMetrics(t *testing.T, addr string, want ...string) string
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// BenchmarkOpenFDs: what /readyz pays to count the agent's descriptors,
+// with 2,500 open (the most the agent holds under a connection flood once
+// its HTTP servers are bounded).
+func BenchmarkOpenFDs(b *testing.B) {
+	for range 2500 {
+		fd, err := unix.Dup(0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { unix.Close(fd) })
+	}
+	for b.Loop() {
+		if _, _, err := openFDs(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
