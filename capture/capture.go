@@ -159,8 +159,15 @@ const cleanupTimeout = 5 * time.Second
 // Apply programs p into n with the selected backend, under n's lock. When
 // nftmesh had nothing there before, a failure is followed by a Remove;
 // rules an earlier run installed are never removed by a failed Apply
-// (another run's success must not be undone).
-func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Options) (Applied, error) {
+// (another run's success must not be undone). An error after which the
+// namespace is as it was says so (Untouched).
+func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Options) (_ Applied, err error) {
+	untouched := true
+	defer func() {
+		if err != nil && untouched {
+			err = &untouchedError{err}
+		}
+	}()
 	if o.ApplyTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.ApplyTimeout)
@@ -198,18 +205,41 @@ func (pl *Pipeline) Apply(ctx context.Context, n *Netns, p redirect.Plan, o Opti
 	}
 	phase.Mark("chosen")
 	res := Applied{Backend: sel.backend.Name(), Why: sel.why, Rules: RuleCount(p)}
+	untouched = false
 	if err := sel.backend.Apply(ctx, path, p); err != nil {
 		if !sel.oursWas {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 			defer cancel()
-			if rerr := sel.backend.Remove(cctx, path); rerr != nil {
+			rerr := sel.backend.Remove(cctx, path)
+			if rerr != nil {
 				err = errors.Join(err, fmt.Errorf("cleaning up after the failure: %w", rerr))
 			}
+			// Nothing of ours was there, and nothing is now.
+			untouched = rerr == nil
 		}
 		return res, unpin(err, path, n)
 	}
 	return res, nil
 }
+
+// Untouched reports whether err, from a failed Apply (or Add's apply
+// step), left the namespace as it was: Apply failed before the backend
+// wrote anything, or nftmesh had nothing there and the clean-up after the
+// failed write removed what it left. The same call can then run again from
+// scratch elsewhere (the agent declines it to the standalone plugin).
+// After a failed write over an earlier run's rules it is false: the
+// backends put those back when they can, but cannot always say so.
+func Untouched(err error) bool {
+	var u *untouchedError
+	return errors.As(err, &u)
+}
+
+// untouchedError marks an Apply error after which the namespace is as it
+// was; its text is the error's.
+type untouchedError struct{ err error }
+
+func (e *untouchedError) Error() string { return e.err.Error() }
+func (e *untouchedError) Unwrap() error { return e.err }
 
 // Check compares what n holds with p using the selected backend, under n's
 // lock; a difference is a *redirect.DriftError. It returns the backend's

@@ -153,12 +153,17 @@ func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
 	return e
 }
 
-// refusedHere reports whether the kernel refused err's operation (EPERM,
-// EACCES) to the agent, whose container may hold fewer capabilities than
-// the plugin's process on the host: the call is then declined and the
-// standalone plugin does it all again (every verb is idempotent).
-func (inv *invocation) refusedHere(err error) bool {
-	return inv.r.env.Ask != nil && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES))
+// declineHere reports whether a call the agent runs is declined for err:
+// the kernel refused err's operation (EPERM, EACCES) to the agent, whose
+// container may hold fewer capabilities than the plugin's process on the
+// host, or the agent ran out of a resource (StarvedOf: descriptors,
+// memory, socket buffers) that a process of its own may well have. The
+// front then runs the standalone plugin, which does the call from scratch
+// (every verb is idempotent). Callers ask only where the namespace is as
+// the call found it (see addFailed), or, for DEL, where any state leads to
+// the same end.
+func (inv *invocation) declineHere(err error) bool {
+	return inv.r.env.Ask != nil && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || StarvedOf(err) != "")
 }
 
 // ranBy names the process that ran the call.
@@ -247,10 +252,11 @@ func (inv *invocation) lookup(ctx context.Context) (capture.Decision, error) {
 }
 
 // planFailed is the logged CNI error of a failed step of capture.Plan (or
-// of capture.Add's planning), or the call declined (refusedHere).
+// of capture.Add's planning), or the call declined (declineHere): nothing
+// has been written yet.
 func (inv *invocation) planFailed(err error) error {
-	if inv.refusedHere(err) {
-		return inv.r.decline()
+	if inv.declineHere(err) {
+		return inv.r.declineFor(err)
 	}
 	switch capture.PlanStep(err) {
 	case capture.StepDecide:
@@ -304,7 +310,12 @@ func (r *run) cmdAdd(args *cmdArgs) error {
 }
 
 // addFailed is the logged CNI error of a failed capture.Add, by the step
-// that failed, or the call declined (refusedHere).
+// that failed, or the call declined (declineHere) where the namespace is as
+// the call found it: every step before the apply writes nothing, and an
+// apply that failed says whether it left the namespace as it was
+// (capture.Untouched). A failed write over an earlier run's rules fails
+// the call as before: the standalone plugin would start from what the
+// write left, not from what the call found.
 func (inv *invocation) addFailed(added capture.Added, err error) error {
 	step := capture.PlanStep(err)
 	var pe *capture.PlanError
@@ -312,8 +323,8 @@ func (inv *invocation) addFailed(added capture.Added, err error) error {
 		// The pod source's own error, already logged (or a decline).
 		return pe.Err
 	}
-	if inv.refusedHere(err) {
-		return inv.r.decline()
+	if inv.declineHere(err) && (step != capture.StepApply || capture.Untouched(err)) {
+		return inv.r.declineFor(err)
 	}
 	switch step {
 	case capture.StepOpen:
@@ -353,8 +364,8 @@ func (r *run) cmdCheck(args *cmdArgs) error {
 	defer cancel()
 	// Not in the mesh, d.Plan is empty: no rules of ours.
 	backend, err := r.pipeline().Check(actx, ns, d.Plan, inv.captureOptions())
-	if inv.refusedHere(err) {
-		return r.decline()
+	if inv.declineHere(err) {
+		return r.declineFor(err)
 	}
 	if err != nil {
 		code := CodeDrift
@@ -367,8 +378,8 @@ func (r *run) cmdCheck(args *cmdArgs) error {
 	// Our rules as planned is not a pass while another installer's
 	// capture (Istio's) acts on the same traffic.
 	foreign, err := r.pipeline().Foreign(actx, ns)
-	if inv.refusedHere(err) {
-		return r.decline()
+	if inv.declineHere(err) {
+		return r.declineFor(err)
 	}
 	if err != nil {
 		return inv.failWith(backend, types.NewError(types.ErrIOFailure,
@@ -398,8 +409,8 @@ func (r *run) cmdDel(args *cmdArgs) error {
 		return nil
 	}
 	ns, err := r.pipeline().Open(args.Netns)
-	if inv.refusedHere(err) {
-		return r.decline()
+	if inv.declineHere(err) {
+		return r.declineFor(err)
 	}
 	if gone(err) {
 		inv.decided("skip", "netns already gone")
@@ -417,8 +428,8 @@ func (r *run) cmdDel(args *cmdArgs) error {
 	opts := inv.captureOptions()
 	opts.Backend = capture.Auto
 	removal, err := r.pipeline().Remove(ctx, ns, opts)
-	if inv.refusedHere(err) {
-		return r.decline()
+	if inv.declineHere(err) {
+		return r.declineFor(err)
 	}
 	if err != nil {
 		// Our descriptor keeps the namespace alive, but its bind mount may
@@ -466,8 +477,8 @@ func netnsError(path string, err error) *types.Error {
 // follows has the more useful error; the caller opens it again later.
 func (inv *invocation) openNetns(missingOK bool) (*capture.Netns, error) {
 	ns, err := inv.r.pipeline().Open(inv.args.Netns)
-	if inv.refusedHere(err) {
-		return nil, inv.r.decline()
+	if inv.declineHere(err) {
+		return nil, inv.r.declineFor(err)
 	}
 	if missingOK && errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -510,6 +521,9 @@ func (r *run) cmdStatus(args *cmdArgs) error {
 		return err
 	}
 	if _, err := podget.LoadKubeconfig(inv.conf.Kubeconfig); err != nil {
+		if inv.declineHere(err) {
+			return r.declineFor(err)
+		}
 		return inv.fail(types.NewError(types.ErrPluginNotAvailable,
 			fmt.Sprintf("nftmesh-cni: not ready: kubeconfig %s is missing or invalid (the nftmesh agent writes it)", inv.conf.Kubeconfig), err.Error()))
 	}

@@ -72,8 +72,9 @@ type Env struct {
 }
 
 // ErrDeclined is Run's answer when the call must run elsewhere (the
-// plugin's own process): nothing was written to the namespace, and what
-// Run wrote to Stdout and Stderr is to be dropped.
+// plugin's own process): the namespace is as the call found it, and what
+// Run wrote to Stdout and Stderr is to be dropped. Run's error wraps it
+// and, when an error made the call go elsewhere, that error too.
 var ErrDeclined = errors.New("the call is not for this runner")
 
 // Run runs one CNI call and returns its exit status: 0, or 1 with the CNI
@@ -82,6 +83,9 @@ func Run(e Env) (int, error) {
 	r := &run{env: e}
 	err := dispatch(cniEnv{getenv: e.Getenv, stdin: e.Stdin, stdout: e.Stdout, stderr: e.Stderr}, r.funcs(), supportedVersions, about())
 	if r.declined {
+		if r.declinedFor != nil {
+			return 1, fmt.Errorf("%w: %w", ErrDeclined, r.declinedFor)
+		}
 		return 1, ErrDeclined
 	}
 	if err != nil {
@@ -138,18 +142,25 @@ func about() string {
 
 // run is one call's environment, shared by its verb.
 type run struct {
-	env      Env
-	declined bool // set by decline
+	env         Env
+	declined    bool  // set by decline
+	declinedFor error // the error that made the call go elsewhere, if any
 }
 
 // errDeclined ends a verb that must run elsewhere; Run reports ErrDeclined.
 var errDeclined = types.NewError(types.ErrTryAgainLater, "nftmesh-cni: declined", "")
 
 // decline marks the call as one to run elsewhere and returns the error that
-// ends its verb. Only a verb that has not written to the namespace may.
+// ends its verb. Only a verb that leaves the namespace as it found it may.
 func (r *run) decline() error {
 	r.declined = true
 	return errDeclined
+}
+
+// declineFor is decline because of err.
+func (r *run) declineFor(err error) error {
+	r.declinedFor = err
+	return r.decline()
 }
 
 func (r *run) funcs() skel.CNIFuncs {

@@ -22,8 +22,11 @@ import (
 
 // ServeOutcome is what became of one call on the socket, for metrics and logs.
 type ServeOutcome struct {
-	Status   string // one of the Outcome constants
-	Reason   string
+	Status string // one of the Outcome constants
+	Reason string
+	// Resource is what a starved call lacked (agentsock.ResourceFDs,
+	// ResourceMemory, ResourceBuffers).
+	Resource string
 	Command  string
 	PeerUID  uint32
 	Duration time.Duration
@@ -37,7 +40,12 @@ const (
 	OutcomeRefused    = "refused"     // the peer is not root with CAP_NET_ADMIN
 	OutcomeBadRequest = "bad_request" // unreadable request or descriptors
 	OutcomeWriteError = "write_error" // the reply could not be sent
-	OutcomeBusy       = "busy"        // declined: over the bytes-in-flight budget
+	OutcomeBusy       = "busy"        // declined: over the bytes-in-flight budget, or every call slot taken
+	// OutcomeStarved: declined, the agent lacking a resource to take or
+	// run the call (Resource says which), where the namespace is as the
+	// call found it. Also told, without a call, when accepts start to
+	// fail and leave connections waiting.
+	OutcomeStarved = "starved"
 )
 
 // Server runs, inside the node agent, the CNI calls the nftmesh-cni front
@@ -107,13 +115,42 @@ const (
 
 // Serve runs calls until ctx ends or the listener fails; it closes l and
 // waits for the calls in progress. A connection beyond the socket's bound
-// (256 at once) is declined at once: the front runs the call itself.
+// (256 at once), or one accepted while the agent is out of descriptors, is
+// declined at once: the front runs the call itself.
 func (s *Server) Serve(ctx context.Context, l *agentsock.Listener) error {
-	return l.ServeConns(ctx, func(c *net.UnixConn) { s.handle(ctx, c) }, func(c *net.UnixConn) {
-		defer c.Close()
-		_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
-		_, _ = c.Write(cnisock.AppendReply(nil, cnisock.Reply{Status: cnisock.StatusDeclined}))
+	return l.ServeConns(ctx, agentsock.Handlers{
+		Serve: func(c *net.UnixConn) { s.handle(ctx, c) },
+		Busy: func(c *net.UnixConn) {
+			s.declineAtOnce(c, ServeOutcome{Status: OutcomeBusy, Reason: "every call slot of the socket is taken"})
+		},
+		Starved: func(c *net.UnixConn, err error) {
+			o := ServeOutcome{Status: OutcomeStarved, Resource: StarvedOf(err), Reason: "accepting the call: " + err.Error()}
+			if c == nil {
+				o.Reason += " (the connection waits in the backlog)"
+				s.observe(o)
+				return
+			}
+			s.declineAtOnce(c, o)
+		},
 	})
+}
+
+// declineAtOnce answers c with a decline, unread, and closes it.
+func (s *Server) declineAtOnce(c *net.UnixConn, o ServeOutcome) {
+	defer c.Close()
+	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if _, err := c.Write(declinedReply); err != nil {
+		o.Status, o.Reason = OutcomeWriteError, err.Error()
+	}
+	s.observe(o)
+}
+
+var declinedReply = cnisock.AppendReply(nil, cnisock.Reply{Status: cnisock.StatusDeclined})
+
+func (s *Server) observe(o ServeOutcome) {
+	if s.Observe != nil {
+		s.Observe(o)
+	}
 }
 
 func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
@@ -127,9 +164,7 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 			o.Status, o.Reason = OutcomeBadRequest, fmt.Sprintf("panic: %v", p)
 		}
 		o.Duration = time.Since(start)
-		if s.Observe != nil {
-			s.Observe(o)
-		}
+		s.observe(o)
 	}()
 	uid, err := agentsock.PeerUIDOf(c)
 	o.PeerUID = uid
@@ -144,6 +179,13 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	// in the initial user namespace.
 	if err := agentsock.CheckAdminPeer(c, cmp.Or(s.ProcDir, "/proc")); err != nil {
 		o.Status, o.Reason = OutcomeRefused, err.Error()
+		if o.Resource = StarvedOf(err); o.Resource != "" {
+			// The check reads a file: no answer about the peer, a
+			// decline for the front, which then runs as itself.
+			o.Status = OutcomeStarved
+			_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
+			_, _ = c.Write(declinedReply)
+		}
 		return
 	}
 	_ = c.SetReadDeadline(time.Now().Add(readTimeout))
@@ -158,12 +200,14 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	switch {
 	case errors.Is(err, errOverBudget):
 		o.Status, o.Reason = OutcomeBusy, err.Error()
+	case StarvedOf(err) != "":
+		o.Status, o.Resource, o.Reason = OutcomeStarved, StarvedOf(err), err.Error()
 	case err != nil:
 		o.Status, o.Reason = OutcomeBadRequest, err.Error()
 	default:
 		o.Command = getenv(req.Env, "CNI_COMMAND")
 		cctx, stop := watchHangUp(ctx, c)
-		reply, o.Status, o.Reason = s.call(cctx, req, fds)
+		reply = s.call(cctx, req, fds, &o)
 		if stop() {
 			o.Reason = joinReason(o.Reason, "the front hung up")
 		}
@@ -174,19 +218,23 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	}
 }
 
-// call runs one well-formed request.
-func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (reply cnisock.Reply, status, reason string) {
+// call runs one well-formed request and says in o what became of it.
+func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int, o *ServeOutcome) cnisock.Reply {
 	declined := cnisock.Reply{Status: cnisock.StatusDeclined}
+	o.Status = OutcomeDeclined
 	if s.HostNetns == nil {
-		return declined, OutcomeDeclined, hostNetnsUnknown
+		o.Reason = hostNetnsUnknown
+		return declined
 	}
 	if err := s.HostNetns(); err != nil {
-		return declined, OutcomeDeclined, hostNetnsUnknown + ": " + err.Error()
+		o.Reason = hostNetnsUnknown + ": " + err.Error()
+		return declined
 	}
 	// One descriptor exactly when the call names a namespace.
 	netns := getenv(req.Env, "CNI_NETNS")
 	if (netns != "") != (len(fds) == 1) || len(fds) > 1 {
-		return declined, OutcomeBadRequest, fmt.Sprintf("%d descriptors for CNI_NETNS %q", len(fds), netns)
+		o.Status, o.Reason = OutcomeBadRequest, fmt.Sprintf("%d descriptors for CNI_NETNS %q", len(fds), netns)
+		return declined
 	}
 	var out, errOut bytes.Buffer
 	e := Env{
@@ -206,20 +254,29 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int) (repl
 	code, err := runGuarded(e)
 	switch {
 	case errors.Is(err, ErrDeclined):
-		return declined, OutcomeDeclined, "no answer for the pod here"
+		o.Reason = "no answer for the pod here"
+		if err != ErrDeclined { // with the error that made it go elsewhere
+			o.Reason = err.Error()
+		}
+		if o.Resource = StarvedOf(err); o.Resource != "" {
+			o.Status = OutcomeStarved
+		}
+		return declined
 	case err != nil:
-		return declined, OutcomeDeclined, err.Error()
+		o.Reason = err.Error()
+		return declined
 	case code != 0 && ctx.Err() != nil:
 		// The agent is stopping (or the front hung up): the error says so,
 		// not what the pod needs. Declined, the front runs the call itself.
-		return declined, OutcomeDeclined, "cut short: " + context.Cause(ctx).Error()
+		o.Reason = "cut short: " + context.Cause(ctx).Error()
+		return declined
 	}
-	reply = cnisock.Reply{Status: cnisock.StatusOK, Stdout: out.Bytes(), Stderr: errOut.Bytes()}
-	status = OutcomeOK
+	o.Status = OutcomeOK
+	reply := cnisock.Reply{Status: cnisock.StatusOK, Stdout: out.Bytes(), Stderr: errOut.Bytes()}
 	if code != 0 {
-		reply.Status, status = cnisock.StatusError, OutcomeError
+		reply.Status, o.Status = cnisock.StatusError, OutcomeError
 	}
-	return reply, status, ""
+	return reply
 }
 
 const hostNetnsUnknown = "the host's network namespace is not known to the agent"
@@ -327,6 +384,11 @@ func readMsgFull(c *net.UnixConn, b []byte, fds *[]int) error {
 			}
 		}
 		if flags&unix.MSG_CTRUNC != 0 {
+			// The kernel drops descriptors it cannot install: past our
+			// room for them, or with this process's table full.
+			if perr := fdProbe(); perr != nil {
+				return fmt.Errorf("receiving the request's descriptors: %w", perr)
+			}
 			return errors.New("control data truncated (too many descriptors)")
 		}
 		if err != nil {

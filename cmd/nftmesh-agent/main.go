@@ -68,7 +68,7 @@ func run(args []string, getenv func(string) (string, bool)) int {
 	if cfg == nil {
 		return code
 	}
-	a := &agent{cfg: cfg, log: agentLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel), m: metrics.New()}
+	a := &agent{cfg: cfg, log: agentLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel), m: metrics.New(), starved: newStarvation()}
 	defer func() { a.events.shutdown() }()
 	if !a.setUp() || !a.serve() {
 		return exitConfig
@@ -111,6 +111,7 @@ type agent struct {
 	events    *podEvents
 	sock      *podSocket
 	servers   []*metrics.Server
+	starved   *starvation // calls declined for lack of a resource, for readiness
 }
 
 // setUp builds everything before the agent touches the host; false when
@@ -147,7 +148,7 @@ func (a *agent) setUp() bool {
 	}
 	// Without the socket the plugin reads pods from the API itself, so a
 	// socket that cannot be set up costs speed, not pod starts.
-	a.sock, err = newPodSocket(cfg, client, a.repairCtl, hostNetns, log, a.m)
+	a.sock, err = newPodSocket(cfg, client, a.repairCtl, hostNetns, log, a.m, a.starved)
 	if err != nil {
 		log.Error().Err(err).Msg("setting up the pod socket; the plugin reads pods from the API itself")
 		a.sock = nil
@@ -193,7 +194,7 @@ func hostRepair(cfg *installer.Config) (repair.PodRepairer, func() error, error)
 // address); false when one cannot listen.
 func (a *agent) serve() bool {
 	cfg := a.cfg
-	health := metrics.HealthHandler(a.in.Ready)
+	health := metrics.HealthHandler(a.ready)
 	if cfg.HealthAddr != "" && cfg.HealthAddr == cfg.MetricsAddr {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", a.m.Handler())
@@ -204,6 +205,16 @@ func (a *agent) serve() bool {
 		return false
 	}
 	return cfg.MetricsAddr == "" || a.listen(cfg.MetricsAddr, a.m.Handler(), "metrics")
+}
+
+// ready is /readyz: the plugin installed with a valid config (the
+// installer's readiness, which also lifts the node's taint), and the agent
+// not starved of what a CNI call needs (starvation).
+func (a *agent) ready() error {
+	if err := a.in.Ready(); err != nil {
+		return err
+	}
+	return a.starved.check()
 }
 
 func (a *agent) listen(addr string, h http.Handler, what string) bool {
@@ -291,6 +302,26 @@ func goRun(f func() error) <-chan error {
 	return done
 }
 
+// answerLimits bound every answer the agent's API client reads: one
+// answer without a bound (a 200 MB pod) took the agent's RSS from 37.7 to
+// 275.7 MB, and a watch is a stream that lasts.
+//   - One object (a pod, the node, an event written): 16 MiB, as the
+//     plugin's client (podget) and apimachinery's bound on a protobuf watch
+//     event. etcd refuses objects over 1.5 MiB unless told otherwise, and
+//     the API server writes of over 3 MiB.
+//   - A list: the node's pods are the largest answer the agent reads, and
+//     the reflector's first list comes whole. The scale contract is 1,000
+//     pods a node; an injected pod with its managed fields is 8 KiB in
+//     protobuf, the encoding the agent asks for (1,000 such pods: 7.7 MiB).
+//     64 MiB leaves 64 KiB a pod; the list is read a pod at a time
+//     (repair.ReadSlimPodList, which also stops at repair.MaxListPods), so
+//     the bound stops an endless answer rather than sizes a buffer. A list
+//     in JSON, which the API server sends only when protobuf is not asked
+//     for, is read whole: it gets the object's bound.
+//   - A watch event: 16 MiB, as an object (apimachinery's own bound for
+//     protobuf; the Guard's for JSON, which apimachinery reads whole).
+var answerLimits = kubeconf.Limits{Object: 16 << 20, List: 64 << 20, Event: 16 << 20}
+
 // repairClient talks to the API server as the agent's service account; the
 // token file is re-read, so projected-token rotation needs nothing more.
 func repairClient(cfg *installer.Config) (corev1client.CoreV1Interface, error) {
@@ -307,8 +338,9 @@ func repairClient(cfg *installer.Config) (corev1client.CoreV1Interface, error) {
 		TLSClientConfig: rest.TLSClientConfig{CAFile: ca},
 		UserAgent:       "nftmesh-agent",
 		// No credential in an error or log line (a proxy that echoes the
-		// request in its error page), no redirect followed with the token.
-		WrapTransport: kubeconf.Guard(0),
+		// request in its error page), no redirect followed with the token,
+		// no answer read past its bound.
+		WrapTransport: kubeconf.GuardLimits(answerLimits),
 		// Pods in protobuf, as Kubernetes' own node components read them:
 		// decoding the node's pod list from JSON allocated several times
 		// the objects' size at once, and that peak is the agent's RSS.

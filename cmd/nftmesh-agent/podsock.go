@@ -40,8 +40,35 @@ type podSocket struct {
 	procDir   string
 	log       zerolog.Logger
 
+	// starved and starvedTotal learn of connections and calls declined for
+	// lack of a resource.
+	starved      *starvation
+	starvedTotal *prometheus.CounterVec
+
 	mu      sync.Mutex
 	apiDown bool // the last list or watch call of our own informer failed
+}
+
+// noteStarved counts a connection or call of socket declined for lack of
+// resource and tells readiness.
+func (s *podSocket) noteStarved(socket, resource, reason string) {
+	s.starvedTotal.WithLabelValues(socket, resource).Inc()
+	if s.starved != nil {
+		s.starved.note(socket, resource, reason)
+	}
+}
+
+// starvedCounter counts what the agent's sockets declined for lack of a
+// resource, by socket and resource.
+func starvedCounter(m *metrics.Metrics) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "nftmesh", Subsystem: "agent_socket", Name: "starved_total",
+		Help: "Connections and CNI calls the agent's sockets declined for lack of a resource, by socket (cni, pod) and resource (fds, memory, buffers); the front or the plugin then did the work itself.",
+	}, []string{"socket", "resource"})
+	if m != nil {
+		m.Registry.MustRegister(c)
+	}
+	return c
 }
 
 // apiCalled logs when our own watch starts failing (once per outage) and
@@ -68,7 +95,7 @@ func (s *podSocket) apiCalled(ctx context.Context, err error) {
 // reads pods from the API itself. The CNI calls the front hands over are run
 // only while hostNetns is nil: the host's network namespace is then
 // registered to be refused.
-func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics) (*podSocket, error) {
+func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics, starved *starvation) (*podSocket, error) {
 	node := cmp.Or(cfg.NodeName, cfg.Repair.NodeName)
 	if client == nil || node == "" {
 		return nil, nil
@@ -97,9 +124,14 @@ func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, re
 	}
 	s.procDir = cfg.Repair.HostProc
 	answers := socketCounter(m, "requests_total",
-		"Plugin pod lookups on the agent's socket, by outcome (found, unknown, refused, bad_request, write_error).")
+		"Plugin pod lookups on the agent's socket, by outcome (found, unknown, refused, bad_request, write_error, starved).")
+	s.starvedTotal = starvedCounter(m)
+	s.starved = starved
 	s.srv = &agentsock.Server{Resolver: src, AllowUID: agentsock.PeerUID, Observe: func(o agentsock.Outcome) {
 		answers.WithLabelValues(o.Status).Inc()
+		if o.Status == agentsock.OutcomeStarved {
+			s.noteStarved("pod", o.Resource, o.Reason)
+		}
 		quiet := o.Status == agentsock.StatusFound || o.Status == agentsock.StatusUnknown
 		s.outcomeEvent(quiet, o.PeerUID).Str("outcome", o.Status).Str("reason", o.Reason).Str("namespace", o.Request.Namespace).
 			Str("pod", o.Request.Name).Str("uid", o.Request.UID).Dur("duration", o.Duration).Msg("pod lookup on the agent socket")
@@ -163,13 +195,16 @@ func (s *podSocket) serveCNI(cfg *installer.Config, src *podcache.Source, hostNe
 	}
 	s.cniLn = cniLn
 	calls := socketCounter(m, "cni_calls_total",
-		"CNI calls the nftmesh-cni front handed to the agent, by outcome (ok, error, declined, busy, refused, bad_request, write_error).")
+		"CNI calls the nftmesh-cni front handed to the agent, by outcome (ok, error, declined, busy, starved, refused, bad_request, write_error).")
 	// A caller's capabilities are read in the node's PID namespace: the
 	// host's /proc as repair in place mounts it (the chart grants the
 	// capabilities calls need only with it), else this process's own.
 	procDir := cmp.Or(cfg.Repair.HostProc, "/proc")
 	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, ProcDir: procDir, HostNetns: hostNetns, Observe: func(o cniplugin.ServeOutcome) {
 		calls.WithLabelValues(o.Status).Inc()
+		if o.Status == cniplugin.OutcomeStarved {
+			s.noteStarved("cni", o.Resource, o.Reason)
+		}
 		quiet := o.Status == cniplugin.OutcomeOK || o.Status == cniplugin.OutcomeError || o.Status == cniplugin.OutcomeDeclined
 		s.outcomeEvent(quiet, o.PeerUID).Str("outcome", o.Status).Str("reason", o.Reason).Str("command", o.Command).Dur("duration", o.Duration).
 			Msg("CNI call on the agent socket")

@@ -29,6 +29,16 @@ var protobufMagic = []byte("k8s\x00")
 // a corrupt length from costing more.
 const maxPodBytes = 64 << 20
 
+// MaxListPods bounds the pods of one list answer. A byte bound alone does
+// not bound the memory a list takes: 64 MiB of near-empty pods is four
+// million of them, 12.9 GB in memory (TestAgentClientBoundsHostileAnswers).
+// The agent lists one node's pods, 1,000 at most by the scale contract:
+// ten times that leaves room for completed pods not yet collected.
+const MaxListPods = 10_000
+
+// errTooManyPods ends a list answer over MaxListPods.
+var errTooManyPods = fmt.Errorf("over the %d pods one node's list may hold", MaxListPods)
+
 // StreamedPodLister lists pods through rc (a core/v1 REST client), reading
 // the answer as it arrives (ReadSlimPodList). The reflector's first list,
 // at resourceVersion "0", comes in one piece whatever the limit: on a full
@@ -151,6 +161,9 @@ func (p *pbReader) podList(size int64, buf *bytes.Buffer) (*corev1.PodList, erro
 				return nil, p.fail("decoding the list's metadata", err)
 			}
 		case 2: // items
+			if len(out.Items) >= MaxListPods {
+				return nil, p.fail(fmt.Sprintf("reading pod %d", len(out.Items)+1), errTooManyPods)
+			}
 			if n > maxPodBytes {
 				return nil, p.fail(fmt.Sprintf("reading pod %d", len(out.Items)+1), fmt.Errorf("%d bytes: over the %d bytes one pod may take", n, maxPodBytes))
 			}
@@ -177,15 +190,45 @@ func (p *pbReader) podList(size int64, buf *bytes.Buffer) (*corev1.PodList, erro
 
 // readJSONPodList decodes a JSON answer whole, then slims its pods.
 func readJSONPodList(r io.Reader) (*corev1.PodList, error) {
-	var l corev1.PodList
-	if err := json.NewDecoder(r).Decode(&l); err != nil {
+	var raw struct {
+		metav1.TypeMeta `json:",inline"`
+		metav1.ListMeta `json:"metadata,omitempty"`
+		Items           slimPods `json:"items"`
+	}
+	if err := json.NewDecoder(r).Decode(&raw); err != nil {
 		return nil, fmt.Errorf("reading the pod list answer as JSON: %w", err)
 	}
-	for i := range l.Items {
-		slim, _ := SlimPod(&l.Items[i])
-		l.Items[i] = *slim.(*corev1.Pod)
+	return &corev1.PodList{TypeMeta: raw.TypeMeta, ListMeta: raw.ListMeta, Items: raw.Items}, nil
+}
+
+// slimPods is a list's items, decoded a pod at a time, each slimmed before
+// the next and counted: decoded at once, a long list of small pods took
+// gigabytes.
+type slimPods []corev1.Pod
+
+func (s *slimPods) UnmarshalJSON(b []byte) error {
+	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) {
+		*s = nil
+		return nil
 	}
-	return &l, nil
+	d := json.NewDecoder(bytes.NewReader(b))
+	if t, err := d.Token(); err != nil || t != json.Delim('[') {
+		return fmt.Errorf("items: not an array (%v)", err)
+	}
+	out := slimPods{}
+	for d.More() {
+		if len(out) >= MaxListPods {
+			return fmt.Errorf("items: %w", errTooManyPods)
+		}
+		var pod corev1.Pod
+		if err := d.Decode(&pod); err != nil {
+			return fmt.Errorf("decoding pod %d: %w", len(out)+1, err)
+		}
+		slim, _ := SlimPod(&pod)
+		out = append(out, *slim.(*corev1.Pod))
+	}
+	*s = out
+	return nil
 }
 
 // pbReader reads protobuf fields from a stream, counting what it consumed.

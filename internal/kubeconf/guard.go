@@ -27,9 +27,15 @@ import (
 //     token to wherever it points. It is a RedirectError.
 //   - With maxBody > 0, a 2xx answer longer than maxBody fails with
 //     ErrAnswerTooLarge instead of growing the client's memory until the
-//     deadline (client-go reads an answer whole). Watches need 0.
+//     deadline (client-go reads an answer whole); a watch, a long stream,
+//     is bounded per event instead (see Limits).
 func Guard(maxBody int64) func(http.RoundTripper) http.RoundTripper {
-	return func(rt http.RoundTripper) http.RoundTripper { return &guard{next: rt, maxBody: maxBody} }
+	return GuardLimits(Limits{Object: maxBody, List: maxBody, Event: maxBody})
+}
+
+// GuardLimits is Guard with a bound of its own for each kind of answer.
+func GuardLimits(l Limits) func(http.RoundTripper) http.RoundTripper {
+	return func(rt http.RoundTripper) http.RoundTripper { return &guard{next: rt, limits: l} }
 }
 
 // MaxErrorBody bounds what Guard reads of an error answer: client-go quotes
@@ -53,8 +59,8 @@ func (e *RedirectError) Error() string {
 }
 
 type guard struct {
-	next    http.RoundTripper
-	maxBody int64
+	next   http.RoundTripper
+	limits Limits
 }
 
 func (g *guard) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -81,8 +87,8 @@ func (g *guard) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp.Body = io.NopCloser(bytes.NewReader(body))
 		resp.ContentLength = int64(len(body))
 		resp.Header.Del("Content-Length")
-	case g.maxBody > 0:
-		resp.Body = &capped{r: resp.Body, left: g.maxBody, max: g.maxBody}
+	default:
+		resp.Body = g.limits.bound(req, resp)
 	}
 	return resp, nil
 }

@@ -55,7 +55,7 @@ type InspectFunc func(ctx context.Context, req InspectRequest) (InspectAnswer, i
 // ServeInspect answers requests on l with find until ctx ends; a peer that
 // allow refuses gets an error and nothing else.
 func ServeInspect(ctx context.Context, l *Listener, allow func(*net.UnixConn) error, find InspectFunc) error {
-	return l.ServeConns(ctx, func(c *net.UnixConn) {
+	return l.ServeConns(ctx, Handlers{Serve: func(c *net.UnixConn) {
 		defer c.Close()
 		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 		if err := allow(c); err != nil {
@@ -78,7 +78,7 @@ func ServeInspect(ctx context.Context, l *Listener, allow func(*net.UnixConn) er
 			defer unix.Close(fd)
 		}
 		_ = writeInspect(c, a, fd)
-	}, nil)
+	}})
 }
 
 func writeInspect(c *net.UnixConn, a InspectAnswer, fd int) error {

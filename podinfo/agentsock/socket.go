@@ -166,6 +166,7 @@ func (l *Listener) Close() error {
 type Outcome struct {
 	Status   string // StatusFound, StatusUnknown, or an Outcome* without an answer
 	Reason   string // why unknown, or the error
+	Resource string // what a starved connection lacked (see StarvedOf)
 	Request  Request
 	PeerUID  uint32
 	Duration time.Duration
@@ -176,6 +177,10 @@ const (
 	OutcomeRefused    = "refused"     // the peer is not root
 	OutcomeBadRequest = "bad_request" // unreadable or invalid request
 	OutcomeWriteError = "write_error" // the answer could not be sent
+	// OutcomeStarved: accepting failed for lack of a resource; the
+	// connection, when it could be taken all the same, was closed at once
+	// (the plugin asks the API server).
+	OutcomeStarved = "starved"
 )
 
 // Resolver answers a valid request. It must return within ctx's deadline
@@ -211,29 +216,73 @@ type Server struct {
 
 // Serve answers the connections l.ServeConns accepts.
 func (s *Server) Serve(ctx context.Context, l *Listener) error {
-	return l.ServeConns(ctx, func(c *net.UnixConn) { s.handle(ctx, c) }, nil)
+	return l.ServeConns(ctx, Handlers{
+		Serve: func(c *net.UnixConn) { s.handle(ctx, c) },
+		Starved: func(c *net.UnixConn, err error) {
+			if c != nil {
+				c.Close()
+			}
+			if s.Observe != nil {
+				s.Observe(Outcome{Status: OutcomeStarved, Resource: StarvedOf(err), Reason: "accepting: " + err.Error()})
+			}
+		},
+	})
+}
+
+// Handlers are what ServeConns does with the connections it accepts.
+type Handlers struct {
+	// Serve runs each connection in its own goroutine, maxInFlight at a
+	// time; it closes the connection.
+	Serve func(*net.UnixConn)
+	// Busy, when set, takes a connection beyond that bound (in its own
+	// goroutine, which closes it); unset, the connection waits for a slot.
+	Busy func(*net.UnixConn)
+	// Starved is told when accepting failed for lack of a resource (err:
+	// descriptors, memory). With the listener's reserve descriptor spent
+	// to take the connection all the same, c is it (in its own goroutine:
+	// answer at once and close it, which gives the descriptor back); else
+	// c is nil, once per spell of failing accepts. Unset, such a
+	// connection is closed at once: the peer sees the end at once rather
+	// than waiting in the backlog for its timeout.
+	Starved func(c *net.UnixConn, err error)
 }
 
 // ServeConns accepts connections on l until ctx ends or l fails, and runs
-// handle on each in its own goroutine, maxInFlight at a time; it closes l
-// and waits for the handlers. A connection beyond that bound goes to busy
-// (in its own goroutine, which closes it) when set, else waits for a
-// handler to finish. The agent's sockets share it.
-func (l *Listener) ServeConns(ctx context.Context, handle, busy func(*net.UnixConn)) error {
+// h on them (see Handlers); it closes l and waits for the handlers. The
+// agent's sockets share it.
+func (l *Listener) ServeConns(ctx context.Context, h Handlers) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	defer l.Close()
 	sem := make(chan struct{}, maxInFlight)
+	reserve := l.reserve()
+	defer func() { closeReserve(reserve) }()
+	told := false // of the accepts failing now, without a connection
 	for {
 		c, err := l.AcceptUnix()
+		if err == nil {
+			told = false
+			if reserve < 0 {
+				reserve = l.reserve()
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			if errors.Is(err, net.ErrClosed) {
 				return fmt.Errorf("accepting on %s: %w", l.path, err)
+			}
+			if c, reserve = l.acceptStarved(err, reserve); c != nil {
+				go h.starved(c, err)
+				continue
+			}
+			if StarvedOf(err) != "" && !told {
+				// Once per spell: the retries are every acceptRetry.
+				told = true
+				h.starved(nil, err)
 			}
 			// Out of descriptors or memory, a connection reset before it
 			// was accepted: the socket is fine, so serve on after a pause
@@ -245,11 +294,11 @@ func (l *Listener) ServeConns(ctx context.Context, handle, busy func(*net.UnixCo
 			}
 			continue
 		}
-		if busy != nil {
+		if h.Busy != nil {
 			select {
 			case sem <- struct{}{}:
 			default:
-				go busy(c)
+				go h.Busy(c)
 				continue
 			}
 		} else {
@@ -264,9 +313,91 @@ func (l *Listener) ServeConns(ctx context.Context, handle, busy func(*net.UnixCo
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			handle(c)
+			h.Serve(c)
 		}()
 	}
+}
+
+func (h Handlers) starved(c *net.UnixConn, err error) {
+	if h.Starved != nil {
+		h.Starved(c, err)
+		return
+	}
+	if c != nil {
+		c.Close()
+	}
+}
+
+// Resources a process serving the agent's sockets can lack, as StarvedOf
+// names them.
+const (
+	ResourceFDs     = "fds"     // EMFILE, ENFILE: the process's or the system's file table is full
+	ResourceMemory  = "memory"  // ENOMEM: the kernel could not allocate
+	ResourceBuffers = "buffers" // ENOBUFS: no socket buffer space (netlink, unix)
+)
+
+// StarvedOf names the resource whose lack err reports, or "". Each of
+// these errors says the calling process (or the kernel on its behalf) ran
+// short, not that what it did was wrong: the same work in another process
+// may well succeed.
+func StarvedOf(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, unix.EMFILE), errors.Is(err, unix.ENFILE):
+		return ResourceFDs
+	case errors.Is(err, unix.ENOMEM):
+		return ResourceMemory
+	case errors.Is(err, unix.ENOBUFS):
+		return ResourceBuffers
+	}
+	return ""
+}
+
+// reserve is a spare descriptor (a duplicate of the listener's), or -1: out
+// of descriptors, closing it makes room to accept one connection, which
+// can then be answered at once instead of waiting in the backlog until its
+// peer gives up (the front's wait is ten seconds per call).
+func (l *Listener) reserve() int {
+	raw, err := l.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	fd := -1
+	_ = raw.Control(func(s uintptr) {
+		if d, err := unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0); err == nil {
+			fd = d
+		}
+	})
+	return fd
+}
+
+func closeReserve(fd int) {
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+}
+
+// acceptStarved takes a connection with the reserve descriptor when err
+// says the process is out of descriptors, and returns it (or nil) and the
+// reserve as it is now (-1 until it can be taken again).
+func (l *Listener) acceptStarved(err error, reserve int) (*net.UnixConn, int) {
+	if !errors.Is(err, unix.EMFILE) && !errors.Is(err, unix.ENFILE) {
+		return nil, reserve
+	}
+	if reserve < 0 {
+		// Spent on the last one, whose handler may have closed it by now.
+		if reserve = l.reserve(); reserve < 0 {
+			return nil, -1
+		}
+	}
+	unix.Close(reserve)
+	c, aerr := l.AcceptUnix()
+	reserve = l.reserve()
+	if aerr != nil {
+		return nil, reserve
+	}
+	return c, reserve
 }
 
 // Lookup answers req from r within ResolveTimeout. An answer that is not

@@ -7,8 +7,8 @@
 // namespace holds as the renderers' text (`nft -f` and iptables-save
 // syntax), as `nft list ruleset` would.
 //
-// Faults make each verb fail on demand (FailApply, FailList, FailRemove)
-// and Tamper changes what a namespace holds behind the pipeline's back, so
+// Faults make each verb fail on demand (FailApply, FailList, FailRemove,
+// and below the backends FailKernel) and Tamper changes what a namespace holds behind the pipeline's back, so
 // CHECK sees drift.
 //
 // The real backends stay proven by the kernel tests; this package proves
@@ -81,6 +81,10 @@ const (
 	OpApply  = "apply"
 	OpList   = "list"
 	OpRemove = "remove"
+	// The kernel's own steps, for FailKernel.
+	OpOpen  = "open"  // OpenNetns
+	OpAddrs = "addrs" // Addrs
+	OpEnter = "enter" // Enter
 )
 
 // New returns an empty fake kernel with legacy x_tables available.
@@ -181,6 +185,21 @@ func (f *Fake) Tamper(path, backend string, change func(*redirect.Plan)) {
 // took part of a write would leave it.
 func (f *Fake) FailApply(backend string, err error, partial bool) {
 	f.addFault(fault{op: OpApply, backend: backend, err: err, partial: partial})
+}
+
+// FailKernel makes every later call of the kernel's op (OpOpen, OpAddrs,
+// OpEnter) fail with err, as a process out of descriptors or memory sees
+// it: before anything is read or written.
+func (f *Fake) FailKernel(op string, err error) {
+	f.addFault(fault{op: op, err: err})
+}
+
+// kernelFault is the fault of the kernel's op, under f.mu.
+func (f *Fake) kernelFault(op string) error {
+	if ft := f.fault(op, ""); ft != nil {
+		return ft.err
+	}
+	return nil
 }
 
 // FailList makes every later List (and Check) of backend fail with err.
@@ -398,6 +417,9 @@ func (f *Fake) OpenNetns(path string) (*capture.Netns, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := f.kernelFault(OpOpen); err != nil {
+		return nil, fmt.Errorf("opening netns %s: %w", path, err)
+	}
 	return hostns.Stub(path, n.id), nil
 }
 
@@ -425,6 +447,9 @@ func (f *Fake) Addrs(path string) ([]netip.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing addresses: %w", err)
 	}
+	if err := f.kernelFault(OpAddrs); err != nil {
+		return nil, fmt.Errorf("listing addresses in %s: %w", path, err)
+	}
 	return slices.Clone(n.addrs), nil
 }
 
@@ -437,6 +462,9 @@ func (f *Fake) Enter(_ *capture.Netns, path string, _ capture.Prepared, _ captur
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.enters++
+	if err := f.kernelFault(OpEnter); err != nil {
+		return nil, fmt.Errorf("opening sockets in netns %s: %w", path, err)
+	}
 	return &visit{f: f, path: path}, nil
 }
 
