@@ -145,7 +145,7 @@ func TestDoFailedReturnEndsThread(t *testing.T) {
 		tids = append(tids, tid)
 	}
 	for _, tid := range tids {
-		if tid == pid {
+		if tid == mainTID {
 			t.Errorf("fn ran on the main thread")
 		}
 		waitThreadGone(t, tid)
@@ -221,7 +221,7 @@ func mainThreadChild(path string) int {
 		fmt.Println("error:", err)
 		return 3
 	}
-	fmt.Printf("tid=%d pid=%d main-in-pod=%t err=%v\n", tid, pid, main == n.ID, derr)
+	fmt.Printf("tid=%d pid=%d main-in-pod=%t err=%v\n", tid, mainTID, main == n.ID, derr)
 	return 0
 }
 
@@ -273,7 +273,7 @@ func TestDoDiscard(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if in != target.ID || tid == pid {
+		if in != target.ID || tid == mainTID {
 			t.Errorf("DoDiscard(%s): fn ran in %v on thread %d, want %v on a thread other than the main one", target.Path, in, tid, target.ID)
 		}
 		waitThreadGone(t, tid)

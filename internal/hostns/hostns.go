@@ -359,8 +359,8 @@ func Create(path string) error {
 
 func setns(fd int) error { return unix.Setns(fd, unix.CLONE_NEWNET) }
 
-// pid is this process's ID, which its main thread's thread ID equals.
-var pid = unix.Getpid()
+// mainTID is the main thread's ID: the process's ID.
+var mainTID = unix.Getpid()
 
 // onThread runs body on a fresh goroutine locked to an OS thread other than
 // the process's main thread; body says whether the thread is fit to serve
@@ -374,7 +374,7 @@ func onThread(body func() (fit bool, err error)) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		if unix.Gettid() == pid {
+		if unix.Gettid() == mainTID {
 			// Held by this goroutine, the main thread can run no other:
 			// the inner one's thread is another.
 			err := onThread(body)
