@@ -372,23 +372,33 @@ var mainTID = unix.Getpid()
 // so body never runs there.
 func onThread(body func() (fit bool, err error)) error {
 	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if unix.Gettid() == mainTID {
-			// Held by this goroutine, the main thread can run no other:
-			// the inner one's thread is another.
-			err := onThread(body)
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		fit, err := body()
-		if fit {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
+	go runLocked(body, errc, nil)
 	return <-errc
+}
+
+// runLocked is onThread's goroutine. A fresh goroutine runs on its
+// caller's thread, so one called from the main thread lands there: it then
+// holds the main thread while starting another goroutine (which therefore
+// runs elsewhere) and lets go once that one holds a thread of its own
+// (held). The answer comes from the goroutine that ran body, so the caller
+// resumes on that one's thread and its next calls start off the main
+// thread: the hop costs two thread wake-ups once, not at every call.
+func runLocked(body func() (fit bool, err error), errc chan<- error, held chan<- struct{}) {
+	runtime.LockOSThread()
+	if held != nil {
+		close(held)
+	} else if unix.Gettid() == mainTID {
+		h := make(chan struct{})
+		go runLocked(body, errc, h)
+		<-h
+		runtime.UnlockOSThread()
+		return
+	}
+	fit, err := body()
+	if fit {
+		runtime.UnlockOSThread()
+	}
+	errc <- err
 }
 
 // callGuarded runs fn, a panic in it turned into its error: Do's goroutine
