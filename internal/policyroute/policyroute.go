@@ -282,6 +282,10 @@ func List(ns netns.NsHandle) ([]redirect.PolicyRoute, []netip.Prefix, error) {
 		return nil, nil, err
 	}
 	defer h.Close()
+	return list(h)
+}
+
+func list(h *netlink.Handle) ([]redirect.PolicyRoute, []netip.Prefix, error) {
 	routes, err := listRoutes(h)
 	if err != nil {
 		return nil, nil, err
@@ -291,6 +295,11 @@ func List(ns netns.NsHandle) ([]redirect.PolicyRoute, []netip.Prefix, error) {
 		return nil, nil, err
 	}
 	return routes, addrs, nil
+}
+
+// ListVia is List through h, opened inside the namespace (OpenHere).
+func ListVia(h *Handle) ([]redirect.PolicyRoute, []netip.Prefix, error) {
+	return list(h.nl)
 }
 
 // listRoutes returns the fwmark policy routes whose table holds a local
