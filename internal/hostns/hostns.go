@@ -64,6 +64,12 @@ func (id ID) String() string { return fmt.Sprintf("%d:%d", id.Dev, id.Ino) }
 // goroutine locked to the main thread may have moved.
 var self, selfErr = statID("/proc/thread-self/ns/net")
 
+// home is a descriptor of that namespace, opened with it and never closed:
+// where Do brings its thread back. Every thread no Do holds is there (Do is
+// the one door), so it is the namespace Do's thread started in; keeping it
+// open saves opening /proc/thread-self/ns/net at every Do.
+var home, homeErr = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+
 var (
 	hostsMu sync.Mutex
 	hosts   = map[ID]string{}
@@ -300,11 +306,14 @@ func (n *Netns) Do(fn func() error) error {
 		return fn()
 	}
 	return onThread(func() (bool, error) {
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return true, fmt.Errorf("opening this thread's network namespace: %w", err)
+		orig := home
+		if homeErr != nil {
+			var err error
+			if orig, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+				return true, fmt.Errorf("opening this thread's network namespace: %w", err)
+			}
+			defer unix.Close(orig)
 		}
-		defer unix.Close(orig)
 		if err := setns(n.fd); err != nil {
 			return true, fmt.Errorf("entering netns %s: %w", n.Path, err)
 		}
