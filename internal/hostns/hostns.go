@@ -294,8 +294,9 @@ func kind(mode uint32, fsType int64) string {
 // descriptor, whatever n.Path names by now), so that the sockets and procfs
 // files fn opens belong to it; they serve any goroutine afterwards. As
 // containernetworking's ns.Do, fn runs on a fresh goroutine locked to its
-// thread, which then switches back and returns to the pool, or if it cannot
-// stays locked and dies with the goroutine (see onThread). fn must not start
+// thread (never the main one), which then switches back to the process's
+// namespace (home) and returns to the pool, or if it cannot stays locked
+// and dies with the goroutine (see onThread). fn must not start
 // goroutines that expect to run in n. A panic in fn is returned as Do's
 // error.
 func (n *Netns) Do(fn func() error) error {
