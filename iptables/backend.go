@@ -87,7 +87,7 @@ func (b *Backend) Apply(ctx context.Context, netns string, p redirect.Plan) erro
 			want[fam][x.name] = x
 		}
 	}
-	if err := b.rewrite(ctx, netns, want, true, func() error { return applyRoutes(b.guard, netns, p) }); err != nil {
+	if err := b.rewrite(ctx, netns, want, true, func(s *Sockets) error { return applyRoutes(b.guard, s, p) }); err != nil {
 		return fmt.Errorf("applying plan to netns %s: %w", netns, err)
 	}
 	return nil
@@ -96,7 +96,7 @@ func (b *Backend) Apply(ctx context.Context, netns string, p redirect.Plan) erro
 // rewrite replaces our part of each legacy table of netns with want's (if
 // any), then runs after, all under the xtables lock. With rollback, a
 // failure writes back the tables already replaced.
-func (b *Backend) rewrite(ctx context.Context, netns string, want map[redirect.Family]map[string]xtable, rollback bool, after func() error) error {
+func (b *Backend) rewrite(ctx context.Context, netns string, want map[redirect.Family]map[string]xtable, rollback bool, after func(*Sockets) error) error {
 	s, err := openSockets(netns, allFamilies, &b.guard)
 	if err != nil {
 		return err
@@ -140,7 +140,7 @@ func (b *Backend) rewrite(ctx context.Context, netns string, want map[redirect.F
 			}
 		}
 	}
-	if err := after(); err != nil {
+	if err := after(s); err != nil {
 		return fail(err)
 	}
 	return nil
@@ -284,7 +284,7 @@ func (b *Backend) List(ctx context.Context, netns string) (redirect.Plan, error)
 		// Our rules, decoded, that do not form what nftmesh writes.
 		return p, fmt.Errorf("listing rules in netns %s: %w", netns, redirect.Unreadable(err))
 	}
-	if p.Routes, p.LoopbackAddrs, err = listRoutes(netns); err != nil {
+	if p.Routes, p.LoopbackAddrs, err = listRoutes(s); err != nil {
 		return p, fmt.Errorf("listing rules in netns %s: %w", netns, err)
 	}
 	return p, nil
@@ -379,7 +379,7 @@ func (b *Backend) Check(ctx context.Context, netns string, p redirect.Plan) erro
 // chains, our policy routes and loopback address go; foreign entries stay.
 // A table that does not exist is left uninstantiated.
 func (b *Backend) Remove(ctx context.Context, netns string) error {
-	if err := b.rewrite(ctx, netns, nil, false, func() error { return removeRoutes(b.guard, netns) }); err != nil {
+	if err := b.rewrite(ctx, netns, nil, false, func(s *Sockets) error { return removeRoutes(b.guard, s) }); err != nil {
 		return fmt.Errorf("removing rules from netns %s: %w", netns, err)
 	}
 	return nil

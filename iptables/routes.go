@@ -3,8 +3,6 @@ package iptables
 import (
 	"net/netip"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/internal/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
@@ -12,29 +10,17 @@ import (
 
 // The TPROXY policy routing and the ::6 passthrough address are part of a
 // Plan whatever the rule backend; internal/policyroute programs them for
-// both backends.
+// both backends, here through the rtnetlink socket openSockets opened with
+// the raw ones.
 
-func withNetns(path string, fn func(ns netns.NsHandle) error) error {
-	n, err := hostns.Open(path)
-	if err != nil {
-		return err
-	}
-	defer n.Close()
-	return fn(netns.NsHandle(n.Fd()))
+func applyRoutes(g hostns.Guard, s *Sockets, p redirect.Plan) error {
+	return policyroute.ApplyVia(g, s.route, s.ns.Fd(), p, true)
 }
 
-func applyRoutes(g hostns.Guard, path string, p redirect.Plan) error {
-	return withNetns(path, func(ns netns.NsHandle) error { return policyroute.Apply(g, ns, p, true) })
+func listRoutes(s *Sockets) ([]redirect.PolicyRoute, []netip.Prefix, error) {
+	return policyroute.ListVia(s.route)
 }
 
-func listRoutes(path string) (routes []redirect.PolicyRoute, addrs []netip.Prefix, err error) {
-	err = withNetns(path, func(ns netns.NsHandle) error {
-		routes, addrs, err = policyroute.List(ns)
-		return err
-	})
-	return routes, addrs, err
-}
-
-func removeRoutes(g hostns.Guard, path string) error {
-	return withNetns(path, func(ns netns.NsHandle) error { return policyroute.Remove(g, ns) })
+func removeRoutes(g hostns.Guard, s *Sockets) error {
+	return policyroute.RemoveVia(g, s.route, s.ns.Fd())
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
+	"github.com/nftmesh/nftmesh/internal/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
@@ -30,6 +31,10 @@ const (
 type Sockets struct {
 	fd     map[redirect.Family]int
 	tables map[redirect.Family]map[string]bool
+	// ns and route (openSockets only): the namespace, and rtnetlink in it
+	// for the policy routes, opened in the same visit as the raw sockets.
+	ns    *hostns.Netns
+	route *policyroute.Handle
 }
 
 // Close closes the sockets.
@@ -37,11 +42,17 @@ func (s *Sockets) Close() {
 	for _, fd := range s.fd {
 		unix.Close(fd)
 	}
+	if s.route != nil {
+		s.route.Close()
+	}
+	s.ns.Close()
 }
 
-// openSockets runs openHere inside the namespace at path: with a write
-// guard, refusing what it refuses and giving every family a socket, tables
-// or not (for replacing tables); with nil, for reading.
+// openSockets runs openHere inside the namespace at path, and opens
+// rtnetlink there for the policy routes: with a write guard, refusing what
+// it refuses and giving every family a socket, tables or not (for
+// replacing tables); with nil, for reading. One visit, one open of path:
+// the routes go where the rules went.
 func openSockets(path string, fams []redirect.Family, write *hostns.Guard) (*Sockets, error) {
 	open := hostns.Open
 	if write != nil {
@@ -51,13 +62,23 @@ func openSockets(path string, fams []redirect.Family, write *hostns.Guard) (*Soc
 	if err != nil {
 		return nil, err
 	}
-	defer n.Close()
 	var s *Sockets
 	err = n.Do(func() (err error) {
-		s, err = openHere(fams, write != nil)
+		if s, err = openHere(fams, write != nil); err != nil {
+			return err
+		}
+		s.route, err = policyroute.OpenHere()
 		return err
 	})
-	return s, err
+	if err != nil {
+		if s != nil {
+			s.Close()
+		}
+		n.Close()
+		return nil, err
+	}
+	s.ns = n
+	return s, nil
 }
 
 // openHere reads which legacy tables exist in the calling thread's network

@@ -12,6 +12,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -24,11 +25,14 @@ const module = "github.com/nftmesh/nftmesh"
 
 // pkg is what the rules read of one package of the module.
 type pkg struct {
-	ImportPath string
-	Dir        string
-	GoFiles    []string
-	Imports    []string
-	Deps       []string
+	ImportPath     string
+	Dir            string
+	GoFiles        []string
+	TestGoFiles    []string
+	XTestGoFiles   []string
+	IgnoredGoFiles []string // other platforms', or behind build tags (e2e)
+	Imports        []string
+	Deps           []string
 }
 
 // rel is the package's path inside the module ("" for none of ours).
@@ -412,6 +416,198 @@ func TestNoExecInProduct(t *testing.T) {
 				}
 				return true
 			})
+		}
+	}
+}
+
+// threadMovers are what moves an OS thread of this process into another
+// network namespace, or has a library do it on the caller's thread, by
+// package and name. vishvananda/netlink's *At helpers (and its subscribe
+// options' Namespace) are the trap: v1.3.1's executeInNetns drops a
+// failed move back and unlocks the thread, which then serves any goroutine
+// in the pod's namespace. internal/hostns (Do, DoDiscard, Create) is the
+// one door: a thread that cannot come back dies there. mdlayher/netlink's
+// Config.NetNS (google/nftables' WithNetNSFd) is not listed: mdlayher/socket
+// v0.5.0 keeps a thread that cannot come back locked, so it dies.
+var threadMovers = map[string]map[string]bool{
+	"github.com/vishvananda/netlink": {
+		"NewHandleAt": true, "NewHandleAtFrom": true,
+		"LinkSubscribeAt": true, "AddrSubscribeAt": true, "RouteSubscribeAt": true, "NeighSubscribeAt": true,
+	},
+	"github.com/vishvananda/netlink/nl": {"GetNetlinkSocketAt": true, "SubscribeAt": true},
+	"github.com/vishvananda/netns":      {"Set": true, "Setns": true, "New": true, "NewNamed": true},
+	"golang.org/x/sys/unix":             {"Setns": true, "Unshare": true, "SYS_SETNS": true, "SYS_UNSHARE": true},
+	"syscall":                           {"Unshare": true, "SYS_SETNS": true, "SYS_UNSHARE": true},
+	// ns.Do and friends: a second door. Importing it at all breaks the rule.
+	"github.com/containernetworking/plugins/pkg/ns": nil,
+}
+
+// oneDoorAllowed are the test files that still switch namespaces
+// themselves, each with what they do; a use not listed fails, and so does
+// a listed one that no longer happens (so the list only shrinks). No
+// product or test-kit file is here.
+var oneDoorAllowed = map[string]string{
+	"nft/netns_test.go: netns.NewNamed":      "creates its namespaces on a locked thread, kept locked if it cannot switch back",
+	"nft/netns_test.go: netns.Set":           "the switch back of that thread",
+	"nft/netns_test.go: netlink.NewHandleAt": "wires the test's namespaces (to become hostns.Do + netlink.NewHandle)",
+	"nft/connrate_test.go: netns.Set":        "a thread that joins the pod's namespace and is discarded (never unlocked)",
+	"e2e/cluster/nsdial_test.go: unix.Setns": "the e2e cluster's dialer, kept locked if it cannot switch back",
+	"capture/userns_test.go: unix.Setns":     "proves that joining a pod's user namespace is refused (EINVAL) to a Go program",
+}
+
+// oneDoorUses returns each use of a threadMovers entry in f, as
+// "name: pkg.Ident" (pkg the import's last element) with its positions.
+func oneDoorUses(fset *token.FileSet, name string, f *ast.File) map[string][]token.Position {
+	local := map[string]string{} // local name → import path
+	out := map[string][]token.Position{}
+	add := func(use string, pos token.Pos) { out[use] = append(out[use], fset.Position(pos)) }
+	for _, imp := range f.Imports {
+		path, _ := strconv.Unquote(imp.Path.Value)
+		banned, listed := threadMovers[path]
+		if !listed {
+			continue
+		}
+		short := path[strings.LastIndex(path, "/")+1:]
+		n := short
+		if imp.Name != nil {
+			n = imp.Name.Name
+		}
+		if banned == nil || n == "." {
+			add(name+": import "+path, imp.Pos())
+			continue
+		}
+		local[n] = path
+	}
+	short := func(path string) string { return path[strings.LastIndex(path, "/")+1:] }
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.SelectorExpr:
+			if id, ok := n.X.(*ast.Ident); ok {
+				if path := local[id.Name]; path != "" && threadMovers[path][n.Sel.Name] {
+					add(name+": "+short(path)+"."+n.Sel.Name, n.Pos())
+				}
+			}
+		case *ast.CompositeLit:
+			// netlink.LinkSubscribeOptions{Namespace: ...} and its siblings.
+			sel, ok := n.Type.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			id, ok := sel.X.(*ast.Ident)
+			if !ok || local[id.Name] != "github.com/vishvananda/netlink" || !strings.HasSuffix(sel.Sel.Name, "SubscribeOptions") {
+				return true
+			}
+			for _, e := range n.Elts {
+				if kv, ok := e.(*ast.KeyValueExpr); ok {
+					if k, ok := kv.Key.(*ast.Ident); ok && k.Name == "Namespace" {
+						add(name+": netlink."+sel.Sel.Name+".Namespace", kv.Pos())
+					}
+				}
+			}
+		}
+		return true
+	})
+	return out
+}
+
+// TestOneDoorIntoANetns (rule one-door-into-a-netns): no Go file of the
+// module, product, test kit or test, moves a thread into another network
+// namespace but internal/hostns's (see threadMovers); a few tests are
+// listed in oneDoorAllowed.
+func TestOneDoorIntoANetns(t *testing.T) {
+	pkgs := loadPackages(t)
+	fset := token.NewFileSet()
+	seen := map[string]bool{}
+	for r, p := range pkgs {
+		if r == "internal/hostns" {
+			continue
+		}
+		for _, list := range [][]string{p.GoFiles, p.TestGoFiles, p.XTestGoFiles, p.IgnoredGoFiles} {
+			for _, name := range list {
+				if !strings.HasSuffix(name, ".go") {
+					continue
+				}
+				f, err := parser.ParseFile(fset, filepath.Join(p.Dir, name), nil, parser.SkipObjectResolution)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for use, at := range oneDoorUses(fset, path.Join(r, name), f) {
+					if _, ok := oneDoorAllowed[use]; ok && strings.HasSuffix(name, "_test.go") {
+						seen[use] = true
+						continue
+					}
+					t.Errorf("rule one-door-into-a-netns (only internal/hostns moves a thread into another network namespace: open sockets inside hostns.Netns.Do, e.g. netlink.NewHandle there; make namespaces with hostns.Create): %s at %v", use, at)
+				}
+			}
+		}
+	}
+	for use, what := range oneDoorAllowed {
+		if !seen[use] {
+			t.Errorf("rule one-door-into-a-netns: allowed use %q (%s) no longer happens: take it off oneDoorAllowed", use, what)
+		}
+	}
+}
+
+// TestOneDoorRuleCatches: the scan finds a thread mover however it is
+// spelled (renamed import, dot import, a raw syscall number, a subscribe
+// option), and nothing in code that only opens sockets inside hostns.
+func TestOneDoorRuleCatches(t *testing.T) {
+	bad := `package p
+import (
+	nl "github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+	sc "syscall"
+	. "github.com/vishvananda/netlink/nl"
+	"github.com/containernetworking/plugins/pkg/ns"
+)
+func f(h netns.NsHandle) {
+	nl.NewHandleAt(h)
+	netns.Set(h)
+	unix.Setns(0, unix.CLONE_NEWNET)
+	unix.Syscall(unix.SYS_SETNS, 0, 0, 0)
+	sc.Unshare(0)
+	_ = nl.LinkSubscribeOptions{Namespace: &h}
+	var g = netns.NewNamed
+	_ = g
+}`
+	want := []string{
+		"bad.go: netlink.NewHandleAt", "bad.go: netns.Set", "bad.go: unix.Setns", "bad.go: unix.SYS_SETNS",
+		"bad.go: syscall.Unshare", "bad.go: netlink.LinkSubscribeOptions.Namespace", "bad.go: netns.NewNamed",
+		"bad.go: import github.com/vishvananda/netlink/nl", "bad.go: import github.com/containernetworking/plugins/pkg/ns",
+	}
+	good := `package p
+import (
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+func f(n interface{ Do(func() error) error }, path string) (h *netlink.Handle, err error) {
+	err = n.Do(func() (err error) { h, err = netlink.NewHandle(unix.NETLINK_ROUTE); return err })
+	ns, _ := netns.GetFromPath(path)
+	_ = netlink.NsFd(int(ns))
+	_ = netlink.LinkSubscribeOptions{ListExisting: true}
+	return h, err
+}`
+	fset := token.NewFileSet()
+	for _, tc := range []struct {
+		name, src string
+		want      []string
+	}{{"bad.go", bad, want}, {"good.go", good, nil}} {
+		f, err := parser.ParseFile(fset, tc.name, tc.src, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := oneDoorUses(fset, tc.name, f)
+		var names []string
+		for use := range got {
+			names = append(names, use)
+		}
+		sort.Strings(names)
+		sorted := append([]string(nil), tc.want...)
+		sort.Strings(sorted)
+		if strings.Join(names, "\n") != strings.Join(sorted, "\n") {
+			t.Errorf("%s: found\n\t%s\nwant\n\t%s", tc.name, strings.Join(names, "\n\t"), strings.Join(sorted, "\n\t"))
 		}
 	}
 }

@@ -14,8 +14,9 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/internal/hostns"
 )
 
 // netnsDir is where named network namespaces are bind-mounted (as by
@@ -187,33 +188,21 @@ func orDefault(v, def []uint16) []uint16 {
 }
 
 // createNamedNetns creates a network namespace bind-mounted at
-// /run/netns/name. netns.NewNamed unshares the calling thread, so it runs on
-// a locked thread that moves back afterwards (or dies).
+// /run/netns/name (hostns.Create: a thread unshares into it, then dies).
 func createNamedNetns(name string) error {
-	return onThread(false, func() error {
-		ns, err := netns.NewNamed(name)
-		if err == nil {
-			ns.Close()
-			return nil
-		}
-		if !errors.Is(err, os.ErrExist) {
-			// NewNamed leaves its mount point file behind when the bind
-			// mount fails; the name is ours (random), so remove it.
-			_ = os.Remove(filepath.Join(netnsDir, name))
-		}
-		return fmt.Errorf("creating network namespace %s: %w", name, err)
-	})
+	return hostns.Create(filepath.Join(netnsDir, name))
 }
 
-// handleAt opens a netlink handle inside the named namespace.
+// handleAt opens a netlink handle inside the named namespace: its sockets
+// are made inside hostns's Do and stay there.
 func handleAt(path string) (*netlink.Handle, error) {
-	ns, err := netns.GetFromPath(path)
+	n, err := hostns.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("opening network namespace %s: %w", path, err)
 	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
+	defer n.Close()
+	var h *netlink.Handle
+	if err := n.Do(func() (err error) { h, err = netlink.NewHandle(); return err }); err != nil {
 		return nil, fmt.Errorf("opening netlink in %s: %w", path, err)
 	}
 	return h, nil
@@ -264,7 +253,7 @@ func (t *Topology) wire() error {
 // linkUp adds the veth pair and brings it and both lo up.
 func (t *Topology) linkUp(w *wiring) error {
 	pod, peer := w.pod, w.peer
-	peerNS, err := netns.GetFromPath(t.PeerNetnsPath())
+	peerNS, err := hostns.Open(t.PeerNetnsPath())
 	if err != nil {
 		return fmt.Errorf("opening network namespace %s: %w", t.PeerNetnsPath(), err)
 	}
@@ -274,7 +263,7 @@ func (t *Topology) linkUp(w *wiring) error {
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: t.PodIface},
 		PeerName:      t.PeerIface,
-		PeerNamespace: netlink.NsFd(int(peerNS)),
+		PeerNamespace: netlink.NsFd(peerNS.Fd()),
 	}
 	if err := pod.LinkAdd(veth); err != nil {
 		return fmt.Errorf("adding veth %s/%s: %w", t.PodIface, t.PeerIface, err)
@@ -472,7 +461,7 @@ func (t *Topology) Close() error {
 }
 
 // deleteNamedNetns unmounts and removes /run/netns/name. Unlike
-// netns.DeleteNamed it also removes a mount point left unmounted by a failed
+// vishvananda/netns's DeleteNamed it also removes a mount point left unmounted by a failed
 // creation, and treats "already gone" as success.
 func deleteNamedNetns(name string) error {
 	path := filepath.Join(netnsDir, name)

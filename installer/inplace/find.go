@@ -24,9 +24,8 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-
+	"github.com/nftmesh/nftmesh/internal/hostns"
+	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
@@ -94,8 +93,9 @@ func parseStartTicks(stat []byte) (uint64, error) {
 
 // FindNetns walks procDir (the host's /proc) for the network namespace of
 // the pod with the given UID that holds one of ips, and returns it through
-// its oldest process. Each namespace is inspected through a netlink socket
-// opened inside it (netlink.NewHandleAt), so no thread changes namespace.
+// its oldest process. Each namespace's addresses are read as the plugin
+// reads a pod's (netnsaddr.ListIn, from a thread inside it that hostns
+// switches there and back).
 // The host's namespace (procDir's PID 1's) and the caller's are never
 // candidates: a pod IP there means a host-network pod.
 //
@@ -323,36 +323,22 @@ func PodUIDsInCgroups(cgroupFile []byte) []string {
 // holdsAny reports whether the namespace at path (still the namespace id)
 // has one of want's addresses on any interface.
 func holdsAny(path string, id nsID, want map[netip.Addr]bool) (bool, error) {
-	h, err := netns.GetFromPath(path)
+	n, err := hostns.Open(path)
 	if err != nil {
 		return false, nil // the process exited since the walk
 	}
-	defer h.Close()
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(h), &st); err != nil || (nsID{dev: uint64(st.Dev), ino: st.Ino}) != id {
+	defer n.Close()
+	if (nsID{dev: n.ID.Dev, ino: n.ID.Ino}) != id {
 		return false, nil // PID reused by a process elsewhere
 	}
-	nh, err := netlink.NewHandleAt(h, syscall.NETLINK_ROUTE)
+	addrs, err := netnsaddr.ListIn(n, path)
 	if err != nil {
-		return false, fmt.Errorf("opening netlink in %s: %w", path, err)
+		return false, err
 	}
-	defer nh.Close()
-	// An interrupted dump (addresses changing meanwhile) may miss entries:
-	// look once more before answering no.
-	for attempt := 0; ; attempt++ {
-		addrs, err := nh.AddrList(nil, netlink.FAMILY_ALL)
-		interrupted := errors.Is(err, netlink.ErrDumpInterrupted)
-		if err != nil && !interrupted {
-			return false, fmt.Errorf("listing addresses in %s: %w", path, err)
-		}
-		for _, a := range addrs {
-			ip, ok := netip.AddrFromSlice(a.IP)
-			if ok && want[ip.Unmap()] {
-				return true, nil
-			}
-		}
-		if !interrupted || attempt > 0 {
-			return false, nil
+	for _, ip := range addrs {
+		if want[ip.Unmap()] {
+			return true, nil
 		}
 	}
+	return false, nil
 }

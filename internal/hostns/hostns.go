@@ -11,8 +11,17 @@
 // host's, the agent in its own pod's: never a pod we capture), PID 1's, and
 // every one registered with AddHost (the agent's view of the host's). A
 // Guard carries the check's one setting (AllowOwn), so two callers in one
-// process can differ. Do enters a namespace for its caller, the one way
-// nftmesh switches a thread's namespace; the package never writes to one.
+// process can differ.
+//
+// It is also the one door into a namespace: Do (and DoDiscard, Create) are
+// the only code of nftmesh that moves a thread into another network
+// namespace, and the lint rule one-door-into-a-netns keeps it so. A helper
+// that moves its caller's thread and back, such as vishvananda/netlink's
+// NewHandleAt (v1.3.1 drops a failed move back and unlocks the thread),
+// would let the scheduler run any goroutine in a pod's namespace. Sockets
+// opened inside Do stay in the namespace (a netlink.Handle from
+// netlink.NewHandle, say) and serve from any thread. The package never
+// writes to a namespace.
 package hostns
 
 import (
@@ -54,6 +63,12 @@ func (id ID) String() string { return fmt.Sprintf("%d:%d", id.Dev, id.Ino) }
 // pod namespace: /proc/self/ns/net follows the thread-group leader, which a
 // goroutine locked to the main thread may have moved.
 var self, selfErr = statID("/proc/thread-self/ns/net")
+
+// home is a descriptor of that namespace, opened with it and never closed:
+// where Do brings its thread back. Every thread no Do holds is there (Do is
+// the one door), so it is the namespace Do's thread started in; keeping it
+// open saves opening /proc/thread-self/ns/net at every Do.
+var home, homeErr = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 
 var (
 	hostsMu sync.Mutex
@@ -144,9 +159,10 @@ func statID(path string) (ID, error) {
 // Netns is an open network namespace file whose type has been checked.
 type Netns struct {
 	// Path is the path it was opened from, for messages.
-	Path string
-	ID   ID
-	fd   int
+	Path     string
+	ID       ID
+	fd       int
+	borrowed bool // fd is the caller's (Borrow)
 }
 
 // Stub is a Netns without a descriptor (Fd is -1, Close does nothing): a
@@ -158,21 +174,41 @@ func Stub(path string, id ID) *Netns { return &Netns{Path: path, ID: id, fd: -1}
 // NETNSA_FD); it stays owned by n.
 func (n *Netns) Fd() int { return n.fd }
 
-// Take hands the descriptor over to the caller, who closes it.
+// Take hands the descriptor over to the caller, who closes it. A borrowed
+// Netns (Borrow) has none to hand over: Take returns -1.
 func (n *Netns) Take() int {
 	fd := n.fd
 	n.fd = -1
+	if n.borrowed {
+		return -1
+	}
 	return fd
 }
 
-// Close closes the descriptor.
+// Close closes the descriptor, unless it is borrowed (Borrow).
 func (n *Netns) Close() error {
 	if n == nil || n.fd < 0 {
 		return nil
 	}
-	err := unix.Close(n.fd)
+	fd := n.fd
 	n.fd = -1
-	return err
+	if n.borrowed {
+		return nil
+	}
+	return unix.Close(fd)
+}
+
+// Borrow is a Netns of the namespace descriptor fd, which stays the
+// caller's (Close leaves it open): a way into the namespace (Do) for code
+// handed a bare descriptor, at the cost of one fstat. path names it in
+// messages. The descriptor's type is not checked: setns refuses one that
+// is not a network namespace's.
+func Borrow(fd int, path string) (*Netns, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("checking netns %s: %w", path, err)
+	}
+	return &Netns{Path: path, ID: ID{Dev: st.Dev, Ino: st.Ino}, fd: fd, borrowed: true}, nil
 }
 
 // NotNetnsError is Open's error for a path that exists but is not a network
@@ -258,9 +294,11 @@ func kind(mode uint32, fsType int64) string {
 // descriptor, whatever n.Path names by now), so that the sockets and procfs
 // files fn opens belong to it; they serve any goroutine afterwards. As
 // containernetworking's ns.Do, fn runs on a fresh goroutine locked to its
-// thread, which then switches back and returns to the pool, or if it cannot
-// stays locked and dies with the goroutine. fn must not start goroutines
-// that expect to run in n. A panic in fn is returned as Do's error.
+// thread (never the main one), which then switches back to the process's
+// namespace (home) and returns to the pool, or if it cannot stays locked
+// and dies with the goroutine (see onThread). fn must not start
+// goroutines that expect to run in n. A panic in fn is returned as Do's
+// error.
 func (n *Netns) Do(fn func() error) error {
 	if selfErr == nil && n.ID == self {
 		// n is where this process started (Guard.AllowOwn), as is every
@@ -268,31 +306,109 @@ func (n *Netns) Do(fn func() error) error {
 		// runs only that Do's goroutine): no goroutine, lock or setns needed.
 		return fn()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("opening this thread's network namespace: %w", err)
-			return
+	return onThread(func() (bool, error) {
+		orig := home
+		if homeErr != nil {
+			var err error
+			if orig, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+				return true, fmt.Errorf("opening this thread's network namespace: %w", err)
+			}
+			defer unix.Close(orig)
 		}
-		defer unix.Close(orig)
-		if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering netns %s: %w", n.Path, err)
-			return
+		if err := setns(n.fd); err != nil {
+			return true, fmt.Errorf("entering netns %s: %w", n.Path, err)
 		}
 		ferr := callGuarded(fn)
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-			// Left locked: the thread dies with this goroutine.
-			errc <- errors.Join(ferr, fmt.Errorf("leaving netns %s: %w", n.Path, err))
-			return
+		if err := setns(orig); err != nil {
+			return false, errors.Join(ferr, fmt.Errorf("leaving netns %s: %w", n.Path, err))
 		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
+		return true, ferr
+	})
+}
+
+// DoDiscard is Do on a thread that never serves another goroutine: it dies
+// when fn returns, so fn may change what cannot be undone on its thread
+// (its credentials: netlab's probes drop to a pod's UID with the raw,
+// per-thread setresuid). It never runs fn in place, even in this process's
+// own namespace.
+func (n *Netns) DoDiscard(fn func() error) error {
+	return onThread(func() (bool, error) {
+		if err := setns(n.fd); err != nil {
+			return true, fmt.Errorf("entering netns %s: %w", n.Path, err)
+		}
+		return false, callGuarded(fn)
+	})
+}
+
+// Create makes a network namespace and bind-mounts it at path, as `ip netns
+// add` does (path's directory is made if missing; path must not exist, an
+// error wrapping fs.ErrExist says it does). The thread that unshares into
+// the new namespace dies afterwards. What Create made is removed again when
+// it fails.
+func Create(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("creating network namespace %s: %w", path, err)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return fmt.Errorf("creating network namespace %s: %w", path, err)
+	}
+	f.Close()
+	err = onThread(func() (bool, error) {
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			return true, err
+		}
+		return false, unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
+	})
+	if err != nil {
+		_ = os.Remove(path)
+		return fmt.Errorf("creating network namespace %s: %w", path, err)
+	}
+	return nil
+}
+
+func setns(fd int) error { return unix.Setns(fd, unix.CLONE_NEWNET) }
+
+// mainTID is the main thread's ID: the process's ID.
+var mainTID = unix.Getpid()
+
+// onThread runs body on a fresh goroutine locked to an OS thread other than
+// the process's main thread; body says whether the thread is fit to serve
+// other goroutines afterwards (in the namespace it started in, with its
+// identity). An unfit thread stays locked, so the runtime ends it with the
+// goroutine and never hands it another. The main thread it would not end
+// but park for good, still in the state body left, and /proc/self (which
+// names the main thread) would then show that namespace as the process's:
+// so body never runs there.
+func onThread(body func() (fit bool, err error)) error {
+	errc := make(chan error, 1)
+	go runLocked(body, errc, nil)
 	return <-errc
+}
+
+// runLocked is onThread's goroutine. A fresh goroutine runs on its
+// caller's thread, so one called from the main thread lands there: it then
+// holds the main thread while starting another goroutine (which therefore
+// runs elsewhere) and lets go once that one holds a thread of its own
+// (held). The answer comes from the goroutine that ran body, so the caller
+// resumes on that one's thread and its next calls start off the main
+// thread: the hop costs two thread wake-ups once, not at every call.
+func runLocked(body func() (fit bool, err error), errc chan<- error, held chan<- struct{}) {
+	runtime.LockOSThread()
+	if held != nil {
+		close(held)
+	} else if unix.Gettid() == mainTID {
+		h := make(chan struct{})
+		go runLocked(body, errc, h)
+		<-h
+		runtime.UnlockOSThread()
+		return
+	}
+	fit, err := body()
+	if fit {
+		runtime.UnlockOSThread()
+	}
+	errc <- err
 }
 
 // callGuarded runs fn, a panic in it turned into its error: Do's goroutine

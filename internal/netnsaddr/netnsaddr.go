@@ -35,11 +35,14 @@ func List(path string) ([]netip.Addr, error) {
 	return ListIn(n, path)
 }
 
-// ListIn is List of the namespace n, which path names (in errors). The dump
-// runs inside hostns.Netns.Do (netlink's package-level AddrList opens its
-// socket on the calling thread), not on a handle from netlink.NewHandleAt,
-// which moves the caller's own thread into n and back and ignores a failure
-// to move back; a thread Do cannot move back dies.
+// ListIn is List of the namespace n, which path names (in errors): the
+// one address lister of nftmesh (the plugin's IPv6 decision, the in-place
+// repair's search for a pod's namespace). The dump runs inside
+// hostns.Netns.Do (netlink's package-level AddrList opens its socket on the
+// calling thread), not on a handle from netlink.NewHandleAt, which moves
+// the caller's own thread into n and back and ignores a failure to move
+// back; a thread Do cannot move back dies. An interrupted dump is retried;
+// a third interruption is an error, never a partial list.
 func ListIn(n *hostns.Netns, path string) ([]netip.Addr, error) {
 	var as []netlink.Addr
 	err := n.Do(func() (err error) {

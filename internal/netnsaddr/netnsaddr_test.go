@@ -11,9 +11,9 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/internal/netnsaddr"
 	"github.com/nftmesh/nftmesh/netlab"
 )
@@ -44,13 +44,13 @@ func interfaceAddrs(t *testing.T, path string) []netip.Addr {
 
 func addAddr(t *testing.T, path, link, cidr string) {
 	t.Helper()
-	ns, err := netns.GetFromPath(path)
+	n, err := hostns.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
+	defer n.Close()
+	var h *netlink.Handle
+	if err := n.Do(func() (err error) { h, err = netlink.NewHandle(); return err }); err != nil {
 		t.Fatal(err)
 	}
 	defer h.Close()

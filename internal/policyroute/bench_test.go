@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
@@ -50,4 +51,36 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkApplyRemoveTProxy is the policy step of a TPROXY ADD and DEL on
+// a path without a Handle of its own (the legacy backend, the CLI): Apply
+// and Remove each open rtnetlink in the namespace from its descriptor.
+//
+//	go test -run '^$' -bench BenchmarkApplyRemoveTProxy -count 10 ./internal/policyroute
+func BenchmarkApplyRemoveTProxy(b *testing.B) {
+	_, path := nstest.New(b, "pr-bench-")
+	n, err := hostns.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer n.Close()
+	ns := netns.NsHandle(n.Fd())
+	p := redirect.Plan{
+		Routes: []redirect.PolicyRoute{
+			{Family: redirect.FamilyIPv4, Mark: redirect.TProxyMark, Table: redirect.TProxyRouteTab},
+			{Family: redirect.FamilyIPv6, Mark: redirect.TProxyMark, Table: redirect.TProxyRouteTab},
+		},
+		LoopbackAddrs: []netip.Prefix{redirect.InboundPassthroughV6},
+	}
+	cpu0 := cpuTime(b)
+	for b.Loop() {
+		if err := Apply(hostns.Guard{}, ns, p, false); err != nil {
+			b.Fatal(err)
+		}
+		if err := Remove(hostns.Guard{}, ns); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/op")
 }

@@ -56,12 +56,25 @@ func fwmarkRule(f redirect.Family, mark uint32, table int) *netlink.Rule {
 	return r
 }
 
-func newHandle(ns netns.NsHandle) (*netlink.Handle, error) {
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+// openIn opens rtnetlink in n: the socket is made inside hostns's Do and
+// stays in n when the thread leaves. (netlink.NewHandleAt would move the
+// caller's own thread there and, if moving back failed, hand it back to
+// the scheduler inside n all the same.)
+func openIn(n *hostns.Netns) (*netlink.Handle, error) {
+	var h *netlink.Handle
+	err := n.Do(func() (err error) {
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("opening rtnetlink: %w", err)
 	}
 	return h, nil
+}
+
+// borrow is the namespace of the caller's descriptor ns.
+func borrow(ns netns.NsHandle) (*hostns.Netns, error) {
+	return hostns.Borrow(int(ns), "of the policy routes")
 }
 
 // Handle is an rtnetlink handle in one namespace, for ApplyVia and
@@ -93,10 +106,14 @@ func Apply(g hostns.Guard, ns netns.NsHandle, p redirect.Plan, reapply bool) err
 
 // withHandle runs fn on an rtnetlink handle in ns, which g must not refuse.
 func withHandle(g hostns.Guard, ns netns.NsHandle, fn func(*netlink.Handle) error) error {
-	if err := g.RefuseFd(int(ns), "of the policy routes"); err != nil {
+	n, err := borrow(ns)
+	if err != nil {
 		return err
 	}
-	h, err := newHandle(ns)
+	if err := g.Refuse(n); err != nil {
+		return err
+	}
+	h, err := openIn(n)
 	if err != nil {
 		return err
 	}
@@ -256,11 +273,19 @@ func remove(h *netlink.Handle) error {
 // List returns the namespace's policy routes and lo's extra addresses, in
 // the Plan's terms.
 func List(ns netns.NsHandle) ([]redirect.PolicyRoute, []netip.Prefix, error) {
-	h, err := newHandle(ns)
+	n, err := borrow(ns)
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err := openIn(n)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer h.Close()
+	return list(h)
+}
+
+func list(h *netlink.Handle) ([]redirect.PolicyRoute, []netip.Prefix, error) {
 	routes, err := listRoutes(h)
 	if err != nil {
 		return nil, nil, err
@@ -270,6 +295,11 @@ func List(ns netns.NsHandle) ([]redirect.PolicyRoute, []netip.Prefix, error) {
 		return nil, nil, err
 	}
 	return routes, addrs, nil
+}
+
+// ListVia is List through h, opened inside the namespace (OpenHere).
+func ListVia(h *Handle) ([]redirect.PolicyRoute, []netip.Prefix, error) {
+	return list(h.nl)
 }
 
 // listRoutes returns the fwmark policy routes whose table holds a local

@@ -18,8 +18,9 @@ import (
 	"syscall"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/internal/hostns"
 )
 
 // Size is how many IDs the user namespace maps (0..65535 inside, as the
@@ -77,22 +78,24 @@ func NewAt(path string, base uint32) (_ *Netns, err error) {
 	if err := unix.Mount(src, path, "", unix.MS_BIND, ""); err != nil {
 		return nil, fmt.Errorf("bind-mounting %s at %s: %w", src, path, err)
 	}
-	h, err := netns.GetFromPath(path)
+	ns, err := hostns.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", path, err)
 	}
-	defer h.Close()
-	nl, err := netlink.NewHandleAt(h)
-	if err != nil {
-		return nil, fmt.Errorf("opening netlink in %s: %w", path, err)
-	}
-	defer nl.Close()
-	lo, err := nl.LinkByName("lo")
-	if err != nil {
-		return nil, fmt.Errorf("finding lo in %s: %w", path, err)
-	}
-	if err := nl.LinkSetUp(lo); err != nil {
-		return nil, fmt.Errorf("setting lo up in %s: %w", path, err)
+	defer ns.Close()
+	// netlink's package-level calls open their socket on the calling
+	// thread: inside Do, the namespace's.
+	if err := ns.Do(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return fmt.Errorf("finding lo in %s: %w", path, err)
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return fmt.Errorf("setting lo up in %s: %w", path, err)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
 	}
 	return n, nil
 }
