@@ -428,7 +428,7 @@ func TestNoExecInProduct(t *testing.T) {
 // in the pod's namespace. internal/hostns (Do, DoDiscard, Create) is the
 // one door: a thread that cannot come back dies there. mdlayher/netlink's
 // Config.NetNS (google/nftables' WithNetNSFd) is not listed: mdlayher/socket
-// v0.5.0 keeps a thread that cannot come back locked, so it dies.
+// v0.6.1 (as v0.5.0) keeps a thread that cannot come back locked, so it dies.
 var threadMovers = map[string]map[string]bool{
 	"github.com/vishvananda/netlink": {
 		"NewHandleAt": true, "NewHandleAtFrom": true,
