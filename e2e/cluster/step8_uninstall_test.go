@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -77,13 +78,19 @@ func TestHelmUninstall(t *testing.T) {
 // killed (SIGKILL) and its pod force-deleted, so no agent reads the old
 // run dir after; it returns once the new agent is ready.
 func (c *Cluster) rebootAgent(ctx context.Context) error {
-	// helm's --wait can see the DaemonSet ready before its pod exists.
-	if err := c.waitAgentImage(ctx, nftmeshImage, ""); err != nil {
+	// Whatever image the agent runs (the churn test upgrades it to another
+	// tag); helm's --wait can see the DaemonSet ready before its pod exists.
+	var old *corev1.PodList
+	if err := c.poll(ctx, 120*time.Second, "one agent pod", func() (bool, error) {
+		l, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})
+		old = l
+		return err == nil && len(l.Items) == 1 && l.Items[0].DeletionTimestamp == nil, nil
+	}); err != nil {
 		return err
 	}
-	old, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})
-	if err != nil || len(old.Items) != 1 {
-		return fmt.Errorf("agent pods: %v (%d)", err, len(old.Items))
+	image := old.Items[0].Spec.Containers[0].Image
+	if err := c.waitAgentImage(ctx, image, ""); err != nil {
+		return err
 	}
 	pid, err := c.agentPID()
 	if err != nil {
@@ -107,7 +114,7 @@ func (c *Cluster) rebootAgent(ctx context.Context) error {
 		return err
 	}
 	t0 := time.Now()
-	if err := c.waitAgentImage(ctx, nftmeshImage, old.Items[0].Name); err != nil {
+	if err := c.waitAgentImage(ctx, image, old.Items[0].Name); err != nil {
 		return err
 	}
 	record("chart: simulated reboot (run dir emptied, agent SIGKILLed) → new agent Ready %.2fs", time.Since(t0).Seconds())
