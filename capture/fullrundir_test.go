@@ -22,6 +22,7 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 	"github.com/nftmesh/nftmesh/testkit/nstest"
+	"github.com/nftmesh/nftmesh/testkit/spawn"
 )
 
 const mountNSEnv = "NFTMESH_TEST_IN_MOUNT_NS"
@@ -43,7 +44,10 @@ func inPrivateMountNS(t *testing.T) bool {
 	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), mountNSEnv+"="+t.Name())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.CombinedOutput()
+	var outb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &outb, &outb
+	err := spawn.Run(cmd)
+	out := outb.Bytes()
 	t.Logf("in a private mount namespace:\n%s", out)
 	if err != nil {
 		t.Fatalf("the test failed in its mount namespace: %v", err)

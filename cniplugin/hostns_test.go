@@ -25,6 +25,7 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
+	"github.com/nftmesh/nftmesh/testkit/spawn"
 )
 
 // The stand-in host: a child process of the test binary in new PID, network
@@ -278,7 +279,7 @@ func runStandin(t *testing.T, job standinJob) standinReport {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNET | syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
+	if err := spawn.Run(cmd); err != nil {
 		t.Fatalf("stand-in host: %v\n%s", err, errb.String())
 	}
 	var rep standinReport

@@ -24,6 +24,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/nftmesh/nftmesh/testkit/spawn"
 )
 
 // The node's addresses, all inside the holder's network namespace.
@@ -588,7 +590,9 @@ func (c *Cluster) spawn(name string, cmd *exec.Cmd) (*component, error) {
 	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	// spawn: Pdeathsig follows the forking thread, which a test's netns
+	// helpers may end.
+	if err := spawn.Start(cmd); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}

@@ -48,6 +48,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/nftmesh/nftmesh/internal/kubeconf"
+	"github.com/nftmesh/nftmesh/testkit/spawn"
 )
 
 // Version is the Kubernetes release the tools module pins.
@@ -261,9 +262,10 @@ func startLogged(logPath, bin string, args ...string) (*proc, error) {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// Own process group, and die with the test binary if it is killed.
+	// Own process group, and die with the test binary if it is killed
+	// (spawn: with it, not with whichever of its threads forked it).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := spawn.Start(cmd); err != nil {
 		logf.Close()
 		return nil, err
 	}
