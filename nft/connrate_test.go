@@ -6,13 +6,11 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
-
+	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/netlab"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"
@@ -69,47 +67,32 @@ func BenchmarkConnRate10kVs0(b *testing.B) {
 // connectLoop opens n connections from inside the pod (as root: not the
 // proxy, so captured) and reads each listener's one-line answer.
 func connectLoop(podNetns string, dst netip.AddrPort, n int) (time.Duration, error) {
-	type res struct {
-		d   time.Duration
-		err error
+	ns, err := hostns.Open(podNetns)
+	if err != nil {
+		return 0, err
 	}
-	ch := make(chan res, 1)
-	go func() {
-		// This thread joins the pod namespace and is discarded afterwards
-		// (no UnlockOSThread), so no other goroutine ever runs in it.
-		runtime.LockOSThread()
-		h, err := netns.GetFromPath(podNetns)
-		if err != nil {
-			ch <- res{err: err}
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			ch <- res{err: err}
-			return
-		}
+	defer ns.Close()
+	var took time.Duration
+	// A thread of its own, discarded afterwards, so no other goroutine
+	// ever runs in the pod's namespace.
+	err = ns.DoDiscard(func() error {
 		start := time.Now()
 		for i := 0; i < n; i++ {
 			c, err := net.DialTimeout("tcp", dst.String(), 2*time.Second)
 			if err != nil {
-				ch <- res{err: err}
-				return
+				return err
 			}
 			line, err := io.ReadAll(c)
+			c.Close()
 			if err != nil {
-				c.Close()
-				ch <- res{err: err}
-				return
+				return err
 			}
 			if i == 0 && !strings.Contains(string(line), netlab.ListenerOutbound) {
-				c.Close()
-				ch <- res{err: fmt.Errorf("connection to %s was not captured: %s", dst, line)}
-				return
+				return fmt.Errorf("connection to %s was not captured: %s", dst, line)
 			}
-			c.Close()
 		}
-		ch <- res{d: time.Since(start)}
-	}()
-	r := <-ch
-	return r.d, r.err
+		took = time.Since(start)
+		return nil
+	})
+	return took, err
 }

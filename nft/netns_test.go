@@ -6,54 +6,37 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/internal/hostns"
 )
 
 // nsPrefix keeps this package's namespaces apart from other packages' tests.
 const nsPrefix = "nfa-"
 
 // newNetns creates a named namespace with lo up and returns its path and a
-// cleanup function. It switches a locked thread into the new namespace and
-// straight back, so the calling goroutine's namespace never changes.
+// cleanup function. hostns creates it on a thread that then ends, so the
+// calling goroutine's namespace never changes.
 func newNetns(tb testing.TB) (string, func()) {
 	tb.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	name := nsPrefix + hex.EncodeToString(b)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		tb.Fatalf("getting current netns: %v", err)
-	}
-	defer orig.Close()
-	h, err := netns.NewNamed(name)
-	if serr := netns.Set(orig); serr != nil {
-		// The thread is stuck in the wrong namespace: keep it locked so
-		// the runtime throws it away instead of reusing it.
-		runtime.LockOSThread()
-		tb.Fatalf("switching back to the original netns: %v", serr)
-	}
-	if err != nil {
-		tb.Fatalf("creating netns %s: %v", name, err)
-	}
 	path := "/var/run/netns/" + name
+	if err := hostns.Create(path); err != nil {
+		tb.Fatal(err)
+	}
 	cleanup := func() {
-		h.Close()
 		if err := netns.DeleteNamed(name); err != nil {
 			tb.Errorf("deleting netns %s: %v", name, err)
 		}
 	}
-	nh, err := netlink.NewHandleAt(h)
-	if err != nil {
-		cleanup()
-		tb.Fatalf("rtnetlink in %s: %v", name, err)
-	}
+	nh := handleIn(tb, path)
 	defer nh.Close()
 	lo, err := nh.LinkByName("lo")
 	if err == nil {
@@ -66,6 +49,25 @@ func newNetns(tb testing.TB) (string, func()) {
 	return path, cleanup
 }
 
+// handleIn is an rtnetlink handle whose socket was opened inside the
+// namespace at path (hostns.Do): it acts there from any thread.
+func handleIn(tb testing.TB, path string) *netlink.Handle {
+	tb.Helper()
+	ns, err := hostns.Open(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ns.Close()
+	var h *netlink.Handle
+	if err := ns.Do(func() (err error) {
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
+		return err
+	}); err != nil {
+		tb.Fatalf("rtnetlink in %s: %v", path, err)
+	}
+	return h
+}
+
 // podNetns is a fresh "pod" namespace joined by a veth pair to a "peer"
 // namespace, both with IPv4 and IPv6 addresses, so IPv6 is live.
 func podNetns(t *testing.T) string {
@@ -74,27 +76,16 @@ func podNetns(t *testing.T) string {
 	t.Cleanup(cleanPod)
 	peer, cleanPeer := newNetns(t)
 	t.Cleanup(cleanPeer)
-	podNS, err := netns.GetFromPath(pod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer podNS.Close()
-	peerNS, err := netns.GetFromPath(peer)
+	peerNS, err := hostns.Open(peer)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer peerNS.Close()
-	hp, err := netlink.NewHandleAt(podNS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	hp := handleIn(t, pod)
 	defer hp.Close()
-	hq, err := netlink.NewHandleAt(peerNS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	hq := handleIn(t, peer)
 	defer hq.Close()
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0p", PeerNamespace: netlink.NsFd(int(peerNS))}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0p", PeerNamespace: netlink.NsFd(peerNS.Fd())}
 	if err := hp.LinkAdd(veth); err != nil {
 		t.Fatalf("adding veth: %v", err)
 	}
