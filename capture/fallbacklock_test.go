@@ -13,6 +13,7 @@ import (
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/capturetest"
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"
 )
 
@@ -37,7 +38,7 @@ func freeInodes(t *testing.T, dir string, n int) {
 // verb whose lock file exists (another namespace) does not wait. Where
 // the run dir had no lock directory yet, the run dir is what is locked.
 func TestRemovalFallbackExcludes(t *testing.T) {
-	if !inPrivateMountNS(t) {
+	if !nstest.InPrivateMountNS(t) {
 		return
 	}
 	ctx := context.Background()
@@ -124,7 +125,7 @@ func TestRemovalFallbackExcludes(t *testing.T) {
 // make the lock directory, then the fallback lock), and the removal
 // completes.
 func TestRemovalFallbackNotWedged(t *testing.T) {
-	if !inPrivateMountNS(t) {
+	if !nstest.InPrivateMountNS(t) {
 		return
 	}
 	f, pl, o := fake(t)

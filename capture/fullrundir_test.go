@@ -6,11 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -22,41 +19,7 @@ import (
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 	"github.com/nftmesh/nftmesh/testkit/nstest"
-	"github.com/nftmesh/nftmesh/testkit/spawn"
 )
-
-const mountNSEnv = "NFTMESH_TEST_IN_MOUNT_NS"
-
-// inPrivateMountNS runs the calling test again in a child process with a
-// mount namespace of its own (all mounts made private first), so the
-// tmpfs it mounts never reaches the machine's; it returns true in the
-// child, which runs the test body, and false in the parent, which has
-// checked the child's result.
-func inPrivateMountNS(t *testing.T) bool {
-	t.Helper()
-	if os.Getenv(mountNSEnv) == t.Name() {
-		if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
-			t.Fatalf("making the test's mounts private: %v", err)
-		}
-		return true
-	}
-	nstest.NeedRoot(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), mountNSEnv+"="+t.Name())
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
-	var outb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &outb, &outb
-	err := spawn.Run(cmd)
-	out := outb.Bytes()
-	t.Logf("in a private mount namespace:\n%s", out)
-	if err != nil {
-		t.Fatalf("the test failed in its mount namespace: %v", err)
-	}
-	if !bytes.Contains(out, []byte("--- PASS: "+t.Name())) {
-		t.Fatal("the test did not pass in its mount namespace")
-	}
-	return false
-}
 
 // mountTmpfs mounts a tmpfs with opts at a new directory under the test's
 // temp dir (in the test's private mount namespace) and returns it.
@@ -197,7 +160,7 @@ func lockFileOf(t *testing.T, runDir, path string) string {
 // never-captured namespace, the one captured elsewhere, and on the
 // read-only run dir for the captured one too.
 func TestDelOnFullRunDir(t *testing.T) {
-	if !inPrivateMountNS(t) {
+	if !nstest.InPrivateMountNS(t) {
 		return
 	}
 	pod, err := kubetest.ReadPodFile(filepath.Join("..", "testdata", "pods", "injected.yaml"))

@@ -3,53 +3,21 @@ package installer
 import (
 	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
-
-const mountNSEnv = "NFTMESH_TEST_IN_MOUNT_NS"
-
-// inPrivateMountNS runs the calling test again in a child process with a
-// mount namespace of its own, so its mounts never reach the machine's; it
-// returns true in the child (which runs the test body) and false in the
-// parent, which has checked the child's result.
-func inPrivateMountNS(t *testing.T) bool {
-	t.Helper()
-	if os.Getenv(mountNSEnv) == t.Name() {
-		if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
-			t.Fatalf("making the test's mounts private: %v", err)
-		}
-		return true
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a mount namespace")
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), mountNSEnv+"="+t.Name())
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
-	out, err := cmd.CombinedOutput()
-	t.Logf("in a private mount namespace:\n%s", out)
-	if err != nil {
-		t.Fatalf("the test failed in its mount namespace: %v", err)
-	}
-	if !bytes.Contains(out, []byte("--- PASS: "+t.Name())) {
-		t.Fatal("the test did not pass in its mount namespace")
-	}
-	return false
-}
 
 // At SIGTERM the conf dir is read-only (a read-only hostPath, a remounted
 // /etc): our entry cannot leave the config, so the plugin binary and its
 // kubeconfig must stay, or every new pod on the node fails; the error says
 // why. Once the dir is writable again, cleanup completes.
 func TestCleanupReadOnlyConfDirKeepsPlugin(t *testing.T) {
-	if !inPrivateMountNS(t) {
+	if !nstest.InPrivateMountNS(t) {
 		return
 	}
 	h := newHost(t)

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftmesh/nftmesh/testkit/cnitest"
+	"github.com/nftmesh/nftmesh/testkit/nstest"
 
 	"github.com/nftmesh/nftmesh/installer/metrics"
 
@@ -691,7 +692,7 @@ func TestRestartKeepsOriginalBytes(t *testing.T) {
 // values, the dir and the binary being written: the companion, which goes
 // first, or the front when the companion is already there.
 func TestReadOnlyBinDir(t *testing.T) {
-	if !inPrivateMountNS(t) {
+	if !nstest.InPrivateMountNS(t) {
 		return
 	}
 	h := newHost(t)

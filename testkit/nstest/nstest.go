@@ -5,13 +5,20 @@
 package nstest
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nftmesh/nftmesh/testkit/spawn"
 )
 
 // NeedRoot skips t unless it runs as root, which creating network
@@ -77,4 +84,38 @@ func RandHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// mountNSEnv names, in the child InPrivateMountNS starts, the test it runs.
+const mountNSEnv = "NFTMESH_TEST_IN_MOUNT_NS"
+
+// InPrivateMountNS runs the calling test again in a child process with a
+// mount namespace of its own (all mounts made private first), so what the
+// test mounts (a tmpfs to fill, a read-only remount) never reaches the
+// machine's. It returns true in the child, which runs the test body, and
+// false in the parent, which has checked the child's result. It skips
+// unless root.
+func InPrivateMountNS(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv(mountNSEnv) == t.Name() {
+		if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+			t.Fatalf("making the test's mounts private: %v", err)
+		}
+		return true
+	}
+	NeedRoot(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), mountNSEnv+"="+t.Name())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := spawn.Run(cmd)
+	t.Logf("in a private mount namespace:\n%s", out.Bytes())
+	if err != nil {
+		t.Fatalf("the test failed in its mount namespace: %v", err)
+	}
+	if !bytes.Contains(out.Bytes(), []byte("--- PASS: "+t.Name())) {
+		t.Fatal("the test did not pass in its mount namespace")
+	}
+	return false
 }
