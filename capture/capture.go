@@ -471,14 +471,22 @@ func describeRules(backend string, p redirect.Plan) string {
 		chains += len(t.Chains)
 		tables = append(tables, string(t.Name))
 	}
-	s := fmt.Sprintf("%d rules in %d chains", RuleCount(p), chains)
+	s := count(RuleCount(p), "rule") + " in " + count(chains, "chain")
 	if len(p.Sets) > 0 {
-		s += fmt.Sprintf(", %d sets", len(p.Sets))
+		s += ", " + count(len(p.Sets), "set")
 	}
 	if backend == NFTables {
 		return "table inet " + nft.TableName + " (" + s + ")"
 	}
 	return s + " (tables " + strings.Join(slices.Compact(slices.Sorted(slices.Values(tables))), ", ") + ")"
+}
+
+// count is "1 rule", "2 rules": redirect clean prints it.
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // RuleCount is the number of rules in a plan.

@@ -273,7 +273,7 @@ func TestFakeDrift(t *testing.T) {
 	})
 	_, err = n.run("CHECK")
 	wantCode(t, "CHECK after tampering", err, CodeDrift)
-	if !strings.Contains(err.Details, "- rule nat PREROUTING") {
+	if !strings.Contains(err.Details, "- rule nat-prerouting") {
 		t.Errorf("drift %q does not name the missing rule", err.Details)
 	}
 

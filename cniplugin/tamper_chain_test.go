@@ -16,7 +16,7 @@ func TestChainCheckSeesSwitchedOffCapture(t *testing.T) {
 	needEnv(t)
 	for _, tc := range []struct{ name, nft, want string }{
 		{"dormant table", "add table inet nftmesh { flags dormant; }\n", "+ table flags dormant"},
-		{"policy drop", "add chain inet nftmesh nat-output { policy drop; }\n", "+ chain nat OUTPUT { type nat hook output priority -100 policy drop }"},
+		{"policy drop", "add chain inet nftmesh nat-output { policy drop; }\n", "+ chain nat-output { type nat hook output priority -100 policy drop }"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHost(t, env.api, env.token)

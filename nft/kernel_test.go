@@ -279,7 +279,7 @@ func TestKernelScenarios(t *testing.T) {
 			if !errors.As(err, &drift) {
 				t.Fatalf("Check after flushing nat-istio-output: %v, want a *redirect.DriftError", err)
 			}
-			if !strings.Contains(drift.Error(), "- rule nat ISTIO_OUTPUT") {
+			if !strings.Contains(drift.Error(), "- rule nat-istio-output") {
 				t.Errorf("drift does not name the missing ISTIO_OUTPUT rules:\n%v", drift)
 			}
 			// Apply heals, then delete a single rule by handle.

@@ -11,28 +11,9 @@ import (
 const TableName = "nftmesh"
 
 // ChainName maps a Plan table and chain to the nft chain name:
-// nat/ISTIO_INBOUND → "nat-istio-inbound".
-func ChainName(t redirect.TableName, chain string) string {
-	// One allocation for the ASCII names every plan has (encoding a plan
-	// names each chain twice and each jump once); anything else the long
-	// way, which gives the same result.
-	b := make([]byte, 0, len(t)+1+len(chain))
-	for _, part := range [...]string{string(t), "-", chain} {
-		for i := 0; i < len(part); i++ {
-			c := part[i]
-			switch {
-			case c >= 0x80:
-				return strings.ToLower(string(t) + "-" + strings.ReplaceAll(chain, "_", "-"))
-			case c == '_':
-				c = '-'
-			case 'A' <= c && c <= 'Z':
-				c += 'a' - 'A'
-			}
-			b = append(b, c)
-		}
-	}
-	return string(b)
-}
+// nat/ISTIO_INBOUND → "nat-istio-inbound". The model owns the mapping
+// (redirect.ChainName), so the CLI names a chain as this table does.
+func ChainName(t redirect.TableName, chain string) string { return redirect.ChainName(t, chain) }
 
 // splitChainName is the inverse of ChainName for the names we create.
 func splitChainName(name string) (redirect.TableName, string, error) {

@@ -375,7 +375,7 @@ func TestReadPodFileBadInput(t *testing.T) {
 		{"wrong apiVersion", "apiVersion: v2\nkind: Pod\n", `apiVersion is "v2"`},
 		{"not yaml", "kind: [Pod\n", "decoding manifest"},
 		{"wrong type", "apiVersion: v1\nkind: Pod\nspec: {containers: 3}\n", "decoding Pod"},
-		{"empty", "", "no kind"},
+		{"empty", "", "the manifest is empty"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -278,7 +278,7 @@ func TestDiff(t *testing.T) {
 	}
 	b.Table(TableNat).Chain(ChainOutbound).Rules = b.Table(TableNat).Chain(ChainOutbound).Rules[1:]
 	d := Diff(a, b)
-	if len(d) != 1 || !strings.HasPrefix(d[0], "- rule nat ISTIO_OUTPUT: ipv4 l4proto tcp dport @outbound-exclude-ports") {
+	if len(d) != 1 || !strings.HasPrefix(d[0], "- rule nat-istio-output: ipv4 l4proto tcp dport @outbound-exclude-ports") {
 		t.Fatalf("missing rule not reported: %v", d)
 	}
 }

@@ -1,5 +1,7 @@
 package redirect
 
+import "strings"
+
 // Istio's chain names. Base chains use iptables' builtin names.
 const (
 	ChainPrerouting = "PREROUTING"
@@ -56,4 +58,33 @@ func BuiltinChain(t TableName, name string) (Chain, bool) {
 		}
 	}
 	return Chain{}, false
+}
+
+// ChainName is the one name a chain of table t goes by in everything
+// nftmesh prints of a plan but iptables-save syntax (render -o nft, plan
+// and json, trace, inspect's drift and its explanation), and in the
+// nftables backend's table, so what `nft list ruleset` shows in a pod is
+// what the CLI says: the table and the chain in lower case, "_" as "-"
+// (nat/ISTIO_OUTPUT → "nat-istio-output"). iptables-save keeps Istio's
+// names (ISTIO_OUTPUT in table nat), which are the chains' names there.
+func ChainName(t TableName, chain string) string {
+	// One allocation for the ASCII names every plan has (encoding a plan
+	// names each chain twice and each jump once); anything else the long
+	// way, which gives the same result.
+	b := make([]byte, 0, len(t)+1+len(chain))
+	for _, part := range [...]string{string(t), "-", chain} {
+		for i := 0; i < len(part); i++ {
+			c := part[i]
+			switch {
+			case c >= 0x80:
+				return strings.ToLower(string(t) + "-" + strings.ReplaceAll(chain, "_", "-"))
+			case c == '_':
+				c = '-'
+			case 'A' <= c && c <= 'Z':
+				c += 'a' - 'A'
+			}
+			b = append(b, c)
+		}
+	}
+	return string(b)
 }

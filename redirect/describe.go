@@ -7,7 +7,8 @@ import (
 )
 
 // Describe renders a Plan as canonical, backend-neutral lines, one per set,
-// chain, rule, route and address. It is the form Diff compares.
+// chain, rule, route and address. It is the form Diff compares. Chains go
+// by ChainName, as everywhere the CLI prints them.
 func Describe(p Plan) []string {
 	var out []string
 	if p.TableFlags != 0 {
@@ -20,18 +21,19 @@ func Describe(p Plan) []string {
 	}
 	for _, t := range p.Tables {
 		for _, c := range t.Chains {
+			name := ChainName(t.Name, c.Name)
 			if c.IsBase() {
 				// Accept, the policy of every chain Build makes, goes
 				// unsaid: a policy is named where it differs.
-				out = append(out, fmt.Sprintf("chain %s %s { type %s hook %s priority %d%s }", t.Name, c.Name, c.Type, c.Hook, c.Priority,
+				out = append(out, fmt.Sprintf("chain %s { type %s hook %s priority %d%s }", name, c.Type, c.Hook, c.Priority,
 					pick(c.Policy != PolicyAccept, " policy "+c.Policy.String(), "")))
 			} else {
-				out = append(out, fmt.Sprintf("chain %s %s", t.Name, c.Name))
+				out = append(out, "chain "+name)
 			}
 			// No rule numbers: a missing rule then shows as one line, not
 			// as every later rule renumbered.
 			for _, r := range c.Rules {
-				out = append(out, fmt.Sprintf("rule %s %s: %s", t.Name, c.Name, r))
+				out = append(out, fmt.Sprintf("rule %s: %s", name, r.Text(t.Name)))
 			}
 		}
 	}
@@ -44,16 +46,32 @@ func Describe(p Plan) []string {
 	return out
 }
 
+// setElements lists a set's elements as its interval set holds them, as
+// `nft list ruleset` shows them: each once, merged into ranges.
 func setElements(s Set) string {
 	if s.Kind == SetPort {
-		return join(SortedPorts(s.Ports), ", ")
+		return join(MergePorts(s.Ports), ", ")
 	}
 	return join(MergePrefixes(s.Prefixes), ", ")
 }
 
-// String renders a rule in the canonical neutral form used by Describe and
-// Diff: "[family] match match ... -> verdict".
+// String renders a rule in the neutral form "[family] match match ... ->
+// verdict", a jump naming its target as the Plan does (the rule does not
+// know its table); Text is the form the CLI prints.
 func (r Rule) String() string {
+	return r.format(VerdictString(r.Verdict))
+}
+
+// Text is the rule of table t as Describe, the tracer and the CLI print
+// it: String, with a jump naming its target by ChainName.
+func (r Rule) Text(t TableName) string {
+	if j, ok := r.Verdict.(Jump); ok {
+		return r.format("jump " + ChainName(t, j.Chain))
+	}
+	return r.String()
+}
+
+func (r Rule) format(verdict string) string {
 	var parts []string
 	if r.Family != FamilyAny {
 		parts = append(parts, r.Family.String())
@@ -61,7 +79,7 @@ func (r Rule) String() string {
 	for _, m := range r.Matches {
 		parts = append(parts, MatchString(m))
 	}
-	parts = append(parts, "->", VerdictString(r.Verdict))
+	parts = append(parts, "->", verdict)
 	return strings.Join(parts, " ")
 }
 

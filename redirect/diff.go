@@ -2,8 +2,8 @@ package redirect
 
 // Diff compares two Plans in canonical form and returns the differing lines
 // ("-" only in want, "+" only in got), or nil when they are equivalent.
-// Sets compare by content (address sets as merged intervals, port sets as
-// sorted ports), so a backend may store them in its own order.
+// Sets compare by content (as merged intervals), so a backend may store
+// them in its own order.
 func Diff(want, got Plan) []string {
 	a, b := Describe(want), Describe(got)
 	var out []string

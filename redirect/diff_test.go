@@ -81,8 +81,8 @@ func TestDiffNamesTableFlagsAndPolicy(t *testing.T) {
 	q.Table(TableNat).Chain(ChainPrerouting).Policy = PolicyDrop
 	want := []string{
 		"+ table flags dormant,owner",
-		"+ chain nat PREROUTING { type nat hook prerouting priority -100 policy drop }",
-		"- chain nat PREROUTING { type nat hook prerouting priority -100 }",
+		"+ chain nat-prerouting { type nat hook prerouting priority -100 policy drop }",
+		"- chain nat-prerouting { type nat hook prerouting priority -100 }",
 	}
 	if d := Diff(p, q); !slices.Equal(d, want) {
 		t.Errorf("Diff = %q\nwant %q", d, want)

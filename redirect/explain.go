@@ -72,10 +72,10 @@ func driftWhy(pw, pl Trace, live, want *Plan) string {
 	}
 	for _, decidedOnly := range []bool{true, false} {
 		if s := lackedStep(pw, live, decidedOnly); s != nil {
-			return fmt.Sprintf("missing rule in %s %s: %s", s.Table, s.Chain, s.Text)
+			return fmt.Sprintf("missing rule in %s: %s", ChainName(s.Table, s.Chain), s.Text)
 		}
 		if s := lackedStep(pl, want, decidedOnly); s != nil {
-			return fmt.Sprintf("unexpected rule in %s %s: %s", s.Table, s.Chain, s.Text)
+			return fmt.Sprintf("unexpected rule in %s: %s", ChainName(s.Table, s.Chain), s.Text)
 		}
 	}
 	return "the rules are reordered, or a set's elements differ"
@@ -97,8 +97,8 @@ func baseChainDiffers(live, want *Plan) string {
 			if l == nil || l.Hook == w.Hook && l.Type == w.Type && l.Priority == w.Priority && l.Policy == w.Policy {
 				continue
 			}
-			return fmt.Sprintf("live chain %s %s is type %s hook %s priority %d policy %s, planned type %s hook %s priority %d policy %s",
-				t.Name, w.Name, l.Type, cmp.Or(string(l.Hook), "none"), l.Priority, l.Policy, w.Type, w.Hook, w.Priority, w.Policy)
+			return fmt.Sprintf("live chain %s is type %s hook %s priority %d policy %s, planned type %s hook %s priority %d policy %s",
+				ChainName(t.Name, w.Name), l.Type, cmp.Or(string(l.Hook), "none"), l.Priority, l.Policy, w.Type, w.Hook, w.Priority, w.Policy)
 		}
 	}
 	return ""
@@ -118,7 +118,7 @@ func lackedStep(tr Trace, p *Plan, decidedOnly bool) *TraceStep {
 func hasRule(p *Plan, s *TraceStep) bool {
 	if t := p.Table(s.Table); t != nil {
 		if c := t.Chain(s.Chain); c != nil {
-			return slices.ContainsFunc(c.Rules, func(r Rule) bool { return r.String() == s.Text })
+			return slices.ContainsFunc(c.Rules, func(r Rule) bool { return r.Text(t.Name) == s.Text })
 		}
 	}
 	return false

@@ -50,16 +50,16 @@ func TestExplainDrift(t *testing.T) {
 		packetMatches func(Packet) bool
 	}{
 		{"capture jump missing", dropRule(t, plan, TableNat, ChainOutbound, "-> jump ISTIO_REDIRECT"), "redirect :15001", "accept",
-			"missing rule in nat ISTIO_OUTPUT: ipv4 -> jump ISTIO_REDIRECT",
+			"missing rule in nat-istio-output: ipv4 -> jump nat-istio-redirect",
 			func(p Packet) bool { return p.Dir == DirOut && p.UID == 1000 && p.Proto == ProtoTCP }},
 		{"proxy bypass missing", dropRule(t, plan, TableNat, ChainOutbound, "ipv4 skuid 1337 -> return"), "accept", "redirect :15001",
-			"missing rule in nat ISTIO_OUTPUT: ipv4 skuid 1337 -> return",
+			"missing rule in nat-istio-output: ipv4 skuid 1337 -> return",
 			func(p Packet) bool { return p.Dir == DirOut && p.UID == 1337 }},
 		{"exclusion missing", dropRule(t, plan, TableNat, ChainOutbound, "@outbound-exclude-v4"), "accept", "redirect :15001",
-			"missing rule in nat ISTIO_OUTPUT: ipv4 daddr @outbound-exclude-v4 -> return",
+			"missing rule in nat-istio-output: ipv4 daddr @outbound-exclude-v4 -> return",
 			func(p Packet) bool { return netip.MustParsePrefix("10.0.0.0/8").Contains(p.Dst.Addr()) }},
 		{"inbound missing", dropRule(t, plan, TableNat, ChainPrerouting, "jump ISTIO_INBOUND"), "redirect :15006", "accept",
-			"missing rule in nat PREROUTING: ipv4 l4proto tcp -> jump ISTIO_INBOUND",
+			"missing rule in nat-prerouting: ipv4 l4proto tcp -> jump nat-istio-inbound",
 			func(p Packet) bool { return p.Dir == DirIn }},
 	}
 	dormant := plan.Clone()
@@ -78,10 +78,10 @@ func TestExplainDrift(t *testing.T) {
 		{"table dormant", dormant, "redirect :15001", "accept", "the live table is dormant: none of its chains sees a packet",
 			func(p Packet) bool { return p.Dir == DirOut && p.UID == 1000 && p.Proto == ProtoTCP }},
 		{"policy drop", dropping, "accept", "drop",
-			"live chain nat OUTPUT is type nat hook output priority -100 policy drop, planned type nat hook output priority -100 policy accept",
+			"live chain nat-output is type nat hook output priority -100 policy drop, planned type nat hook output priority -100 policy accept",
 			func(p Packet) bool { return p.Dir == DirOut && p.UID == 1337 }},
 		{"chain on another hook", moved, "redirect :15006", "accept",
-			"live chain nat PREROUTING is type nat hook input priority -100 policy accept, planned type nat hook prerouting priority -100 policy accept",
+			"live chain nat-prerouting is type nat hook input priority -100 policy accept, planned type nat hook prerouting priority -100 policy accept",
 			func(p Packet) bool { return p.Dir == DirIn }},
 	}...)
 	for _, c := range cases {

@@ -98,23 +98,25 @@ func (v TraceVerdict) String() string {
 }
 
 // TraceStep is one rule the packet met (Rule ≥ 1, with Matched), or a note
-// about a chain (Rule 0: entered, left through its policy, skipped).
+// about a chain (Rule 0: entered, left through its policy, skipped). Chain
+// is the Plan's name; people read ChainName(Table, Chain), as Format
+// prints it.
 type TraceStep struct {
-	Hook    Hook      `json:"hook"`
-	Table   TableName `json:"table"`
-	Chain   string    `json:"chain"`
-	Rule    int       `json:"rule,omitempty"` // 1-based position in the chain
-	Text    string    `json:"text"`
-	Matched bool      `json:"matched,omitempty"`
+	Hook    Hook
+	Table   TableName
+	Chain   string
+	Rule    int    // 1-based position in the chain
+	Text    string // the rule as Rule.Text prints it
+	Matched bool
 	// Decided marks the rule that gave the verdict.
-	Decided bool `json:"decided,omitempty"`
+	Decided bool
 }
 
 // Trace is the path of one packet through a plan.
 type Trace struct {
-	Packet  Packet       `json:"-"`
-	Steps   []TraceStep  `json:"steps"`
-	Verdict TraceVerdict `json:"verdict"`
+	Packet  Packet
+	Steps   []TraceStep
+	Verdict TraceVerdict
 }
 
 // ErrUnknownSource is returned (wrapped) when a rule the packet reaches
@@ -273,7 +275,7 @@ func (t *tracer) note(h Hook, tab TableName, chain, text string) {
 
 func (t *tracer) chain(h Hook, tab *Table, c *Chain, depth int) (chainEnd, error) {
 	if depth > maxJumpDepth {
-		return 0, fmt.Errorf("chain %s/%s: more than %d nested jumps", tab.Name, c.Name, maxJumpDepth)
+		return 0, fmt.Errorf("chain %s: more than %d nested jumps", ChainName(tab.Name, c.Name), maxJumpDepth)
 	}
 	for i, r := range c.Rules {
 		if !r.Family.Includes(t.fam) {
@@ -281,9 +283,9 @@ func (t *tracer) chain(h Hook, tab *Table, c *Chain, depth int) (chainEnd, error
 		}
 		ok, err := t.matches(h, r.Matches)
 		if err != nil {
-			return 0, fmt.Errorf("chain %s/%s rule %d (%s): %w", tab.Name, c.Name, i+1, r, err)
+			return 0, fmt.Errorf("chain %s rule %d (%s): %w", ChainName(tab.Name, c.Name), i+1, r.Text(tab.Name), err)
 		}
-		t.steps = append(t.steps, TraceStep{Hook: h, Table: tab.Name, Chain: c.Name, Rule: i + 1, Text: r.String(), Matched: ok})
+		t.steps = append(t.steps, TraceStep{Hook: h, Table: tab.Name, Chain: c.Name, Rule: i + 1, Text: r.Text(tab.Name), Matched: ok})
 		if !ok {
 			continue
 		}
@@ -291,7 +293,7 @@ func (t *tracer) chain(h Hook, tab *Table, c *Chain, depth int) (chainEnd, error
 		if j, isJump := r.Verdict.(Jump); isJump {
 			target := tab.Chain(j.Chain)
 			if target == nil || target.IsBase() {
-				return 0, fmt.Errorf("chain %s/%s rule %d: jump to %s, which is not a regular chain of the table", tab.Name, c.Name, i+1, j.Chain)
+				return 0, fmt.Errorf("chain %s rule %d: jump to %s, which is not a regular chain of the table", ChainName(tab.Name, c.Name), i+1, ChainName(tab.Name, j.Chain))
 			}
 			if end, err = t.chain(h, tab, target, depth+1); err != nil {
 				return 0, err
@@ -300,7 +302,7 @@ func (t *tracer) chain(h Hook, tab *Table, c *Chain, depth int) (chainEnd, error
 				end = endNext
 			}
 		} else if end, err = t.verdict(h, tab.Name, r.Verdict, len(t.steps)-1); err != nil {
-			return 0, fmt.Errorf("chain %s/%s rule %d: %w", tab.Name, c.Name, i+1, err)
+			return 0, fmt.Errorf("chain %s rule %d: %w", ChainName(tab.Name, c.Name), i+1, err)
 		}
 		if end != endNext {
 			return end, nil
@@ -484,7 +486,7 @@ func (tr Trace) Format() string {
 			fmt.Fprintf(&b, "hook %s:\n", hook)
 			where = ""
 		}
-		if w := string(s.Table) + " " + s.Chain; w != where {
+		if w := ChainName(s.Table, s.Chain); w != where {
 			where = w
 			fmt.Fprintf(&b, "  %s\n", w)
 		}

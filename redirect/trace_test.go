@@ -135,7 +135,7 @@ func TestTracePacketErrors(t *testing.T) {
 		{"iif at output", base(HookOutput, TableNat, Rule{Matches: []Match{MatchIface{Name: "lo"}}, Verdict: Accept{}}), o, "input interface match"},
 		{"unknown source", base(HookOutput, TableNat, Rule{Matches: []Match{MatchAddr{Source: true, Prefix: netip.MustParsePrefix("127.0.0.6/32")}}, Verdict: Accept{}}), o, "source address"},
 		{"missing set", base(HookOutput, TableNat, Rule{Matches: []Match{MatchSet{Set: "nope", Kind: SetPort}}, Verdict: Accept{}}), o, "set nope does not exist"},
-		{"jump to nowhere", base(HookOutput, TableNat, Rule{Verdict: Jump{"NOPE"}}), o, "jump to NOPE"},
+		{"jump to nowhere", base(HookOutput, TableNat, Rule{Verdict: Jump{"NOPE"}}), o, "jump to nat-nope"},
 		{"jump loop", loop, o, "nested jumps"},
 		{"redirect in mangle", base(HookOutput, TableMangle, Rule{Verdict: Redirect{Port: 1}}), o, "redirect outside the nat table"},
 		{"tproxy at output", base(HookOutput, TableMangle, Rule{Verdict: TProxy{Port: 1}}), o, "tproxy outside mangle prerouting"},

@@ -48,7 +48,7 @@ func BenchmarkWholeProcess(b *testing.B) {
 	}
 	var nftText, v4, v6 string
 	{
-		code, out, errOut := runCLI(b, "render", "--ipv6", "-o", "nft")
+		code, out, errOut := runCLI(b, "render", "--defaults", "--ipv6", "-o", "nft")
 		if code != 0 {
 			b.Fatal(errOut)
 		}

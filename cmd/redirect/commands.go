@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,15 +26,19 @@ func newRenderCmd() *cobra.Command {
 	var sf specFlags
 	var output string
 	cmd := &cobra.Command{
-		Use:   "render (-f FILE | --annotation k=v ...) [-o nft|iptables|json|plan] [--ipv6]",
+		Use:   "render (-f FILE | --annotation k=v ... | --defaults) [-o nft|iptables|json|plan] [--ipv6]",
 		Short: "Print the rules a pod would get (no root needed)",
 		Long: `Output formats (-o):
   nft       the nftables ruleset nftmesh installs (nft -f syntax), plus routes as comments
   iptables  the same plan in iptables-save syntax (what the iptables-legacy backend installs);
             with --ipv6 the ip6tables-save part follows
   json      the backend-neutral plan as JSON
-  plan      the backend-neutral plan, one line per set, chain and rule`,
-		Args: cobra.NoArgs,
+  plan      the backend-neutral plan, one line per set, chain and rule
+
+Chains are named as nft list ruleset shows them (nat-istio-output), here as in
+trace and inspect; iptables-save syntax keeps Istio's names (ISTIO_OUTPUT in
+table nat), which are the chains' names there.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, _, err := sf.planIn(cmd.Flags(), "")
 			if err != nil {
@@ -47,8 +52,9 @@ func newRenderCmd() *cobra.Command {
 			return err
 		},
 	}
-	sf.register(cmd.Flags())
-	outputFlag(cmd, &output, "nft", "output format: nft, iptables, json or plan", "nft", "iptables", "json", "plan")
+	sf.register(cmd.Flags(), false)
+	sf.requireInput(cmd.Flags())
+	outputFlag(cmd, &output, "nft", "output `FORMAT`: nft, iptables, json or plan", "nft", "iptables", "json", "plan")
 	return cmd
 }
 
@@ -56,14 +62,14 @@ func newValidateCmd() *cobra.Command {
 	var sf specFlags
 	var output string
 	cmd := &cobra.Command{
-		Use:   "validate (-f FILE | --annotation k=v ...) [-o text|json]",
+		Use:   "validate (-f FILE | --annotation k=v ... | --defaults) [-o text|json]",
 		Short: "Check a pod's capture settings and report every problem at once",
 		Long: `Prints "ok" and the resolved settings, or every bad annotation with its value.
 Warns (stderr) about a manifest's *.istio.io annotations that look like capture
 settings but are not read, e.g. a misspelling, with the key it probably meant.
 With -o json, prints one JSON document on stdout in every case that reaches the
 settings (valid, invalid, not in the mesh), with the same exit codes.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "text" && output != "json" {
 				return usageErr("--output %s: want text or json", quote.Value(output))
@@ -83,21 +89,13 @@ settings (valid, invalid, not in the mesh), with the same exit codes.`,
 			if err != nil {
 				return err
 			}
-			w := cmd.OutOrStdout()
-			s := r.spec
-			fmt.Fprintf(w, "ok: %s\n", r.subject)
-			fmt.Fprintf(w, "  interception mode:   %s\n", s.InterceptionMode)
-			fmt.Fprintf(w, "  inbound ports:       %s (excluded: %s + 15020,15021,15090)\n", cmp.Or(s.InboundPorts.String(), "none"), cmp.Or(joinU16(s.InboundPortsExclude), "none"))
-			fmt.Fprintf(w, "  outbound ranges:     %s (excluded: %s)\n", cmp.Or(s.OutboundIPRanges.String(), "none"), cmp.Or(redirect.CIDRSelector{Prefixes: s.OutboundIPRangesExclude}.String(), "none"))
-			fmt.Fprintf(w, "  outbound ports:      included %s, excluded %s\n", cmp.Or(joinU16(s.OutboundPorts), "none"), cmp.Or(joinU16(s.OutboundPortsExclude), "none"))
-			fmt.Fprintf(w, "  proxy uid/gid:       %v / %v\n", s.ProxyUIDs, s.ProxyGIDs)
-			fmt.Fprintf(w, "  dns capture, ipv6:   %t, %t (dual-stack sidecar: %t)\n", s.CaptureDNS, s.IPv6, s.DualStack)
-			fmt.Fprintf(w, "  plan:                %d tables, %d rules, %d sets\n", len(p.Tables), capture.RuleCount(p), len(p.Sets))
+			writeSettings(cmd.OutOrStdout(), r, p)
 			return nil
 		},
 	}
-	sf.register(cmd.Flags())
-	outputFlag(cmd, &output, "text", "output format: text or json", "text", "json")
+	sf.register(cmd.Flags(), false)
+	sf.requireInput(cmd.Flags())
+	outputFlag(cmd, &output, "text", "output `FORMAT`: text or json", "text", "json")
 	return cmd
 }
 
@@ -111,7 +109,7 @@ func newApplyCmd() *cobra.Command {
 		Long: `Installs the rules in one atomic step, replacing what nftmesh installed there
 before. On failure nothing is left behind. PATH is a netns file such as
 /run/netns/NAME or /proc/PID/ns/net, or the NAME alone (ip netns).`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			phase.Mark("parsed")
 			if err := checkTarget(&netns, backend); err != nil {
@@ -146,10 +144,10 @@ before. On failure nothing is left behind. PATH is a netns file such as
 			return nil
 		},
 	}
-	sf.register(cmd.Flags())
+	sf.register(cmd.Flags(), true)
 	sf.requireInput(cmd.Flags())
 	netnsFlag(cmd, &netns)
-	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "backend: auto, nftables or iptables-legacy")
+	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "rule `BACKEND`: auto, nftables or iptables-legacy")
 	runDirFlag(cmd, &runDir)
 	cmd.Flags().BoolVar(&allowOwn, "allow-own-netns", false, "allow PATH to be the namespace redirect itself runs in (refused by default: that is usually the host's)")
 	cmd.Flags().BoolVar(&force, "force", false, "apply even where Istio's own capture (istio-init or istio-cni rules) is present")
@@ -168,9 +166,11 @@ kubectl exec; any repair mode) and compares the live rules with what the pod
 should have. With --netns and no spec, prints what nftmesh installed there;
 with --pod or --annotation, compares the live rules with what that pod should
 have. Differences are printed ("-" expected but missing, "+" present but
-unexpected) with exit 3; with -o json as {"schemaVersion", "netns", "subject",
-"backend", "inSync", "drift"}.`,
-		Args: cobra.MaximumNArgs(1),
+unexpected), with the packets they treat otherwise than planned, and exit 3;
+with -o json as {"schemaVersion", "netns", "subject", "backend", "inSync",
+"drift", "foreign", "effects"}. Chains are named as render and nft list
+ruleset name them.`,
+		Args: podRefArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
 				if netns != "" || sf.pod != "" || len(sf.annotations) > 0 {
@@ -212,10 +212,10 @@ unexpected) with exit 3; with -o json as {"schemaVersion", "netns", "subject",
 			return in.report(c, r.subject)
 		},
 	}
-	sf.register(cmd.Flags())
+	sf.register(cmd.Flags(), true)
 	netnsFlag(cmd, &netns)
-	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "backend: auto, nftables or iptables-legacy")
-	outputFlag(cmd, &output, "nft", "output format for the live rules: nft, iptables, json or plan", "nft", "iptables", "json", "plan")
+	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "rule `BACKEND`: auto, nftables or iptables-legacy")
+	outputFlag(cmd, &output, "nft", "output `FORMAT` of the live rules: nft, iptables, json or plan", "nft", "iptables", "json", "plan")
 	runDirFlag(cmd, &runDir)
 	return cmd
 }
@@ -351,7 +351,7 @@ and tagged rules, the TPROXY policy routes and the ::6 address. Other rules stay
 including another installer's ISTIO_* chains. Prints what it removed from which
 backend; nothing installed is success ("nothing to remove"). The CNI plugin's DEL
 does exactly the same.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkTarget(&netns, backend); err != nil {
 				return err
@@ -373,7 +373,7 @@ does exactly the same.`,
 		},
 	}
 	netnsFlag(cmd, &netns)
-	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "backend: auto (every backend holding nftmesh rules), nftables or iptables-legacy")
+	cmd.Flags().StringVar(&backend, "backend", capture.Auto, "rule `BACKEND`: auto (every backend holding nftmesh rules), nftables or iptables-legacy")
 	runDirFlag(cmd, &runDir)
 	return cmd
 }
@@ -393,11 +393,78 @@ func holdInterrupt() { signal.Ignore(os.Interrupt) }
 // runDirFlag registers --run-dir: where the per-namespace lock files are,
 // shared with the plugin and the agent on a node.
 func runDirFlag(cmd *cobra.Command, dir *string) {
-	cmd.Flags().StringVar(dir, "run-dir", "", "directory of the per-netns lock files shared with the plugin and agent (default "+capture.DefaultRunDir+", or a temp dir if that cannot be created)")
+	cmd.Flags().StringVar(dir, "run-dir", "", "the per-netns lock files' `DIR`, shared with the plugin and agent (default "+capture.DefaultRunDir+", or a temp dir if that cannot be created)")
 }
 
-func joinU16(ps []uint16) string {
-	return redirect.PortSelector{Ports: ps}.String()
+// portList lists ports as an interval set holds them: each once, sorted,
+// merged into ranges ("8080,15020-15021,15090"); "" for none.
+func portList(ps []uint16) string {
+	rs := redirect.MergePorts(ps)
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.String()
+	}
+	return strings.Join(out, ",")
+}
+
+// writeSettings prints validate's report of valid settings.
+func writeSettings(w io.Writer, r resolved, p redirect.Plan) {
+	s := r.spec
+	fmt.Fprintf(w, "ok: %s\n", r.subject)
+	fmt.Fprintf(w, "  interception mode:   %s\n", s.InterceptionMode)
+	fmt.Fprintf(w, "  inbound ports:       %s\n", inboundPorts(s, p))
+	fmt.Fprintf(w, "  outbound ranges:     %s (excluded: %s)\n", cmp.Or(s.OutboundIPRanges.String(), "none"), cmp.Or(redirect.CIDRSelector{Prefixes: s.OutboundIPRangesExclude}.String(), "none"))
+	fmt.Fprintf(w, "  outbound ports:      included %s, excluded %s\n", cmp.Or(portList(s.OutboundPorts), "none"), cmp.Or(portList(s.OutboundPortsExclude), "none"))
+	fmt.Fprintf(w, "  proxy uid/gid:       %s / %s\n", joinIDs(s.ProxyUIDs), joinIDs(s.ProxyGIDs))
+	fmt.Fprintf(w, "  dns capture, ipv6:   %t, %t (dual-stack sidecar: %t)\n", s.CaptureDNS, s.IPv6, s.DualStack)
+	// Counted as clean counts what it removes: the chains' netfilter
+	// tables named (nftables holds them all in one table, inet nftmesh).
+	tables := make([]string, len(p.Tables))
+	chains := 0
+	for i, t := range p.Tables {
+		tables[i], chains = string(t.Name), chains+len(t.Chains)
+	}
+	fmt.Fprintf(w, "  plan:                %s in %s (%s), %s\n", plural(capture.RuleCount(p), "rule", "rules"),
+		plural(chains, "chain", "chains"), strings.Join(tables, ", "), plural(len(p.Sets), "set", "sets"))
+}
+
+// inboundPortsExcluded is the plan's set of the inbound ports not captured:
+// the annotation's and the ones Istio always excludes (15020, 15021, 15090).
+const inboundPortsExcluded = "inbound-exclude-ports"
+
+// inboundPorts says which inbound ports are captured: all but the excluded
+// ones (as the plan's set holds them: each once, merged), a list of ports,
+// or none.
+func inboundPorts(s redirect.Spec, p redirect.Plan) string {
+	switch {
+	case s.InboundPorts.All:
+		var excl []uint16
+		if set := p.Set(inboundPortsExcluded); set != nil {
+			excl = set.Ports
+		}
+		return "* (excluded: " + cmp.Or(portList(excl), "none") + ")"
+	case len(s.InboundPorts.Ports) == 0:
+		return "none"
+	case len(s.InboundPortsExclude) > 0:
+		return portList(s.InboundPorts.Ports) + " (excludeInboundPorts does not apply to a port list, as in Istio)"
+	}
+	return portList(s.InboundPorts.Ports)
+}
+
+func joinIDs(ids []uint32) string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = strconv.FormatUint(uint64(id), 10)
+	}
+	return strings.Join(out, ",")
+}
+
+// plural is "1 table", "0 tables", "2 tables".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
 }
 
 // checkTarget validates the --netns and --backend flags every kernel
@@ -446,7 +513,7 @@ var pipeline = capture.Linux()
 var netnsDir = "/run/netns"
 
 func netnsFlag(cmd *cobra.Command, netns *string) {
-	cmd.Flags().StringVar(netns, "netns", "", "network namespace: a path (/proc/PID/ns/net, /run/netns/NAME) or a NAME from ip netns")
+	cmd.Flags().StringVar(netns, "netns", "", "network namespace: a `PATH` (/proc/PID/ns/net, /run/netns/NAME) or a NAME from ip netns")
 }
 
 // netnsPath is the namespace file --netns names: a value with a "/" is a

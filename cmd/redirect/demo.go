@@ -32,7 +32,7 @@ a pod annotation would), starts tiny listeners for the proxy ports (15001,
 prints where each one landed and the original destination the proxy would see.
 Everything is removed afterwards, also on Ctrl-C. Touches nothing outside its
 own namespaces.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if os.Geteuid() != 0 {
 				return usageErr("demo needs root: it creates network namespaces (try: sudo redirect demo)")
@@ -42,7 +42,8 @@ own namespaces.`,
 			return runDemo(ctx, cmd.OutOrStdout(), keep)
 		},
 	}
-	cmd.Flags().BoolVar(&keep, "keep", false, "keep the namespaces afterwards (for poking at them with `nft list ruleset`; remove with `ip netns del`)")
+	// No backquotes in a usage: pflag takes a `word` for the value's name.
+	cmd.Flags().BoolVar(&keep, "keep", false, "keep the namespaces and their rules afterwards, to look at them with \"ip netns exec NAME nft list ruleset\" (remove them with \"ip netns del NAME\")")
 	return cmd
 }
 
@@ -96,8 +97,8 @@ func runDemo(ctx context.Context, w io.Writer, keep bool) (err error) {
 	took := time.Since(start)
 	fmt.Fprintf(w, "pod netns %s (%s, %s) <-veth-> peer netns %s (external hosts %s, %s, %s)\n",
 		topo.PodNetns, netlab.PodV4, netlab.PodV6, topo.PeerNetns, netlab.OtherV4Host, netlab.OtherV6Host, netlab.ExcludedV4Host)
-	fmt.Fprintf(w, "applied the default sidecar capture (%d rules, %d sets, IPv4+IPv6, excludeOutboundIPRanges=192.0.2.0/24) with %s in %s, one netlink batch\n\n",
-		res.Rules, len(d.Plan.Sets), res.Backend, took.Round(10*time.Microsecond))
+	fmt.Fprintf(w, "applied the default sidecar capture (%s, %s, IPv4+IPv6, excludeOutboundIPRanges=192.0.2.0/24) with %s in %s, one netlink batch\n\n",
+		plural(res.Rules, "rule", "rules"), plural(len(d.Plan.Sets), "set", "sets"), res.Backend, took.Round(10*time.Microsecond))
 
 	cases := demoCases()
 	failed, err := probeAll(ctx, w, topo, cases)

@@ -57,7 +57,7 @@ func TestCLIManifestInput(t *testing.T) {
 		code    int
 		mention []string
 	}{
-		{"two documents", []string{"render", "--pod", multi}, "", exitUsage, []string{multi, "2 Pods", `"shop/web-a"`, `"shop/web-bb"`, "by name"}},
+		{"two documents", []string{"render", "--pod", multi}, "", exitUsage, []string{multi, "2 Pods", `"shop/web-a"`, `"shop/web-bb"`, "choose one with --name"}},
 		{"two documents, --name", []string{"render", "--pod", multi, "--name", "web-bb"}, "", exitOK, []string{"192.0.2.6"}},
 		{"two documents, --name ns/name", []string{"render", "--pod", multi, "--name", "shop/web-a"}, "", exitOK, []string{"192.0.2.5"}},
 		{"two documents, unknown --name", []string{"render", "--pod", multi, "--name", "web-c"}, "", exitUsage, []string{`no Pod or workload named "web-c"`, `"shop/web-a"`}},
@@ -211,9 +211,9 @@ spec:
 		{"kube-inject output, rules", []string{"render", "-f", filepath.Join(injected, "productpage.yaml")}, exitOK, []string{"15001"}},
 		{"kube-inject output left alone", []string{"render", "-f", filepath.Join(injected, "no-inject.yaml")}, exitNotInMesh, []string{"not in the mesh"}},
 		{"CronJob", []string{"validate", "-f", cron}, exitOK, []string{"ok: CronJob shop/nightly", "198.51.100.0/24"}},
-		{"two workloads", []string{"render", "-f", both}, exitUsage, []string{both, `Deployment "productpage-v1"`, `Deployment "reviews-v1"`, "choose one by name"}},
-		{"two workloads, --name", []string{"validate", "-f", both, "--name", "reviews-v1"}, exitOK, []string{"ok: Deployment /reviews-v1"}},
-		{"two workloads, --name KIND/NAME", []string{"validate", "-f", both, "--name", "deployment/productpage-v1"}, exitOK, []string{"ok: Deployment /productpage-v1"}},
+		{"two workloads", []string{"render", "-f", both}, exitUsage, []string{both, `Deployment "productpage-v1"`, `Deployment "reviews-v1"`, "choose one with --name"}},
+		{"two workloads, --name", []string{"validate", "-f", both, "--name", "reviews-v1"}, exitOK, []string{"ok: Deployment reviews-v1\n"}},
+		{"two workloads, --name KIND/NAME", []string{"validate", "-f", both, "--name", "deployment/productpage-v1"}, exitOK, []string{"ok: Deployment productpage-v1\n"}},
 		{"a workload without a template", []string{"render", "-f", noTemplate}, exitUsage, []string{noTemplate, `Deployment "bare"`, "spec.template"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -158,7 +158,7 @@ func TestCLIInspectJSON(t *testing.T) {
 	found := false
 	for _, e := range d.Effects {
 		if strings.Contains(e.Packet, "uid 1000") && strings.Contains(e.Packet, "192.0.2.1:") && e.Planned == "accept" && e.Live == "redirect :15001" &&
-			strings.Contains(e.Why, "missing rule in nat ISTIO_OUTPUT") && strings.Contains(e.Why, "@outbound-exclude-v4") {
+			strings.Contains(e.Why, "missing rule in nat-istio-output") && strings.Contains(e.Why, "@outbound-exclude-v4") {
 			found = true
 		}
 	}

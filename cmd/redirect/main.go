@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/nftmesh/nftmesh/capture"
 	// GOMAXPROCS 1 from before os's init: a verb runs for milliseconds, one
@@ -20,6 +21,7 @@ import (
 	_ "github.com/nftmesh/nftmesh/internal/oneproc"
 	"github.com/nftmesh/nftmesh/internal/phase"
 	"github.com/nftmesh/nftmesh/internal/version"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // Exit codes, documented in the root command's --help.
@@ -36,7 +38,8 @@ const exitCodesHelp = `Exit codes:
   1  failure in the kernel or system (apply, read back, remove)
   2  bad usage or bad input (flags, annotations, manifest; --backend
      iptables-legacy for a user-namespaced netns, hostUsers: false)
-  3  inspect --pod: the live rules differ from the pod's plan, or another installer's capture is there too
+  3  inspect: the live rules differ from the pod's plan, or another installer's
+     capture is there too
   4  the pod is not in the mesh (skipped as Istio's CNI would): nothing done`
 
 // exitError carries an exit code through cobra.
@@ -127,12 +130,47 @@ func rootHint(err error, euid int) string {
 	return ""
 }
 
+// noArgs refuses arguments (cobra.NoArgs calls one an "unknown command").
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageErr("%s takes no arguments, got %s (see %s --help)", cmd.Name(), quote.Value(strings.Join(args, " ")), cmd.CommandPath())
+	}
+	return nil
+}
+
+// podRefArg is inspect's one optional argument, NAMESPACE/NAME.
+func podRefArg(cmd *cobra.Command, args []string) error {
+	if len(args) > 1 {
+		return usageErr("%s takes one pod, NAMESPACE/NAME, got %s", cmd.Name(), quote.Value(strings.Join(args, " ")))
+	}
+	return nil
+}
+
+// flagError says what is wrong with a flag in this CLI's words: pflag's
+// name a Go function ("strconv.ParseBool: parsing ...") or a lone letter.
+func flagError(cmd *cobra.Command, err error) error {
+	var invalid *pflag.InvalidValueError
+	var missing *pflag.ValueRequiredError
+	var unknown *pflag.NotExistError
+	switch {
+	case errors.As(err, &invalid) && invalid.GetFlag().Value.Type() == "bool":
+		return usageErr("--%s %s: want true or false", invalid.GetFlag().Name, quote.Value(invalid.GetValue()))
+	case errors.As(err, &missing):
+		f := missing.GetFlag()
+		value, _ := pflag.UnquoteUsage(f)
+		return usageErr("--%s needs a value (%s)", f.Name, value)
+	case errors.As(err, &unknown):
+		return usageErr("%v (see %s --help)", err, cmd.CommandPath())
+	}
+	return usageErr("%w", err)
+}
+
 // newVersionCmd prints what --version prints (see newRoot).
 func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print redirect's version, Go toolchain and platform",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, err := fmt.Fprintf(cmd.OutOrStdout(), "%s version %s\n", cmd.Root().Name(), cmd.Root().Version)
 			return err
@@ -160,12 +198,19 @@ the nftmesh CNI plugin does, without Kubernetes and without any iptables or nft 
 		SilenceErrors:    true,
 		PersistentPreRun: warnDeprecated,
 	}
+	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(newRenderCmd(), newValidateCmd(), newTraceCmd(), newApplyCmd(),
 		newInspectCmd(), newCleanCmd(), newDemoCmd(), newVersionCmd())
 	registerCompletions(root)
 	for _, c := range root.Commands() {
 		// The root's help holds the one table of exit codes.
-		c.Long = c.Short + ".\n\n" + c.Long + "\n\nExit codes: see redirect --help."
+		long := c.Short + "."
+		if c.Long != "" {
+			long += "\n\n" + c.Long
+		}
+		c.Long = long + "\n\nExit codes: see redirect --help."
 	}
+	// cobra's own --version and --help say "version for redirect".
+	root.Flags().BoolP("version", "v", false, "print redirect's version, Go toolchain and platform (as redirect version)")
 	return root
 }

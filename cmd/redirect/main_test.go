@@ -37,9 +37,9 @@ func TestCLIBadInput(t *testing.T) {
 		{"unknown annotation", []string{"render", "-a", "traffic.sidecar.istio.io/excludeOutboundIPRange=10.0.0.0/8"}, exitUsage,
 			[]string{"excludeOutboundIPRange", "not a capture annotation"}},
 		{"annotation twice", []string{"render", "-a", redirect.AnnotationIncludeInboundPorts + "=80", "-a", redirect.AnnotationIncludeInboundPorts + "=81"}, exitUsage, []string{"twice"}},
-		{"bad uid", []string{"render", "--proxy-uid", "abc"}, exitUsage, []string{"--proxy-uid", `"abc"`}},
-		{"uid zero", []string{"render", "--proxy-uid", "0"}, exitUsage, []string{"--proxy-uid", `"0"`}},
-		{"bad format", []string{"render", "-o", "yaml"}, exitUsage, []string{"--output", `"yaml"`}},
+		{"bad uid", []string{"render", "--defaults", "--proxy-uid", "abc"}, exitUsage, []string{"--proxy-uid", `"abc"`}},
+		{"uid zero", []string{"render", "--defaults", "--proxy-uid", "0"}, exitUsage, []string{"--proxy-uid", `"0"`}},
+		{"bad format", []string{"render", "--defaults", "-o", "yaml"}, exitUsage, []string{"--output", `"yaml"`}},
 		{"bad inspect format", []string{"inspect", "--netns", "/proc/self/ns/net", "-o", "yaml"}, exitUsage, []string{"--output", `"yaml"`}},
 		{"-f is the file, not the format", []string{"render", "-f", "json"}, exitUsage, []string{"json", "-o json"}},
 		{"unknown flag", []string{"render", "--bogus"}, exitUsage, []string{"bogus"}},
@@ -85,8 +85,8 @@ func TestCLIRenderFormats(t *testing.T) {
 		}
 	}
 	// Deterministic.
-	_, a, _ := runCLI(t, "render", "--ipv6", "--dns-capture")
-	_, b, _ := runCLI(t, "render", "--ipv6", "--dns-capture")
+	_, a, _ := runCLI(t, "render", "--defaults", "--ipv6", "--dns-capture")
+	_, b, _ := runCLI(t, "render", "--defaults", "--ipv6", "--dns-capture")
 	if a != b || a == "" {
 		t.Error("render is not deterministic")
 	}
@@ -158,8 +158,8 @@ func TestCLIHugeInputBounded(t *testing.T) {
 		{"many bad items", []string{"validate", "-a", redirect.AnnotationIncludeInboundPorts + "=" + strings.Repeat("0,", 1<<19)}, []string{"524288 problems", "and 524268 more"}},
 		{"not key=value", []string{"render", "-a", huge}, []string{"--annotation", "key=value"}},
 		{"unknown annotation", []string{"render", "-a", huge + "=1"}, []string{"not a capture annotation"}},
-		{"proxy uid", []string{"render", "--proxy-uid", huge}, []string{"--proxy-uid"}},
-		{"format", []string{"render", "-o", huge}, []string{"--output"}},
+		{"proxy uid", []string{"render", "--defaults", "--proxy-uid", huge}, []string{"--proxy-uid"}},
+		{"format", []string{"render", "--defaults", "-o", huge}, []string{"--output"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, errOut := runCLI(t, tc.args...)
@@ -237,7 +237,7 @@ func TestCLIOutputFlag(t *testing.T) {
 // command's help points at it.
 func TestCLIExitCodesOnce(t *testing.T) {
 	_, root, _ := runCLI(t, "--help")
-	if strings.Count(root, "Exit codes:") != 1 || !strings.Contains(root, "3  inspect --pod") {
+	if strings.Count(root, "Exit codes:") != 1 || !strings.Contains(root, "3  inspect: ") {
 		t.Errorf("root --help should hold the table once:\n%s", root)
 	}
 	for _, c := range newRoot().Commands() {
@@ -245,7 +245,7 @@ func TestCLIExitCodesOnce(t *testing.T) {
 			continue
 		}
 		_, help, _ := runCLI(t, c.Name(), "--help")
-		if strings.Contains(help, "3  inspect --pod") || !strings.Contains(help, "Exit codes: see redirect --help") {
+		if strings.Contains(help, "3  inspect: ") || !strings.Contains(help, "Exit codes: see redirect --help") {
 			t.Errorf("%s --help repeats the table or does not point at it:\n%s", c.Name(), help)
 		}
 	}

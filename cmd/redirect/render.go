@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,13 +44,17 @@ func badOutput(format string) error {
 // changes; new fields may appear within a version.
 const schemaVersion = 1
 
-// writeJSON prints one indented JSON document.
+// writeJSON prints one indented JSON document, with "->" and "<" as
+// themselves: it is read by people and jq, never embedded in HTML.
 func writeJSON(w io.Writer, doc any) error {
-	b, err := json.MarshalIndent(doc, "", "  ")
-	if err != nil {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(doc); err != nil {
 		return fmt.Errorf("encoding JSON: %w", err)
 	}
-	_, err = w.Write(append(b, '\n'))
+	_, err := w.Write(b.Bytes())
 	return err
 }
 
@@ -160,7 +165,8 @@ func nonNil[T any](s []T) []T {
 
 // planJSON is the plan as JSON. Matches and verdicts carry a "kind" from a
 // fixed vocabulary (jsonKinds), not Go type names, so the document does not
-// change when the Go code is refactored.
+// change when the Go code is refactored. Chains, and jumps' targets, are
+// named by redirect.ChainName, as in every other output.
 func planJSON(p redirect.Plan) any {
 	type rule struct {
 		Family  string           `json:"family"`
@@ -203,9 +209,12 @@ func planJSON(p redirect.Plan) any {
 	for _, t := range p.Tables {
 		jt := table{Name: string(t.Name), Chains: []chain{}}
 		for _, c := range t.Chains {
-			jc := chain{Name: c.Name, Hook: string(c.Hook), Type: string(c.Type), Priority: c.Priority, Rules: []rule{}}
+			jc := chain{Name: redirect.ChainName(t.Name, c.Name), Hook: string(c.Hook), Type: string(c.Type), Priority: c.Priority, Rules: []rule{}}
 			for _, r := range c.Rules {
 				jr := rule{Family: r.Family.String(), Matches: []map[string]any{}, Verdict: fields(r.Verdict)}
+				if j, ok := r.Verdict.(redirect.Jump); ok {
+					jr.Verdict["chain"] = redirect.ChainName(t.Name, j.Chain)
+				}
 				for _, m := range r.Matches {
 					jr.Matches = append(jr.Matches, fields(m))
 				}

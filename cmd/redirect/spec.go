@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -42,24 +43,49 @@ type specFlags struct {
 // hasPod says whether the spec comes from a pod: a manifest or a live one.
 func (f *specFlags) hasPod() bool { return f.pod != "" || f.live != nil }
 
-func (f *specFlags) register(fs *pflag.FlagSet) {
-	fs.StringVarP(&f.pod, "pod", "f", "", "manifest file (YAML or JSON; - reads standard input) of a Pod, or of a workload whose pod template to read ("+manifest.WorkloadKinds+"; istioctl kube-inject output too), to take the spec from as the CNI plugin would")
-	fs.StringVar(&f.name, "name", "", "with --pod: the Pod or workload to take when the manifest holds several (documents or a List), as NAME, NAMESPACE/NAME or KIND/NAME")
+// register adds the spec flags; netns says whether the command takes
+// --netns, whose addresses then decide IPv6 capture.
+func (f *specFlags) register(fs *pflag.FlagSet, netns bool) {
+	// A `WORD` in a usage is the flag's value name in --help (pflag).
+	fs.StringVarP(&f.pod, "pod", "f", "", "manifest `FILE` (YAML or JSON; - reads standard input) of a Pod, or of a workload whose pod template to read ("+manifest.WorkloadKinds+"; istioctl kube-inject output too), to take the spec from as the CNI plugin would")
+	fs.StringVar(&f.name, "name", "", "with --pod: the Pod or workload to take when the manifest holds several (documents or a List), as `NAME`, NAMESPACE/NAME or KIND/NAME")
 	fs.StringArrayVarP(&f.annotations, "annotation", "a", nil, "pod annotation `key=value` (repeatable), e.g. traffic.sidecar.istio.io/excludeOutboundIPRanges=10.0.0.0/8")
-	fs.BoolVar(&f.ipv6, "ipv6", false, "also capture IPv6 and add ::6/128 to lo; with --netns the default is decided from the namespace's addresses as Istio does")
-	fs.BoolVar(&f.dualStack, "dual-stack", false, "the sidecar is dual-stack (ISTIO_DUAL_STACK=true): with --netns, capture IPv6 whenever the namespace has an IPv6 address, not only when its first address is IPv6")
+	ipv6, dual := "also capture IPv6 and add ::6/128 to lo", "the sidecar is dual-stack (ISTIO_DUAL_STACK=true)"
+	if netns {
+		ipv6 += "; without it, decided from the namespace's addresses as Istio does"
+		dual += ": capture IPv6 whenever the namespace has an IPv6 address, not only when its first address is IPv6"
+	}
+	fs.BoolVar(&f.ipv6, "ipv6", false, ipv6)
+	fs.BoolVar(&f.dualStack, "dual-stack", false, dual)
 	fs.BoolVar(&f.dns, "dns-capture", false, "capture DNS to the agent on 15053 (ISTIO_META_DNS_CAPTURE=true)")
 	fs.BoolVar(&f.dropInvalid, "drop-invalid", false, "drop conntrack-invalid packets (INVALID_DROP=true)")
-	fs.StringVar(&f.uids, "proxy-uid", "1337", "proxy UIDs whose traffic is never captured (comma list)")
-	fs.StringVar(&f.gids, "proxy-gid", "1337", "proxy GIDs whose traffic is never captured (comma list)")
+	fs.StringVar(&f.uids, "proxy-uid", "1337", "proxy `UIDs` whose traffic is never captured (comma list)")
+	fs.StringVar(&f.gids, "proxy-gid", "1337", "proxy `GIDs` whose traffic is never captured (comma list)")
 }
 
 // requireInput makes the command refuse to run without --pod, --annotation
-// or --defaults, which it registers: installing Istio's defaults (apply) must
-// be asked for.
+// or --defaults, which it registers: Istio's defaults are used when asked
+// for, never because the input was forgotten (`redirect render` alone, or
+// a manifest piped in without --pod -).
 func (f *specFlags) requireInput(fs *pflag.FlagSet) {
 	f.needInput = true
 	fs.BoolVar(&f.defaults, "defaults", false, "use Istio's default capture (no --pod or --annotation): all outbound, all inbound ports")
+}
+
+// stdinPiped says whether standard input is a pipe or a file (a manifest
+// may be waiting there), not a terminal or /dev/null.
+var stdinPiped = func() bool {
+	st, err := os.Stdin.Stat()
+	return err == nil && (st.Mode()&os.ModeNamedPipe != 0 || st.Mode().IsRegular())
+}
+
+// noInputErr says that no capture settings were given, and how to give them.
+func noInputErr() error {
+	hint := ""
+	if stdinPiped() {
+		hint = " (standard input is read only with --pod -)"
+	}
+	return usageErr("no capture settings given: use --pod FILE, --annotation key=value, or --defaults for Istio's default capture%s", hint)
 }
 
 // stdin is where --pod - reads the manifest from.
@@ -85,7 +111,7 @@ func (f *specFlags) readPod() (manifest.Object, error) {
 	}
 	o, err := manifest.ParseWorkload(data, f.name)
 	if err != nil {
-		return manifest.Object{}, fmt.Errorf("reading pod manifest from standard input: %w", err)
+		return manifest.Object{}, fmt.Errorf("reading pod manifest from standard input: %w", manifest.Source(err, "standard input"))
 	}
 	return o, nil
 }
@@ -95,7 +121,7 @@ type resolved struct {
 	spec    redirect.Spec
 	inMesh  bool
 	reason  string
-	subject string // "pod ns/name" or "annotations"
+	subject string // "pod ns/name", "the given annotations", "Istio's defaults"
 	// podIPs are the manifest's status.podIP(s) that parse (for trace:
 	// a connection to one of them stays on lo).
 	podIPs []netip.Addr
@@ -114,7 +140,7 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 	case f.defaults && (f.hasPod() || len(f.annotations) > 0):
 		return resolved{}, usageErr("--defaults cannot be combined with --pod or --annotation: it stands for a pod without capture annotations")
 	case f.needInput && !f.hasPod() && len(f.annotations) == 0 && !f.defaults:
-		return resolved{}, usageErr("no capture settings given: use --pod FILE, --annotation key=value, or --defaults for Istio's default capture")
+		return resolved{}, noInputErr()
 	}
 	if f.hasPod() {
 		return f.resolvePod(fs)
@@ -135,11 +161,15 @@ func (f *specFlags) resolve(fs *pflag.FlagSet) (resolved, error) {
 	if base.ProxyGIDs, err = parseIDs("--proxy-gid", f.gids); err != nil {
 		return resolved{}, err
 	}
+	subject := "the given annotations"
+	if f.defaults {
+		subject = "Istio's defaults"
+	}
 	spec, err := redirect.ParseAnnotations(base, ann)
 	if err != nil {
-		return resolved{subject: "annotations"}, usageErr("%w", err)
+		return resolved{subject: subject}, usageErr("%w", err)
 	}
-	return resolved{spec: spec, inMesh: true, subject: "annotations"}, nil
+	return resolved{spec: spec, inMesh: true, subject: subject}, nil
 }
 
 // resolvePod decides from the --pod manifest.
@@ -161,7 +191,9 @@ func (f *specFlags) resolvePod(fs *pflag.FlagSet) (resolved, error) {
 	subject := o.Subject()
 	warnings := redirect.UnknownAnnotationWarnings(pod.Annotations)
 	if err != nil {
-		return resolved{subject: subject, warnings: warnings}, usageErr("%w", err) // podinfo names the pod
+		// Named as the manifest names it (Decide says "pod NS/NAME",
+		// which is "pod /NAME" for a template without a namespace).
+		return resolved{subject: subject, warnings: warnings}, usageErr("reading capture settings of %s: %w", subject, cmp.Or(errors.Unwrap(err), err))
 	}
 	if fs.Changed("ipv6") {
 		spec.IPv6 = f.ipv6

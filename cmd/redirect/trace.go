@@ -189,10 +189,16 @@ tproxy :15006 mark 1337, redirect :15053 (DNS proxy), accept (left alone) or dro
 Defaults: --uid/--gid 1000 (an app, not the proxy); "out" to loopback, ::6 or one
 of the manifest's pod IPs leaves on lo, anything else on eth0; the source is what
 the kernel would pick (the manifest's pod IP for other destinations); "in" arrives
-on eth0 from 192.0.2.1 or 2001:db8::1. The trace assumes the proxy is listening.`,
+on eth0 from 192.0.2.1 or 2001:db8::1. The trace assumes the proxy is listening.
+
+Chains are named as render and nft list ruleset name them (nat-istio-output).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 2 {
-				return usageErr("trace needs a direction (out or in) and DST_IP:PORT, got %d argument(s)", len(args))
+				got := "none"
+				if len(args) > 0 {
+					got = plural(len(args), "argument", "arguments")
+				}
+				return usageErr("trace needs two arguments, a direction (out or in) and DST_IP:PORT; got %s", got)
 			}
 			if output != "text" && output != "json" {
 				return usageErr("--output %s: want text or json", quote.Value(output))
@@ -219,14 +225,14 @@ on eth0 from 192.0.2.1 or 2001:db8::1. The trace assumes the proxy is listening.
 		},
 	}
 	fs := cmd.Flags()
-	sf.register(fs)
+	sf.register(fs, false)
 	sf.requireInput(fs)
-	fs.StringVar(&in.uid, "uid", defaultTraceID, "out: UID of the sending socket")
-	fs.StringVar(&in.gid, "gid", defaultTraceID, "out: GID of the sending socket")
-	fs.StringVar(&in.src, "src", "", "source address (default: what the kernel would pick, see above)")
-	fs.StringVar(&in.iface, "iface", "", "out: the output interface; in: the input interface (default: see above)")
-	fs.StringVar(&in.proto, "proto", "tcp", "protocol: tcp or udp")
-	fs.StringVarP(&output, "output", "o", "text", "output: text or json")
+	fs.StringVar(&in.uid, "uid", defaultTraceID, "out: `UID` of the sending socket")
+	fs.StringVar(&in.gid, "gid", defaultTraceID, "out: `GID` of the sending socket")
+	fs.StringVar(&in.src, "src", "", "source `IP` address (default: what the kernel would pick, see above)")
+	fs.StringVar(&in.iface, "iface", "", "interface `NAME`: for out the output interface, for in the input one (default: see above)")
+	fs.StringVar(&in.proto, "proto", "tcp", "connection `PROTOCOL`: tcp or udp")
+	outputFlag(cmd, &output, "text", "output `FORMAT`: text or json", "text", "json")
 	return cmd
 }
 
@@ -249,7 +255,7 @@ func writeTrace(cmd *cobra.Command, tr redirect.Trace, r resolved, output string
 				"gid":       pkt.GID,
 				"iface":     pkt.Iface,
 			},
-			"steps":         tr.Steps,
+			"steps":         traceSteps(tr.Steps),
 			"verdict":       tr.Verdict,
 			"verdictText":   tr.Verdict.String(),
 			"schemaVersion": schemaVersion,
@@ -269,6 +275,26 @@ func writeTrace(cmd *cobra.Command, tr redirect.Trace, r resolved, output string
 	}
 	_, err := fmt.Fprint(w, tr.Format())
 	return err
+}
+
+// stepDoc is one redirect.TraceStep in trace -o json, its chain named as
+// in the text (redirect.ChainName).
+type stepDoc struct {
+	Hook    redirect.Hook      `json:"hook"`
+	Table   redirect.TableName `json:"table"`
+	Chain   string             `json:"chain"`
+	Rule    int                `json:"rule,omitempty"`
+	Text    string             `json:"text"`
+	Matched bool               `json:"matched,omitempty"`
+	Decided bool               `json:"decided,omitempty"`
+}
+
+func traceSteps(steps []redirect.TraceStep) []stepDoc {
+	out := make([]stepDoc, len(steps))
+	for i, s := range steps {
+		out[i] = stepDoc{Hook: s.Hook, Table: s.Table, Chain: redirect.ChainName(s.Table, s.Chain), Rule: s.Rule, Text: s.Text, Matched: s.Matched, Decided: s.Decided}
+	}
+	return out
 }
 
 func addrOrEmpty(a netip.Addr) string {

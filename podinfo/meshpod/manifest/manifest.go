@@ -4,7 +4,11 @@
 package manifest
 
 import (
+	"cmp"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -23,11 +27,22 @@ type Object struct {
 	Namespace, Name string // the object's own, not its template's
 }
 
-// Subject names the object in messages: "pod NS/NAME", "Deployment NS/NAME".
+// Subject names the object in messages: "pod NS/NAME", "Deployment
+// NS/NAME"; as kubectl does, NAME alone when the manifest gives no
+// namespace (the pod's is then the one kubectl applies it to), and
+// "(no metadata.name)" for an object without a name.
 func (o Object) Subject() string {
 	kind := o.Kind
 	if kind == "Pod" {
 		kind = "pod"
+	}
+	switch {
+	case o.Name == "" && o.Namespace == "":
+		return kind + " (no metadata.name)"
+	case o.Name == "":
+		return kind + " in namespace " + quote.Value(o.Namespace) + " (no metadata.name)"
+	case o.Namespace == "":
+		return kind + " " + o.Name
 	}
 	return kind + " " + o.Namespace + "/" + o.Name
 }
@@ -41,7 +56,7 @@ func ReadWorkload(path, name string) (Object, error) {
 	}
 	o, err := ParseWorkload(data, name)
 	if err != nil {
-		return Object{}, fmt.Errorf("reading pod manifest %s: %w", path, err)
+		return Object{}, fmt.Errorf("reading pod manifest %s: %w", path, Source(err, "the file"))
 	}
 	return o, nil
 }
@@ -81,6 +96,74 @@ func ParseWorkload(data []byte, name string) (Object, error) {
 	return o, nil
 }
 
-// unmarshalYAML is yaml.Unmarshal without options: a number or boolean
-// bound for a string field reads as its text.
-func unmarshalYAML(b []byte, v any) error { return yaml.Unmarshal(b, v) }
+// unmarshalYAML is yaml.Unmarshal without options (a number or boolean
+// bound for a string field reads as its text), its errors said in the
+// manifest's terms: the field's path and what it holds against what it
+// should, not Go's type names.
+func unmarshalYAML(b []byte, v any) error {
+	err := yaml.Unmarshal(b, v)
+	if err == nil {
+		return nil
+	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return typeError(te, "the document")
+	}
+	msg := err.Error()
+	for _, noise := range []string{"error converting YAML to JSON: ", "error unmarshaling JSON: ", "while decoding JSON: "} {
+		msg = strings.TrimPrefix(msg, noise)
+	}
+	return errors.New(msg)
+}
+
+// typeError says which field holds a value of the wrong shape, and which
+// shape it should have; whole names what Field "" (the top) is.
+func typeError(te *json.UnmarshalTypeError, whole string) error {
+	f := strings.TrimPrefix(te.Field, ".")
+	if f == "" && te.Type.Kind() == reflect.Struct {
+		return fmt.Errorf("%s is %s, not an object (several objects go in a kind: List's items, or in YAML documents separated by ---)", whole, jsonShape(te.Value))
+	}
+	return fmt.Errorf("%s is %s, want %s", cmp.Or(f, whole), jsonShape(te.Value), goShape(te.Type))
+}
+
+// jsonShape names a JSON value as UnmarshalTypeError.Value describes it
+// ("array", "number -5", ...).
+func jsonShape(v string) string {
+	kind, _, _ := strings.Cut(v, " ")
+	switch kind {
+	case "array":
+		return "a list"
+	case "object":
+		return "a map"
+	case "number":
+		return "a number"
+	case "string":
+		return "a string"
+	case "bool":
+		return "true or false"
+	}
+	return "a " + kind
+}
+
+// goShape names what a Go type takes, in the manifest's terms.
+func goShape(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Map:
+		if t.Elem().Kind() == reflect.String {
+			return "a map of strings"
+		}
+		return "a map"
+	}
+	return "a map" // a struct: an object with named fields
+}

@@ -3,6 +3,7 @@ package manifest
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +41,9 @@ func ReadManifestData(path string) ([]byte, error) {
 		return nil, fmt.Errorf("reading pod manifest: %w", err)
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.IsDir() {
+		return nil, fmt.Errorf("reading pod manifest %s: a directory, not a file", path)
+	}
 	return ReadCapped(f, path)
 }
 
@@ -89,7 +93,7 @@ func selectObject(data []byte, name string, workloads bool) (candidate, error) {
 		// One struct, no embedding: only then does sigs.k8s.io/yaml read
 		// `name: 1234` as text.
 		var head typeHead
-		if err := yaml.Unmarshal(doc, &head); err != nil {
+		if err := unmarshalHead(doc, &head, cmp.Or(where, "the manifest")); err != nil {
 			return candidate{}, fmt.Errorf("decoding manifest%s: %w", prefixed(" ", where), err)
 		}
 		switch {
@@ -120,7 +124,7 @@ func listCandidates(head typeHead, where string, workloads bool) (found []candid
 	}
 	for i, item := range head.Items {
 		var ih typeHead
-		err := json.Unmarshal(item, &ih)
+		err := unmarshalHead(item, &ih, "the item")
 		if err == nil && head.Kind == "PodList" && ih.Kind == "" {
 			// A PodList's items carry no kind of their own.
 			ih.Kind, ih.APIVersion = "Pod", head.APIVersion
@@ -162,11 +166,11 @@ func pick(found []candidate, others []string, name string, workloads bool) (cand
 		}
 		return candidate{}, fmt.Errorf("no %s%s in the manifest (found %s)", what, kinds, f)
 	case name == "":
-		return candidate{}, fmt.Errorf("the manifest holds %s (%s): choose one by name (NAME, NAMESPACE/NAME or KIND/NAME)", count(found), candidateList(found))
+		return candidate{}, fmt.Errorf("the manifest holds %s (%s): choose one with --name NAME, NAMESPACE/NAME or KIND/NAME", count(found), candidateList(found))
 	case len(match) == 0:
 		return candidate{}, fmt.Errorf("no %s named %s in the manifest (found %s)", what, quote.Value(name), candidateList(found))
 	default:
-		return candidate{}, fmt.Errorf("%s are named %s (%s): choose one as NAMESPACE/NAME or KIND/NAME", count(match), quote.Value(name), candidateList(match))
+		return candidate{}, fmt.Errorf("%s are named %s (%s): choose one with --name NAMESPACE/NAME or --name KIND/NAME", count(match), quote.Value(name), candidateList(match))
 	}
 }
 
@@ -284,9 +288,51 @@ func withKind(item json.RawMessage, apiVersion string) (json.RawMessage, error) 
 	return json.Marshal(obj)
 }
 
+// unmarshalHead reads an object's typeHead; whole names the object in an
+// error about its shape (a list or a string where an object belongs).
+func unmarshalHead(data []byte, head *typeHead, whole string) error {
+	err := yaml.Unmarshal(data, head)
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return typeError(te, whole)
+	}
+	if err != nil {
+		return unmarshalYAML(data, head) // its error, in the same words
+	}
+	return nil
+}
+
+// EmptyError is a manifest with no object in it: no bytes, only
+// whitespace, or only comments, "---" separators and nulls.
+type EmptyError struct {
+	Size  int  // bytes read
+	Blank bool // only whitespace
+	// What names the input: "the manifest" unless Source says otherwise.
+	What string
+}
+
+func (e *EmptyError) Error() string {
+	what := cmp.Or(e.What, "the manifest")
+	switch {
+	case e.Size == 0:
+		return what + " is empty"
+	case e.Blank:
+		return what + " holds only whitespace"
+	}
+	return what + " holds no object (only comments, --- separators or null)"
+}
+
+// Source names the input err is about in an *EmptyError ("the file",
+// "standard input"), so that it says which input is empty.
+func Source(err error, what string) error {
+	if ee := (*EmptyError)(nil); errors.As(err, &ee) {
+		ee.What = what
+	}
+	return err
+}
+
 // splitDocuments splits a YAML stream with kubectl's reader and drops empty
-// documents; a stream of none is one empty document, so that the decoder
-// says what is missing.
+// documents; a stream of none is an *EmptyError.
 func splitDocuments(data []byte) ([][]byte, error) {
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	var docs [][]byte
@@ -304,7 +350,7 @@ func splitDocuments(data []byte) ([][]byte, error) {
 		docs = append(docs, doc)
 	}
 	if len(docs) == 0 {
-		return [][]byte{data}, nil
+		return nil, &EmptyError{Size: len(data), Blank: len(bytes.TrimSpace(data)) == 0}
 	}
 	return docs, nil
 }

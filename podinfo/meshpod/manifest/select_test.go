@@ -32,7 +32,7 @@ func TestSelectPod(t *testing.T) {
 	}{
 		{name: "one pod", data: a, want: "shop/web-a"},
 		{name: "leading separator and comments", data: "# a pod\n---\n" + a + "---\n# nothing\n", want: "shop/web-a"},
-		{name: "two pods", data: a + "---\n" + b, err: []string{"2 Pods", `"shop/web-a"`, `"shop/web-b"`, "choose one by name"}},
+		{name: "two pods", data: a + "---\n" + b, err: []string{"2 Pods", `"shop/web-a"`, `"shop/web-b"`, "choose one with --name"}},
 		{name: "two pods, by name", data: a + "---\n" + b, pick: "web-b", want: "shop/web-b"},
 		{name: "two pods, by namespace/name", data: a + "---\n" + b, pick: "shop/web-a", want: "shop/web-a"},
 		{name: "two pods, unknown name", data: a + "---\n" + b, pick: "web-c", err: []string{`no Pod named "web-c"`, `"shop/web-a"`, `"shop/web-b"`}},

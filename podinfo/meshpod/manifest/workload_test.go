@@ -59,7 +59,7 @@ func TestParseWorkload(t *testing.T) {
 		{name: "Pod", data: podDoc("shop", "web-a"), kind: "Pod", ref: "shop/web-a"},
 		{name: "kube-inject layout: service, then workload", data: "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: web}\n---\n" + svc + "---\n" + web + "---\n", kind: "Deployment", ref: "shop/web"},
 		{name: "JSON List of workloads, by kind", data: `{"kind":"List","items":[{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web"},"spec":{"template":{"metadata":{"annotations":{"a":"b"}}}}},{"kind":"Pod","metadata":{"name":"web"}}]}`, pick: "deployment/web", kind: "Deployment", ref: "/web"},
-		{name: "two workloads", data: web + "---\n" + db, err: []string{"2 objects", `Deployment "shop/web"`, `StatefulSet "shop/db"`, "choose one by name", "KIND/NAME"}},
+		{name: "two workloads", data: web + "---\n" + db, err: []string{"2 objects", `Deployment "shop/web"`, `StatefulSet "shop/db"`, "choose one with --name", "KIND/NAME"}},
 		{name: "two workloads, by name", data: web + "---\n" + db, pick: "db", kind: "StatefulSet", ref: "shop/db"},
 		{name: "two workloads, by namespace/name", data: web + "---\n" + db, pick: "shop/web", kind: "Deployment", ref: "shop/web"},
 		{name: "a pod and a workload of one name", data: web + "---\n" + podDoc("shop", "web"), pick: "web", err: []string{`2 objects are named "web"`, `Pod "shop/web"`, `Deployment "shop/web"`, "KIND/NAME"}},
@@ -68,7 +68,7 @@ func TestParseWorkload(t *testing.T) {
 		{name: "only other kinds", data: svc + "---\nkind: ConfigMap\nmetadata: {name: c}\n", err: []string{"no Pod or workload (Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob)", `Service "shop/web"`, `ConfigMap "c"`}},
 		{name: "a lone Service", data: svc, err: []string{"no Pod or workload", `Service "shop/web"`}},
 		{name: "no kind", data: "metadata: {name: x}\n", err: []string{"no Pod or workload", "without kind"}},
-		{name: "empty", data: "", err: []string{"no Pod or workload", "without kind"}},
+		{name: "empty", data: "", err: []string{"the manifest is empty"}},
 		{name: "Deployment without a template", data: "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec: {replicas: 1}\n", err: []string{`Deployment "web"`, "spec.template is missing"}},
 		{name: "CronJob without a job template", data: "apiVersion: batch/v1\nkind: CronJob\nmetadata: {name: 1234}\nspec:\n" + template("  "), err: []string{`CronJob "1234"`, "spec.jobTemplate.spec.template is missing"}},
 		{name: "Deployment of another group", data: workloadDoc("example.com/v1", "Deployment", "shop", "web"), err: []string{`Deployment "shop/web"`, `apiVersion is "example.com/v1"`, "apps/v1"}},
@@ -138,9 +138,17 @@ func FuzzParseWorkload(f *testing.F) {
 	f.Add([]byte(`{"kind":"List","items":[{"kind":"StatefulSet","metadata":{"name":"a"},"spec":{"template":{}}}]}`), "a")
 	f.Add([]byte("kind: CronJob\nspec: {jobTemplate: {spec: {template: 5}}}\n"), "")
 	f.Add([]byte(podDoc("shop", "a")), "shop/a")
+	f.Add([]byte(`[{"kind":"Pod"}]`), "")
+	f.Add([]byte("kind: Pod\nmetadata: {annotations: [a]}\n"), "")
+	f.Add([]byte("# nothing\n---\n"), "")
 	f.Fuzz(func(t *testing.T, data []byte, name string) {
 		o, err := ParseWorkload(data, name)
 		if err != nil {
+			for _, leak := range goLeaks {
+				if strings.Contains(err.Error(), leak) {
+					t.Fatalf("error %q names Go's types (%q)", err, leak)
+				}
+			}
 			return
 		}
 		if name != "" {
