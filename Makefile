@@ -141,8 +141,8 @@ version:
 release: export NFTMESH_RELEASE_VERSION = $(if $(VERSION_GIVEN),$(VERSION))
 release:
 	@mkdir -p $(BIN)
-	$(GO) -C tools/release build -o $(abspath $(BIN))/release .
-	$(BIN)/release cut --repo '$(CURDIR)'
+	@$(GO) -C tools/release build -o $(abspath $(BIN))/release .
+	@$(BIN)/release cut --repo '$(CURDIR)'
 
 ## test: everything CI runs — lint, all tests (kernel tests need root), short fuzzing.
 ## pilot-agent (Istio's, from the module proxy) runs the injected pods'
