@@ -32,10 +32,13 @@ func copyCheckout(t *testing.T) string {
 		"GIT_COMMITTER_NAME": "release test", "GIT_COMMITTER_EMAIL": "release@example.com"} {
 		t.Setenv(k, v)
 	}
-	// The caller's VERSION (or the Makefile's, exported to us) must not
-	// reach the copy's make.
-	t.Setenv("VERSION", "")
-	os.Unsetenv("VERSION")
+	// Nothing of the caller's make (`make test VERSION=...` reaches us in
+	// MAKEFLAGS) or of its variables in the environment may reach the
+	// copy's: it computes its own.
+	for _, k := range []string{"MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL", "VERSION", "CHART_VERSION", "REVISION", "REGISTRY", "IMAGE", "IMAGE_REPO", "BIN"} {
+		t.Setenv(k, "")
+		os.Unsetenv(k)
+	}
 	src, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)
