@@ -26,6 +26,14 @@ func copyCheckout(t *testing.T) string {
 		}
 	}
 	helm(t)
+	src, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := t.TempDir()
+	// Listed with the caller's git configuration (safe.directory when root
+	// runs the tests in another user's checkout, as CI does).
+	list := run(t, src, nil, "git", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
 	t.Setenv("GIT_CONFIG_GLOBAL", os.DevNull)
 	t.Setenv("GIT_CONFIG_NOSYSTEM", "1")
 	for k, v := range map[string]string{"GIT_AUTHOR_NAME": "release test", "GIT_AUTHOR_EMAIL": "release@example.com",
@@ -39,12 +47,6 @@ func copyCheckout(t *testing.T) string {
 		t.Setenv(k, "")
 		os.Unsetenv(k)
 	}
-	src, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := t.TempDir()
-	list := run(t, src, nil, "git", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
 	for _, f := range strings.Split(strings.TrimRight(list, "\x00"), "\x00") {
 		copyFile(t, filepath.Join(src, f), filepath.Join(dst, f))
 	}

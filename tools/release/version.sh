@@ -20,10 +20,18 @@ app=${1:?usage: version.sh APP_VERSION (charts/nftmesh/Chart.yaml appVersion)}
 
 # No index refresh (and so no lock) when several makes run at once.
 export GIT_OPTIONAL_LOCKS=0
-if ! git rev-parse --verify -q HEAD >/dev/null 2>&1; then
+top=$(cd "$(dirname "$0")/../.." && pwd)
+if [ ! -e "$top/.git" ]; then
 	echo "$app"
 	exit 0
 fi
+# A checkout git cannot read (another user's without safe.directory, a
+# broken clone) must not pass for a source tarball.
+if ! err=$(git -C "$top" rev-parse --verify HEAD 2>&1 >/dev/null); then
+	echo "version.sh: $top is a git checkout, but git cannot read it: $err" >&2
+	exit 1
+fi
+cd "$top"
 changed=$(git status --porcelain | head -n 1)
 case $app in
 *-*) ;;
