@@ -14,6 +14,10 @@ KUBE_BINS := kube-apiserver kubelet kube-controller-manager kube-scheduler kube-
 HELM      := $(GOBIN)/helm
 HELM_VERSION ?= v3.22.0
 STATICCHECK_VERSION ?= v0.8.2
+ACTIONLINT_VERSION ?= v1.7.12
+# Go modules of their own besides the product's (build and release tools):
+# `make test` and `make lint` run in each.
+TOOL_MODULES := tools/release
 FUZZTIME  ?= 10s
 BENCHTIME ?= 200x
 # Rounds of the side-by-side with Istio's plugin (each runs both), and
@@ -21,10 +25,26 @@ BENCHTIME ?= 200x
 SIDE_ROUNDS ?= 30
 BURSTS    ?= 3
 
-# One version string for the binaries (--version, the plugin's about line,
-# the agent's start log), the image's labels and tag, and the chart's
-# appVersion. Override with `make VERSION=v1.2.3 ...`.
-VERSION           ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# One version for the binaries (--version, the plugin's about line, the
+# agent's start log), the image's labels and tags, and the chart's version
+# and appVersion. Its source is charts/nftmesh/Chart.yaml's appVersion, which
+# only `make release` writes (docs/releasing.md): at the release tag vX.Y.Z
+# VERSION is vX.Y.Z; anywhere else it is a development version that says so,
+# vX.Y.Z-dev.N.gHASH[.dirty] (tools/release/version.sh). Override with
+# `make VERSION=v1.2.3 ...`. Computed once, not at every use.
+CHART_YAML        := charts/nftmesh/Chart.yaml
+CHART_APP_VERSION := $(shell sed -n 's/^appVersion:[[:space:]]*"\{0,1\}\([^"[:space:]]*\)"\{0,1\}[[:space:]]*$$/\1/p' $(CHART_YAML))
+ifeq ($(CHART_APP_VERSION),)
+$(error $(CHART_YAML) has no appVersion line)
+endif
+# Whether the caller gave VERSION (make release takes only a given one).
+VERSION_GIVEN     := $(filter-out undefined default,$(origin VERSION))
+ifeq ($(origin VERSION),undefined)
+VERSION           := $(shell ./tools/release/version.sh '$(CHART_APP_VERSION)')
+endif
+ifeq ($(VERSION),)
+$(error tools/release/version.sh printed no version)
+endif
 REVISION          ?= $(shell git rev-parse HEAD 2>/dev/null)
 # Image time and every file's mtime: the commit's time, so that the same
 # source gives the same image.
@@ -36,12 +56,21 @@ ARCH      ?= $(shell $(GO) env GOARCH)
 REGISTRY  ?= ghcr.io/nftmesh
 IMAGE_REPO ?= $(REGISTRY)/nftmesh
 IMAGE     ?= $(IMAGE_REPO):$(VERSION)
-# The chart's version follows the release: VERSION without its "v" when
-# that is SemVer (v0.2.0, v0.2.0-3-gabc1234-dirty), else 0.0.0-<VERSION>
-# (a bare commit hash, as git describe gives before the first tag).
-CHART_VERSION ?= $(shell v=$$(echo '$(VERSION)' | sed 's/^v//'); \
+# Every tag `make push` gives the image under IMAGE_REPO: VERSION, and the
+# chart's appVersion when that differs (vX.Y.Z-dev between releases). The
+# in-tree chart's default tag is its appVersion, so `helm install ...
+# charts/nftmesh --set nftmesh.image.repository=REGISTRY/nftmesh` from this
+# checkout runs an image this checkout pushed; the packaged chart (`make
+# chart`) names VERSION itself. At a release tag both are vX.Y.Z: one tag.
+IMAGE_TAGS := $(VERSION) $(filter-out $(VERSION),$(CHART_APP_VERSION))
+# The chart's version: VERSION without its "v" when that is SemVer (0.2.0,
+# 0.2.0-dev.3.gabc1234), else 0.0.0-<VERSION> (an override such as
+# VERSION=dev).
+ifeq ($(origin CHART_VERSION),undefined)
+CHART_VERSION := $(shell v=$$(echo '$(VERSION)' | sed 's/^v//'); \
   if echo "$$v" | grep -Eq '^[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.+-]+)?$$'; then echo "$$v"; \
   else echo "0.0.0-$$v" | tr -c '0-9A-Za-z.\n-' '-'; fi)
+endif
 # Static, reproducible binaries: no cgo, no build paths, no build ID or VCS
 # stamp (the version is stamped instead).
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false \
@@ -57,7 +86,7 @@ export NFTMESH_IMAGE := $(IMAGE)
 HOST_NFT_SUITES ?= bookworm trixie
 export NFTMESH_HOST_NFT_DIR := $(abspath $(CACHE)/hostnft)
 
-.PHONY: all build chain-timings host-nft scale image chart push image-ref chart-version version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-cni istio-manifests standin
+.PHONY: all build chain-timings host-nft scale image chart push image-ref image-tags chart-version version release test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck actionlint clean istio pilot-agent istio-cni istio-manifests standin
 
 all: build
 
@@ -94,11 +123,26 @@ push: image chart
 image-ref:
 	@echo $(IMAGE)
 
+image-tags:
+	@echo $(IMAGE_TAGS)
+
 chart-version:
 	@echo $(CHART_VERSION)
 
 version:
 	@echo $(VERSION)
+
+## release: cut release VERSION (vX.Y.Z, newer than the last, from a clean
+## tree): Chart.yaml's version/appVersion and CHANGELOG.md's Unreleased
+## section become X.Y.Z, committed and tagged vX.Y.Z, then Chart.yaml moves
+## on to the next X.Y+1.0-dev. Nothing is pushed: `git push` the branch and
+## the tag, and .github/workflows/release.yml publishes (docs/releasing.md).
+## VERSION reaches the tool through the environment, never through the shell.
+release: export NFTMESH_RELEASE_VERSION = $(if $(VERSION_GIVEN),$(VERSION))
+release:
+	@mkdir -p $(BIN)
+	@$(GO) -C tools/release build -o $(abspath $(BIN))/release .
+	@$(BIN)/release cut --repo '$(CURDIR)'
 
 ## test: everything CI runs — lint, all tests (kernel tests need root), short fuzzing.
 ## pilot-agent (Istio's, from the module proxy) runs the injected pods'
@@ -108,6 +152,7 @@ test: build image kube-binaries pilot-agent helm host-nft lint
 	@# The agent runs the plugin's calls concurrently, in one process: its
 	@# socket's tests again under the race detector.
 	$(GO) test -count=1 -race -run 'TestServe|TestAgent' ./cniplugin/
+	for m in $(TOOL_MODULES); do $(GO) -C $$m test -count=1 ./... || exit 1; done
 	$(MAKE) fuzz
 
 ## test-unit: the tests that need neither root nor the apiserver build.
@@ -165,10 +210,14 @@ chain-timings: image kube-binaries helm pilot-agent
 demo: build
 	./$(BIN)/redirect demo
 
-lint: staticcheck
+lint: staticcheck actionlint
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GOBIN)/staticcheck ./...
+	for m in $(TOOL_MODULES); do (cd $$m && $(GO) vet ./... && $(GOBIN)/staticcheck ./...) || exit 1; done
+	@# The GitHub workflows (.github/workflows/*.yml): syntax, expressions,
+	@# action inputs, and their run scripts through shellcheck when installed.
+	$(GOBIN)/actionlint
 	@# The import and exec rules (the layers, the pure model, no test kit in
 	@# product code, only capture drives the backends, what the plugin's
 	@# front and standalone binary may link, no exec in product code): one Go
@@ -181,6 +230,7 @@ update-golden:
 ## fuzz: every Fuzz target for FUZZTIME each (CI: 10s; by hand: FUZZTIME=5m).
 fuzz:
 	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft iptables redirect podinfo installer internal e2e capture netlab cniplugin
+	for m in $(TOOL_MODULES); do (cd $$m && FUZZTIME=$(FUZZTIME) GO=$(GO) $(CURDIR)/.ci/fuzz.sh .) || exit 1; done
 
 ## host-nft: Debian's nft of HOST_NFT_SUITES in .cache/hostnft/<suite>/ (test-only readers).
 host-nft:
@@ -221,6 +271,10 @@ $(HELM):
 staticcheck: $(GOBIN)/staticcheck
 $(GOBIN)/staticcheck:
 	$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+actionlint: $(GOBIN)/actionlint
+$(GOBIN)/actionlint:
+	$(GO) install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
 
 clean:
 	rm -rf $(BIN)

@@ -1,9 +1,11 @@
 // Package version holds the one version string every nftmesh binary reports
-// (`--version`, the CNI plugin's about line, the agent's start log) and the
-// image's labels and tag carry. The Makefile stamps it at link time from
-// `git describe --tags --always --dirty`:
+// (`--version`, `redirect version`, the CNI plugin's about line, the agent's
+// start log) and the image's labels and tag and the chart carry. The
+// Makefile stamps it at link time: vX.Y.Z at a release tag, a development
+// version vX.Y.Z-dev.N.gHASH[.dirty] anywhere else (tools/release/version.sh,
+// docs/releasing.md):
 //
-//	-ldflags "-X github.com/nftmesh/nftmesh/internal/version.Version=v0.2.0-3-gabcdef0"
+//	-ldflags "-X github.com/nftmesh/nftmesh/internal/version.Version=v0.2.0-dev.3.gabcdef0"
 //
 // It imports only the standard library.
 package version

@@ -9,11 +9,11 @@ func TestGetPrefersTheStampedVersion(t *testing.T) {
 	old := Version
 	t.Cleanup(func() { Version = old })
 
-	Version = "v1.2.3-4-gabcdef0-dirty"
+	Version = "v1.2.3-dev.4.gabcdef0.dirty"
 	if got := Get(); got != Version {
 		t.Errorf("Get() = %q, want the stamped %q", got, Version)
 	}
-	if got := Line("redirect"); !strings.HasPrefix(got, "redirect v1.2.3-4-gabcdef0-dirty (go") {
+	if got := Line("redirect"); !strings.HasPrefix(got, "redirect v1.2.3-dev.4.gabcdef0.dirty (go") {
 		t.Errorf("Line() = %q, want it to start with the program, the version and the toolchain", got)
 	}
 
