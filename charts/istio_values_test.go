@@ -335,7 +335,7 @@ func TestAmbientValuesRefused(t *testing.T) {
 }
 
 // Every refused value is named in one message, and helm lint fails on
-// them as install does (lint turns the chart's fail into a log line).
+// them as install does (TestLintRefusesAsInstallDoes: with the same message).
 func TestRefusalsNameEveryKeyAndFailLint(t *testing.T) {
 	args := []string{"--set", "ambient.enabled=true", "--set", "platform=gcp", "--set", "istioOwnedCNIConfig=true", "--set", "image.tag=v1"}
 	keys := []string{"ambient.enabled=true", "platform=gcp", "istioOwnedCNIConfig", "image.repository/image.tag"}

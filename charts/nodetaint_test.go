@@ -2,6 +2,7 @@ package charts
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -212,5 +213,70 @@ func TestChartNodeRightsFollowValues(t *testing.T) {
 	}
 	if _, err := runHelm(t, "template", "nftmesh", chartDir, "--set", "nodeTaint.key=not a key"); err == nil {
 		t.Error("a taint key with spaces was accepted")
+	}
+}
+
+// renderNotes renders the chart's NOTES.txt with helm template (which
+// prints no notes): a copy of the chart holds them as a ConfigMap's data.
+func renderNotes(t *testing.T, args ...string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "nftmesh")
+	if err := os.CopyFS(dir, os.DirFS(chartDir)); err != nil {
+		t.Fatal(err)
+	}
+	notes, err := os.ReadFile(filepath.Join(dir, "templates", "NOTES.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "templates", "NOTES.txt")); err != nil {
+		t.Fatal(err)
+	}
+	def := `{{- define "test.notes" -}}` + string(notes) + `{{- end -}}`
+	cm := "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n  notes: {{ include \"test.notes\" . | quote }}\n"
+	if os.WriteFile(filepath.Join(dir, "templates", "_test_notes.tpl"), []byte(def), 0o644) != nil ||
+		os.WriteFile(filepath.Join(dir, "templates", "test-notes.yaml"), []byte(cm), 0o644) != nil {
+		t.Fatal("writing the notes templates")
+	}
+	out, err := runHelm(t, append([]string{"template", "nftmesh", dir, "-n", agentNS, "--show-only", "templates/test-notes.yaml"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c corev1.ConfigMap
+	strictDecode(t, []byte(out), &c)
+	return c.Data["notes"]
+}
+
+// Where the chart grants no node rights (Kubernetes < 1.30, or helm
+// template without --kube-version), the install notes say the agent will
+// not remove the taint, why, and the ways out.
+func TestNotesSayWhenTheAgentGetsNoNodeRights(t *testing.T) {
+	noRights := []string{"NOT removed by the agent", "No node rights", "Kubernetes 1.30 or later", "--kube-version",
+		"pilot.taint.enabled=true", "pilot.taint.namespace=" + agentNS, "nodeTaint.enabled=false", "once in its log"}
+	cases := []struct {
+		name      string
+		args      []string
+		want, not []string
+	}{
+		{"helm template without --kube-version", nil, append(noRights, "rendered for v1.20.0"), []string{"podLabels.k8s-app"}},
+		{"1.29", []string{"--kube-version", "1.29.4"}, append(noRights, "rendered for v1.29.4"), nil},
+		{"1.29 without istiod's label", []string{"--kube-version", "1.29.4", "--set", "podLabels.k8s-app=null"}, []string{"podLabels.k8s-app=istio-cni-node"}, nil},
+		{"1.31", []string{"--kube-version", "1.31.0"}, []string{"Node taint cni.istio.io/not-ready: the agent takes it off its own node"}, []string{"No node rights", "NOT removed"}},
+		{"the policy API listed", []string{"--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"}, []string{"takes it off its own node"}, []string{"No node rights"}},
+		{"taint off", []string{"--set", "nodeTaint.enabled=false"}, []string{"left alone (nodeTaint.enabled=false)"}, []string{"No node rights"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			notes := renderNotes(t, c.args...)
+			for _, w := range c.want {
+				if !strings.Contains(notes, w) {
+					t.Errorf("notes lack %q:\n%s", w, notes)
+				}
+			}
+			for _, n := range c.not {
+				if strings.Contains(notes, n) {
+					t.Errorf("notes say %q:\n%s", n, notes)
+				}
+			}
+		})
 	}
 }

@@ -33,6 +33,9 @@ type Untainter struct {
 	Client corev1client.CoreV1Interface
 	Node   string
 	Key    string
+	// Backoff paces RemoveWhenReady's retries: zero is a second, doubling
+	// to a minute. Past its Steps or Cap every retry waits the last delay.
+	Backoff wait.Backoff
 }
 
 // Remove takes the key's taints off the node and reports how many it
@@ -100,8 +103,8 @@ type Result struct {
 
 // RemoveWhenReady polls ready every interval until it returns nil, then
 // removes the taint, retrying failures (RBAC not there yet, API down) with
-// a backoff up to a minute; onErr hears each failure. It returns when the
-// taint is gone or ctx ends.
+// a backoff up to a minute, for as long as they last; onErr hears each
+// failure. It returns when the taint is gone or ctx ends.
 func (u *Untainter) RemoveWhenReady(ctx context.Context, ready func() error, interval time.Duration, onErr func(error)) (Result, error) {
 	start := time.Now()
 	var res Result
@@ -111,17 +114,29 @@ func (u *Untainter) RemoveWhenReady(ctx context.Context, ready func() error, int
 		return res, fmt.Errorf("waiting to be ready before removing taint %s: %w", u.Key, err)
 	}
 	res.Waited = time.Since(start)
-	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: time.Minute}
-	err := wait.ExponentialBackoffWithContext(ctx, backoff, func(ctx context.Context) (bool, error) {
+	backoff := u.Backoff
+	if backoff.Duration == 0 {
+		backoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: time.Minute}
+	}
+	// Not wait.ExponentialBackoff: it stops once the delay reaches Cap
+	// (its Steps drop to 0 there), and the taint must go however late.
+	delay := backoff.DelayFunc()
+	for {
 		n, err := u.Remove(ctx)
-		if err != nil {
-			if ctx.Err() == nil && onErr != nil {
-				onErr(err)
-			}
-			return false, nil
+		if err == nil {
+			res.Removed = n
+			return res, nil
 		}
-		res.Removed = n
-		return true, nil
-	})
-	return res, err
+		if ctx.Err() != nil {
+			return res, ctx.Err()
+		}
+		if onErr != nil {
+			onErr(err)
+		}
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-time.After(delay()):
+		}
+	}
 }

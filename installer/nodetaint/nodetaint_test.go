@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
@@ -194,5 +195,26 @@ func TestRemoveWhenReady(t *testing.T) {
 	}
 	if got := taintsOf(t, c, "node-late"); !slices.Equal(got, []string{"example.com/maintenance:NoSchedule"}) {
 		t.Errorf("taints %v", got)
+	}
+}
+
+// RemoveWhenReady keeps retrying at its cap, however long removal fails:
+// here 15 failures (no node yet) with the backoff at its cap from the
+// third, then the node appears and the taint goes.
+func TestRemoveWhenReadyRetriesPastTheCap(t *testing.T) {
+	s := kubetest.Start(t)
+	c := s.Client()
+	u := &Untainter{Client: c.CoreV1(), Node: "node-later", Key: DefaultKey,
+		Backoff: wait.Backoff{Duration: 2 * time.Millisecond, Factor: 2, Steps: 1 << 30, Cap: 8 * time.Millisecond}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	failures := 0
+	res, err := u.RemoveWhenReady(ctx, func() error { return nil }, time.Millisecond, func(error) {
+		if failures++; failures == 15 {
+			newNode(t, c, "node-later", oursNoSchedule)
+		}
+	})
+	if err != nil || res.Removed != 1 || failures != 15 {
+		t.Fatalf("RemoveWhenReady = %+v, %v after %d failures; want 1 removed after 15", res, err, failures)
 	}
 }

@@ -121,3 +121,57 @@ default; empty resources fall back to global.defaultResources. */}}
 {{- end -}}
 {{- if $out -}}{{ toYaml $out }}{{- end -}}
 {{- end -}}
+
+{{/* Whether the chart grants the agent its node rights (nodeTaint: take
+the not-ready taint off its own node). Only where the
+ValidatingAdmissionPolicy that holds them to that node exists (Kubernetes
+>= 1.30): RBAC alone would grant every node. `helm template` without
+--kube-version renders for Kubernetes 1.20, so without them. */}}
+{{- define "nftmesh.nodeRights" -}}
+{{- if and .Values.nodeTaint.enabled (or (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Stops the render with . as the message, printed alike by helm install,
+template and lint: "execution error at (<caller's file:line:col>): <message>".
+helm lint turns fail into a log line and renders on, so a second stop
+follows: ranging over a string fails in every mode, and with the text in
+the markers helm puts around fail's own message, helm cuts the error down
+to that message as it does for fail. Both report the location of the
+include, so call this from a top-level template. */}}
+{{- define "nftmesh.fail" -}}
+{{- fail . -}}
+{{- $plain := printf "%s%s%s" (upper "helm_err_start") . (upper "helm_err_end") -}}
+{{- range $plain }}{{ end -}}
+{{- end -}}
+
+{{/* The Levenshtein distance of two words (list a b), case ignored. */}}
+{{- define "nftmesh.editDistance" -}}
+{{- $a := splitList "" (lower (index . 0)) -}}
+{{- $b := splitList "" (lower (index . 1)) -}}
+{{- $prev := until (add1 (len $b) | int) -}}
+{{- range $i, $ca := $a -}}
+{{- $row := list (add1 $i) -}}
+{{- range $j, $cb := $b -}}
+{{- $row = append $row (min (add1 (index $prev (add1 $j))) (add1 (last $row)) (add (index $prev $j) (ternary 0 1 (eq $ca $cb)))) -}}
+{{- end -}}
+{{- $prev = $row -}}
+{{- end -}}
+{{- last $prev -}}
+{{- end -}}
+
+{{/* The word of .among closest to .word, or "" when none is near enough
+to be a misspelling of it: at most a third of its letters apart (two for
+short words). */}}
+{{- define "nftmesh.closest" -}}
+{{- $word := .word | toString -}}
+{{- $best := "" -}}
+{{- $bestDistance := max 2 (div (len $word) 3) | add1 -}}
+{{- range .among -}}
+{{- $d := include "nftmesh.editDistance" (list $word .) | atoi -}}
+{{- if lt $d $bestDistance -}}
+{{- $best = . -}}
+{{- $bestDistance = $d -}}
+{{- end -}}
+{{- end -}}
+{{- $best -}}
+{{- end -}}
