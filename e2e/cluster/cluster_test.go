@@ -287,7 +287,7 @@ func (c *Cluster) writeFiles() error {
 	// The node's /var (bound over /var in the holder): libcni, kubelet's pod
 	// logs and containerd's root keep their default paths there. /var/run
 	// must still lead to the private /run.
-	for _, d := range []string{"var/lib", "var/log", "var/tmp", "kubelet", "etcd", "logs", "sysctl", "helm", "kubecache"} {
+	for _, d := range []string{"var/lib", "var/log", "var/tmp", "kubelet", "etcd", "logs", "sysctl", "helm", "kubecache", "registry-hosts"} {
 		if err := os.MkdirAll(c.path(d), 0o755); err != nil {
 			return fmt.Errorf("creating %s: %w", d, err)
 		}
@@ -409,6 +409,10 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+  # Per-registry hosts.toml files (TestReadmeInstall's loopback registry,
+  # plain HTTP), read at each pull.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "` + c.path("registry-hosts") + `"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "` + c.CNIBinDir + `"
     conf_dir = "` + c.CNIConfDir + `"

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/nftmesh/nftmesh/internal/imagebuild"
@@ -76,11 +77,15 @@ func buildImages(repo, dir string) ([]string, error) {
 		if ref == "" {
 			return nil, fmt.Errorf("NFTMESH_IMAGE_TAR=%s is set but NFTMESH_IMAGE (its tag) is not", tar)
 		}
-		if _, err := os.Stat(tar); err != nil {
+		// A copy: TestReadmeInstall's `make push` writes bin/ again
+		// (under another tag when the tree changed meanwhile), and nodes
+		// joining later import the archive then.
+		own := filepath.Join(dir, "images", "nftmesh.tar")
+		if err := copyFile(tar, own); err != nil {
 			return nil, fmt.Errorf("the nftmesh image (make image): %w", err)
 		}
 		nftmeshImage = ref
-		return []string{pauseTar, tar}, nil
+		return []string{pauseTar, own}, nil
 	}
 	bins := map[string][]byte{}
 	for name, pkg := range map[string]string{
@@ -107,21 +112,45 @@ func buildImages(repo, dir string) ([]string, error) {
 	return []string{pauseTar, nftmeshTar}, nil
 }
 
+// copyFile copies src to a new file dst.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return fmt.Errorf("copying %s to %s: %w", src, dst, err)
+	}
+	return out.Close()
+}
+
 // fileInImage returns a file's content from a docker-archive's only image.
 func fileInImage(archive, path string) ([]byte, error) {
 	img, err := tarball.ImageFromPath(archive, nil)
 	if err != nil {
 		return nil, fmt.Errorf("reading image %s: %w", archive, err)
 	}
+	return fileInV1Image(img, archive, path)
+}
+
+// fileInV1Image returns a file's content from an image (what names it in
+// errors).
+func fileInV1Image(img v1.Image, what, path string) ([]byte, error) {
 	layers, err := img.Layers()
 	if err != nil {
-		return nil, fmt.Errorf("reading layers of %s: %w", archive, err)
+		return nil, fmt.Errorf("reading layers of %s: %w", what, err)
 	}
 	want := strings.TrimPrefix(path, "/")
 	for _, l := range layers {
 		rc, err := l.Uncompressed()
 		if err != nil {
-			return nil, fmt.Errorf("reading a layer of %s: %w", archive, err)
+			return nil, fmt.Errorf("reading a layer of %s: %w", what, err)
 		}
 		tr := tar.NewReader(rc)
 		for {
@@ -137,5 +166,5 @@ func fileInImage(archive, path string) ([]byte, error) {
 		}
 		rc.Close()
 	}
-	return nil, fmt.Errorf("%s not in image %s", path, archive)
+	return nil, fmt.Errorf("%s not in image %s", path, what)
 }
