@@ -30,6 +30,13 @@ REVISION          ?= $(shell git rev-parse HEAD 2>/dev/null)
 # source gives the same image.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 ARCH      ?= $(shell $(GO) env GOARCH)
+# The image index's platforms (linux/<arch>); ARCH's image is also the
+# docker-archive `ctr import` takes.
+ARCHES    ?= amd64 arm64
+comma     := ,
+space     := $(subst ,, )
+# The image tooling's commands, run in its own module.
+IMAGEBUILD := $(GO) -C tools/imagebuild run
 # Where `make push` puts the image (REGISTRY/nftmesh) and the chart
 # (REGISTRY/charts/nftmesh). The default repository is the one the chart's
 # nftmesh.image.repository names, so `make image` tags what the chart runs.
@@ -65,16 +72,25 @@ build:
 	@mkdir -p $(BIN)
 	$(GOBUILD) -o $(BIN)/ ./cmd/...
 
-## image: the container image, without Docker or a registry: the four static
-## binaries (the agent, the plugin's front and its companion, the CLI) for
-## linux/$(ARCH) on an empty base, as a docker-archive tarball
-## (`ctr -n k8s.io images import`, `docker load`) and an OCI layout dir.
+## image: the container image, without Docker or a registry: an OCI image
+## index of linux/<arch> for each of ARCHES, each image the four static
+## binaries (the agent, the plugin's front and its companion, the CLI) on an
+## empty base, as an OCI layout dir (bin/nftmesh-image.oci, what `make push`
+## pushes); the linux/$(ARCH) image as a docker-archive tarball
+## (`ctr -n k8s.io images import`, `docker load`); the index's SBOM
+## (bin/nftmesh-image.spdx.json). Reproducible: the same source gives the
+## same bytes. The image tooling is a Go module of its own (tools/imagebuild):
+## no binary links it and the product's go.mod does not carry it.
 image:
 	@mkdir -p $(BIN)/image
-	GOOS=linux GOARCH=$(ARCH) $(GOBUILD) -o $(BIN)/image/ ./cmd/nftmesh-agent ./cmd/nftmesh-cni ./cmd/nftmesh-cni-standalone ./cmd/redirect
-	$(GO) run ./internal/imagebuild/mkimage --bin-dir $(BIN)/image --arch $(ARCH) \
+	@set -e; for a in $(ARCHES); do \
+	  echo "linux/$$a: $(BIN)/image/linux-$$a/"; \
+	  GOOS=linux GOARCH=$$a $(GOBUILD) -o $(BIN)/image/linux-$$a/ ./cmd/nftmesh-agent ./cmd/nftmesh-cni ./cmd/nftmesh-cni-standalone ./cmd/redirect; \
+	done
+	$(IMAGEBUILD) ./mkimage --bin-dir $(abspath $(BIN)/image) --arch $(subst $(space),$(comma),$(strip $(ARCHES))) \
 	  --version '$(VERSION)' --revision '$(REVISION)' --created '$(SOURCE_DATE_EPOCH)' --tag '$(IMAGE)' \
-	  --out $(BIN)/nftmesh-image.tar --oci-dir $(BIN)/nftmesh-image.oci
+	  --oci-dir $(abspath $(BIN)/nftmesh-image.oci) --sbom $(abspath $(BIN)/nftmesh-image.spdx.json) \
+	  --out $(abspath $(BIN)/nftmesh-image.tar) --archive-arch $(ARCH)
 
 ## chart: the Helm chart packaged as version CHART_VERSION (from VERSION),
 ## appVersion = VERSION (the default image tag): bin/nftmesh-$(CHART_VERSION).tgz.
@@ -82,14 +98,21 @@ chart: $(HELM)
 	@mkdir -p $(BIN)
 	$(HELM) package charts/nftmesh --version '$(CHART_VERSION)' --app-version '$(VERSION)' --destination $(BIN)
 
-## push: the image to IMAGE (REGISTRY/nftmesh:VERSION) and the chart to
+## push: the image index to IMAGE (REGISTRY/nftmesh:VERSION), its SBOM as an
+## OCI referrer of it (`oras discover`), and the chart to
 ## REGISTRY/charts/nftmesh:CHART_VERSION (Helm's OCI layout), with
-## go-containerregistry: no Docker, no helm push. Credentials: the Docker
-## config (docker login, crane auth login). `make push REGISTRY=r` pushes
-## the image to r/nftmesh: install with --set nftmesh.image.repository=r/nftmesh.
+## go-containerregistry: no Docker, no helm push. With SIGNING_KEY=cosign.key
+## (cosign's encrypted key; its password in COSIGN_PASSWORD) also a cosign
+## signature of the index and the SBOM as a signed SPDX attestation
+## (`cosign verify`, `cosign verify-attestation --type spdxjson`; see
+## docs/supply-chain.md). Credentials: the Docker config (docker login, crane
+## auth login); a registry on 127.0.0.1 or localhost is spoken to in plain
+## HTTP. `make push REGISTRY=r` pushes the image to r/nftmesh: install with
+## --set nftmesh.image.repository=r/nftmesh. Prints what it pushed, by digest.
 push: image chart
-	$(GO) run ./internal/imagebuild/push --oci-dir $(BIN)/nftmesh-image.oci --image '$(IMAGE)' \
-	  --chart $(BIN)/nftmesh-$(CHART_VERSION).tgz --chart-repo '$(REGISTRY)/charts'
+	$(IMAGEBUILD) ./push --oci-dir $(abspath $(BIN)/nftmesh-image.oci) --image '$(IMAGE)' \
+	  --sbom $(abspath $(BIN)/nftmesh-image.spdx.json) $(if $(SIGNING_KEY),--sign-key '$(abspath $(SIGNING_KEY))') \
+	  --chart $(abspath $(BIN)/nftmesh-$(CHART_VERSION).tgz) --chart-repo '$(REGISTRY)/charts'
 
 image-ref:
 	@echo $(IMAGE)

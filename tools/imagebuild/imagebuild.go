@@ -24,7 +24,6 @@ import (
 	"io"
 	"io/fs"
 	"maps"
-	"os"
 	"path"
 	"runtime"
 	"slices"
@@ -35,12 +34,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-
-	"github.com/nftmesh/nftmesh/internal/atomicfile"
+	"github.com/google/renameio/v2"
 )
 
 // File is one entry of the image's filesystem.
@@ -274,33 +271,8 @@ func WriteDockerArchive(file, tag string, img v1.Image) error {
 	if err := tarball.Write(ref, img, &buf); err != nil {
 		return fmt.Errorf("writing the image archive %s: %w", file, err)
 	}
-	if err := atomicfile.Write(file, buf.Bytes(), 0o644, atomicfile.Options{}); err != nil {
+	if err := renameio.WriteFile(file, buf.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("writing the image archive %s: %w", file, err)
-	}
-	return nil
-}
-
-// WriteOCILayout writes img as the only image of an OCI image layout at dir,
-// replacing whatever dir held. Its descriptor carries the tag both as the
-// OCI ref name (the tag part) and as containerd's full image name.
-func WriteOCILayout(dir, tag string, img v1.Image) error {
-	ref, err := name.NewTag(tag)
-	if err != nil {
-		return fmt.Errorf("parsing the image tag %s: %w", quote(tag), err)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("replacing the OCI layout %s: %w", dir, err)
-	}
-	p, err := layout.Write(dir, empty.Index)
-	if err != nil {
-		return fmt.Errorf("writing the OCI layout %s: %w", dir, err)
-	}
-	err = p.AppendImage(img, layout.WithAnnotations(map[string]string{
-		"org.opencontainers.image.ref.name": ref.TagStr(),
-		"io.containerd.image.name":          ref.String(),
-	}))
-	if err != nil {
-		return fmt.Errorf("writing the OCI layout %s: %w", dir, err)
 	}
 	return nil
 }

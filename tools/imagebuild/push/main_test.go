@@ -19,7 +19,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/nftmesh/nftmesh/internal/imagebuild"
+	"github.com/nftmesh/nftmesh/tools/imagebuild"
 )
 
 // chartTgz is a chart package as `helm package` lays it out.
@@ -78,7 +78,7 @@ func TestPushImageAndChart(t *testing.T) {
 
 	var out, errb bytes.Buffer
 	imageRef := host + "/nftmesh/nftmesh:v1.2.3"
-	if rc := run([]string{"--oci-dir", ociDir, "--image", imageRef, "--chart", chartFile, "--chart-repo", host + "/charts"}, &out, &errb); rc != 0 {
+	if rc := run([]string{"--oci-dir", ociDir, "--image", imageRef, "--chart", chartFile, "--chart-repo", host + "/charts"}, noenv, &out, &errb); rc != 0 {
 		t.Fatalf("push exited %d: %s", rc, errb.String())
 	}
 
@@ -164,8 +164,10 @@ func TestPushFlags(t *testing.T) {
 		{"--oci-dir", "x", "--image", "UPPER/Case:tag"},
 	} {
 		var out, errb bytes.Buffer
-		if rc := run(args, &out, &errb); rc == 0 || !strings.HasPrefix(errb.String(), "push: ") {
+		if rc := run(args, noenv, &out, &errb); rc == 0 || !strings.HasPrefix(errb.String(), "push: ") {
 			t.Errorf("%v: exit %d, %q", args, rc, errb.String())
 		}
 	}
 }
+
+func noenv(string) (string, bool) { return "", false }

@@ -16,7 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/nftmesh/nftmesh/internal/imagebuild"
+	"github.com/nftmesh/nftmesh/tools/imagebuild"
 )
 
 func TestParseCreated(t *testing.T) {
