@@ -14,6 +14,10 @@ KUBE_BINS := kube-apiserver kubelet kube-controller-manager kube-scheduler kube-
 HELM      := $(GOBIN)/helm
 HELM_VERSION ?= v3.22.0
 STATICCHECK_VERSION ?= v0.8.2
+# The real cosign, a test-only tool: TestMakePush verifies what `make push`
+# signed with it (built from the module proxy into .cache/).
+COSIGN_VERSION ?= v3.1.3
+COSIGN    := $(CACHE)/cosign-$(COSIGN_VERSION)
 FUZZTIME  ?= 10s
 BENCHTIME ?= 200x
 # Rounds of the side-by-side with Istio's plugin (each runs both), and
@@ -55,6 +59,7 @@ GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false \
 	-ldflags="-s -w -buildid= -X github.com/nftmesh/nftmesh/internal/version.Version=$(VERSION)"
 export KUBE_APISERVER_BIN := $(abspath $(APISERVER))
 export HELM_BIN := $(HELM)
+export COSIGN_BIN := $(abspath $(COSIGN))
 # The image e2e/cluster imports into its node's containerd.
 export NFTMESH_IMAGE_TAR := $(abspath $(BIN)/nftmesh-image.tar)
 export NFTMESH_IMAGE := $(IMAGE)
@@ -64,7 +69,7 @@ export NFTMESH_IMAGE := $(IMAGE)
 HOST_NFT_SUITES ?= bookworm trixie
 export NFTMESH_HOST_NFT_DIR := $(abspath $(CACHE)/hostnft)
 
-.PHONY: all build chain-timings host-nft scale image chart push image-ref chart-version version test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck clean istio pilot-agent istio-cni istio-manifests standin
+.PHONY: all build chain-timings host-nft scale image chart push image-ref chart-version version test test-unit bench demo lint lint-imagebuild update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck cosign clean istio pilot-agent istio-cni istio-manifests standin
 
 all: build
 
@@ -126,8 +131,10 @@ version:
 ## test: everything CI runs — lint, all tests (kernel tests need root), short fuzzing.
 ## pilot-agent (Istio's, from the module proxy) runs the injected pods'
 ## istio-validation in testkit/istiotest's netns test.
-test: build image kube-binaries pilot-agent helm host-nft lint
+test: build image kube-binaries pilot-agent helm host-nft cosign lint lint-imagebuild
 	$(GO) test -count=1 -timeout 40m ./...
+	@# The image tooling is a module of its own: ./... above does not reach it.
+	$(GO) -C tools/imagebuild test -count=1 -timeout 20m ./...
 	@# The agent runs the plugin's calls concurrently, in one process: its
 	@# socket's tests again under the race detector.
 	$(GO) test -count=1 -race -run 'TestServe|TestAgent' ./cniplugin/
@@ -136,6 +143,7 @@ test: build image kube-binaries pilot-agent helm host-nft lint
 ## test-unit: the tests that need neither root nor the apiserver build.
 test-unit:
 	$(GO) test -count=1 -short ./...
+	$(GO) -C tools/imagebuild test -count=1 -short ./...
 
 # SETTLE waits (5 s at least, 120 s at most) until the machine's 1-minute
 # load average is under 1.5 again: the kernel tears down the hundreds of
@@ -204,6 +212,14 @@ update-golden:
 ## fuzz: every Fuzz target for FUZZTIME each (CI: 10s; by hand: FUZZTIME=5m).
 fuzz:
 	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft iptables redirect podinfo installer internal e2e capture netlab cniplugin
+	cd tools/imagebuild && FUZZTIME=$(FUZZTIME) GO=$(GO) ../../.ci/fuzz.sh .
+
+## lint-imagebuild: go vet and staticcheck of the image tooling's module
+## (tools/imagebuild), which `make lint`'s ./... does not reach; gofmt and
+## the import rules (lint/) cover it already.
+lint-imagebuild: staticcheck
+	$(GO) -C tools/imagebuild vet ./...
+	cd tools/imagebuild && $(GOBIN)/staticcheck ./...
 
 ## host-nft: Debian's nft of HOST_NFT_SUITES in .cache/hostnft/<suite>/ (test-only readers).
 host-nft:
@@ -240,6 +256,12 @@ kube-binaries:
 helm: $(HELM)
 $(HELM):
 	$(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+cosign: $(COSIGN)
+$(COSIGN):
+	@mkdir -p $(dir $@)
+	GOBIN=$(abspath $@).tmp $(GO) install github.com/sigstore/cosign/v3/cmd/cosign@$(COSIGN_VERSION)
+	mv $@.tmp/cosign $@ && rmdir $@.tmp
 
 staticcheck: $(GOBIN)/staticcheck
 $(GOBIN)/staticcheck:

@@ -204,6 +204,17 @@ func quote(s string) string {
 	return strconv.Quote(s)
 }
 
+// RefError is the error for a bad image reference ref, given as what (a
+// flag, "the image tag"), bounded in size: go-containerregistry's own
+// messages repeat the whole input.
+func RefError(what, ref string, err error) error {
+	msg, _, _ := strings.Cut(err.Error(), ": "+ref)
+	if len(msg) > 120 {
+		msg = msg[:120] + "..."
+	}
+	return fmt.Errorf("%s %s: %s", what, quote(ref), msg)
+}
+
 func validFile(f File) error {
 	switch {
 	case f.Path == "" || f.Path[0] != '/':
@@ -265,7 +276,7 @@ func fixedTime(t time.Time) time.Time {
 func WriteDockerArchive(file, tag string, img v1.Image) error {
 	ref, err := name.NewTag(tag)
 	if err != nil {
-		return fmt.Errorf("parsing the image tag %s: %w", quote(tag), err)
+		return RefError("parsing the image tag", tag, err)
 	}
 	var buf bytes.Buffer
 	if err := tarball.Write(ref, img, &buf); err != nil {

@@ -92,7 +92,7 @@ func WriteOCILayout(dir, tag string, img v1.Image) error {
 func writeLayout(dir, tag string, add func(layout.Path, layout.Option) error) error {
 	ref, err := name.NewTag(tag)
 	if err != nil {
-		return fmt.Errorf("parsing the image tag %s: %w", quote(tag), err)
+		return RefError("parsing the image tag", tag, err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("replacing the OCI layout %s: %w", dir, err)

@@ -64,7 +64,7 @@ func SBOM(bins map[string]Binaries, meta Meta, repo string, index v1.Hash) ([]by
 	}
 	r, err := name.NewRepository(repo)
 	if err != nil {
-		return nil, fmt.Errorf("writing the SBOM: the repository %s: %w", quote(repo), err)
+		return nil, RefError("writing the SBOM: the repository", repo, err)
 	}
 	s := &sbom{ids: map[string]common.ElementID{}, doc: &spdx.Document{
 		SPDXVersion:       spdx.Version,
@@ -78,15 +78,13 @@ func SBOM(bins map[string]Binaries, meta Meta, repo string, index v1.Hash) ([]by
 		},
 	}}
 	image := s.add("Image", &spdx.Package{
-		PackageName:             r.Name(),
-		PackageVersion:          meta.Version,
-		PackageDownloadLocation: noAssertion,
-		PackageChecksums:        []common.Checksum{{Algorithm: common.SHA256, Value: index.Hex}},
-		PackageLicenseDeclared:  "Apache-2.0",
-		PrimaryPackagePurpose:   "CONTAINER",
-		PackageExternalReferences: []*spdx.PackageExternalReference{purlRef(
-			"pkg:oci/" + url.PathEscape(r.RepositoryStr()[strings.LastIndex(r.RepositoryStr(), "/")+1:]) + "@" + url.PathEscape(index.String()) +
-				"?repository_url=" + url.QueryEscape(r.Name()) + "&tag=" + url.QueryEscape(meta.Version))},
+		PackageName:               r.Name(),
+		PackageVersion:            meta.Version,
+		PackageDownloadLocation:   noAssertion,
+		PackageChecksums:          []common.Checksum{{Algorithm: common.SHA256, Value: index.Hex}},
+		PackageLicenseDeclared:    "Apache-2.0",
+		PrimaryPackagePurpose:     "CONTAINER",
+		PackageExternalReferences: []*spdx.PackageExternalReference{purlRef(ociPURL(r, index, meta.Version))},
 	})
 	s.relate("DOCUMENT", image, spdx.RelationshipDescribes)
 	for _, arch := range slices.Sorted(maps.Keys(bins)) {
@@ -128,10 +126,10 @@ func (s *sbom) addBinary(image common.ElementID, arch string, b program, meta Me
 			goPURL(main) + "?goarch=" + arch + "&goos=linux#" + sub)},
 	})
 	s.relate(image, id, spdx.RelationshipContains)
-	s.relate(id, s.addModule(main), spdx.RelationshipGeneratedFrom)
-	s.relate(id, s.addModule(debug.Module{Path: "stdlib", Version: bi.GoVersion}), spdx.RelationshipDependsOn)
+	s.relate(id, s.addModule(main, "SOURCE"), spdx.RelationshipGeneratedFrom)
+	s.relate(id, s.addModule(debug.Module{Path: "stdlib", Version: bi.GoVersion}, "LIBRARY"), spdx.RelationshipDependsOn)
 	for _, d := range bi.Deps {
-		s.relate(id, s.addModule(module(*d)), spdx.RelationshipDependsOn)
+		s.relate(id, s.addModule(module(*d), "LIBRARY"), spdx.RelationshipDependsOn)
 	}
 	return nil
 }
@@ -144,8 +142,17 @@ func module(m debug.Module) debug.Module {
 	return m
 }
 
+// ociPURL is the package URL of the index in repo r (purl's oci type: the
+// digest is the version, the repository a qualifier).
+func ociPURL(r name.Repository, index v1.Hash, tag string) string {
+	repo := r.RepositoryStr()
+	return "pkg:oci/" + repo[strings.LastIndex(repo, "/")+1:] + "@" + url.QueryEscape(index.String()) +
+		"?repository_url=" + r.Name() + "&tag=" + url.QueryEscape(tag)
+}
+
+// goPURL is the package URL of a Go module (purl's golang type).
 func goPURL(m debug.Module) string {
-	return "pkg:golang/" + m.Path + "@" + url.PathEscape(m.Version)
+	return "pkg:golang/" + m.Path + "@" + url.QueryEscape(m.Version)
 }
 
 func purlRef(purl string) *spdx.PackageExternalReference {
@@ -154,7 +161,7 @@ func purlRef(purl string) *spdx.PackageExternalReference {
 
 // addModule adds the package of a Go module (the standard library as
 // "stdlib") once, and returns its ID.
-func (s *sbom) addModule(m debug.Module) common.ElementID {
+func (s *sbom) addModule(m debug.Module, purpose string) common.ElementID {
 	purl := goPURL(m)
 	if id, ok := s.ids[purl]; ok {
 		return id

@@ -151,13 +151,15 @@ func inputs(o *options) (imagebuild.Meta, map[string]imagebuild.Binaries, error)
 		o.tag = imagebuild.DefaultRepository + ":" + o.version
 	}
 	if _, err := name.NewTag(o.tag); err != nil {
-		return imagebuild.Meta{}, nil, fmt.Errorf("--tag: %w", err)
+		return imagebuild.Meta{}, nil, imagebuild.RefError("--tag", o.tag, err)
+	}
+	for i, arch := range o.arches {
+		if slices.Contains(o.arches[:i], arch) {
+			return imagebuild.Meta{}, nil, fmt.Errorf("--arch lists %q twice", arch)
+		}
 	}
 	bins := map[string]imagebuild.Binaries{}
 	for _, arch := range o.arches {
-		if _, ok := bins[arch]; ok {
-			return imagebuild.Meta{}, nil, fmt.Errorf("--arch lists %q twice", arch)
-		}
 		var b imagebuild.Binaries
 		for file, dst := range map[string]*[]byte{
 			"nftmesh-agent": &b.Agent, "nftmesh-cni": &b.Plugin, "nftmesh-cni-standalone": &b.Standalone, "redirect": &b.Redirect,

@@ -3,18 +3,23 @@ package main
 import (
 	"archive/tar"
 	"bytes"
-	"encoding/json"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	spdxjson "github.com/spdx/tools-golang/json"
+	"github.com/spdx/tools-golang/spdxlib"
 
 	"github.com/nftmesh/nftmesh/tools/imagebuild"
 )
@@ -67,32 +72,70 @@ func FuzzParseCreated(f *testing.F) {
 
 func TestRunRequiresItsInputs(t *testing.T) {
 	noenv := func(string) (string, bool) { return "", false }
+	empty := t.TempDir()
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"--version", "v1", "--out", "x.tar"}, "--bin-dir is required"},
 		{[]string{"--bin-dir", ".", "--out", "x.tar"}, "--version is required"},
-		{[]string{"--bin-dir", ".", "--version", "v1"}, "--out is required"},
-		{[]string{"--bin-dir", t.TempDir(), "--version", "v1", "--out", "x.tar"}, "reading the binary"},
+		{[]string{"--bin-dir", ".", "--version", "v1"}, "nothing to write: give --oci-dir, --out or --sbom"},
+		{[]string{"--bin-dir", ".", "--version", "v1", "--oci-dir", "x", "--arch", ""}, "--arch is empty"},
+		{[]string{"--bin-dir", ".", "--version", "v1", "--out", "x.tar", "--arch", "arm64", "--archive-arch", "amd64"}, `--archive-arch "amd64" is not one of --arch [arm64]`},
+		{[]string{"--bin-dir", empty, "--version", "v1", "--out", "x.tar"}, "reading the binary"},
+		{[]string{"--bin-dir", empty, "--version", "v1", "--oci-dir", "x", "--arch", "amd64,amd64"}, `--arch lists "amd64" twice`},
 		{[]string{"--bin-dir", ".", "--version", "v1", "--out", "x.tar", "--created", "yesterday"}, `--created (SOURCE_DATE_EPOCH) "yesterday"`},
+		{[]string{"--bin-dir", ".", "--version", "v1", "--out", "x.tar", "--tag", "UPPER/" + strings.Repeat("x", 300)}, `--tag "UPPER/xxxx`},
 	} {
 		var stdout, stderr bytes.Buffer
-		if code := run(tc.args, noenv, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), tc.want) {
-			t.Errorf("mkimage %v: exit %d, %q; want exit 1 and %q", tc.args, code, stderr.String(), tc.want)
+		if code := run(tc.args, noenv, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), tc.want) || len(stderr.String()) > 400 {
+			t.Errorf("mkimage %.100q: exit %d, %q; want exit 1 and %q", tc.args, code, stderr.String(), tc.want)
 		}
 	}
 }
 
+// makeImage runs `make image` into bin with fixed inputs.
+func makeImage(t *testing.T, root, bin, version, epoch string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	cmd := exec.Command("make", "-C", root, "image", "BIN="+bin, "VERSION="+version, "SOURCE_DATE_EPOCH="+epoch, "REVISION=0123456789abcdef", "ARCHES=amd64 arm64")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make image: %v\n%s", err, out)
+	}
+	return time.Since(start)
+}
+
+// filesOf is every file under dir by relative path.
+func filesOf(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		out[rel], err = os.ReadFile(p)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // TestMakeImage runs `make image` as a user does, twice from the same inputs
-// into two directories, and proves: the two archives are byte for byte the
-// same (the binaries too: -trimpath, no build ID); every binary reports the
-// VERSION it was built with (the plugin's about line too); the image holds
-// the four at their paths; the image's version label and tag carry the
-// version; a changed input changes the image.
+// into two directories, and proves: everything it wrote (the binaries of
+// both architectures, the index's layout, the archive, the SBOM) is byte for
+// byte the same; every binary reports the VERSION it was built with; the
+// index holds linux/amd64 and linux/arm64, each the four binaries of its
+// architecture at their paths; the archive is the host's image with the
+// version's tag and labels; the SBOM names the index and lists the modules
+// the binaries link at the root go.mod's versions; a changed input changes
+// the image.
 func TestMakeImage(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds the four binaries twice: not in -short")
+		t.Skip("builds the four binaries of two architectures twice: not in -short")
 	}
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Skip("make is not installed")
@@ -102,38 +145,42 @@ func TestMakeImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	const version = "v9.8.7-image-test"
-	const epoch = "1700000000"
-	makeImage := func(bin string) time.Duration {
-		t.Helper()
-		start := time.Now()
-		cmd := exec.Command("make", "-C", root, "image", "BIN="+bin, "VERSION="+version, "SOURCE_DATE_EPOCH="+epoch, "REVISION=0123456789abcdef")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("make image: %v\n%s", err, out)
-		}
-		return time.Since(start)
-	}
 	a, b := t.TempDir(), t.TempDir()
-	t.Logf("make image (cold link): %v", makeImage(a))
-	t.Logf("make image (again): %v", makeImage(b))
-
-	for _, f := range []string{"image/nftmesh-agent", "image/nftmesh-cni", "image/nftmesh-cni-standalone", "image/redirect", "nftmesh-image.tar", "nftmesh-image.oci/index.json"} {
-		x, err1 := os.ReadFile(filepath.Join(a, f))
-		y, err2 := os.ReadFile(filepath.Join(b, f))
-		if err1 != nil || err2 != nil {
-			t.Fatalf("%s: %v, %v", f, err1, err2)
-		}
-		if !bytes.Equal(x, y) {
-			t.Errorf("%s differs between two builds of the same inputs (%d and %d bytes)", f, len(x), len(y))
+	t.Logf("make image (cold link): %v", makeImage(t, root, a, version, "1700000000"))
+	t.Logf("make image (again): %v", makeImage(t, root, b, version, "1700000000"))
+	fa, fb := filesOf(t, a), filesOf(t, b)
+	for f, x := range fa {
+		if !bytes.Equal(x, fb[f]) {
+			t.Errorf("%s differs between two builds of the same inputs (%d and %d bytes)", f, len(x), len(fb[f]))
 		}
 	}
-	if fi, err := os.Stat(filepath.Join(a, "nftmesh-image.tar")); err == nil {
-		t.Logf("archive: %.1f MiB", float64(fi.Size())/(1<<20))
+	for _, f := range []string{"nftmesh-image.tar", "nftmesh-image.spdx.json", "nftmesh-image.oci/index.json", "image/linux-arm64/nftmesh-agent"} {
+		if _, ok := fa[f]; !ok || len(fa) != len(fb) {
+			t.Fatalf("make image wrote no %s (%d and %d files)", f, len(fa), len(fb))
+		}
 	}
+	checkVersions(t, filepath.Join(a, "image", "linux-"+runtime.GOARCH), version)
+	tag := checkArchive(t, a, version)
+	digest := checkIndex(t, a, tag)
+	checkSBOM(t, root, a, digest)
 
-	// Every binary says which version it is.
+	// A changed input (here the time) changes the image.
+	other := filepath.Join(t.TempDir(), "other.oci")
+	var stdout, stderr bytes.Buffer
+	args := []string{"--bin-dir", filepath.Join(a, "image"), "--arch", "amd64,arm64", "--version", version, "--created", "1700000001", "--oci-dir", other}
+	if code := run(args, func(string) (string, bool) { return "", false }, &stdout, &stderr); code != 0 {
+		t.Fatalf("mkimage: exit %d\n%s", code, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "index   sha256:") || strings.Contains(stdout.String(), digest.String()) {
+		t.Errorf("one second later the index is still %s:\n%s", digest, stdout.String())
+	}
+}
+
+// checkVersions: every binary says which version it is.
+func checkVersions(t *testing.T, dir, version string) {
+	t.Helper()
 	for _, bin := range []string{"nftmesh-agent", "nftmesh-cni", "redirect"} {
-		cmd := exec.Command(filepath.Join(a, "image", bin), "--version")
+		cmd := exec.Command(filepath.Join(dir, bin), "--version")
 		cmd.Env = []string{"PATH=/usr/bin:/bin"}
 		out, err := cmd.CombinedOutput()
 		want := bin + " " + version + " (go"
@@ -146,26 +193,70 @@ func TestMakeImage(t *testing.T) {
 	}
 	// The companion is the whole plugin: it says it is nftmesh-cni (of
 	// this version) whatever file name it runs under.
-	cmd := exec.Command(filepath.Join(a, "image", "nftmesh-cni-standalone"), "--version")
+	cmd := exec.Command(filepath.Join(dir, "nftmesh-cni-standalone"), "--version")
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	if out, err := cmd.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "nftmesh-cni") || !strings.Contains(string(out), " "+version+" (go") {
 		t.Errorf("nftmesh-cni-standalone --version: %v, %q; want nftmesh-cni's line with %s", err, out, version)
 	}
 	// The plugin's about line, printed when run without CNI_COMMAND.
-	cmd = exec.Command(filepath.Join(a, "image", "nftmesh-cni"))
+	cmd = exec.Command(filepath.Join(dir, "nftmesh-cni"))
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	out, _ := cmd.CombinedOutput()
 	if want := "nftmesh-cni " + version + ": "; !strings.HasPrefix(string(out), want) {
 		t.Errorf("the plugin's about line is %q, want it to start with %q", out, want)
 	}
+}
 
-	// The image's tag and labels.
-	archive := filepath.Join(a, "nftmesh-image.tar")
+// filesInImage are the image's regular files by absolute path.
+func filesInImage(t *testing.T, img v1.Image) map[string][]byte {
+	t.Helper()
+	in := map[string][]byte{}
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return in
+		}
+		if err != nil {
+			t.Fatalf("reading the image's files: %v", err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			in["/"+strings.TrimPrefix(h.Name, "/")], _ = io.ReadAll(tr)
+		}
+	}
+}
+
+// checkFiles: the image holds exactly the four binaries of binDir, at the
+// paths the agent and the chart use.
+func checkFiles(t *testing.T, what string, img v1.Image, binDir string) {
+	t.Helper()
+	inImage := filesInImage(t, img)
+	for bin, p := range map[string]string{
+		"nftmesh-agent": imagebuild.AgentPath, "nftmesh-cni": imagebuild.PluginPath,
+		"nftmesh-cni-standalone": imagebuild.StandalonePath, "redirect": imagebuild.RedirectPath,
+	} {
+		built, _ := os.ReadFile(filepath.Join(binDir, bin))
+		if got, ok := inImage[p]; !ok || !bytes.Equal(got, built) {
+			t.Errorf("%s: %s (%d bytes, present %v) is not the built %s (%d bytes)", what, p, len(got), ok, bin, len(built))
+		}
+		delete(inImage, p)
+	}
+	for p := range inImage {
+		t.Errorf("%s holds %s too", what, p)
+	}
+}
+
+// checkArchive: the docker-archive is the host's image, tagged with the
+// version, with the labels.
+func checkArchive(t *testing.T, bin, version string) name.Tag {
+	t.Helper()
 	tag, err := name.NewTag(imagebuild.DefaultRepository + ":" + version)
 	if err != nil {
 		t.Fatal(err)
 	}
-	img, err := tarball.ImageFromPath(archive, &tag)
+	img, err := tarball.ImageFromPath(filepath.Join(bin, "nftmesh-image.tar"), &tag)
 	if err != nil {
 		t.Fatalf("the archive has no image tagged %s: %v", tag, err)
 	}
@@ -182,65 +273,92 @@ func TestMakeImage(t *testing.T) {
 			t.Errorf("label %s = %q, want %q", k, cf.Config.Labels[k], v)
 		}
 	}
-	if cf.OS != "linux" || cf.Architecture == "" {
-		t.Errorf("platform %q/%q", cf.OS, cf.Architecture)
+	if cf.OS != "linux" || cf.Architecture != runtime.GOARCH {
+		t.Errorf("the archive's platform %q/%q, want the host's linux/%s", cf.OS, cf.Architecture, runtime.GOARCH)
 	}
-	// The image's files are the built binaries, at the paths the agent and
-	// the chart use.
-	inImage := map[string][]byte{}
-	rc := mutate.Extract(img)
-	tr := tar.NewReader(rc)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatalf("reading the image's files: %v", err)
-		}
-		if h.Typeflag == tar.TypeReg {
-			inImage["/"+strings.TrimPrefix(h.Name, "/")], _ = io.ReadAll(tr)
-		}
-	}
-	rc.Close()
-	for bin, p := range map[string]string{
-		"nftmesh-agent": imagebuild.AgentPath, "nftmesh-cni": imagebuild.PluginPath,
-		"nftmesh-cni-standalone": imagebuild.StandalonePath, "redirect": imagebuild.RedirectPath,
-	} {
-		built, _ := os.ReadFile(filepath.Join(a, "image", bin))
-		if got, ok := inImage[p]; !ok || !bytes.Equal(got, built) {
-			t.Errorf("the image's %s (%d bytes, present %v) is not the built %s (%d bytes)", p, len(got), ok, bin, len(built))
-		}
-		delete(inImage, p)
-	}
-	for p := range inImage {
-		t.Errorf("the image holds %s too", p)
-	}
-	var index struct {
-		Manifests []struct{ Annotations map[string]string }
-	}
-	raw, _ := os.ReadFile(filepath.Join(a, "nftmesh-image.oci", "index.json"))
-	if err := json.Unmarshal(raw, &index); err != nil || len(index.Manifests) != 1 ||
-		index.Manifests[0].Annotations["io.containerd.image.name"] != tag.String() {
-		t.Errorf("OCI layout index %s (%v): want the one image named %s", raw, err, tag)
-	}
+	checkFiles(t, "the archive", img, filepath.Join(bin, "image", "linux-"+runtime.GOARCH))
+	return tag
+}
 
-	// A changed input (here the time) changes the image.
-	id, _ := img.ConfigName()
-	digest, _ := img.Digest()
-	other := filepath.Join(t.TempDir(), "other.tar")
-	var stdout, stderr bytes.Buffer
-	args := []string{"--bin-dir", filepath.Join(a, "image"), "--version", version, "--revision", "0123456789abcdef", "--created", "1700000001", "--out", other}
-	if code := run(args, func(string) (string, bool) { return "", false }, &stdout, &stderr); code != 0 {
-		t.Fatalf("mkimage: exit %d\n%s", code, stderr.String())
-	}
-	img2, err := tarball.ImageFromPath(other, &tag)
+// checkIndex: the layout holds the index under the tag, linux/amd64 and
+// linux/arm64, each the binaries of its architecture; the host's is the
+// archive's image. It returns the index digest.
+func checkIndex(t *testing.T, bin string, tag name.Tag) v1.Hash {
+	t.Helper()
+	top, err := layout.ImageIndexFromPath(filepath.Join(bin, "nftmesh-image.oci"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	id2, _ := img2.ConfigName()
-	digest2, _ := img2.Digest()
-	if id2 == id || digest2 == digest {
-		t.Errorf("one second later: id %v, digest %v; the same as before", id2, digest2)
+	tm, err := top.IndexManifest()
+	if err != nil || len(tm.Manifests) != 1 || tm.Manifests[0].Annotations["io.containerd.image.name"] != tag.String() {
+		t.Fatalf("OCI layout index %+v (%v): want the one index named %s", tm, err, tag)
+	}
+	idx, err := top.ImageIndex(tm.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var platforms []string
+	for _, e := range m.Manifests {
+		platforms = append(platforms, e.Platform.String())
+		img, err := idx.Image(e.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkFiles(t, e.Platform.String(), img, filepath.Join(bin, "image", "linux-"+e.Platform.Architecture))
+		// A docker-archive keeps the config, not the manifest: the
+		// image ID (the config's digest) is what the two share.
+		if e.Platform.Architecture == runtime.GOARCH {
+			archived, _ := tarball.ImageFromPath(filepath.Join(bin, "nftmesh-image.tar"), &tag)
+			id, _ := archived.ConfigName()
+			if want, _ := img.ConfigName(); id != want {
+				t.Errorf("the archive's image ID is %s, the index's %s has %s", id, e.Platform, want)
+			}
+		}
+	}
+	if strings.Join(platforms, ",") != "linux/amd64,linux/arm64" {
+		t.Errorf("the index's platforms are %v", platforms)
+	}
+	return tm.Manifests[0].Digest
+}
+
+// checkSBOM: the SBOM describes the index and lists the modules the
+// binaries link, at the versions the root go.mod selects (go list -m).
+func checkSBOM(t *testing.T, root, bin string, index v1.Hash) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(bin, "nftmesh-image.spdx.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := spdxjson.Read(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spdxlib.ValidateDocument(doc); err != nil {
+		t.Errorf("not valid SPDX: %v", err)
+	}
+	got := map[string]string{}
+	for _, p := range doc.Packages {
+		got[p.PackageName] = p.PackageVersion
+		if p.PrimaryPackagePurpose == "CONTAINER" && p.PackageChecksums[0].Value != index.Hex {
+			t.Errorf("the SBOM's image is %v, the index %s", p.PackageChecksums, index)
+		}
+	}
+	mods := []string{"github.com/google/nftables", "k8s.io/client-go", "github.com/vishvananda/netlink", "github.com/containernetworking/cni", "golang.org/x/sys"}
+	out, err := exec.Command("go", append([]string{"-C", root, "list", "-m", "-f", "{{.Path}} {{.Version}}"}, mods...)...).Output()
+	if err != nil {
+		t.Fatalf("go list -m: %v", err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		path, version, _ := strings.Cut(l, " ")
+		if got[path] != version {
+			t.Errorf("the SBOM lists %s at %q, go.mod selects %s", path, got[path], version)
+		}
+	}
+	if got["stdlib"] != runtime.Version() {
+		t.Errorf("the SBOM's standard library is %q, the toolchain %s", got["stdlib"], runtime.Version())
 	}
 }

@@ -101,7 +101,7 @@ func push(o options, getenv func(string) (string, bool), stdout io.Writer) error
 func pushImage(o options, getenv func(string) (string, bool), nameOpts []name.Option, remoteOpts []remote.Option, stdout io.Writer) error {
 	ref, err := name.NewTag(o.image, nameOpts...)
 	if err != nil {
-		return fmt.Errorf("parsing --image: %w", err)
+		return imagebuild.RefError("--image", o.image, err)
 	}
 	entry, err := readLayout(o.ociDir)
 	if err != nil {
@@ -237,7 +237,7 @@ func pushChart(o options, nameOpts []name.Option, remoteOpts []remote.Option, st
 	}
 	ref, err := name.NewTag(o.chartRepo+"/"+a.Name+":"+a.Tag, nameOpts...)
 	if err != nil {
-		return fmt.Errorf("parsing --chart-repo: %w", err)
+		return imagebuild.RefError("--chart-repo", o.chartRepo, err)
 	}
 	for _, l := range []struct {
 		what  string

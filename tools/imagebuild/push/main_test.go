@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/json"
 	"io"
 	"log"
@@ -18,6 +19,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/sigstore/cosign/v3/pkg/cosign"
+	spdxjson "github.com/spdx/tools-golang/json"
+	"github.com/spdx/tools-golang/spdx"
+	"github.com/spdx/tools-golang/spdx/v2/common"
 
 	"github.com/nftmesh/nftmesh/tools/imagebuild"
 )
@@ -171,3 +176,131 @@ func TestPushFlags(t *testing.T) {
 }
 
 func noenv(string) (string, bool) { return "", false }
+
+// smallIndex writes an index of two tiny one-file images as make image's
+// layout, and an SPDX document naming it as make image's SBOM does.
+func smallIndex(t *testing.T, dir string) (ociDir, sbomFile string, index v1.Hash) {
+	t.Helper()
+	var imgs []v1.Image
+	for _, arch := range []string{"amd64", "arm64"} {
+		img, err := imagebuild.Build([]imagebuild.File{{Path: "/hello", Mode: 0o644, Data: []byte(arch)}}, imagebuild.Config{Architecture: arch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		imgs = append(imgs, img)
+	}
+	idx, err := imagebuild.Index(imgs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ociDir = filepath.Join(dir, "image.oci")
+	if err := imagebuild.WriteOCIIndexLayout(ociDir, "ghcr.io/nftmesh/nftmesh:v1.2.3", idx); err != nil {
+		t.Fatal(err)
+	}
+	index, _ = idx.Digest()
+	doc := &spdx.Document{SPDXVersion: spdx.Version, DataLicense: spdx.DataLicense, SPDXIdentifier: "DOCUMENT", DocumentName: "x",
+		DocumentNamespace: "https://example.com/x", CreationInfo: &spdx.CreationInfo{Created: "2023-11-14T22:13:20Z",
+			Creators: []common.Creator{{CreatorType: "Tool", Creator: "test"}}},
+		Packages: []*spdx.Package{{PackageName: "nftmesh", PackageSPDXIdentifier: "Image", PackageDownloadLocation: "NOASSERTION",
+			PrimaryPackagePurpose: "CONTAINER", PackageChecksums: []common.Checksum{{Algorithm: common.SHA256, Value: index.Hex}}}}}
+	var buf bytes.Buffer
+	if err := spdxjson.Write(doc, &buf); err != nil {
+		t.Fatal(err)
+	}
+	sbomFile = filepath.Join(dir, "sbom.json")
+	if err := os.WriteFile(sbomFile, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return ociDir, sbomFile, index
+}
+
+// On a registry with the referrers API (OCI 1.1), the SBOM is among the
+// index's referrers, as an artifact of type application/spdx+json whose
+// subject is the index.
+func TestPushSBOMReferrersAPI(t *testing.T) {
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0)), registry.WithReferrersSupport(true)))
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	ociDir, sbomFile, index := smallIndex(t, t.TempDir())
+	var out, errb bytes.Buffer
+	if rc := run([]string{"--oci-dir", ociDir, "--image", host + "/mesh/nftmesh:v1.2.3", "--sbom", sbomFile}, noenv, &out, &errb); rc != 0 {
+		t.Fatalf("push: %d %s", rc, errb.String())
+	}
+	d, _ := name.NewDigest(host + "/mesh/nftmesh@" + index.String())
+	refs, err := remote.Referrers(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := refs.IndexManifest()
+	if len(m.Manifests) != 1 || !strings.Contains(out.String(), m.Manifests[0].Digest.String()) {
+		t.Fatalf("referrers %+v; push printed %s", m.Manifests, out.String())
+	}
+	// The registry's list names the config's type; the manifest itself
+	// carries the artifact type.
+	desc, err := remote.Get(d.Context().Digest(m.Manifests[0].Digest.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var am v1.Manifest
+	if err := json.Unmarshal(desc.Manifest, &am); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(sbomFile)
+	if am.ArtifactType != "application/spdx+json" || am.Subject == nil || am.Subject.Digest != index ||
+		am.Config.MediaType != "application/vnd.oci.empty.v1+json" || len(am.Layers) != 1 || am.Layers[0].Size != int64(len(want)) {
+		t.Errorf("the SBOM's manifest %s", desc.Manifest)
+	}
+}
+
+// What push can refuse it refuses before it pushes anything: an SBOM of
+// another index, a key it cannot open, a wrong password.
+func TestPushRefusesBeforePushing(t *testing.T) {
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	dir := t.TempDir()
+	ociDir, sbomFile, _ := smallIndex(t, dir)
+	otherDir := t.TempDir()
+	_, otherSBOM, _ := smallIndex(t, otherDir)
+	// Another index: the same files, another tag, another SBOM digest.
+	doc, _ := os.ReadFile(otherSBOM)
+	if err := os.WriteFile(otherSBOM, bytes.Replace(doc, []byte(`"checksumValue":"`), []byte(`"checksumValue":"0`), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := cosign.GenerateKeyPair(func(bool) ([]byte, error) { return []byte("right"), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile, notKey := filepath.Join(dir, "cosign.key"), filepath.Join(dir, "not.key")
+	if err := os.WriteFile(keyFile, keys.PrivateBytes, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(notKey, keys.PublicBytes, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	image := host + "/mesh/nftmesh:v1.2.3"
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		password string
+		want     string
+	}{
+		{"SBOM of another index", []string{"--sbom", otherSBOM}, "", "the SBOM describes no container with digest sha256:"},
+		{"not SPDX", []string{"--sbom", keyFile}, "", "reading the SBOM"},
+		{"no SBOM file", []string{"--sbom", filepath.Join(dir, "missing.json")}, "", "reading the SBOM"},
+		{"a public key", []string{"--sign-key", notKey}, "right", "loading the signing key (cosign's encrypted key; its password in COSIGN_PASSWORD): unsupported pem type: PUBLIC KEY"},
+		{"wrong password", []string{"--sbom", sbomFile, "--sign-key", keyFile}, "wrong", "loading the signing key (cosign's encrypted key; its password in COSIGN_PASSWORD): decrypt"},
+		{"no password", []string{"--sign-key", keyFile}, "", "decrypt"},
+	} {
+		var out, errb bytes.Buffer
+		getenv := func(k string) (string, bool) { return tc.password, k == "COSIGN_PASSWORD" && tc.password != "" }
+		args := append([]string{"--oci-dir", ociDir, "--image", image}, tc.args...)
+		if rc := run(args, getenv, &out, &errb); rc != 1 || !strings.Contains(errb.String(), tc.want) || out.Len() != 0 {
+			t.Errorf("%s: exit %d, %q, printed %q; want exit 1 and %q", tc.name, rc, errb.String(), out.String(), tc.want)
+		}
+	}
+	reg, _ := name.NewRegistry(host)
+	if repos, err := remote.Catalog(context.Background(), reg); err != nil || len(repos) != 0 {
+		t.Errorf("after refusals the registry holds %v (%v)", repos, err)
+	}
+}

@@ -31,8 +31,8 @@ import (
 // of an SPDX attestation (what `cosign verify-attestation --type spdxjson`
 // asks for).
 const (
-	emptyMediaType   types.MediaType = "application/vnd.oci.empty.v1+json"
-	spdxPredicateURI                 = "https://spdx.dev/Document"
+	emptyMediaType   = types.MediaType("application/vnd.oci.empty.v1+json")
+	spdxPredicateURI = "https://spdx.dev/Document"
 )
 
 // checkSBOM refuses an SBOM that is not SPDX JSON or describes another
