@@ -7,8 +7,16 @@
 // `docker load`) and an OCI image layout directory.
 //
 // It does not compile anything and execs nothing: callers hand it the bytes
-// of their (static) binaries. Nftmesh puts the nftmesh image together;
-// tests build stand-in images with Build and WriteDockerArchive.
+// of their (static) binaries. Nftmesh puts the nftmesh image together,
+// NftmeshIndex one per architecture under an OCI image index, SBOM the
+// index's SPDX document from the binaries' build info; NewChartArtifact
+// lays a chart package out as Helm stores it in a registry. The fileimage
+// command builds the test kit's stand-in images with Build and
+// WriteDockerArchive. Pushing and signing are the push command's.
+//
+// This is a Go module of its own (tools/imagebuild): no nftmesh binary
+// links it, and it links nothing of the product module; it reads the
+// binaries as files.
 //
 // The image ID (the config's digest) depends only on the files and the
 // Config. The manifest digest also covers the gzip-compressed layer, so it

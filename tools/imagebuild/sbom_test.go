@@ -113,20 +113,7 @@ func TestSBOMListsEveryModule(t *testing.T) {
 		t.Errorf("the image package %+v", img)
 	}
 	sum := sha256.Sum256(data)
-	contains := map[string]bool{}
-	deps := map[string]map[string]bool{}
-	for _, r := range doc.Relationships {
-		a, b := string(r.RefA.ElementRefID), string(r.RefB.ElementRefID)
-		switch r.Relationship {
-		case "CONTAINS":
-			contains[b] = a == "Image"
-		case "DEPENDS_ON":
-			if deps[a] == nil {
-				deps[a] = map[string]bool{}
-			}
-			deps[a][b] = true
-		}
-	}
+	contains, deps := relationships(doc)
 	var bin []string
 	for id, p := range byID {
 		if p.PrimaryPackagePurpose == "APPLICATION" {
@@ -155,6 +142,25 @@ func TestSBOMListsEveryModule(t *testing.T) {
 	if len(out) > 1<<20 {
 		t.Errorf("an SBOM of %d bytes", len(out))
 	}
+}
+
+// relationships are which packages the image contains, and what each
+// package depends on.
+func relationships(doc *spdx.Document) (contains map[string]bool, deps map[string]map[string]bool) {
+	contains, deps = map[string]bool{}, map[string]map[string]bool{}
+	for _, r := range doc.Relationships {
+		a, b := string(r.RefA.ElementRefID), string(r.RefB.ElementRefID)
+		switch r.Relationship {
+		case "CONTAINS":
+			contains[b] = a == "Image"
+		case "DEPENDS_ON":
+			if deps[a] == nil {
+				deps[a] = map[string]bool{}
+			}
+			deps[a][b] = true
+		}
+	}
+	return contains, deps
 }
 
 func moduleOf(path, version string) debug.Module { return debug.Module{Path: path, Version: version} }
