@@ -179,7 +179,7 @@ func noenv(string) (string, bool) { return "", false }
 
 // smallIndex writes an index of two tiny one-file images as make image's
 // layout, and an SPDX document naming it as make image's SBOM does.
-func smallIndex(t *testing.T, dir string) (ociDir, sbomFile string, index v1.Hash) {
+func smallIndex(t testing.TB, dir string) (ociDir, sbomFile string, index v1.Hash) {
 	t.Helper()
 	var imgs []v1.Image
 	for _, arch := range []string{"amd64", "arm64"} {
@@ -303,4 +303,23 @@ func TestPushRefusesBeforePushing(t *testing.T) {
 	if repos, err := remote.Catalog(context.Background(), reg); err != nil || len(repos) != 0 {
 		t.Errorf("after refusals the registry holds %v (%v)", repos, err)
 	}
+}
+
+// FuzzCheckSBOM: any file given as --sbom is accepted only when it is SPDX
+// naming the index, else refused with a bounded error; never a panic.
+func FuzzCheckSBOM(f *testing.F) {
+	_, sbomFile, index := smallIndex(f, f.TempDir())
+	good, err := os.ReadFile(sbomFile)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	f.Add([]byte(`{"spdxVersion":"SPDX-2.3","packages":[{"primaryPackagePurpose":"CONTAINER","checksums":[{"algorithm":"SHA256","checksumValue":"x"}]}]}`))
+	f.Add([]byte("{}"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		err := checkSBOM(b, index)
+		if err != nil && len(err.Error()) > 400 {
+			t.Errorf("unbounded error: %d bytes", len(err.Error()))
+		}
+	})
 }

@@ -43,7 +43,9 @@ func checkSBOM(sbom []byte, index v1.Hash) error {
 		return fmt.Errorf("reading the SBOM: %w", err)
 	}
 	for _, p := range doc.Packages {
-		if p.PrimaryPackagePurpose != "CONTAINER" {
+		// An SPDX 2.1 or 2.2 document converted to 2.3 may hold nil
+		// packages (FuzzCheckSBOM).
+		if p == nil || p.PrimaryPackagePurpose != "CONTAINER" {
 			continue
 		}
 		for _, c := range p.PackageChecksums {
