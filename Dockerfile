@@ -2,7 +2,7 @@
 # The nftmesh image for people with Docker. The reference build is
 # `make image` (no Docker, no registry, reproducible; see the README): this
 # file must give the same layout (binary paths, entrypoint, user), which
-# internal/imagebuild's TestDockerfileMatchesTheReferenceLayout checks.
+# tools/imagebuild's TestDockerfileMatchesTheReferenceLayout checks.
 #
 #   docker build --build-arg VERSION=$(make -s version) -t localhost/nftmesh:$(make -s version) .
 

@@ -15,9 +15,13 @@ HELM      := $(GOBIN)/helm
 HELM_VERSION ?= v3.22.0
 STATICCHECK_VERSION ?= v0.8.2
 ACTIONLINT_VERSION ?= v1.7.12
-# Go modules of their own besides the product's (build and release tools):
-# `make test` and `make lint` run in each.
-TOOL_MODULES := tools/release
+# Go modules of their own besides the product's (build and release tools,
+# the image tooling): `make test`, `make lint` and `make fuzz` run in each.
+TOOL_MODULES := tools/release tools/imagebuild
+# The real cosign, a test-only tool: TestMakePush verifies what `make push`
+# signed with it (built from the module proxy into .cache/).
+COSIGN_VERSION ?= v3.1.3
+COSIGN    := $(CACHE)/cosign-$(COSIGN_VERSION)
 FUZZTIME  ?= 10s
 BENCHTIME ?= 200x
 # Rounds of the side-by-side with Istio's plugin (each runs both), and
@@ -50,6 +54,13 @@ REVISION          ?= $(shell git rev-parse HEAD 2>/dev/null)
 # source gives the same image.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 ARCH      ?= $(shell $(GO) env GOARCH)
+# The image index's platforms (linux/<arch>); ARCH's image is also the
+# docker-archive `ctr import` takes.
+ARCHES    ?= amd64 arm64
+comma     := ,
+space     := $(subst ,, )
+# The image tooling's commands, run in its own module.
+IMAGEBUILD := $(GO) -C tools/imagebuild run
 # Where `make push` puts the image (REGISTRY/nftmesh) and the chart
 # (REGISTRY/charts/nftmesh). The default repository is the one the chart's
 # nftmesh.image.repository names, so `make image` tags what the chart runs.
@@ -77,6 +88,7 @@ GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false \
 	-ldflags="-s -w -buildid= -X github.com/nftmesh/nftmesh/internal/version.Version=$(VERSION)"
 export KUBE_APISERVER_BIN := $(abspath $(APISERVER))
 export HELM_BIN := $(HELM)
+export COSIGN_BIN := $(abspath $(COSIGN))
 # The image e2e/cluster imports into its node's containerd.
 export NFTMESH_IMAGE_TAR := $(abspath $(BIN)/nftmesh-image.tar)
 export NFTMESH_IMAGE := $(IMAGE)
@@ -86,7 +98,7 @@ export NFTMESH_IMAGE := $(IMAGE)
 HOST_NFT_SUITES ?= bookworm trixie
 export NFTMESH_HOST_NFT_DIR := $(abspath $(CACHE)/hostnft)
 
-.PHONY: all build chain-timings host-nft scale image chart push image-ref image-tags chart-version version release test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck actionlint clean istio pilot-agent istio-cni istio-manifests standin
+.PHONY: all build chain-timings host-nft scale image chart push image-ref image-tags chart-version version release test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck actionlint cosign clean istio pilot-agent istio-cni istio-manifests standin
 
 all: build
 
@@ -94,31 +106,55 @@ build:
 	@mkdir -p $(BIN)
 	$(GOBUILD) -o $(BIN)/ ./cmd/...
 
-## image: the container image, without Docker or a registry: the four static
-## binaries (the agent, the plugin's front and its companion, the CLI) for
-## linux/$(ARCH) on an empty base, as a docker-archive tarball
-## (`ctr -n k8s.io images import`, `docker load`) and an OCI layout dir.
+## image: the container image, without Docker or a registry: an OCI image
+## index of linux/<arch> for each of ARCHES, each image the four static
+## binaries (the agent, the plugin's front and its companion, the CLI) on an
+## empty base, as an OCI layout dir (bin/nftmesh-image.oci, what `make push`
+## pushes); the linux/$(ARCH) image as a docker-archive tarball
+## (`ctr -n k8s.io images import`, `docker load`); the index's SBOM
+## (bin/nftmesh-image.spdx.json). Reproducible: the same source gives the
+## same bytes. The image tooling is a Go module of its own (tools/imagebuild):
+## no binary links it and the product's go.mod does not carry it.
 image:
 	@mkdir -p $(BIN)/image
-	GOOS=linux GOARCH=$(ARCH) $(GOBUILD) -o $(BIN)/image/ ./cmd/nftmesh-agent ./cmd/nftmesh-cni ./cmd/nftmesh-cni-standalone ./cmd/redirect
-	$(GO) run ./internal/imagebuild/mkimage --bin-dir $(BIN)/image --arch $(ARCH) \
+	@set -e; for a in $(ARCHES); do \
+	  echo "linux/$$a: $(BIN)/image/linux-$$a/"; \
+	  GOOS=linux GOARCH=$$a $(GOBUILD) -o $(BIN)/image/linux-$$a/ ./cmd/nftmesh-agent ./cmd/nftmesh-cni ./cmd/nftmesh-cni-standalone ./cmd/redirect; \
+	done
+	$(IMAGEBUILD) ./mkimage --bin-dir $(abspath $(BIN)/image) --arch $(subst $(space),$(comma),$(strip $(ARCHES))) \
 	  --version '$(VERSION)' --revision '$(REVISION)' --created '$(SOURCE_DATE_EPOCH)' --tag '$(IMAGE)' \
-	  --out $(BIN)/nftmesh-image.tar --oci-dir $(BIN)/nftmesh-image.oci
+	  --oci-dir $(abspath $(BIN)/nftmesh-image.oci) --sbom $(abspath $(BIN)/nftmesh-image.spdx.json) \
+	  --out $(abspath $(BIN)/nftmesh-image.tar) --archive-arch $(ARCH)
 
 ## chart: the Helm chart packaged as version CHART_VERSION (from VERSION),
-## appVersion = VERSION (the default image tag): bin/nftmesh-$(CHART_VERSION).tgz.
+## appVersion = VERSION (the default image tag), its default image
+## repository IMAGE_REPO (REGISTRY/nftmesh: what `make push` pushes to), as
+## bin/nftmesh-$(CHART_VERSION).tgz. The in-tree chart is not changed.
 chart: $(HELM)
-	@mkdir -p $(BIN)
-	$(HELM) package charts/nftmesh --version '$(CHART_VERSION)' --app-version '$(VERSION)' --destination $(BIN)
+	@rm -rf $(BIN)/chart && mkdir -p $(BIN)/chart
+	cp -R charts/nftmesh $(BIN)/chart/
+	sed -i 's|^\(      repository: \)ghcr.io/nftmesh/nftmesh$$|\1$(IMAGE_REPO)|' $(BIN)/chart/nftmesh/values.yaml
+	@grep -q '^      repository: $(IMAGE_REPO)$$' $(BIN)/chart/nftmesh/values.yaml || { echo "chart: values.yaml's nftmesh.image.repository line not found"; exit 1; }
+	$(HELM) package $(BIN)/chart/nftmesh --version '$(CHART_VERSION)' --app-version '$(VERSION)' --destination $(BIN)
 
-## push: the image to IMAGE (REGISTRY/nftmesh:VERSION) and the chart to
+## push: the image index to IMAGE (REGISTRY/nftmesh:VERSION), its SBOM as an
+## OCI referrer of it (`oras discover`), and the chart to
 ## REGISTRY/charts/nftmesh:CHART_VERSION (Helm's OCI layout), with
-## go-containerregistry: no Docker, no helm push. Credentials: the Docker
-## config (docker login, crane auth login). `make push REGISTRY=r` pushes
-## the image to r/nftmesh: install with --set nftmesh.image.repository=r/nftmesh.
+## go-containerregistry: no Docker, no helm push. With SIGNING_KEY=cosign.key
+## (cosign's encrypted key; its password in COSIGN_PASSWORD) also a cosign
+## signature of the index and the SBOM as a signed SPDX attestation
+## (`cosign verify`, `cosign verify-attestation --type spdxjson`; see
+## docs/supply-chain.md). Credentials: the Docker config (docker login, crane
+## auth login); a registry on 127.0.0.1 or localhost is spoken to in plain
+## HTTP. `make push REGISTRY=r` pushes the image to r/nftmesh under every
+## tag of IMAGE_TAGS, and the chart naming that image: install the in-tree
+## chart with --set nftmesh.image.repository=r/nftmesh, or the pushed one
+## as it is. Prints what it pushed, by digest.
 push: image chart
-	$(GO) run ./internal/imagebuild/push --oci-dir $(BIN)/nftmesh-image.oci --image '$(IMAGE)' \
-	  --chart $(BIN)/nftmesh-$(CHART_VERSION).tgz --chart-repo '$(REGISTRY)/charts'
+	$(IMAGEBUILD) ./push --oci-dir $(abspath $(BIN)/nftmesh-image.oci) --image '$(IMAGE)' \
+	  $(foreach t,$(filter-out $(VERSION),$(IMAGE_TAGS)),--tag '$(t)') \
+	  --sbom $(abspath $(BIN)/nftmesh-image.spdx.json) $(if $(SIGNING_KEY),--sign-key '$(abspath $(SIGNING_KEY))') \
+	  --chart $(abspath $(BIN)/nftmesh-$(CHART_VERSION).tgz) --chart-repo '$(REGISTRY)/charts'
 
 image-ref:
 	@echo $(IMAGE)
@@ -147,17 +183,19 @@ release:
 ## test: everything CI runs — lint, all tests (kernel tests need root), short fuzzing.
 ## pilot-agent (Istio's, from the module proxy) runs the injected pods'
 ## istio-validation in testkit/istiotest's netns test.
-test: build image kube-binaries pilot-agent helm host-nft lint
+test: build image kube-binaries pilot-agent helm host-nft cosign lint
 	$(GO) test -count=1 -timeout 40m ./...
 	@# The agent runs the plugin's calls concurrently, in one process: its
 	@# socket's tests again under the race detector.
 	$(GO) test -count=1 -race -run 'TestServe|TestAgent' ./cniplugin/
-	for m in $(TOOL_MODULES); do $(GO) -C $$m test -count=1 ./... || exit 1; done
+	@# The tool modules (release, image tooling): ./... above does not reach them.
+	for m in $(TOOL_MODULES); do $(GO) -C $$m test -count=1 -timeout 20m ./... || exit 1; done
 	$(MAKE) fuzz
 
 ## test-unit: the tests that need neither root nor the apiserver build.
 test-unit:
 	$(GO) test -count=1 -short ./...
+	for m in $(TOOL_MODULES); do $(GO) -C $$m test -count=1 -short ./... || exit 1; done
 
 # SETTLE waits (5 s at least, 120 s at most) until the machine's 1-minute
 # load average is under 1.5 again: the kernel tears down the hundreds of
@@ -267,6 +305,12 @@ kube-binaries:
 helm: $(HELM)
 $(HELM):
 	$(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+cosign: $(COSIGN)
+$(COSIGN):
+	@mkdir -p $(dir $@)
+	GOBIN=$(abspath $@).tmp $(GO) install github.com/sigstore/cosign/v3/cmd/cosign@$(COSIGN_VERSION)
+	mv $@.tmp/cosign $@ && rmdir $@.tmp
 
 staticcheck: $(GOBIN)/staticcheck
 $(GOBIN)/staticcheck:

@@ -1,18 +1,15 @@
 package cluster
 
 import (
-	"archive/tar"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-
-	"github.com/nftmesh/nftmesh/internal/imagebuild"
+	"github.com/nftmesh/nftmesh/testkit/imagetest"
 )
 
 // goBuild builds a static binary of one of the repository's packages.
@@ -47,29 +44,22 @@ func buildImages(repo, dir string) ([]string, error) {
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating image directory: %w", err)
 	}
-	build := func(name, pkg string) ([]byte, error) {
+	build := func(name, pkg string) (string, error) {
 		out := filepath.Join(binDir, name)
-		if err := goBuild(repo, pkg, out); err != nil {
-			return nil, err
+		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+			return "", err
 		}
-		data, err := os.ReadFile(out)
-		if err != nil {
-			return nil, fmt.Errorf("reading %s: %w", out, err)
-		}
-		return data, nil
+		return out, goBuild(repo, pkg, out)
 	}
 	pauseBin, err := build("pause", "./e2e/cluster/standin/cmd/pause")
 	if err != nil {
 		return nil, err
 	}
-	pause, err := imagebuild.Build([]imagebuild.File{{Path: "/pause", Mode: 0o755, Data: pauseBin}},
-		imagebuild.Config{Entrypoint: []string{"/pause"}, User: "65535:65535"})
+	pauseTar := filepath.Join(dir, "images", "pause.tar")
+	err = imagetest.Write(pauseTar, imagetest.Spec{Tag: pauseImage, Files: []imagetest.File{{Path: "/pause", Src: pauseBin}},
+		Entrypoint: []string{"/pause"}, User: "65535:65535"})
 	if err != nil {
 		return nil, fmt.Errorf("building the pause image: %w", err)
-	}
-	pauseTar := filepath.Join(dir, "images", "pause.tar")
-	if err := imagebuild.WriteDockerArchive(pauseTar, pauseImage, pause); err != nil {
-		return nil, err
 	}
 
 	if tar := os.Getenv("NFTMESH_IMAGE_TAR"); tar != "" {
@@ -87,29 +77,30 @@ func buildImages(repo, dir string) ([]string, error) {
 		nftmeshImage = ref
 		return []string{pauseTar, own}, nil
 	}
-	bins := map[string][]byte{}
-	for name, pkg := range map[string]string{
-		"nftmesh-agent":          "./cmd/nftmesh-agent",
-		"nftmesh-cni":            "./cmd/nftmesh-cni",
-		"nftmesh-cni-standalone": "./cmd/nftmesh-cni-standalone",
-		"redirect":               "./cmd/redirect",
-	} {
-		if bins[name], err = build(name, pkg); err != nil {
+	// Where mkimage looks for the binaries of the host's architecture.
+	for _, pkg := range []string{"./cmd/nftmesh-agent", "./cmd/nftmesh-cni", "./cmd/nftmesh-cni-standalone", "./cmd/redirect"} {
+		if _, err := build(filepath.Join("linux-"+runtime.GOARCH, filepath.Base(pkg)), pkg); err != nil {
 			return nil, err
 		}
 	}
+	// The image tooling's own command, as `make image` runs it.
 	_, version, _ := strings.Cut(nftmeshImage, ":")
-	nftmesh, err := imagebuild.Nftmesh(imagebuild.Binaries{
-		Agent: bins["nftmesh-agent"], Plugin: bins["nftmesh-cni"], Standalone: bins["nftmesh-cni-standalone"], Redirect: bins["redirect"],
-	}, imagebuild.Meta{Version: version})
-	if err != nil {
-		return nil, err
-	}
 	nftmeshTar := filepath.Join(dir, "images", "nftmesh.tar")
-	if err := imagebuild.WriteDockerArchive(nftmeshTar, nftmeshImage, nftmesh); err != nil {
-		return nil, err
+	goBin := os.Getenv("GO")
+	if goBin == "" {
+		goBin = "go"
+	}
+	cmd := exec.Command(goBin, "-C", filepath.Join(repo, "tools", "imagebuild"), "run", "./mkimage",
+		"--bin-dir", binDir, "--arch", runtime.GOARCH, "--version", version, "--tag", nftmeshImage, "--out", nftmeshTar)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("building the nftmesh image: %w\n%s", err, out)
 	}
 	return []string{pauseTar, nftmeshTar}, nil
+}
+
+// fileInImage returns a file's content from a docker-archive's only image.
+func fileInImage(archive, path string) ([]byte, error) {
+	return imagetest.ReadFile(archive, path)
 }
 
 // copyFile copies src to a new file dst.
@@ -128,43 +119,4 @@ func copyFile(src, dst string) error {
 		return fmt.Errorf("copying %s to %s: %w", src, dst, err)
 	}
 	return out.Close()
-}
-
-// fileInImage returns a file's content from a docker-archive's only image.
-func fileInImage(archive, path string) ([]byte, error) {
-	img, err := tarball.ImageFromPath(archive, nil)
-	if err != nil {
-		return nil, fmt.Errorf("reading image %s: %w", archive, err)
-	}
-	return fileInV1Image(img, archive, path)
-}
-
-// fileInV1Image returns a file's content from an image (what names it in
-// errors).
-func fileInV1Image(img v1.Image, what, path string) ([]byte, error) {
-	layers, err := img.Layers()
-	if err != nil {
-		return nil, fmt.Errorf("reading layers of %s: %w", what, err)
-	}
-	want := strings.TrimPrefix(path, "/")
-	for _, l := range layers {
-		rc, err := l.Uncompressed()
-		if err != nil {
-			return nil, fmt.Errorf("reading a layer of %s: %w", what, err)
-		}
-		tr := tar.NewReader(rc)
-		for {
-			h, err := tr.Next()
-			if err != nil {
-				break
-			}
-			if strings.TrimPrefix(h.Name, "./") == want {
-				data, err := io.ReadAll(tr)
-				rc.Close()
-				return data, err
-			}
-		}
-		rc.Close()
-	}
-	return nil, fmt.Errorf("%s not in image %s", path, what)
 }

@@ -1,43 +1,49 @@
 package cluster
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/registry"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
+	"github.com/nftmesh/nftmesh/testkit/spawn"
 )
 
-// loopRegistry is an OCI registry (go-containerregistry's pkg/registry,
-// blobs on disk) that the test process serves at one address,
-// 127.0.0.1:<port>, on two loopbacks: the machine's, where `make push` and
-// helm run as a user's shell would (with the module proxy in reach), and the
-// node's, where containerd pulls. Same handler, same storage: one registry
+// loopRegistry is an OCI registry (tools/imagebuild's registry command:
+// go-containerregistry's, blobs on disk, a process of its own, since this
+// module does not link the image library) at one address,
+// 127.0.0.1:<port>, on two loopbacks: the machine's, where the registry
+// listens and `make push` and helm run as a user's shell would (with the
+// module proxy in reach), and the node's, where containerd pulls through a
+// reverse proxy the test serves, which records each request. One registry
 // under one name for both.
 type loopRegistry struct {
 	Addr string // 127.0.0.1:<port>, the same on both sides
 
+	proc    *exec.Cmd
 	servers []*http.Server
 	mu      sync.Mutex
 	reqs    []regRequest
 }
 
-// regRequest is one request the registry answered.
+// regRequest is one request the registry answered on the node's side.
 type regRequest struct {
-	side          string // "machine" or "node": the loopback it came in on
+	side          string // "node": the loopback it came in on
 	method, path  string
 	agent         string
 	status        int
@@ -49,38 +55,62 @@ func (c *Cluster) startRegistry(dir string) (*loopRegistry, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "blobs"), 0o755); err != nil {
 		return nil, fmt.Errorf("creating the registry's directory: %w", err)
 	}
-	logFile, err := os.Create(filepath.Join(dir, "registry.log"))
-	if err != nil {
-		return nil, fmt.Errorf("creating the registry's log: %w", err)
-	}
-	h := registry.New(registry.WithBlobHandler(registry.NewDiskBlobHandler(filepath.Join(dir, "blobs"))),
-		registry.WithReferrersSupport(true), registry.Logger(log.New(logFile, "", log.LstdFlags)))
-	var machine, node net.Listener
 	// The kernel picks a free port on the machine's loopback; the node's
 	// has few sockets, but an outgoing connection of one of its components
 	// can hold the same port there: then try another.
+	var lastErr error
 	for range 20 {
-		if machine, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-			return nil, fmt.Errorf("listening on the machine's loopback: %w", err)
-		}
-		node, err = c.listenInNode(machine.Addr().String())
+		r, err := c.tryRegistry(dir)
 		if err == nil {
+			return r, nil
+		}
+		if lastErr = err; !errors.Is(err, syscall.EADDRINUSE) {
 			break
 		}
-		machine.Close()
-		if !errors.Is(err, syscall.EADDRINUSE) {
-			return nil, err
-		}
 	}
+	return nil, lastErr
+}
+
+// tryRegistry starts the registry process on a free port of the machine's
+// loopback and the recording proxy on the same port of the node's.
+func (c *Cluster) tryRegistry(dir string) (*loopRegistry, error) {
+	logFile, err := os.OpenFile(filepath.Join(dir, "registry.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("creating the registry's log: %w", err)
+	}
+	defer logFile.Close()
+	goBin := os.Getenv("GO")
+	if goBin == "" {
+		goBin = "go"
+	}
+	cmd := exec.Command(goBin, "-C", filepath.Join(repo, "tools", "imagebuild"), "run", "./registry",
+		"--addr", "127.0.0.1:0", "--dir", filepath.Join(dir, "blobs"), "-v")
+	cmd.Stderr = logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
 	}
-	r := &loopRegistry{Addr: machine.Addr().String()}
-	for side, l := range map[string]net.Listener{"machine": machine, "node": node} {
-		srv := &http.Server{Handler: r.record(side, h), ReadHeaderTimeout: 10 * time.Second}
-		r.servers = append(r.servers, srv)
-		go func() { _ = srv.Serve(l) }()
+	if err := spawn.Start(cmd); err != nil {
+		return nil, fmt.Errorf("starting tools/imagebuild's registry: %w", err)
 	}
+	r := &loopRegistry{proc: cmd}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
+	if err != nil || !ok {
+		r.Close()
+		return nil, fmt.Errorf("tools/imagebuild's registry did not say where it listens (%q, %v; see %s)", line, err, logFile.Name())
+	}
+	r.Addr = addr
+	node, err := c.listenInNode(addr)
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	target := &url.URL{Scheme: "http", Host: addr}
+	srv := &http.Server{Handler: r.record("node", httputil.NewSingleHostReverseProxy(target)), ReadHeaderTimeout: 10 * time.Second}
+	r.servers = append(r.servers, srv)
+	go func() { _ = srv.Serve(node) }()
 	return r, nil
 }
 
@@ -152,6 +182,10 @@ func (r *loopRegistry) containerdPulls(mark int, repo, tag string) (manifests, b
 func (r *loopRegistry) Close() {
 	for _, s := range r.servers {
 		_ = s.Close()
+	}
+	if r.proc != nil && r.proc.Process != nil {
+		_ = syscall.Kill(-r.proc.Process.Pid, syscall.SIGKILL)
+		_ = r.proc.Wait()
 	}
 }
 

@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nftmesh/nftmesh/e2e/cluster/standin"
-	"github.com/nftmesh/nftmesh/internal/imagebuild"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/testkit/istiotest"
 )
@@ -168,12 +167,8 @@ func (c *Cluster) importStandinImage(ctx context.Context, pilotAgent string) err
 			return err
 		}
 	}
-	img, err := istiotest.StandinImage(pilotAgent, filepath.Join(dir, "standin-proxy"), filepath.Join(dir, "standin-app"))
-	if err != nil {
-		return err
-	}
 	tar := filepath.Join(c.Dir, "images", "standin.tar")
-	if err := imagebuild.WriteDockerArchive(tar, standinImage, img); err != nil {
+	if err := istiotest.StandinImage(pilotAgent, filepath.Join(dir, "standin-proxy"), filepath.Join(dir, "standin-app"), tar, standinImage); err != nil {
 		return err
 	}
 	if err := c.importImages(ctx, []string{tar}); err != nil {

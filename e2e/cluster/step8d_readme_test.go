@@ -19,12 +19,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nftmesh/nftmesh/testkit/imagetest"
 	"github.com/nftmesh/nftmesh/testkit/spawn"
 )
 
@@ -368,11 +366,7 @@ func (c *Cluster) checkPulled(ctx context.Context, t *testing.T, reg *loopRegist
 	if !strings.HasPrefix(image, reg.Addr+"/") || !ok {
 		t.Fatalf("the agent runs %s, not an image of the registry %s", image, reg.Addr)
 	}
-	ref, err := name.ParseReference(image)
-	if err != nil {
-		t.Fatal(err)
-	}
-	desc, err := remote.Head(ref)
+	digest, err := imagetest.RemoteDigest(image)
 	if err != nil {
 		t.Fatalf("the registry does not hold %s: %v", image, err)
 	}
@@ -380,19 +374,19 @@ func (c *Cluster) checkPulled(ctx context.Context, t *testing.T, reg *loopRegist
 	if manifests == 0 {
 		t.Errorf("the node's containerd never resolved %s at the registry (its requests on the node's loopback: %v)", image, reg.Requests(mark))
 	}
-	t.Logf("the node's containerd at the registry: %d manifest requests for tag %s, %d blobs (%d bytes) fetched; %s is %s (%s)",
-		manifests, tag, blobs, fetched, image, desc.Digest, desc.MediaType)
+	t.Logf("the node's containerd at the registry: %d manifest requests for tag %s, %d blobs (%d bytes) fetched; %s is %s",
+		manifests, tag, blobs, fetched, image, digest)
 
 	status := agent.Status.ContainerStatuses
-	if want := reg.Addr + "/" + repoName + "@" + desc.Digest.String(); len(status) == 0 || status[0].ImageID != want {
+	if want := reg.Addr + "/" + repoName + "@" + digest; len(status) == 0 || status[0].ImageID != want {
 		t.Errorf("the agent's image ID is %v, want the registry's digest %s", status, want)
 	}
 	out, err := c.Ctr(ctx, "images", "ls")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !imageListed(out, image, desc.Digest.String()) {
-		t.Errorf("containerd's images hold no %s at digest %s:\n%s", image, desc.Digest, out)
+	if !imageListed(out, image, digest) {
+		t.Errorf("containerd's images hold no %s at digest %s:\n%s", image, digest, out)
 	}
 	// containerd labels what it fetched with where it came from, the
 	// registry's host without its port (an import sets no such label).
@@ -400,18 +394,14 @@ func (c *Cluster) checkPulled(ctx context.Context, t *testing.T, reg *loopRegist
 	source := "containerd.io/distribution.source." + host + "=" + repoName
 	if out, err := c.Ctr(ctx, "content", "ls"); err != nil {
 		t.Error(err)
-	} else if !contentLabelled(out, desc.Digest.String(), source) {
-		t.Errorf("containerd's content %s has no label %s:\n%s", desc.Digest, source, out)
+	} else if !contentLabelled(out, digest, source) {
+		t.Errorf("containerd's content %s has no label %s:\n%s", digest, source, out)
 	}
 	if err := c.waitPulledEvent(ctx, agent); err != nil {
 		t.Error(err)
 	}
 
-	img, err := remote.Image(ref, remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := fileInV1Image(img, image, "/opt/cni/bin/nftmesh-cni")
+	want, err := imagetest.ReadRemoteFile(image, "linux/"+runtime.GOARCH, "/opt/cni/bin/nftmesh-cni")
 	if err != nil {
 		t.Fatal(err)
 	}

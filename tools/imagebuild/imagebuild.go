@@ -7,8 +7,16 @@
 // `docker load`) and an OCI image layout directory.
 //
 // It does not compile anything and execs nothing: callers hand it the bytes
-// of their (static) binaries. Nftmesh puts the nftmesh image together;
-// tests build stand-in images with Build and WriteDockerArchive.
+// of their (static) binaries. Nftmesh puts the nftmesh image together,
+// NftmeshIndex one per architecture under an OCI image index, SBOM the
+// index's SPDX document from the binaries' build info; NewChartArtifact
+// lays a chart package out as Helm stores it in a registry. The fileimage
+// command builds the test kit's stand-in images with Build and
+// WriteDockerArchive. Pushing and signing are the push command's.
+//
+// This is a Go module of its own (tools/imagebuild): no nftmesh binary
+// links it, and it links nothing of the product module; it reads the
+// binaries as files.
 //
 // The image ID (the config's digest) depends only on the files and the
 // Config. The manifest digest also covers the gzip-compressed layer, so it
@@ -24,7 +32,6 @@ import (
 	"io"
 	"io/fs"
 	"maps"
-	"os"
 	"path"
 	"runtime"
 	"slices"
@@ -35,12 +42,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-
-	"github.com/nftmesh/nftmesh/internal/atomicfile"
+	"github.com/google/renameio/v2"
 )
 
 // File is one entry of the image's filesystem.
@@ -207,6 +212,17 @@ func quote(s string) string {
 	return strconv.Quote(s)
 }
 
+// RefError is the error for a bad image reference ref, given as what (a
+// flag, "the image tag"), bounded in size: go-containerregistry's own
+// messages repeat the whole input.
+func RefError(what, ref string, err error) error {
+	msg, _, _ := strings.Cut(err.Error(), ": "+ref)
+	if len(msg) > 120 {
+		msg = msg[:120] + "..."
+	}
+	return fmt.Errorf("%s %s: %s", what, quote(ref), msg)
+}
+
 func validFile(f File) error {
 	switch {
 	case f.Path == "" || f.Path[0] != '/':
@@ -268,39 +284,14 @@ func fixedTime(t time.Time) time.Time {
 func WriteDockerArchive(file, tag string, img v1.Image) error {
 	ref, err := name.NewTag(tag)
 	if err != nil {
-		return fmt.Errorf("parsing the image tag %s: %w", quote(tag), err)
+		return RefError("parsing the image tag", tag, err)
 	}
 	var buf bytes.Buffer
 	if err := tarball.Write(ref, img, &buf); err != nil {
 		return fmt.Errorf("writing the image archive %s: %w", file, err)
 	}
-	if err := atomicfile.Write(file, buf.Bytes(), 0o644, atomicfile.Options{}); err != nil {
+	if err := renameio.WriteFile(file, buf.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("writing the image archive %s: %w", file, err)
-	}
-	return nil
-}
-
-// WriteOCILayout writes img as the only image of an OCI image layout at dir,
-// replacing whatever dir held. Its descriptor carries the tag both as the
-// OCI ref name (the tag part) and as containerd's full image name.
-func WriteOCILayout(dir, tag string, img v1.Image) error {
-	ref, err := name.NewTag(tag)
-	if err != nil {
-		return fmt.Errorf("parsing the image tag %s: %w", quote(tag), err)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("replacing the OCI layout %s: %w", dir, err)
-	}
-	p, err := layout.Write(dir, empty.Index)
-	if err != nil {
-		return fmt.Errorf("writing the OCI layout %s: %w", dir, err)
-	}
-	err = p.AppendImage(img, layout.WithAnnotations(map[string]string{
-		"org.opencontainers.image.ref.name": ref.TagStr(),
-		"io.containerd.image.name":          ref.String(),
-	}))
-	if err != nil {
-		return fmt.Errorf("writing the OCI layout %s: %w", dir, err)
 	}
 	return nil
 }

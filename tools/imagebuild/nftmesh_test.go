@@ -4,13 +4,10 @@ import (
 	"bytes"
 	"debug/elf"
 	"encoding/binary"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/nftmesh/nftmesh/installer"
 )
 
 // fakeELF is the smallest file debug/elf reads as a linux executable for
@@ -137,25 +134,5 @@ func TestNftmeshRefusesBinariesThatCannotStart(t *testing.T) {
 	}
 	if _, err := Nftmesh(Binaries{static, static, static, static}, Meta{Version: "v1", Architecture: "amd64"}); err != nil {
 		t.Errorf("static amd64 binaries refused: %v", err)
-	}
-}
-
-// The image holds the plugin where the agent's --plugin-binary default
-// looks, and the companion where the agent then looks for it (the same
-// directory, under the name it installs): an image the agent refuses to
-// start from would only show on a node.
-func TestImageHoldsWhatTheAgentInstalls(t *testing.T) {
-	cfg, err := installer.ParseConfig(nil, func(k string) (string, bool) {
-		v, ok := map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}[k]
-		return v, ok
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.PluginBinary != PluginPath {
-		t.Errorf("the agent installs %s by default, the image holds the plugin at %s", cfg.PluginBinary, PluginPath)
-	}
-	if want := filepath.Join(filepath.Dir(cfg.PluginBinary), installer.StandaloneName); StandalonePath != want {
-		t.Errorf("the agent looks for the companion at %s, the image holds it at %s", want, StandalonePath)
 	}
 }
