@@ -84,7 +84,7 @@ func (c *Cluster) tryRegistry(dir string) (*loopRegistry, error) {
 		goBin = "go"
 	}
 	cmd := exec.Command(goBin, "-C", filepath.Join(repo, "tools", "imagebuild"), "run", "./registry",
-		"--addr", "127.0.0.1:0", "--dir", filepath.Join(dir, "blobs"), "-v")
+		"--addr", "127.0.0.1:0", "--dir", filepath.Join(dir, "blobs"), "--v")
 	cmd.Stderr = logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
