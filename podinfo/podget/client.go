@@ -168,9 +168,7 @@ func kubeconfigSecrets(cfg *clientcmdapi.Config) []string {
 
 // Retry bounds for GetPod.
 const (
-	firstRetryDelay = 50 * time.Millisecond
-	maxRetryDelay   = time.Second
-	maxAttemptTime  = 5 * time.Second
+	maxAttemptTime = 5 * time.Second
 	// maxServerDelay bounds the pause a server's Retry-After imposes
 	// between attempts (the deadline bounds the whole).
 	maxServerDelay = 5 * time.Second
@@ -210,7 +208,8 @@ func (c *Client) getPod(ctx context.Context, namespace, name, wantUID string, ti
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	backoff := wait.Backoff{Duration: firstRetryDelay, Factor: 2, Cap: maxRetryDelay, Steps: 1 << 30} // the deadline ends the retries
+	// 50 ms doubling to 1 s; the deadline ends the retries, not Steps.
+	backoff := wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Cap: time.Second, Steps: 1 << 30}
 	cached := true
 	// prev: the last error that was the server's doing; an attempt cut
 	// short by the overall deadline says less.
