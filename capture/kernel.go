@@ -10,9 +10,9 @@ import (
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
 	"github.com/nftmesh/nftmesh/internal/netnsaddr"
-	"github.com/nftmesh/nftmesh/internal/policyroute"
 	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 

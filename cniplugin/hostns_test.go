@@ -20,9 +20,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
-	"github.com/nftmesh/nftmesh/internal/policyroute"
 	"github.com/nftmesh/nftmesh/iptables"
 	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 	"github.com/nftmesh/nftmesh/testkit/spawn"

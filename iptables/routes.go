@@ -4,12 +4,12 @@ import (
 	"net/netip"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
-	"github.com/nftmesh/nftmesh/internal/policyroute"
+	"github.com/nftmesh/nftmesh/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 
 // The TPROXY policy routing and the ::6 passthrough address are part of a
-// Plan whatever the rule backend; internal/policyroute programs them for
+// Plan whatever the rule backend; policyroute programs them for
 // both backends, here through the rtnetlink socket openSockets opened with
 // the raw ones.
 

@@ -11,7 +11,7 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/nftmesh/nftmesh/internal/policyroute"
+	"github.com/nftmesh/nftmesh/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 

@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
-	"github.com/nftmesh/nftmesh/internal/policyroute"
+	"github.com/nftmesh/nftmesh/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
 )
 

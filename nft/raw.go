@@ -43,13 +43,13 @@ import (
 //     v0.3.0 (a) drops NFTA_CT_SREG, so "ct mark set" reads as "ct mark"
 //     (fixed upstream by #301, unreleased); (b) skips tproxy and any unknown
 //     expression instead of failing, so a rule we did not write could read as
-//     ours (upstream at 1db35da knows tproxy but reads its 4-byte family as
-//     one byte and fails); (c) panics on a short verdict (still so at
-//     1db35da), which unmarshalExpr turns into an error.
+//     ours (upstream at 1db35da has no "tproxy" case where it reads rules
+//     either, and its TProxy reads the 4-byte family as one byte); (c)
+//     panics on a short verdict (still so at 1db35da), which unmarshalExpr
+//     turns into an error.
 //  3. A table's flags: v0.3.0 reads the big-endian NFTA_TABLE_FLAGS in host
-//     order (dormant reads as 0x1000000 on amd64; upstream's tableFromMsg
-//     still does at 000298f) and writes none (#332 adds writing them,
-//     unreleased); tableFlags reads them right.
+//     order (dormant reads as 0x1000000 on amd64) and writes none (#332
+//     reads and writes them right, unreleased); tableFlags reads them right.
 
 // batchTimeout bounds the wait for acks, normally queued by the time
 // sendmsg returns.

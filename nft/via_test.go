@@ -9,7 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/internal/hostns"
-	"github.com/nftmesh/nftmesh/internal/policyroute"
+	"github.com/nftmesh/nftmesh/policyroute"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/nstest"
 	"github.com/nftmesh/nftmesh/testkit/scenarios"

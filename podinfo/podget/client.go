@@ -30,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -167,9 +168,7 @@ func kubeconfigSecrets(cfg *clientcmdapi.Config) []string {
 
 // Retry bounds for GetPod.
 const (
-	firstRetryDelay = 50 * time.Millisecond
-	maxRetryDelay   = time.Second
-	maxAttemptTime  = 5 * time.Second
+	maxAttemptTime = 5 * time.Second
 	// maxServerDelay bounds the pause a server's Retry-After imposes
 	// between attempts (the deadline bounds the whole).
 	maxServerDelay = 5 * time.Second
@@ -209,7 +208,8 @@ func (c *Client) getPod(ctx context.Context, namespace, name, wantUID string, ti
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	delay := firstRetryDelay
+	// 50 ms doubling to 1 s; the deadline ends the retries, not Steps.
+	backoff := wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Cap: time.Second, Steps: 1 << 30}
 	cached := true
 	// prev: the last error that was the server's doing; an attempt cut
 	// short by the overall deadline says less.
@@ -236,10 +236,10 @@ func (c *Client) getPod(ctx context.Context, namespace, name, wantUID string, ti
 		if !Retryable(err) {
 			return nil, fmt.Errorf("getting pod %s/%s: %w", namespace, name, explain(err))
 		}
-		wait := delay
+		pause := backoff.Step()
 		if s, ok := apierrors.SuggestsClientDelay(err); ok && s > 0 {
 			// Retry-After: asking sooner only adds to the server's load.
-			wait = max(wait, min(time.Duration(s)*time.Second, maxServerDelay))
+			pause = max(pause, min(time.Duration(s)*time.Second, maxServerDelay))
 		}
 		if ctx.Err() != nil && prev != nil && errors.Is(err, context.DeadlineExceeded) {
 			err = prev
@@ -248,10 +248,9 @@ func (c *Client) getPod(ctx context.Context, namespace, name, wantUID string, ti
 		case <-ctx.Done():
 			return nil, fmt.Errorf("getting pod %s/%s: %s within %s (%d attempts): %w",
 				namespace, name, transientWhat(err), time.Since(start).Round(time.Millisecond), attempt, explain(err))
-		case <-time.After(wait):
+		case <-time.After(pause):
 		}
 		prev = err
-		delay = min(2*delay, maxRetryDelay)
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 // does on the agent path: ::6 on lo through a Handle opened in the pod's
 // namespace (then deleted, outside the timing's point but inside the loop).
 //
-//	go test -run '^$' -bench BenchmarkApplyViaPassthrough -count 5 ./internal/policyroute
+//	go test -run '^$' -bench BenchmarkApplyViaPassthrough -count 5 ./policyroute
 func BenchmarkApplyViaPassthrough(b *testing.B) {
 	_, path := nstest.New(b, "pr-bench-")
 	n, err := hostns.Open(path)
@@ -57,7 +57,7 @@ func cpuTime(b *testing.B) time.Duration {
 // a path without a Handle of its own (the legacy backend, the CLI): Apply
 // and Remove each open rtnetlink in the namespace from its descriptor.
 //
-//	go test -run '^$' -bench BenchmarkApplyRemoveTProxy -count 10 ./internal/policyroute
+//	go test -run '^$' -bench BenchmarkApplyRemoveTProxy -count 10 ./policyroute
 func BenchmarkApplyRemoveTProxy(b *testing.B) {
 	_, path := nstest.New(b, "pr-bench-")
 	n, err := hostns.Open(path)
