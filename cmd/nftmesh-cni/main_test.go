@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,6 +56,71 @@ func TestStandaloneRunsWithOneP(t *testing.T) {
 				if !strings.HasPrefix(got, tc.want+"CNI_COMMAND="+verb+" ") || !strings.Contains(got, `"agent_run_dir"`) {
 					t.Errorf("%s: the companion got %q, want %q with the CNI_COMMAND and the config", verb, got, tc.want)
 				}
+			}
+		})
+	}
+}
+
+// TestFrontErrorsAreCNIErrors: a front that cannot go on fails the call as
+// the CNI spec says: exit 1 and, on stdout, one error object. Without its
+// companion beside it (and no agent) the code is 11 and msg names the
+// missing binary, quoted as JSON although the path holds a quote, a
+// backslash and a tab; a stdin it cannot read (a directory) is code 5.
+func TestFrontErrorsAreCNIErrors(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds the front")
+	}
+	dir := filepath.Join(t.TempDir(), "a \"quoted\\ dir\twith a tab")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	front := filepath.Join(dir, "nftmesh-cni")
+	build := exec.Command("go", "build", "-o", front, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the front: %v\n%s", err, out)
+	}
+	config := `{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"nftmesh-cni","agent_run_dir":"` + t.TempDir() + `"}`
+	notDir, err := os.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer notDir.Close()
+	missing := "nftmesh-cni: cannot run " + filepath.Join(dir, StandaloneName) +
+		" (the nftmesh agent installs it beside nftmesh-cni; the pod is not started without its capture)"
+	for _, tc := range []struct {
+		name, verb  string
+		stdin       io.Reader
+		code        int
+		msg, detail string
+	}{
+		{"ADD, no companion", "ADD", strings.NewReader(config), 11, missing, "no such file or directory"},
+		{"about text, no companion", "", strings.NewReader(config), 11, missing, "no such file or directory"},
+		{"stdin a directory", "ADD", notDir, 5, "nftmesh-cni: reading the config from stdin", "is a directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(front)
+			cmd.Env = []string{"CNI_COMMAND=" + tc.verb, "PATH=/usr/bin:/bin"}
+			cmd.Stdin = tc.stdin
+			var stdout strings.Builder
+			cmd.Stdout = &stdout
+			err := cmd.Run()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+				t.Fatalf("%v, want exit status 1; stdout %q", err, stdout.String())
+			}
+			var got struct {
+				Code    int    `json:"code"`
+				Msg     string `json:"msg"`
+				Details string `json:"details"`
+			}
+			dec := json.NewDecoder(strings.NewReader(stdout.String()))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&got); err != nil || dec.More() {
+				t.Fatalf("stdout %q is not one CNI error object: %v", stdout.String(), err)
+			}
+			if got.Code != tc.code || got.Msg != tc.msg || !strings.HasSuffix(got.Details, tc.detail) {
+				t.Errorf("got %+v, want code %d, msg %q, details ending %q", got, tc.code, tc.msg, tc.detail)
 			}
 		})
 	}
