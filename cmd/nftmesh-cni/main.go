@@ -116,8 +116,10 @@ func ask(stdin []byte, env []string) (cnisock.Reply, bool) {
 	if err != nil {
 		return none, false
 	}
-	if _, err := sock.Write(frame[n:]); err != nil {
-		return none, false
+	if n < len(frame) {
+		if _, err := sock.Write(frame[n:]); err != nil {
+			return none, false
+		}
 	}
 	var hdr [cnisock.HeaderLen]byte
 	if _, err := io.ReadFull(sock, hdr[:]); err != nil {
