@@ -12,8 +12,11 @@
 // looks the pod up and programs the rules itself, as a plugin without an
 // agent does. Either way the call fails closed.
 //
-// The front does little: it reads the config's agent_run_dir (encoding/json),
-// and speaks the socket with a few system calls.
+// The front does little, on the standard library's os, io and
+// encoding/json (it reads the config's agent_run_dir as the plugin does).
+// It speaks the socket with a few system calls rather than package net,
+// which measured more page faults per pod start and no fewer lines
+// (docs/dependencies.md, "The front and its socket").
 //
 //go:debug updatemaxprocs=0
 package main
@@ -95,8 +98,8 @@ func ask(stdin []byte, env []string) (cnisock.Reply, bool) {
 	if err != nil {
 		return none, false
 	}
-	// A blocking socket, so that the front's runtime starts no poller; the
-	// socket timeouts bound each wait instead.
+	// A blocking socket: the runtime starts no poller, and the socket
+	// timeouts bound each wait.
 	sock := os.NewFile(uintptr(fd), "agent socket")
 	defer sock.Close()
 	tv := syscall.NsecToTimeval(agentTimeout.Nanoseconds())
@@ -116,6 +119,8 @@ func ask(stdin []byte, env []string) (cnisock.Reply, bool) {
 	if err != nil {
 		return none, false
 	}
+	// Nothing is written once all is sent: the agent may have answered and
+	// closed, and even a write of nothing would fail (EPIPE).
 	if n < len(frame) {
 		if _, err := sock.Write(frame[n:]); err != nil {
 			return none, false
