@@ -231,8 +231,10 @@ scale: $(APISERVER)
 
 ## e2e-cluster: a real single-node Kubernetes v1.35.4 cluster (kubelet,
 ## containerd) in private namespaces, the image imported, `helm install` of
-## the chart, pods through the CNI chain; its last test (TestMultiNode) adds
-## two nodes, NFTMESH_E2E_NODES=<n> for n in all; torn down afterwards (root).
+## the chart, pods through the CNI chain; TestMultiNode adds two nodes
+## (NFTMESH_E2E_NODES=<n> for n in all), then TestReadmeInstall runs the
+## README's install blocks against a registry on loopback (last: see its
+## file); torn down afterwards (root).
 ## RUN=<regexp> picks assertions (go test -run); the cluster comes up anyway.
 e2e-cluster: image kube-binaries helm pilot-agent
 	$(GO) test -count=1 -v -timeout 25m $(if $(RUN),-run '$(RUN)') ./e2e/cluster/
