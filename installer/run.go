@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/internal/atomicfile"
@@ -73,7 +76,7 @@ func (in *Installer) Run(ctx context.Context) error {
 	}
 	defer cw.w.Close()
 
-	turn := loopState{dirty: partAll, backoff: time.Second}
+	turn := loopState{dirty: partAll, backoff: installBackoff()}
 	for {
 		// Watch before checking, so a change made between the check and
 		// the wait still wakes us.
@@ -149,7 +152,14 @@ func (in *Installer) prepare() error {
 // again and the backoff of a failing install.
 type loopState struct {
 	dirty   parts
-	backoff time.Duration
+	backoff wait.Backoff
+}
+
+// installBackoff spaces the retries of a failing install: 1 s, doubling up
+// to 30 s, until an install succeeds. Steps never run out: the install is
+// retried for as long as the agent runs.
+func installBackoff() wait.Backoff {
+	return wait.Backoff{Duration: time.Second, Factor: 2, Cap: 30 * time.Second, Steps: math.MaxInt32}
 }
 
 // report records the outcome of a reconcile (metrics, readiness, a log line
@@ -182,7 +192,7 @@ func (in *Installer) report(err error, result string, wrote bool, turn *loopStat
 		in.notReady.Store(nil)
 		in.m.SetReady(true)
 		turn.dirty = 0
-		turn.backoff = time.Second
+		turn.backoff = installBackoff()
 	case errors.Is(err, errNoPrimary):
 		if p := in.notReady.Load(); p == nil || !errors.Is(*p, errNoPrimary) {
 			in.log.Info().Err(err).Msg("waiting for the primary CNI to write its config")
@@ -205,9 +215,9 @@ func (in *Installer) report(err error, result string, wrote bool, turn *loopStat
 		if errors.As(err, &ro) {
 			ev = ev.Str("hint", "set cniBinDir or use a platform profile")
 		}
-		ev.Dur("retry_in", turn.backoff).Msg("installing " + PluginName)
-		retry = time.After(turn.backoff)
-		turn.backoff = min(turn.backoff*2, 30*time.Second)
+		d := turn.backoff.Step()
+		ev.Dur("retry_in", d).Msg("installing " + PluginName)
+		retry = time.After(d)
 		turn.dirty = partAll
 	}
 	return retry
