@@ -233,11 +233,22 @@ func (d flagDef) fromEnv(fs *pflag.FlagSet, getenv func(string) (string, bool)) 
 	return "", nil
 }
 
-// agentFlags is the agent's flag table, in the order help lists it: each
-// row binds a flag to its Config field with its default and help, names
-// the Istio install-cni variables that stand in for it (env) and the checks
-// its value must pass, when it matters. Cross-flag rules are finish's.
-// A feature with flags of its own adds its rows here.
+// flagTables make the agent's flag table, in the order help lists them. A
+// feature with flags of its own keeps its table in its own file and adds
+// it here (and its cross-flag rules to finish).
+var flagTables = []func(*Config) []flagDef{agentFlags}
+
+func allFlags(c *Config) (defs []flagDef) {
+	for _, t := range flagTables {
+		defs = append(defs, t(c)...)
+	}
+	return defs
+}
+
+// agentFlags is the install job's table: each row binds a flag to its
+// Config field with its default and help, names the Istio install-cni
+// variables that stand in for it (env) and the checks its value must pass,
+// when it matters. Cross-flag rules are finish's.
 func agentFlags(c *Config) []flagDef {
 	rd := repair.DefaultConfig()
 	repairOn := func() bool { return c.Repair.Enabled }
@@ -330,7 +341,7 @@ func nativeNftablesBackend(v string) (string, error) {
 
 // Usage returns the flag help text.
 func Usage() string {
-	return newFlagSet(agentFlags(&Config{})).FlagUsages()
+	return newFlagSet(allFlags(&Config{})).FlagUsages()
 }
 
 // ParseConfig reads the configuration from args and the environment
@@ -339,7 +350,7 @@ func Usage() string {
 // returned for -h.
 func ParseConfig(args []string, getenv func(string) (string, bool)) (*Config, error) {
 	c := &Config{}
-	defs := agentFlags(c)
+	defs := allFlags(c)
 	fs := newFlagSet(defs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -35,7 +36,6 @@ type confWatch struct {
 	in       *Installer
 	w        *fsnotify.Watcher
 	confDirs map[string]bool // the conf dir and linked configs' dirs
-	binDirs  map[string]bool
 }
 
 func (in *Installer) newConfWatch() (*confWatch, error) {
@@ -43,11 +43,7 @@ func (in *Installer) newConfWatch() (*confWatch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating file watcher: %w", err)
 	}
-	cw := &confWatch{in: in, w: watcher, confDirs: map[string]bool{in.cfg.CNIConfDir: true}, binDirs: map[string]bool{}}
-	for _, d := range in.cfg.CNIBinDirs {
-		cw.binDirs[d] = true
-	}
-	return cw, nil
+	return &confWatch{in: in, w: watcher, confDirs: map[string]bool{in.cfg.CNIConfDir: true}}, nil
 }
 
 // classify says which parts of the install an event invalidates.
@@ -58,7 +54,7 @@ func (cw *confWatch) classify(ev fsnotify.Event) parts {
 		return 0
 	}
 	var p parts
-	if cw.binDirs[dir] && (base == PluginName || base == StandaloneName) {
+	if slices.Contains(cfg.CNIBinDirs, dir) && (base == PluginName || base == StandaloneName) {
 		p |= partBinaries
 	}
 	if cw.confDirs[dir] {
