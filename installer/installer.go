@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/rs/zerolog"
 	"golang.org/x/time/rate"
 
@@ -71,16 +72,12 @@ func (in *Installer) foreignCapture(p string) error {
 // own there, which a runtime or Multus would load beside ours. With remove,
 // our file, if it is there, is taken out.
 func (in *Installer) standaloneForeign(remove bool) error {
-	ents, err := os.ReadDir(in.cfg.CNIConfDir)
+	files, err := libcni.ConfFiles(in.cfg.CNIConfDir, conflist.ConfExtensions)
 	if err != nil {
 		return nil // the write reports it
 	}
 	own := in.standalonePath()
-	for _, e := range ents {
-		p := filepath.Join(in.cfg.CNIConfDir, e.Name())
-		if !slices.Contains(conflist.ConfExtensions, filepath.Ext(p)) {
-			continue
-		}
+	for _, p := range files {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			continue
