@@ -76,7 +76,7 @@ func (in *Installer) Run(ctx context.Context) error {
 	}
 	defer cw.w.Close()
 
-	turn := loopState{dirty: partAll, backoff: installBackoff()}
+	turn := loopState{dirty: partAll, backoff: installBackoff}
 	for {
 		// Watch before checking, so a change made between the check and
 		// the wait still wakes us.
@@ -156,11 +156,8 @@ type loopState struct {
 }
 
 // installBackoff spaces the retries of a failing install: 1 s, doubling up
-// to 30 s, until an install succeeds. Steps never run out: the install is
-// retried for as long as the agent runs.
-func installBackoff() wait.Backoff {
-	return wait.Backoff{Duration: time.Second, Factor: 2, Cap: 30 * time.Second, Steps: math.MaxInt32}
-}
+// to 30 s, for as long as the agent runs. Each success starts a new copy.
+var installBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Cap: 30 * time.Second, Steps: math.MaxInt32}
 
 // report records the outcome of a reconcile (metrics, readiness, a log line
 // when the state changes) and sets what the next turn checks; the channel
@@ -192,7 +189,7 @@ func (in *Installer) report(err error, result string, wrote bool, turn *loopStat
 		in.notReady.Store(nil)
 		in.m.SetReady(true)
 		turn.dirty = 0
-		turn.backoff = installBackoff()
+		turn.backoff = installBackoff
 	case errors.Is(err, errNoPrimary):
 		if p := in.notReady.Load(); p == nil || !errors.Is(*p, errNoPrimary) {
 			in.log.Info().Err(err).Msg("waiting for the primary CNI to write its config")

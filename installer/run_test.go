@@ -29,7 +29,7 @@ func TestReportBackoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	turn := loopState{dirty: partAll, backoff: installBackoff()}
+	turn := loopState{dirty: partAll, backoff: installBackoff}
 	failed := errors.New("disk full")
 	var got []string
 	fail := func(n int) {
