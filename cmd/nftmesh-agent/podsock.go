@@ -200,12 +200,12 @@ func (s *podSocket) serveCNI(cfg *installer.Config, src *podcache.Source, hostNe
 	// host's /proc as repair in place mounts it (the chart grants the
 	// capabilities calls need only with it), else this process's own.
 	procDir := cmp.Or(cfg.Repair.HostProc, "/proc")
-	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, ProcDir: procDir, HostNetns: hostNetns, Observe: func(o cniplugin.ServeOutcome) {
+	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, ProcDir: procDir, HostNetns: hostNetns, Observe: func(o agentsock.Outcome) {
 		calls.WithLabelValues(o.Status).Inc()
-		if o.Status == cniplugin.OutcomeStarved {
+		if o.Status == agentsock.OutcomeStarved {
 			s.noteStarved("cni", o.Resource, o.Reason)
 		}
-		quiet := o.Status == cniplugin.OutcomeOK || o.Status == cniplugin.OutcomeError || o.Status == cniplugin.OutcomeDeclined
+		quiet := o.Status == agentsock.OutcomeOK || o.Status == agentsock.OutcomeError || o.Status == agentsock.OutcomeDeclined
 		s.outcomeEvent(quiet, o.PeerUID).Str("outcome", o.Status).Str("reason", o.Reason).Str("command", o.Command).Dur("duration", o.Duration).
 			Msg("CNI call on the agent socket")
 	}}
