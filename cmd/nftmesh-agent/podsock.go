@@ -278,14 +278,13 @@ var callCaps = []struct {
 
 // missingCaps names the callCaps this process does not hold.
 func missingCaps() []string {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
+	eff, err := agentsock.EffectiveCaps("/proc", "self")
+	if err != nil {
 		return []string{"unknown: " + err.Error()}
 	}
 	var missing []string
 	for _, c := range callCaps {
-		if data[c.bit/32].Effective&(1<<(c.bit%32)) == 0 {
+		if eff&(1<<c.bit) == 0 {
 			missing = append(missing, c.name)
 		}
 	}
