@@ -34,6 +34,7 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/rs/zerolog"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
@@ -138,7 +139,14 @@ func startAgent(t testing.TB, runDir string) *agent {
 		t.Fatal(err)
 	}
 	a.ran = map[string]int{}
-	calls := &Server{RunDir: runDir, Resolver: src, AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Observe: func(o agentsock.Outcome) {
+	// The calls it runs log where the standalone plugin's go, so that the
+	// helpers reading the decision lines (lookups) see both.
+	agentLog, err := os.OpenFile(filepath.Join(runDir, LogFileName), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { agentLog.Close() })
+	calls := &Server{RunDir: runDir, Resolver: src, AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Log: AgentLog(agentLog, zerolog.DebugLevel), Observe: func(o agentsock.Outcome) {
 		a.mu.Lock()
 		a.ran[o.Status]++
 		a.mu.Unlock()

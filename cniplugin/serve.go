@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/capture"
@@ -45,6 +46,11 @@ type Server struct {
 	ProcDir string
 	// Observe, when set, is told each connection's outcome.
 	Observe func(agentsock.Outcome)
+	// Log (AgentLog) takes the calls' log lines, and Decided, when set,
+	// each call's decision: the plugin's log file is only the standalone
+	// plugin's.
+	Log     zerolog.LevelWriter
+	Decided func(agentsock.Decision)
 	// MaxBytesInFlight bounds the request bytes of the calls being read or
 	// run, across all connections; zero is DefaultMaxBytesInFlight.
 	MaxBytesInFlight int64
@@ -218,7 +224,9 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int, o *ag
 		Ask: func(r agentsock.Request) (agentsock.Answer, error) {
 			return agentsock.Lookup(ctx, s.Resolver, r), nil
 		},
-		RunDir: filepath.Clean(s.RunDir), // as the plugin cleans the config's
+		RunDir:  filepath.Clean(s.RunDir), // as the plugin cleans the config's
+		Log:     s.Log,
+		Decided: s.Decided,
 	}
 	if netns != "" {
 		e.Pipeline = capture.LinuxVia(netns, fds[0])
