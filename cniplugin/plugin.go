@@ -175,7 +175,7 @@ func (inv *invocation) event(e *zerolog.Event, backend string, took time.Duratio
 // the call found it (see addFailed), or, for DEL, where any state leads to
 // the same end.
 func (inv *invocation) declineHere(err error) bool {
-	return inv.r.env.Ask != nil && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || StarvedOf(err) != "")
+	return inv.r.env.Ask != nil && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || agentsock.StarvedOf(err) != "")
 }
 
 // ranBy names the process that ran the call.

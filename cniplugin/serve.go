@@ -102,7 +102,7 @@ func (s *Server) Serve(ctx context.Context, l *agentsock.Listener) error {
 			s.declineAtOnce(c, agentsock.Outcome{Status: agentsock.OutcomeBusy, Reason: "every call slot of the socket is taken"})
 		},
 		Starved: func(c *net.UnixConn, err error) {
-			o := agentsock.Outcome{Status: agentsock.OutcomeStarved, Resource: StarvedOf(err), Reason: "accepting the call: " + err.Error()}
+			o := agentsock.Outcome{Status: agentsock.OutcomeStarved, Resource: agentsock.StarvedOf(err), Reason: "accepting the call: " + err.Error()}
 			if c == nil {
 				o.Reason += " (the connection waits in the backlog)"
 				s.observe(o)
@@ -157,7 +157,7 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	// in the initial user namespace.
 	if err := agentsock.CheckAdminPeer(c, cmp.Or(s.ProcDir, "/proc")); err != nil {
 		o.Status, o.Reason = agentsock.OutcomeRefused, err.Error()
-		if o.Resource = StarvedOf(err); o.Resource != "" {
+		if o.Resource = agentsock.StarvedOf(err); o.Resource != "" {
 			// The check reads a file: no answer about the peer, a
 			// decline for the front, which then runs as itself.
 			o.Status = agentsock.OutcomeStarved
@@ -178,8 +178,8 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	switch {
 	case errors.Is(err, errOverBudget):
 		o.Status, o.Reason = agentsock.OutcomeBusy, err.Error()
-	case StarvedOf(err) != "":
-		o.Status, o.Resource, o.Reason = agentsock.OutcomeStarved, StarvedOf(err), err.Error()
+	case agentsock.StarvedOf(err) != "":
+		o.Status, o.Resource, o.Reason = agentsock.OutcomeStarved, agentsock.StarvedOf(err), err.Error()
 	case err != nil:
 		o.Status, o.Reason = agentsock.OutcomeBadRequest, err.Error()
 	default:
@@ -238,7 +238,7 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int, o *ag
 		if err != ErrDeclined { // with the error that made it go elsewhere
 			o.Reason = err.Error()
 		}
-		if o.Resource = StarvedOf(err); o.Resource != "" {
+		if o.Resource = agentsock.StarvedOf(err); o.Resource != "" {
 			o.Status = agentsock.OutcomeStarved
 		}
 		return declined
