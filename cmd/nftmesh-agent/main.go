@@ -31,6 +31,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/nftmesh/nftmesh/capture"
+	"github.com/nftmesh/nftmesh/cniplugin"
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/inplace"
 	"github.com/nftmesh/nftmesh/installer/metrics"
@@ -156,6 +157,9 @@ func (a *agent) setUp() bool {
 	if a.sock != nil && a.events != nil {
 		a.events.pods = a.sock.pods.GetIndexer()
 	}
+	if a.sock != nil && a.sock.cni != nil {
+		a.sock.cni.Log, a.sock.cni.Decided = cniplugin.AgentLog(os.Stderr, cfg.LogLevel), a.decided
+	}
 	return true
 }
 
@@ -242,9 +246,10 @@ func (a *agent) stopServers() {
 // installed and waits for the others.
 func (a *agent) runUntilStopped(ctx context.Context, stop func(), start time.Time) int {
 	cfg, log := a.cfg, a.log
-	// The plugin's log file, surfaced in the agent's (kubectl logs).
-	plog := pluginlog.New(cfg.AgentRunDir, os.Stderr, cfg.LogLevel, a.m)
-	a.events.follow(plog)
+	// The standalone plugin's log file, surfaced in the agent's (kubectl
+	// logs); the calls the agent runs log there themselves.
+	plog := pluginlog.New(cfg.AgentRunDir, os.Stderr, cfg.LogLevel)
+	plog.OnDecision = a.decided
 	plogDone := goRun(func() error { return plog.Run(ctx) })
 	repairDone := goRun(nil)
 	if a.repairCtl != nil {
