@@ -80,6 +80,9 @@ type Config struct {
 	// PodEvents: Events on pods whose capture failed, was repaired or
 	// drifted.
 	PodEvents bool
+
+	// Linkerd is the node's settings for Linkerd pods (linkerd.go).
+	Linkerd LinkerdSettings
 }
 
 // KubeconfigPath is where the plugin finds its kubeconfig.
@@ -105,6 +108,7 @@ func (c *Config) PluginConf() cniconf.PluginConf {
 			Kubeconfig:        str(c.KubeconfigPath()),
 			Backend:           str(c.Backend),
 			APITimeout:        str(c.APITimeout.String()),
+			Linkerd:           c.Linkerd.conf(),
 		},
 	}
 	if !c.Chained {
@@ -192,6 +196,7 @@ func newFlagSet(c *Config) (*pflag.FlagSet, *string) {
 	fs.StringVar(&c.NodeTaintKey, "node-taint-key", "cni.istio.io/not-ready", "the taint a node carries until its CNI capture is ready (Istio's name)")
 	fs.BoolVar(&c.PodEvents, "pod-events", true, "record an Event on a pod whose capture failed, was repaired or drifted")
 	fs.StringVar(&c.Repair.HostProc, "host-proc", rd.HostProc, "the host's /proc as mounted in the agent, where repair in place finds pod network namespaces (/proc outside a cluster)")
+	addLinkerdFlags(fs, &c.Linkerd)
 
 	return fs, logLevel
 }
@@ -334,6 +339,9 @@ func ParseConfig(args []string, getenv func(string) (string, bool)) (*Config, er
 		return nil, firstErr
 	}
 	if err := c.finish(*logLevel, sources, getenv); err != nil {
+		return nil, err
+	}
+	if err := c.Linkerd.check(); err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -1,6 +1,7 @@
 package meshpod
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -70,11 +71,18 @@ type LinkerdConfig struct {
 	OutboundPortsToIgnore []string `json:"outbound-ports-to-ignore,omitempty"`
 	SubnetsToIgnore       []string `json:"subnets-to-ignore,omitempty"`
 	IPv6                  bool     `json:"ipv6"`
+}
 
-	// APIServerPorts are the default/kubernetes Service's ports and
-	// numeric target ports, which a control plane pod's outbound capture
-	// skips; nil gives linkerd-cni's fallback, 443 and 6443.
-	APIServerPorts []string `json:"-"`
+// UnmarshalJSON reads an entry over DefaultLinkerd: a key left out keeps
+// its default (linkerd-cni would read it as 0, a port no proxy listens on).
+func (c *LinkerdConfig) UnmarshalJSON(b []byte) error {
+	type plain LinkerdConfig
+	d := plain(DefaultLinkerd())
+	if err := json.Unmarshal(b, &d); err != nil {
+		return err
+	}
+	*c = LinkerdConfig(d)
+	return nil
 }
 
 // DefaultLinkerd is what linkerd2-cni's chart writes with its default
@@ -143,6 +151,16 @@ func LinkerdNeedsNamespace(pod *Pod) bool {
 	return false
 }
 
+// LinkerdNeedsAPIServerPorts reports whether deciding pod needs the API
+// server's ports: a Linkerd control plane pod, with them not yet known.
+func LinkerdNeedsAPIServerPorts(pod *Pod) bool {
+	if pod == nil || pod.APIServerPorts != nil || pod.Labels[LabelLinkerdControlPlane] == "" {
+		return false
+	}
+	proxy, init := linkerdProxy(pod)
+	return proxy && !init
+}
+
 // decideLinkerd is Decide for a pod with a linkerd-proxy container, as
 // linkerd-cni decides: a linkerd-init init container means the pod
 // redirects itself; otherwise the node's settings, overridden by the pod's
@@ -204,7 +222,7 @@ func LinkerdSpec(cfg LinkerdConfig, pod *Pod) (redirect.Spec, error) {
 		gidField, gid = AnnotationLinkerdProxyGID, atoiField(&ps, AnnotationLinkerdProxyGID, v)
 	}
 	if pod.Labels[LabelLinkerdControlPlane] != "" {
-		api := cfg.APIServerPorts
+		api := pod.APIServerPorts
 		if api == nil {
 			api = []string{"443", "6443"}
 		}

@@ -57,6 +57,11 @@ type Pod struct {
 	NamespaceAnnotations map[string]string
 	// Linkerd is the node's Linkerd settings; nil gives DefaultLinkerd.
 	Linkerd *LinkerdConfig
+	// APIServerPorts are the default/kubernetes Service's ports and numeric
+	// target ports, which a Linkerd control plane pod's outbound capture
+	// skips; nil gives linkerd-cni's fallback when it cannot read them,
+	// 443 and 6443.
+	APIServerPorts []string
 }
 
 // Container is what the decision reads of a container.
