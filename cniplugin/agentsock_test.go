@@ -114,7 +114,7 @@ func (a *agent) callsReach(outcome string, want int) int {
 
 // startAgent serves the socket in runDir until the returned agent is
 // stopped (or the test ends).
-func startAgent(t testing.TB, runDir string) *agent {
+func startAgent(t testing.TB, runDir string, linkerd ...*podcache.Watches) *agent {
 	t.Helper()
 	a := &agent{}
 	client := env.api.Client()
@@ -129,6 +129,9 @@ func startAgent(t testing.TB, runDir string) *agent {
 	})
 	if _, err := pods.AddEventHandler(src.Handler()); err != nil {
 		t.Fatal(err)
+	}
+	for _, w := range linkerd {
+		src.Linkerd = w
 	}
 	ln, err := agentsock.Listen(runDir)
 	if err != nil {
@@ -153,6 +156,9 @@ func startAgent(t testing.TB, runDir string) *agent {
 	}}
 	ctx, cancel := context.WithCancel(context.Background())
 	go pods.RunWithContext(ctx)
+	for _, w := range linkerd {
+		go w.Run(ctx)
+	}
 	done := make(chan error, 2)
 	go func() { done <- (&agentsock.Server{Resolver: src, AllowUID: agentsock.PeerUID}).Serve(ctx, ln) }()
 	go func() { done <- calls.Serve(ctx, cniLn) }()

@@ -234,7 +234,7 @@ func (inv *invocation) fetchPod(ctx context.Context) (*meshpod.Pod, error) {
 	pod := inv.askAgent(ctx)
 	phase.Mark("asked")
 	if pod != nil {
-		return pod, nil
+		return inv.withLinkerdInputs(ctx, pod, start)
 	}
 	if inv.r.env.Ask != nil {
 		// The plugin's own process asks the API server.
@@ -246,7 +246,7 @@ func (inv *invocation) fetchPod(ctx context.Context) (*meshpod.Pod, error) {
 		inv.lookupMS = durationMS(start)
 		return nil, inv.fail(terr)
 	}
-	return pod, nil
+	return inv.withLinkerdInputs(ctx, pod, start)
 }
 
 // lookup fetches the pod and decides.

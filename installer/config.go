@@ -84,6 +84,9 @@ type Config struct {
 	// PodEvents: Events on pods whose capture failed, was repaired or
 	// drifted.
 	PodEvents bool
+
+	// Linkerd is the node's settings for Linkerd pods (linkerd.go).
+	Linkerd LinkerdSettings
 }
 
 // KubeconfigPath is where the plugin finds its kubeconfig.
@@ -109,6 +112,7 @@ func (c *Config) PluginConf() cniconf.PluginConf {
 			Kubeconfig:        str(c.KubeconfigPath()),
 			Backend:           str(c.Backend),
 			APITimeout:        str(c.APITimeout.String()),
+			Linkerd:           c.Linkerd.conf(),
 		},
 	}
 	if !c.Chained {
@@ -153,7 +157,7 @@ type flagDef struct {
 
 // flagType is what pflag binds a row to.
 type flagType interface {
-	string | []string | bool | int | float64 | time.Duration
+	string | []string | bool | int | []int | float64 | time.Duration
 }
 
 // fl is a row binding the flag name to *p with default def; checks judge
@@ -169,6 +173,8 @@ func fl[T flagType](p *T, name string, def T, usage string, checks ...func(*T) s
 			fs.BoolVar(p, name, any(def).(bool), usage)
 		case *int:
 			fs.IntVar(p, name, any(def).(int), usage)
+		case *[]int:
+			fs.IntSliceVar(p, name, any(def).([]int), usage)
 		case *float64:
 			fs.Float64Var(p, name, any(def).(float64), usage)
 		case *time.Duration:
@@ -236,7 +242,7 @@ func (d flagDef) fromEnv(fs *pflag.FlagSet, getenv func(string) (string, bool)) 
 // flagTables make the agent's flag table, in the order help lists them. A
 // feature with flags of its own keeps its table in its own file and adds
 // it here (and its cross-flag rules to finish).
-var flagTables = []func(*Config) []flagDef{agentFlags}
+var flagTables = []func(*Config) []flagDef{agentFlags, linkerdFlags}
 
 func allFlags(c *Config) (defs []flagDef) {
 	for _, t := range flagTables {
@@ -379,6 +385,9 @@ func ParseConfig(args []string, getenv func(string) (string, bool)) (*Config, er
 		}
 	}
 	if err := c.finish(sources, getenv); err != nil {
+		return nil, err
+	}
+	if err := c.Linkerd.check(); err != nil {
 		return nil, err
 	}
 	return c, nil

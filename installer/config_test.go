@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/nftmesh/nftmesh/installer/repair"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 )
 
 var inCluster = map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
@@ -42,6 +43,8 @@ func TestParseConfigDefaults(t *testing.T) {
 			SidecarAnnotation: "sidecar.istio.io/status", BrokenPodLabelKey: "cni.istio.io/uninitialized", BrokenPodLabelValue: "true",
 			HostProc: "/host/proc"},
 		RemoveNodeTaint: true, NodeTaintKey: "cni.istio.io/not-ready", PodEvents: true,
+		Linkerd: LinkerdSettings{LinkerdConfig: meshpod.LinkerdConfig{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
+			InboundPortsToIgnore: []string{"4190", "4191"}}},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)

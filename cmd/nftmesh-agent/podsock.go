@@ -35,6 +35,10 @@ type podSocket struct {
 	cni    *cniplugin.Server
 	pods   cache.SharedIndexInformer
 	ownRun bool // the informer is ours to run (not the repair controller's)
+	// linkerd watches namespaces and the API server's Service for Linkerd
+	// pods' decisions (with --linkerd only: the chart grants those reads
+	// in its Linkerd profile).
+	linkerd *podcache.Watches
 	// inspectLn answers `redirect inspect NAMESPACE/NAME` (inspectsock.go),
 	// finding namespaces through the host's /proc at procDir.
 	inspectLn *agentsock.Listener
@@ -108,6 +112,10 @@ func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, re
 	// Until the watch has listed the node's pods, and for a pod it has not
 	// brought within the bounded wait, the agent reads the pod once.
 	src := podcache.New(s.pods.GetIndexer(), s.pods.HasSynced, podcache.APIGetter(client))
+	if cfg.Linkerd.Enabled {
+		s.linkerd = podcache.NewWatches(client)
+		src.Linkerd = s.linkerd
+	}
 	if _, err := s.pods.AddEventHandler(src.Handler()); err != nil {
 		return nil, fmt.Errorf("registering the pod socket's handler: %w", err)
 	}
@@ -236,6 +244,9 @@ func socketCounter(m *metrics.Metrics, name, help string) *prometheus.CounterVec
 func (s *podSocket) run(ctx context.Context) error {
 	if s.ownRun {
 		go s.pods.RunWithContext(ctx)
+	}
+	if s.linkerd != nil {
+		go s.linkerd.Run(ctx)
 	}
 	if s.inspectLn != nil {
 		// Only a peer that could open the namespace itself may ask, as on
