@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
+
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,16 +64,16 @@ func TestLinkerdAddByAgent(t *testing.T) {
 			id := "ctr-" + nstest.RandHex(6)
 			prev := map[string]any{"cniVersion": "1.0.0", "interfaces": []any{map[string]any{"name": topo.PodIface, "sandbox": topo.PodNetnsPath()}},
 				"ips": []any{map[string]any{"address": netip.PrefixFrom(netlab.PodV4, 24).String(), "interface": 0}}}
-			ok0, declined0 := ag.calls(OutcomeOK), ag.calls(OutcomeDeclined)
+			ok0, declined0 := ag.calls(agentsock.OutcomeOK), ag.calls(agentsock.OutcomeDeclined)
 			out, stderr, err := execPlugin("ADD", topo.PodNetnsPath(), id, cniArgsFor(pod, id), directConf(t, "1.0.0", runDir, prev, map[string]any{"linkerd": node}))
 			if err != nil {
 				t.Fatalf("ADD: %v\nstdout %s\nstderr %s", err, out, stderr)
 			}
 			if withWatches {
-				if n := ag.callsReach(OutcomeOK, ok0+1); n != ok0+1 || ag.calls(OutcomeDeclined) != declined0 || ag.gets.Load() != 0 {
-					t.Fatalf("agent ran %d calls, declined %d, read %d pods: want the ADD run by the agent from its caches", n-ok0, ag.calls(OutcomeDeclined)-declined0, ag.gets.Load())
+				if n := ag.callsReach(agentsock.OutcomeOK, ok0+1); n != ok0+1 || ag.calls(agentsock.OutcomeDeclined) != declined0 || ag.gets.Load() != 0 {
+					t.Fatalf("agent ran %d calls, declined %d, read %d pods: want the ADD run by the agent from its caches", n-ok0, ag.calls(agentsock.OutcomeDeclined)-declined0, ag.gets.Load())
 				}
-			} else if n := ag.callsReach(OutcomeDeclined, declined0+1); n != declined0+1 {
+			} else if n := ag.callsReach(agentsock.OutcomeDeclined, declined0+1); n != declined0+1 {
 				t.Fatalf("agent declined %d calls, want 1 (it has no namespace annotations)", n-declined0)
 			}
 			checkLinkerdLanding(t, topo)
