@@ -205,8 +205,9 @@ SETTLE = @sleep 5; for i in $$(seq 23); do awk '{exit !($$1 >= 1.5)}' /proc/load
 
 ## bench: Go benchmarks side by side, then the whole-process comparison with
 ## iptables-restore and nft (the binaries are only the competition here),
-## then nftmesh-cni against Istio's own istio-cni plugin (e2e/bench: same
-## loop, alternating, fresh netns each ADD; ratios are ours/Istio's).
+## then nftmesh-cni against Istio's own istio-cni plugin and, for a Linkerd
+## pod, Linkerd's linkerd-cni (e2e/bench: same loop, alternating, fresh netns
+## each ADD; ratios are ours/theirs).
 # The kernel tears down the hundreds of network namespaces a group leaves
 # behind asynchronously, on the same cores; SETTLE keeps that work out of the
 # next group's figures.
@@ -217,7 +218,7 @@ bench: build $(CACHE)/istio-cni $(APISERVER)
 	$(SETTLE)
 	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./cniplugin/
 	$(SETTLE)
-	$(GO) test -run '^$$' -bench '^Benchmark(Version|PluginAlone|AgentUp)$$' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
+	$(GO) test -run '^$$' -bench '^Benchmark(Version|PluginAlone|AgentUp|LinkerdAgentUp)$$' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
 	$(SETTLE)
 	$(GO) test -run '^$$' -bench Burst -benchtime $(BURSTS)x -timeout 30m ./e2e/bench/
 	$(GO) test -run '^$$' -bench AgentAtScale -benchtime 1x -timeout 30m ./e2e/bench/

@@ -279,9 +279,11 @@ func (f *finisher) apiServer() error {
 }
 
 // repair: the node defaults to --node-name, and a controller that acts
-// needs it.
+// needs it. With --linkerd it also repairs Linkerd pods whose validator
+// failed.
 func (f *finisher) repair() error {
 	r := &f.c.Repair
+	r.Linkerd = f.c.Linkerd.Enabled
 	if r.NodeName == "" {
 		r.NodeName = f.c.NodeName
 		f.sources["repair-node-name"] = f.sources["node-name"]

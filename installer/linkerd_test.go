@@ -29,9 +29,12 @@ func TestLinkerdSettingsFromEnv(t *testing.T) {
 	if string(got) != want {
 		t.Fatalf("linkerd entry %s, want %s", got, want)
 	}
+	if !c.Repair.Linkerd {
+		t.Error("--linkerd did not turn on the repair of Linkerd pods")
+	}
 	// Without --linkerd, no entry: the plugin keeps linkerd2-cni's defaults.
 	c, err = ParseConfig([]string{"--service-account-dir="}, func(string) (string, bool) { return "", false })
-	if err != nil || strings.Contains(string(c.PluginConf().JSON()), "linkerd") {
+	if err != nil || strings.Contains(string(c.PluginConf().JSON()), "linkerd") || c.Repair.Linkerd {
 		t.Fatalf("entry without --linkerd: %s, %v", c.PluginConf().JSON(), err)
 	}
 }

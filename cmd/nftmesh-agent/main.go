@@ -36,6 +36,7 @@ import (
 	"github.com/nftmesh/nftmesh/installer/inplace"
 	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/installer/pluginlog"
+	"github.com/nftmesh/nftmesh/installer/podcache"
 	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/internal/kubeconf"
 	"github.com/nftmesh/nftmesh/internal/version"
@@ -125,14 +126,20 @@ func (a *agent) setUp() bool {
 		return false
 	}
 	a.in = in
-	repairer, hostNetns, err := hostRepair(cfg)
+	// One API client for the repair controller and the pod socket.
+	client, clientErr := repairClient(cfg)
+	a.client = client
+	// Linkerd pods' namespaces and the API server's ports, for the pod
+	// socket's calls and repair in place (run by the pod socket).
+	var linkerd *podcache.Watches
+	if cfg.Linkerd.Enabled && clientErr == nil {
+		linkerd = podcache.NewWatches(client)
+	}
+	repairer, hostNetns, err := hostRepair(cfg, linkerd)
 	if err != nil {
 		log.Error().Err(err).Msg("invalid repair configuration; nothing was changed on the host")
 		return false
 	}
-	// One API client for the repair controller and the pod socket.
-	client, clientErr := repairClient(cfg)
-	a.client = client
 	a.events = newPodEvents(cfg, client)
 	if a.events != nil && repairer != nil {
 		repairer = a.events.Repairer(repairer)
@@ -149,7 +156,7 @@ func (a *agent) setUp() bool {
 	}
 	// Without the socket the plugin reads pods from the API itself, so a
 	// socket that cannot be set up costs speed, not pod starts.
-	a.sock, err = newPodSocket(cfg, client, a.repairCtl, hostNetns, log, a.m, a.starved)
+	a.sock, err = newPodSocket(cfg, client, a.repairCtl, linkerd, hostNetns, log, a.m, a.starved)
 	if err != nil {
 		log.Error().Err(err).Msg("setting up the pod socket; the plugin reads pods from the API itself")
 		a.sock = nil
@@ -166,15 +173,23 @@ func (a *agent) setUp() bool {
 // hostRepair wires in repair in place (the installer library imports no
 // backend) and says whether the host's network namespace is known: it is
 // registered to be refused only through the host's /proc.
-func hostRepair(cfg *installer.Config) (repair.PodRepairer, func() error, error) {
+func hostRepair(cfg *installer.Config, linkerd *podcache.Watches) (repair.PodRepairer, func() error, error) {
 	if cfg.Repair.Mode() == repair.InPlace {
-		r, err := inplace.New(inplace.Options{
+		opts := inplace.Options{
 			ProcDir:           cfg.Repair.HostProc,
 			Backend:           cfg.Backend,
 			ExcludeNamespaces: cfg.ExcludeNamespaces,
 			PodNamespace:      cfg.PodNamespace,
 			RunDir:            cfg.AgentRunDir,
-		})
+		}
+		if cfg.Linkerd.Enabled {
+			node := cfg.Linkerd.LinkerdConfig
+			opts.Linkerd = &node
+		}
+		if linkerd != nil {
+			opts.LinkerdFacts = linkerd
+		}
+		r, err := inplace.New(opts)
 		if err != nil {
 			return nil, nil, &installer.ConfigError{Flag: "host-proc", Value: cfg.Repair.HostProc, Reason: err.Error()}
 		}

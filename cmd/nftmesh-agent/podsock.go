@@ -100,7 +100,7 @@ func (s *podSocket) apiCalled(ctx context.Context, err error) {
 // reads pods from the API itself. The CNI calls the front hands over are run
 // only while hostNetns is nil: the host's network namespace is then
 // registered to be refused.
-func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics, starved *starvation) (*podSocket, error) {
+func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, linkerd *podcache.Watches, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics, starved *starvation) (*podSocket, error) {
 	node := cmp.Or(cfg.NodeName, cfg.Repair.NodeName)
 	if client == nil || node == "" {
 		return nil, nil
@@ -112,9 +112,9 @@ func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, re
 	// Until the watch has listed the node's pods, and for a pod it has not
 	// brought within the bounded wait, the agent reads the pod once.
 	src := podcache.New(s.pods.GetIndexer(), s.pods.HasSynced, podcache.APIGetter(client))
-	if cfg.Linkerd.Enabled {
-		s.linkerd = podcache.NewWatches(client)
-		src.Linkerd = s.linkerd
+	if linkerd != nil {
+		s.linkerd = linkerd
+		src.Linkerd = linkerd
 	}
 	if _, err := s.pods.AddEventHandler(src.Handler()); err != nil {
 		return nil, fmt.Errorf("registering the pod socket's handler: %w", err)
