@@ -244,6 +244,8 @@ func TestLinkerdValuesRefused(t *testing.T) {
 		{map[string]any{"ignoreOutboundPorts": "http"}, "ignoreOutboundPorts=http: not a comma-separated list of ports and ranges"},
 		{map[string]any{"ignoreInboundPorts": "9000-8000"}, "ignoreInboundPorts=9000-8000: 9000-8000 is not a port or an ascending range"},
 		{map[string]any{"ignoreInboundPorts": "0"}, "ignoreInboundPorts=0: 0 is not a port"},
+		{map[string]any{"ignoreOutboundPorts": "1-4096,5000"}, "ignoreOutboundPorts=1-4096,5000: more than 4096 ports"},
+		{map[string]any{"ignoreInboundPorts": "1-4095"}, "ignoreInboundPorts=1-4095: more than 4096 ports"},
 		{map[string]any{"portsToRedirect": "80-90"}, "portsToRedirect=80-90: not a comma-separated list of ports (e.g. 80,8080)"},
 		{map[string]any{"iptablesMode": "xtables"}, "iptablesMode=xtables: linkerd2-cni's modes are nft, legacy and plain"},
 		{map[string]any{"iptablesMode": "legacy", "backend": "nftables"}, "iptablesMode=legacy and backend=nftables"},
@@ -265,4 +267,37 @@ func TestLinkerdValuesRefused(t *testing.T) {
 			t.Errorf("%v: refusal %q, want %q", c.values, msg, c.want)
 		}
 	}
+}
+
+// FuzzLinkerdPortList: whatever a port list value holds, the chart either
+// refuses it by name or renders a setting the agent accepts and the plugin
+// reads back as the list given (spaces dropped): never a value that stops
+// the agent at start.
+func FuzzLinkerdPortList(f *testing.F) {
+	for _, s := range []string{"", "443", "25, 8000-8100", "http", "9000-8000", "0", "65536", "1-65535", ",", "80,,81", "-1", "٣"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		values := map[string]any{"ignoreOutboundPorts": s, "linkerd": map[string]any{"enabled": true}}
+		if _, err := yaml.Marshal(values); err != nil {
+			return // no values file can hold it (control characters)
+		}
+		file := valuesFile(t, values)
+		out, err := runHelm(t, "template", "nftmesh", chartDir, "--namespace", agentNS, "-f", file)
+		if err != nil {
+			if msg := helmError(t, out, err); !strings.Contains(msg, "- ignoreOutboundPorts=") {
+				t.Fatalf("%q: refused without naming it: %s", s, msg)
+			}
+			return
+		}
+		r := render(t, "-f", file)
+		got := r.linkerdEntry(t).OutboundPortsToIgnore
+		var want []string
+		if s = strings.Join(strings.Fields(s), ""); s != "" {
+			want = strings.Split(s, ",")
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("%q: the plugin reads %q", s, got)
+		}
+	})
 }

@@ -68,7 +68,7 @@ admin and control ports plus ignoreInboundPorts, as linkerd2-cni writes it. */}}
 {{- $lists := dict -}}
 {{- range $k := list "ignoreInboundPorts" "ignoreOutboundPorts" "portsToRedirect" -}}
 {{- $s := include "nftmesh.envValue" (index $user $k) | nospace -}}
-{{- $bad := include "nftmesh.portListError" (dict "value" $s "ranges" (ne $k "portsToRedirect")) -}}
+{{- $bad := include "nftmesh.portListError" (dict "value" $s "ranges" (ne $k "portsToRedirect") "base" (ternary 2 0 (eq $k "ignoreInboundPorts"))) -}}
 {{- if $bad -}}
 {{- $_ := set $out "refused" (append $out.refused (printf "%s=%s: %s" $k ($s | trunc 64) $bad)) -}}
 {{- end -}}
@@ -88,11 +88,14 @@ admin and control ports plus ignoreInboundPorts, as linkerd2-cni writes it. */}}
 {{- end -}}
 
 {{/* "" when .value (no spaces) is empty or a comma-separated list of ports
-(1-65535), with ranges lo-hi when .ranges; else why not. */}}
+(1-65535), with ranges lo-hi when .ranges, of at most 4096 ports with .base
+ports already in the list (the agent's bound: the iptables backend writes a
+rule per port); else why not. */}}
 {{- define "nftmesh.portListError" -}}
 {{- $re := ternary "^[0-9]+(-[0-9]+)?$" "^[0-9]+$" .ranges -}}
 {{- $what := ternary "a comma-separated list of ports and ranges (e.g. 25,3306,8000-8100)" "a comma-separated list of ports (e.g. 80,8080)" .ranges -}}
 {{- $err := "" -}}
+{{- $count := .base | int -}}
 {{- if .value -}}
 {{- range splitList "," .value -}}
 {{- if not (regexMatch $re .) -}}
@@ -102,8 +105,10 @@ admin and control ports plus ignoreInboundPorts, as linkerd2-cni writes it. */}}
 {{- $lo := first $ends | atoi -}}
 {{- $hi := last $ends | atoi -}}
 {{- if or (lt $lo 1) (gt $hi 65535) (gt $lo $hi) -}}{{- $err = printf "%s is not a port or an ascending range of ports (1-65535)" . -}}{{- end -}}
+{{- $count = add $count (sub $hi $lo) 1 -}}
 {{- end -}}
 {{- end -}}
+{{- if and (not $err) (gt $count 4096) -}}{{- $err = "more than 4096 ports once its ranges are expanded, more than nftmesh takes (its iptables backend writes a rule per port)" -}}{{- end -}}
 {{- end -}}
 {{- $err -}}
 {{- end -}}
