@@ -225,6 +225,12 @@ func TestLinkerdEnabledValue(t *testing.T) {
 	if ns, _ := off.linkerdRBAC(t); ns {
 		t.Error("default: namespaces readable")
 	}
+	if notes := renderNotes(t, "--set", "linkerd.enabled=true"); !strings.Contains(notes, "Linkerd pods: captured on the node settings below") || !strings.Contains(notes, "  incoming-proxy-port: 4143\n") {
+		t.Errorf("install notes with linkerd.enabled=true:\n%s", notes)
+	}
+	if notes := renderNotes(t); !strings.Contains(notes, "Linkerd pods: linkerd2-cni's default settings, and no namespace reads") {
+		t.Errorf("install notes by default:\n%s", notes)
+	}
 	// Istio's logLevel is still ignored while the profile is off.
 	if got := render(t, "--set", "logLevel=debug").ds(t).Annotations["nftmesh.io/ignored-values"]; !strings.Contains(got, "logLevel (Istio's") {
 		t.Errorf("logLevel without the Linkerd profile: %q", got)
