@@ -2,6 +2,7 @@ package installer
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,22 +28,30 @@ import (
 var errNoPrimary = errors.New("no primary CNI config yet")
 
 // ForeignCaptureError means the primary config also chains another capture
-// plugin (Istio's istio-cni): the agent does not insert ours next to it.
+// plugin (Istio's istio-cni, Linkerd's linkerd-cni): the agent does not insert ours next to it.
 type ForeignCaptureError struct {
 	File, Plugin string
 	Removed      bool // our entry (standalone: our file) was there too and was taken out
 	Standalone   bool // refusing standalone (Multus) mode: the other plugin has a file of its own
 }
 
+// foreignAgents names what installs each foreign capture plugin, for the
+// refusal's advice.
+var foreignAgents = map[string]string{
+	"istio-cni":   "Istio's CNI node agent",
+	"linkerd-cni": "Linkerd's CNI DaemonSet (linkerd2-cni)",
+}
+
 func (e *ForeignCaptureError) Error() string {
+	agent := cmp.Or(foreignAgents[e.Plugin], "its CNI node agent")
 	if e.Standalone {
 		return fmt.Sprintf("%s is the config of %s: %s writes no standalone config beside it (or over it), as two capture plugins would both program every pod's redirect rules and fight over its traffic; "+
-			"uninstall Istio's CNI node agent (a leftover %s must be removed by hand) and %s writes its own",
-			e.File, e.Plugin, PluginName, e.File, PluginName)
+			"uninstall %s (a leftover %s must be removed by hand) and %s writes its own",
+			e.File, e.Plugin, PluginName, agent, e.File, PluginName)
 	}
 	return fmt.Sprintf("%s chains %s: %s is not inserted next to it, as two capture plugins would both program every pod's redirect rules and fight over its traffic; "+
-		"uninstall Istio's CNI node agent (a leftover %s entry must be removed from the file by hand) and %s inserts itself",
-		e.File, e.Plugin, PluginName, e.Plugin, PluginName)
+		"uninstall %s (a leftover %s entry must be removed from the file by hand) and %s inserts itself",
+		e.File, e.Plugin, PluginName, agent, e.Plugin, PluginName)
 }
 
 // foreignCapture refuses a primary config that chains another capture
