@@ -178,18 +178,12 @@ func linkerdInjectedPod(oracle string, peer netip.AddrPort) (*corev1.Pod, error)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "lk-web", Namespace: meshNS, Labels: ref.Labels, Annotations: ref.Annotations}}
 	pod.Spec.TerminationGracePeriodSeconds = &grace
 	labelled(&pod.ObjectMeta)
-	for _, ic := range ref.Spec.InitContainers {
-		if ic.Name != "linkerd-network-validator" {
-			return nil, fmt.Errorf("%s: unexpected init container %s", linkerdPodFile, ic.Name)
-		}
-		pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
-			Name: ic.Name, Image: linkerdImage, ImagePullPolicy: corev1.PullNever,
-			Command: []string{"/usr/local/bin/linkerd-network-validator"}, Args: ic.Args, SecurityContext: ic.SecurityContext,
-		})
-	}
 	connect := "-connect=" + peer.String()
-	for _, ct := range ref.Spec.Containers {
-		out := corev1.Container{Name: ct.Name, Image: linkerdImage, ImagePullPolicy: corev1.PullNever,
+	// The proxy and the app run standin-app; the proxy as the injector
+	// placed it: a container, or a native sidecar (an init container that
+	// restarts Always) after the validator, as here.
+	standinOf := func(ct corev1.Container) corev1.Container {
+		out := corev1.Container{Name: ct.Name, Image: linkerdImage, ImagePullPolicy: corev1.PullNever, RestartPolicy: ct.RestartPolicy,
 			Command: []string{"/usr/local/bin/standin-app"}, Args: []string{"-every=" + dialEvery, connect}, Ports: ct.Ports}
 		if ct.Name == meshpod.LinkerdProxyContainer {
 			out.Args = append(out.Args, "-listen=4143,4140")
@@ -197,7 +191,23 @@ func linkerdInjectedPod(oracle string, peer netip.AddrPort) (*corev1.Pod, error)
 		} else {
 			out.Args = append(out.Args, "-listen="+strconv.Itoa(linkerdAppPort))
 		}
-		pod.Spec.Containers = append(pod.Spec.Containers, out)
+		return out
+	}
+	for _, ic := range ref.Spec.InitContainers {
+		switch ic.Name {
+		case "linkerd-network-validator":
+			pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
+				Name: ic.Name, Image: linkerdImage, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"/usr/local/bin/linkerd-network-validator"}, Args: ic.Args, SecurityContext: ic.SecurityContext,
+			})
+		case meshpod.LinkerdProxyContainer:
+			pod.Spec.InitContainers = append(pod.Spec.InitContainers, standinOf(ic))
+		default:
+			return nil, fmt.Errorf("%s: unexpected init container %s", linkerdPodFile, ic.Name)
+		}
+	}
+	for _, ct := range ref.Spec.Containers {
+		pod.Spec.Containers = append(pod.Spec.Containers, standinOf(ct))
 	}
 	return pod, nil
 }
