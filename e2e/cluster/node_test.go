@@ -383,25 +383,37 @@ func (w *workerNode) waitReady(ctx context.Context) error {
 	})
 }
 
-// RemoveNode takes the node out of the cluster: its pods deleted (their
-// CNI DEL runs while the node still runs), its processes stopped, nothing
-// of it left on the machine, its Node object deleted.
+// RemoveNode takes the node out of the cluster as an operator would: its
+// pods deleted but those of DaemonSets (kubectl drain
+// --ignore-daemonsets; the DaemonSet controller would start them again),
+// their CNI DEL run while the node still runs, its processes stopped,
+// nothing of it left on the machine, its Node object deleted, and then
+// the DaemonSets' pods bound to it deleted as the pod garbage collector
+// would (no kubelet is left to confirm their end).
 func (c *Cluster) RemoveNode(ctx context.Context, w *workerNode) error {
 	var errs []error
-	pods := func() []corev1.Pod {
+	pods := func(daemons bool) []corev1.Pod {
 		l, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", w.Name).String()})
 		if err != nil {
 			return nil
 		}
-		return l.Items
+		var out []corev1.Pod
+		for _, p := range l.Items {
+			if daemons || !daemonSetPod(&p) {
+				out = append(out, p)
+			}
+		}
+		return out
 	}
-	grace := int64(1)
-	for _, p := range pods() {
+	del := func(p corev1.Pod, grace int64) {
 		if err := c.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, err)
 		}
 	}
-	if err := c.poll(ctx, 60*time.Second, "pods on "+w.Name+" gone", func() (bool, error) { return len(pods()) == 0, nil }); err != nil {
+	for _, p := range pods(false) {
+		del(p, 1)
+	}
+	if err := c.poll(ctx, 60*time.Second, "pods on "+w.Name+" gone", func() (bool, error) { return len(pods(false)) == 0, nil }); err != nil {
 		errs = append(errs, err)
 	}
 	if err := w.stop(); err != nil {
@@ -410,7 +422,16 @@ func (c *Cluster) RemoveNode(ctx context.Context, w *workerNode) error {
 	if err := c.Client.CoreV1().Nodes().Delete(ctx, w.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("deleting node %s: %w", w.Name, err))
 	}
+	for _, p := range pods(true) {
+		del(p, 0)
+	}
 	return errors.Join(errs...)
+}
+
+// daemonSetPod says whether a DaemonSet controls p.
+func daemonSetPod(p *corev1.Pod) bool {
+	ref := metav1.GetControllerOf(p)
+	return ref != nil && ref.Kind == "DaemonSet"
 }
 
 // stop stops the node like the cluster's Stop stops the first one and
