@@ -354,7 +354,7 @@ func (c *Cluster) startFlannel(ctx context.Context) error {
 
 // stopFlannel undoes startFlannel on the first node (the other nodes go
 // with RemoveNode): flannel's objects deleted and its pods gone, its
-// config and its VXLAN device removed, the bridge config back.
+// config, plugin and VXLAN device removed, the bridge config back.
 func (c *Cluster) stopFlannel(ctx context.Context) error {
 	c.flannel.mu.Lock()
 	defer c.flannel.mu.Unlock()
@@ -371,8 +371,10 @@ func (c *Cluster) stopFlannel(ctx context.Context) error {
 	}); err != nil {
 		errs = append(errs, err)
 	}
-	if err := os.Remove(filepath.Join(c.CNIConfDir, flannelConflist)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, err)
+	for _, f := range []string{filepath.Join(c.CNIConfDir, flannelConflist), filepath.Join(c.CNIBinDir, "flannel")} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
 	if c.flannel.aside != "" {
 		if err := os.Rename(c.flannel.aside, c.PrimaryConflist); err != nil {
