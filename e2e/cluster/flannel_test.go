@@ -322,6 +322,7 @@ func (c *Cluster) startFlannel(ctx context.Context) error {
 		return err
 	}
 	c.flannel.archive = archive
+	c.logf("cluster: flannel's image built and imported %6.2fs", time.Since(t0).Seconds())
 	if _, err := c.Client.AppsV1().DaemonSets(agentNS).Get(ctx, agentDaemonSet, metav1.GetOptions{}); err == nil {
 		if err := uninstallChart(ctx, c); err != nil {
 			return fmt.Errorf("uninstalling the chart before flannel: %w", err)
@@ -361,12 +362,15 @@ func (c *Cluster) stopFlannel(ctx context.Context) error {
 	if !c.flannel.on {
 		return nil
 	}
+	t0 := time.Now()
 	var errs []error
-	if _, err := c.Kubectl(ctx, "delete", "--wait", "--ignore-not-found", "-f", c.path("kube-flannel.yml")); err != nil {
+	// The namespace's own deletion goes on meanwhile; the first node's
+	// flannel must be gone before its files are.
+	if _, err := c.Kubectl(ctx, "delete", "--wait=false", "--ignore-not-found", "-f", c.path("kube-flannel.yml")); err != nil {
 		errs = append(errs, err)
 	}
-	if err := c.poll(ctx, 60*time.Second, "flannel's pods gone", func() (bool, error) {
-		l, err := c.Client.CoreV1().Pods(flannelNS).List(ctx, metav1.ListOptions{})
+	if err := c.poll(ctx, 60*time.Second, "flannel's pod on "+nodeName+" gone", func() (bool, error) {
+		l, err := c.Client.CoreV1().Pods(flannelNS).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", nodeName).String()})
 		return err == nil && len(l.Items) == 0, nil
 	}); err != nil {
 		errs = append(errs, err)
@@ -385,6 +389,7 @@ func (c *Cluster) stopFlannel(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("ip link del %s: %w: %s", flannelVXLANDevice, err, out))
 	}
 	c.flannel.on = false
+	c.logf("cluster: flannel gone from %s, the bridge config back %6.2fs", nodeName, time.Since(t0).Seconds())
 	return errors.Join(errs...)
 }
 
