@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -625,6 +626,23 @@ func (c *Cluster) restartFlannel(ctx context.Context, n meshNode) error {
 	}
 	record("multinode: flannel's pod on %s deleted → replacement Ready (its config rewritten) %.2fs, nftmesh-cni re-inserted %.2fs", n.name, flannelReady.Seconds(), time.Since(t0).Seconds())
 	return nil
+}
+
+// uninstallToFlannel deletes the mesh pods, uninstalls the chart and
+// checks that every node has flannel's config back (flannelFileBack).
+func (c *Cluster) uninstallToFlannel(ctx context.Context, t *testing.T, nodes []meshNode) {
+	t.Helper()
+	t0 := time.Now()
+	c.deleteMesh(t)
+	if err := uninstallChart(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if err := flannelFileBack(n); err != nil {
+			t.Errorf("node %s: %v", n.name, err)
+		}
+	}
+	record("multinode: mesh pods deleted, helm uninstall, flannel's config back on %d nodes %.2fs", len(nodes), time.Since(t0).Seconds())
 }
 
 // flannelFileBack checks, after the chart's uninstall, that n's config is

@@ -290,17 +290,7 @@ func TestMultiNode(t *testing.T) {
 	record("multinode: nodes=%d pods=%d cross-node captured=%d/%d", len(nodes), started, captured, pairs)
 
 	// 4. helm uninstall: flannel's file back on every node, byte for byte.
-	t0 = time.Now()
-	c.deleteMesh(t)
-	if err := uninstallChart(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range nodes {
-		if err := flannelFileBack(n); err != nil {
-			t.Errorf("node %s: %v", n.name, err)
-		}
-	}
-	record("multinode: mesh pods deleted, helm uninstall, flannel's config back on %d nodes %.2fs", len(nodes), time.Since(t0).Seconds())
+	c.uninstallToFlannel(ctx, t, nodes)
 }
 
 // meshPodOn is a mesh pod from tmpl named name, pinned to node by its
