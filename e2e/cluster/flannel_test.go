@@ -23,10 +23,12 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
 
 	"github.com/nftmesh/nftmesh/testkit/imagetest"
 )
@@ -665,4 +667,62 @@ func flannelFileBack(n meshNode) error {
 		return fmt.Errorf("flannel's plugin: %w", err)
 	}
 	return nil
+}
+
+// TestFlannelManifest checks, without a cluster, what the multi-node test
+// relies on in flannelManifest: the ConfigMap's cni-conf.json is
+// flannelCNIConf byte for byte (install-conf copies it, and the uninstall
+// check compares each node's file with it) and valid JSON naming the
+// flannel plugin, and the DaemonSet mounts the node's CNI directories.
+func TestFlannelManifest(t *testing.T) {
+	c := &Cluster{CNIBinDir: "/e2e/cni/bin", CNIConfDir: "/e2e/cni/net.d"}
+	var cm *corev1.ConfigMap
+	var ds *appsv1.DaemonSet
+	for _, doc := range strings.Split(c.flannelManifest(), "\n---\n") {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatalf("%v:\n%s", err, doc)
+		}
+		switch meta.Kind {
+		case "ConfigMap":
+			cm = &corev1.ConfigMap{}
+			if err := yaml.UnmarshalStrict([]byte(doc), cm); err != nil {
+				t.Fatal(err)
+			}
+		case "DaemonSet":
+			ds = &appsv1.DaemonSet{}
+			if err := yaml.UnmarshalStrict([]byte(doc), ds); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if cm == nil || ds == nil {
+		t.Fatalf("the manifest lacks its ConfigMap or DaemonSet")
+	}
+	if got := cm.Data["cni-conf.json"]; got != flannelCNIConf {
+		t.Errorf("cni-conf.json is not flannelCNIConf byte for byte:\n%q\nwant:\n%q", got, flannelCNIConf)
+	}
+	var conf struct {
+		CNIVersion string           `json:"cniVersion"`
+		Plugins    []map[string]any `json:"plugins"`
+	}
+	if err := json.Unmarshal([]byte(flannelCNIConf), &conf); err != nil {
+		t.Fatal(err)
+	}
+	if len(conf.Plugins) != 2 || conf.Plugins[0]["type"] != "flannel" || conf.CNIVersion != "0.3.1" {
+		t.Errorf("flannelCNIConf: %+v", conf)
+	}
+	if !json.Valid([]byte(cm.Data["net-conf.json"])) || !strings.Contains(cm.Data["net-conf.json"], `"Network": "`+flannelNetwork+`"`) {
+		t.Errorf("net-conf.json: %s", cm.Data["net-conf.json"])
+	}
+	paths := map[string]string{}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.HostPath != nil {
+			paths[v.Name] = v.HostPath.Path
+		}
+	}
+	want := map[string]string{"run": "/run/flannel", "cni-plugin": c.CNIBinDir, "cni": c.CNIConfDir}
+	if fmt.Sprint(paths) != fmt.Sprint(want) {
+		t.Errorf("hostPaths %v, want %v", paths, want)
+	}
 }
