@@ -5,8 +5,8 @@ package cluster
 // built from the Go module proxy by `make flannel`, run as flannel's
 // DaemonSet from kube-flannel.yml, in an image built here. Its init
 // containers install the plugin and write 10-flannel.conflist on each node,
-// as on any flannel cluster (k3s's layout too); the pods' traffic between
-// nodes crosses flannel.1, the VXLAN device flanneld makes.
+// as on any flannel cluster; the pods' traffic between nodes crosses
+// flannel.1, the VXLAN device flanneld makes.
 
 import (
 	"bytes"
