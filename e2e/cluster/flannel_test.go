@@ -25,6 +25,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -335,6 +336,14 @@ func (c *Cluster) startFlannel(ctx context.Context) error {
 		return err
 	}
 	if err := c.setPodCIDR(ctx, nodeName, podCIDR); err != nil {
+		return err
+	}
+	// A stopFlannel before (another test's) leaves the namespace to end
+	// on its own; nothing can be created in it meanwhile.
+	if err := c.poll(ctx, 60*time.Second, "namespace "+flannelNS+" not terminating", func() (bool, error) {
+		ns, err := c.Client.CoreV1().Namespaces().Get(ctx, flannelNS, metav1.GetOptions{})
+		return apierrors.IsNotFound(err) || (err == nil && ns.DeletionTimestamp == nil), nil
+	}); err != nil {
 		return err
 	}
 	manifest := c.path("kube-flannel.yml")
