@@ -393,7 +393,7 @@ func (c *Cluster) stopFlannel(ctx context.Context) error {
 		}
 	}
 	if c.flannel.aside != "" {
-		if err := os.Rename(c.flannel.aside, c.PrimaryConflist); err != nil {
+		if err := putBack(c.flannel.aside, c.PrimaryConflist); err != nil {
 			errs = append(errs, fmt.Errorf("putting the bridge config back: %w", err))
 		}
 	}
@@ -401,8 +401,28 @@ func (c *Cluster) stopFlannel(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("ip link del %s: %w: %s", flannelVXLANDevice, err, out))
 	}
 	c.flannel.on = false
+	if err := c.waitNodeReady(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	c.logf("cluster: flannel gone from %s, the bridge config back %6.2fs", nodeName, time.Since(t0).Seconds())
 	return errors.Join(errs...)
+}
+
+// putBack writes the config at aside to path and removes aside. Not a
+// rename: containerd 1.6 reloads its CNI config on a Write or Remove event
+// in the conf dir but ignores a Create (it waits for the Write after it),
+// and a file renamed in makes only a Create, so the node's pods would find
+// "cni plugin not initialized" (as the README test, run after this one,
+// did).
+func putBack(aside, path string) error {
+	b, err := os.ReadFile(aside)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return err
+	}
+	return os.Remove(aside)
 }
 
 // flannelImages is flannel's image archive when flannel runs, for a node
