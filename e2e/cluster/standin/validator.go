@@ -130,14 +130,15 @@ func ParseValidatorTimeout(s string) (time.Duration, error) {
 	digits, unit := t[:i+1], t[i+1:]
 	n, err := strconv.ParseUint(digits, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("--timeout %s: %s is not a whole number", quote.ValueN(s, 40), quote.ValueN(digits, 40))
+		// The value once: quoted bytes may escape to four times their length.
+		return 0, fmt.Errorf("--timeout %s: its number is not a whole number", quote.ValueN(s, 40))
 	}
 	mul := map[string]time.Duration{"ms": time.Millisecond, "s": time.Second, "m": time.Minute, "h": time.Hour, "d": 24 * time.Hour}[unit]
 	switch {
 	case unit == "" && n == 0:
 		return 0, nil
 	case mul == 0:
-		return 0, fmt.Errorf("--timeout %s: unit %s is not one of ms, s, m, h, d", quote.ValueN(s, 40), quote.ValueN(unit, 20))
+		return 0, fmt.Errorf("--timeout %s: its unit is not one of ms, s, m, h, d", quote.ValueN(s, 40))
 	case n > uint64(1<<63-1)/uint64(mul):
 		return 0, fmt.Errorf("--timeout %s is too long", quote.ValueN(s, 40))
 	}
