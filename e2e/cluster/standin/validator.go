@@ -125,22 +125,24 @@ func ParseValidatorTimeout(s string) (time.Duration, error) {
 	t := strings.TrimSpace(s)
 	i := strings.LastIndexFunc(t, func(r rune) bool { return r >= '0' && r <= '9' })
 	if i < 0 {
-		return 0, fmt.Errorf("--timeout %s has no number", quote.ValueN(s, 40))
+		return 0, fmt.Errorf("--timeout %s has no number", quote.ValueN(s, 24))
 	}
 	digits, unit := t[:i+1], t[i+1:]
 	n, err := strconv.ParseUint(digits, 10, 64)
 	if err != nil {
-		// The value once: quoted bytes may escape to four times their length.
-		return 0, fmt.Errorf("--timeout %s: its number is not a whole number", quote.ValueN(s, 40))
+		// The value once, 24 bytes at most: escaped bytes quadruple.
+		return 0, fmt.Errorf("--timeout %s: its number is not a whole number", quote.ValueN(s, 24))
 	}
 	mul := map[string]time.Duration{"ms": time.Millisecond, "s": time.Second, "m": time.Minute, "h": time.Hour, "d": 24 * time.Hour}[unit]
 	switch {
 	case unit == "" && n == 0:
 		return 0, nil
 	case mul == 0:
-		return 0, fmt.Errorf("--timeout %s: its unit is not one of ms, s, m, h, d", quote.ValueN(s, 40))
+		// The unit alone: with the whole value, escaped bytes could take
+		// the error past 200 bytes.
+		return 0, fmt.Errorf("--timeout: unit %s is not one of ms, s, m, h, d", quote.ValueN(unit, 16))
 	case n > uint64(1<<63-1)/uint64(mul):
-		return 0, fmt.Errorf("--timeout %s is too long", quote.ValueN(s, 40))
+		return 0, fmt.Errorf("--timeout %s is too long", quote.ValueN(s, 24))
 	}
 	return time.Duration(n) * mul, nil
 }
