@@ -69,6 +69,8 @@ spec:
     spec:
       serviceAccountName: coredns
       dnsPolicy: Default
+      # On the first node, which is never taken out before the rig stops.
+      nodeSelector: {kubernetes.io/hostname: ` + nodeName + `}
       priorityClassName: system-cluster-critical
       containers:
       - name: coredns

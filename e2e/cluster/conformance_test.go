@@ -3,6 +3,7 @@ package cluster
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // The conformance run (make conformance): Kubernetes' own e2e.test against
@@ -137,13 +141,16 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		before := c.specDecisions(ctx, t)
 		res, err := c.e2eRun(ctx, cfg, run)
 		if stop != nil {
 			stop()
 		}
-		line := fmt.Sprintf("conformance %s: %s", run, res.String(total))
+		after := c.specDecisions(ctx, t)
+		line := fmt.Sprintf("conformance %s: %s; nftmesh-cni ADDs for the specs' pods: capture %d, skip %d",
+			run, res.String(total), after["capture"]-before["capture"], after["skip"]-before["skip"])
 		if run == "meshed" {
-			line += fmt.Sprintf(", %d pods injected", injected.Load())
+			line += fmt.Sprintf("; %d pods injected", injected.Load())
 		}
 		summaries = append(summaries, line)
 		record("%s", line)
@@ -168,6 +175,9 @@ func (c *Cluster) conformanceCluster(ctx context.Context, t *testing.T, images [
 	record("conformance: %d image archives imported on %s %.2fs", len(images), nodeName, time.Since(t0).Seconds())
 	var workers []*workerNode
 	t.Cleanup(func() {
+		if _, err := c.Kubectl(context.Background(), "delete", "--wait", "-f", c.path("conformance", "coredns.yaml")); err != nil {
+			t.Error(err)
+		}
 		if err := uninstallChart(context.Background(), c); err != nil {
 			t.Error(err)
 		}
@@ -205,6 +215,39 @@ func (c *Cluster) conformanceCluster(ctx context.Context, t *testing.T, images [
 	}
 	record("conformance: CoreDNS ready at %s %.2fs", clusterDNSIP, time.Since(t0).Seconds())
 }
+
+// specDecisions counts the ADD decisions (capture, skip, ...) in every
+// agent's log for pods outside the rig's own namespaces: the specs' pods.
+func (c *Cluster) specDecisions(ctx context.Context, t *testing.T) map[string]int {
+	t.Helper()
+	pods, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nftmesh-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[string]int{}
+	for _, p := range pods.Items {
+		raw, err := c.Client.CoreV1().Pods(agentNS).GetLogs(p.Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
+		if err != nil {
+			t.Fatalf("reading the log of agent %s: %v", p.Name, err)
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) != nil || m["component"] != "cni-plugin" {
+				continue
+			}
+			msg, _ := m["message"].(string)
+			ns, _ := m["namespace"].(string)
+			d, _ := m["decision"].(string)
+			if d != "" && strings.HasPrefix(msg, "ADD ") && !rigNamespaces[ns] {
+				n[d]++
+			}
+		}
+	}
+	return n
+}
+
+// rigNamespaces are the rig's own, not a spec's.
+var rigNamespaces = map[string]bool{"default": true, "kube-system": true, agentNS: true}
 
 // e2eArgs are e2e.test's flags for focus, its reports under dir.
 func (c *Cluster) e2eArgs(cfg conformanceConfig, dir string) []string {
