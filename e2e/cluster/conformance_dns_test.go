@@ -119,4 +119,3 @@ func (c *Cluster) deployCoreDNS(ctx context.Context) error {
 	}
 	return nil
 }
-

@@ -265,4 +265,3 @@ func (c *Cluster) startInjector(ctx context.Context, t *testing.T) (stop func(),
 		}
 	}, nil
 }
-

@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -12,10 +14,10 @@ import (
 
 // ginkgoResult is what ginkgo's closing report says of one e2e.test run.
 type ginkgoResult struct {
-	ran, of                         int // "Ran N of M Specs"
+	ran, of                          int // "Ran N of M Specs"
 	passed, failed, pending, skipped int
-	failedSpecs                         []string // the specs of "Summarizing N Failures"
-	took                            time.Duration
+	failedSpecs                      []string // the specs of "Summarizing N Failures"
+	took                             time.Duration
 }
 
 var (
@@ -90,13 +92,56 @@ FAIL! -- 43 Passed | 2 Failed | 0 Pending | 7310 Skipped
 	}
 }
 
-func FuzzParseGinkgo(f *testing.F) {
-	f.Add("Ran 1 of 2 Specs in 1 seconds\nSUCCESS! -- 1 Passed | 0 Failed | 0 Pending | 1 Skipped\n")
-	f.Add("Summarizing 1 Failure:\n  [FAIL] x\n")
-	f.Fuzz(func(t *testing.T, out string) {
-		r := parseGinkgo(out)
-		if r.ran < 0 || r.failed < 0 || len(r.failedSpecs) > strings.Count(out, "[") {
-			t.Errorf("parseGinkgo(%q) = %+v", out, r)
-		}
-	})
+// TestReadConformanceConfig: make conformance's inputs, each bad one an
+// error naming the variable and the value.
+func TestReadConformanceConfig(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "e2e.test")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	images := filepath.Join(dir, "images")
+	if err := os.MkdirAll(images, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(images, "a.tar"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	good := map[string]string{"NFTMESH_E2E_TEST_BIN": bin, "NFTMESH_CONFORMANCE_IMAGES": images,
+		"NFTMESH_CONFORMANCE_FOCUS": "", "NFTMESH_CONFORMANCE_RUNS": ""}
+	for _, tc := range []struct {
+		name, key, value, wantErr string
+	}{
+		{"defaults", "", "", ""},
+		{"no e2e.test", "NFTMESH_E2E_TEST_BIN", "", `NFTMESH_E2E_TEST_BIN="" is not an executable`},
+		{"e2e.test not executable", "NFTMESH_E2E_TEST_BIN", filepath.Join(images, "a.tar"), "is not an executable e2e.test"},
+		{"no images", "NFTMESH_CONFORMANCE_IMAGES", dir, "holds no image archive"},
+		{"bad focus", "NFTMESH_CONFORMANCE_FOCUS", "[sig-network", `NFTMESH_CONFORMANCE_FOCUS="[sig-network" is not a regular expression`},
+		{"huge focus", "NFTMESH_CONFORMANCE_FOCUS", strings.Repeat("a", 600), "600 bytes, more than 512"},
+		{"bad run", "NFTMESH_CONFORMANCE_RUNS", "noharm,everything", `"everything" is not noharm or meshed`},
+		{"no run", "NFTMESH_CONFORMANCE_RUNS", " , ", "names no run"},
+		{"one run", "NFTMESH_CONFORMANCE_RUNS", "meshed", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range good {
+				t.Setenv(k, v)
+			}
+			if tc.key != "" {
+				t.Setenv(tc.key, tc.value)
+			}
+			cfg, err := readConformanceConfig()
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if cfg.focus == "" || len(cfg.runs) == 0 || len(cfg.images) != 1 {
+					t.Errorf("config %+v", cfg)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
 }
