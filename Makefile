@@ -280,6 +280,7 @@ conformance-images: conformance-bins
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o $(CONFORMANCE_IMAGES)/pause ./e2e/cluster/standin/cmd/pause
 	$(IMAGEBUILD) ./rootimage --out $(abspath $(CONFORMANCE_IMAGES))/agnhost.tar --root $(CONFORMANCE_ROOT) \
 	  --file /agnhost=$(abspath $(CACHE))/agnhost-2.59 --link /agnhost-2=agnhost --entrypoint /agnhost --cmd pause \
+	  --file /localhost.crt=$(abspath $(CACHE))/agnhost-2.59.localhost.crt --file /localhost.key=$(abspath $(CACHE))/agnhost-2.59.localhost.key \
 	  --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 	  --tag registry.k8s.io/e2e-test-images/agnhost:2.59
 	$(IMAGEBUILD) ./rootimage --out $(abspath $(CONFORMANCE_IMAGES))/testroot.tar --root $(CONFORMANCE_ROOT) --cmd sh \

@@ -26,6 +26,18 @@ else
 	echo "conformance: built $out/agnhost-2.59"
 fi
 
+# agnhost's porter serves TLS with the certificate its image carries in /
+# (localhost.crt, localhost.key: the proxy specs' TLS ports).
+if [ ! -f "$out/agnhost-2.59.localhost.key" ]; then
+	tmp=$(mktemp -d "$out/.agnhost-porter.XXXXXX")
+	cp "$here/kube-apiserver/go.mod" "$here/kube-apiserver/go.sum" "$here/kube-apiserver/tools.go" "$tmp/"
+	src=$(cd "$tmp" && GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost/porter
+	cp "$src/localhost.crt" "$out/agnhost-2.59.localhost.crt"
+	cp "$src/localhost.key" "$out/agnhost-2.59.localhost.key"
+	chmod 644 "$out/agnhost-2.59.localhost.crt" "$out/agnhost-2.59.localhost.key"
+	rm -rf "$tmp"
+fi
+
 if [ -x "$out/coredns-$coredns" ]; then
 	echo "conformance: $out/coredns-$coredns exists, not rebuilding"
 else

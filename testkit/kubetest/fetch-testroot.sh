@@ -34,6 +34,7 @@ for deb in "$apt/debs"/*.deb; do dpkg-deb -x "$deb" "$root"; done
 # What maintainer scripts and base-files would have made.
 [ -e "$root/bin/sh" ] || ln -s dash "$root/bin/sh"
 [ -e "$root/usr/bin/awk" ] || ln -s mawk "$root/usr/bin/awk"
+[ -e "$root/bin/nc" ] || ln -s nc.openbsd "$root/bin/nc"
 mkdir -p "$root/etc" "$root/tmp" "$root/root" "$root/uploads" "$root/results"
 chmod 1777 "$root/tmp"
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\nuser-defined-in-image:x:1000:1000::/:/bin/sh\n' >"$root/etc/passwd"
