@@ -9,14 +9,19 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/nftmesh/nftmesh/testkit/istiotest"
 )
@@ -39,24 +44,59 @@ const (
 var injected atomic.Int64
 
 // sidecar is what the injector adds to a pod: the istio-validation init
-// container and the istio-proxy container of Istio's own injection of
-// httpbin (testdata/istio/injected), made offline by istiotest.Rewrite,
-// with the proxy forwarding both ways; the pod annotations and labels the
-// injector adds (nftmesh reads the capture settings from them).
+// container and the istio-proxy container of Istio's own injection
+// (testdata/istio/injected), made offline by istiotest.Rewrite, with the
+// proxy forwarding both ways; the pod annotations and labels the injector
+// adds (nftmesh reads the capture settings from them).
 type sidecar struct {
 	validation, proxy corev1.Container
+	native            bool // proxy is an init container with restartPolicy Always
 	annotations       map[string]string
 	labels            map[string]string
 }
 
-// newSidecar takes the sidecar out of the injected httpbin Deployment.
-// The containers keep no volume mounts: the stand-in needs none of the
+// Sidecar modes (NFTMESH_CONFORMANCE_SIDECAR): Istio's native sidecar
+// (sidecar.istio.io/nativeSidecar, native-sidecar.yaml) or its classic
+// one, an ordinary container after the app's (httpbin.yaml).
+var sidecarTemplates = map[string]string{"native": "native-sidecar.yaml", "container": "httpbin.yaml"}
+
+// injectedTemplate is the pod template of file's Deployment, rewritten
+// with s.
+func injectedTemplate(file string, s istiotest.Standin) (corev1.PodTemplateSpec, error) {
+	data, err := os.ReadFile(filepath.Join(istiotest.TestdataDir(), "injected", file))
+	if err != nil {
+		return corev1.PodTemplateSpec{}, err
+	}
+	objs, err := istiotest.SplitManifests(data)
+	if err != nil {
+		return corev1.PodTemplateSpec{}, err
+	}
+	for _, o := range objs {
+		if o.Kind != "Deployment" {
+			continue
+		}
+		var dep appsv1.Deployment
+		if err := yaml.Unmarshal(o.Raw, &dep); err != nil {
+			return corev1.PodTemplateSpec{}, fmt.Errorf("%s: %w", file, err)
+		}
+		if err := istiotest.Rewrite(&dep.Spec.Template.Spec, s); err != nil {
+			return corev1.PodTemplateSpec{}, fmt.Errorf("%s: %w", file, err)
+		}
+		return dep.Spec.Template, nil
+	}
+	return corev1.PodTemplateSpec{}, fmt.Errorf("%s has no Deployment", file)
+}
+
+// newSidecar takes the sidecar of mode out of Istio's injection. The
+// containers keep no volume mounts: the stand-in needs none of the
 // certificates, tokens and sockets Envoy mounts, which would not exist in
 // the specs' namespaces.
-func newSidecar(t *testing.T) (sidecar, error) {
-	dep := injectedHTTPBin(t, istiotest.Standin{Image: standinImage, ProxyForward: true})
-	tmpl := dep.Spec.Template
-	var s sidecar
+func newSidecar(mode string) (sidecar, error) {
+	tmpl, err := injectedTemplate(sidecarTemplates[mode], istiotest.Standin{Image: standinImage, ProxyForward: true})
+	if err != nil {
+		return sidecar{}, err
+	}
+	s := sidecar{native: mode == "native"}
 	found := 0
 	for _, c := range append(append([]corev1.Container(nil), tmpl.Spec.InitContainers...), tmpl.Spec.Containers...) {
 		c.VolumeMounts = nil
@@ -77,9 +117,12 @@ func newSidecar(t *testing.T) (sidecar, error) {
 		}
 	}
 	if found != 2 {
-		return s, fmt.Errorf("injected httpbin: want %s and %s, found %d of them", istiotest.ValidationContainer, istiotest.ProxyContainer, found)
+		return s, fmt.Errorf("%s: want %s and %s, found %d of them", sidecarTemplates[mode], istiotest.ValidationContainer, istiotest.ProxyContainer, found)
 	}
-	s.annotations, s.labels = tmpl.Annotations, map[string]string{}
+	s.annotations, s.labels = map[string]string{}, map[string]string{}
+	for k, v := range tmpl.Annotations {
+		s.annotations[k] = v
+	}
 	for k, v := range tmpl.Labels {
 		if k != "app" && k != "version" {
 			s.labels[k] = v
@@ -102,10 +145,13 @@ func (s sidecar) injectPod(pod *corev1.Pod) []jsonPatch {
 	if pod.Spec.HostNetwork || pod.Annotations["sidecar.istio.io/inject"] == "false" || pod.Labels["sidecar.istio.io/inject"] == "false" {
 		return nil
 	}
-	for _, c := range pod.Spec.Containers {
+	for _, c := range append(append([]corev1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...) {
 		if c.Name == istiotest.ProxyContainer {
 			return nil
 		}
+	}
+	if len(pod.Spec.Containers) == 0 {
+		return nil
 	}
 	ann := map[string]string{}
 	for k, v := range pod.Annotations {
@@ -114,6 +160,10 @@ func (s sidecar) injectPod(pod *corev1.Pod) []jsonPatch {
 	for k, v := range s.annotations {
 		ann[k] = v
 	}
+	// As Istio's injector does: kubectl's default container stays the
+	// app's first.
+	ann["kubectl.kubernetes.io/default-container"] = pod.Spec.Containers[0].Name
+	ann["kubectl.kubernetes.io/default-logs-container"] = pod.Spec.Containers[0].Name
 	labels := map[string]string{}
 	for k, v := range s.labels {
 		labels[k] = v
@@ -122,7 +172,12 @@ func (s sidecar) injectPod(pod *corev1.Pod) []jsonPatch {
 		labels[k] = v
 	}
 	inits := append([]corev1.Container{s.validation}, pod.Spec.InitContainers...)
-	containers := append(append([]corev1.Container(nil), pod.Spec.Containers...), s.proxy)
+	containers := append([]corev1.Container(nil), pod.Spec.Containers...)
+	if s.native {
+		inits = append([]corev1.Container{s.validation, s.proxy}, pod.Spec.InitContainers...)
+	} else {
+		containers = append(containers, s.proxy)
+	}
 	return []jsonPatch{
 		{"add", "/metadata/annotations", ann},
 		{"add", "/metadata/labels", labels},
@@ -200,8 +255,8 @@ func injectorHandler(s sidecar) http.Handler {
 
 // startInjector serves the injector in the node's network namespace and
 // registers it; stop unregisters it and stops the server.
-func (c *Cluster) startInjector(ctx context.Context, t *testing.T) (stop func(), err error) {
-	s, err := newSidecar(t)
+func (c *Cluster) startInjector(ctx context.Context, t *testing.T, mode string) (stop func(), err error) {
+	s, err := newSidecar(mode)
 	if err != nil {
 		return nil, err
 	}
@@ -264,4 +319,62 @@ func (c *Cluster) startInjector(ctx context.Context, t *testing.T) (stop func(),
 			t.Errorf("the injector's server: %v", err)
 		}
 	}, nil
+}
+
+// TestInjectPod: the injector's patch in both modes, and the pods it
+// leaves alone (host network, opted out, injected already).
+func TestInjectPod(t *testing.T) {
+	app := corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "x"}, Annotations: map[string]string{"a": "b"}},
+		Spec:       corev1.PodSpec{InitContainers: []corev1.Container{{Name: "init"}}, Containers: []corev1.Container{{Name: "web"}, {Name: "b"}}},
+	}
+	names := func(cs []corev1.Container) (out []string) {
+		for _, c := range cs {
+			out = append(out, c.Name)
+		}
+		return out
+	}
+	for mode, want := range map[string][2]string{
+		"native":    {"istio-validation,istio-proxy,init", "web,b"},
+		"container": {"istio-validation,init", "web,b,istio-proxy"},
+	} {
+		t.Run(mode, func(t *testing.T) {
+			s, err := newSidecar(mode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(s.proxy.Command, "-forward-inbound") || !slices.Contains(s.proxy.Command, "-forward") {
+				t.Errorf("proxy command %q, want -forward and -forward-inbound", s.proxy.Command)
+			}
+			p := s.injectPod(app.DeepCopy())
+			if len(p) != 4 {
+				t.Fatalf("patch %+v", p)
+			}
+			ann, labels := p[0].Value.(map[string]string), p[1].Value.(map[string]string)
+			if ann["a"] != "b" || ann["kubectl.kubernetes.io/default-container"] != "web" || ann["sidecar.istio.io/status"] == "" {
+				t.Errorf("annotations %v", ann)
+			}
+			if labels["app"] != "x" || labels["security.istio.io/tlsMode"] != "istio" {
+				t.Errorf("labels %v", labels)
+			}
+			if got := strings.Join(names(p[2].Value.([]corev1.Container)), ","); got != want[0] {
+				t.Errorf("init containers %s, want %s", got, want[0])
+			}
+			if got := strings.Join(names(p[3].Value.([]corev1.Container)), ","); got != want[1] {
+				t.Errorf("containers %s, want %s", got, want[1])
+			}
+			host := app.DeepCopy()
+			host.Spec.HostNetwork = true
+			out := app.DeepCopy()
+			out.Annotations["sidecar.istio.io/inject"] = "false"
+			done := app.DeepCopy()
+			done.Spec.InitContainers = p[2].Value.([]corev1.Container)
+			done.Spec.Containers = p[3].Value.([]corev1.Container)
+			for name, pod := range map[string]*corev1.Pod{"host network": host, "opted out": out, "injected": done} {
+				if p := s.injectPod(pod); p != nil {
+					t.Errorf("%s: patched %+v", name, p)
+				}
+			}
+		})
+	}
 }

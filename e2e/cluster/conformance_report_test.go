@@ -108,7 +108,7 @@ func TestReadConformanceConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := map[string]string{"NFTMESH_E2E_TEST_BIN": bin, "NFTMESH_CONFORMANCE_IMAGES": images,
-		"NFTMESH_CONFORMANCE_FOCUS": "", "NFTMESH_CONFORMANCE_RUNS": ""}
+		"NFTMESH_CONFORMANCE_FOCUS": "", "NFTMESH_CONFORMANCE_RUNS": "", "NFTMESH_CONFORMANCE_SIDECAR": ""}
 	for _, tc := range []struct {
 		name, key, value, wantErr string
 	}{
@@ -121,6 +121,8 @@ func TestReadConformanceConfig(t *testing.T) {
 		{"bad run", "NFTMESH_CONFORMANCE_RUNS", "noharm,everything", `"everything" is not noharm or meshed`},
 		{"no run", "NFTMESH_CONFORMANCE_RUNS", " , ", "names no run"},
 		{"one run", "NFTMESH_CONFORMANCE_RUNS", "meshed", ""},
+		{"classic sidecar", "NFTMESH_CONFORMANCE_SIDECAR", "container", ""},
+		{"bad sidecar", "NFTMESH_CONFORMANCE_SIDECAR", "ambient", `NFTMESH_CONFORMANCE_SIDECAR="ambient" is not native or container`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range good {

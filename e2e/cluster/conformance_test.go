@@ -53,6 +53,7 @@ type conformanceConfig struct {
 	images  []string // docker-archives of the images the specs run
 	focus   string   // --ginkgo.focus
 	runs    []string // "noharm", "meshed", in order
+	sidecar string   // the meshed run's sidecar: "native" or "container"
 }
 
 // readConformanceConfig reads the Makefile's environment; a missing input
@@ -94,6 +95,13 @@ func readConformanceConfig() (conformanceConfig, error) {
 	}
 	if len(cfg.runs) == 0 {
 		return cfg, errors.New("NFTMESH_CONFORMANCE_RUNS names no run: want noharm, meshed or both")
+	}
+	cfg.sidecar = os.Getenv("NFTMESH_CONFORMANCE_SIDECAR")
+	if cfg.sidecar == "" {
+		cfg.sidecar = "native"
+	}
+	if sidecarTemplates[cfg.sidecar] == "" {
+		return cfg, fmt.Errorf("NFTMESH_CONFORMANCE_SIDECAR=%q is not native or container", truncateStr(cfg.sidecar, 40))
 	}
 	return cfg, nil
 }
@@ -137,7 +145,7 @@ func TestConformance(t *testing.T) {
 	for _, run := range cfg.runs {
 		var stop func()
 		if run == "meshed" {
-			if stop, err = c.startInjector(ctx, t); err != nil {
+			if stop, err = c.startInjector(ctx, t, cfg.sidecar); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -150,7 +158,7 @@ func TestConformance(t *testing.T) {
 		line := fmt.Sprintf("conformance %s: %s; nftmesh-cni ADDs for the specs' pods: capture %d, skip %d",
 			run, res.String(total), after["capture"]-before["capture"], after["skip"]-before["skip"])
 		if run == "meshed" {
-			line += fmt.Sprintf("; %d pods injected", injected.Load())
+			line += fmt.Sprintf("; %d pods injected (%s sidecar)", injected.Load(), cfg.sidecar)
 		}
 		summaries = append(summaries, line)
 		record("%s", line)
