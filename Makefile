@@ -250,19 +250,22 @@ chain-timings: image kube-binaries helm pilot-agent
 ## twice: "no harm" (test namespaces unmeshed) and "meshed" (every test
 ## namespace labelled, a mutating webhook adding Istio's istio-validation
 ## and the forwarding stand-in proxy as UID 1337 to every pod).
-## FOCUS=<regex> narrows both runs (default: the whole set); RUNS=noharm or
+## FOCUS=<regex> narrows both runs (default: the whole set), SKIP=<regex>
+## leaves specs out; RUNS=noharm or
 ## RUNS=meshed runs one; SIDECAR=container injects Istio's classic
 ## sidecar (a container after the app's) instead of its native one. Results and their reading: docs/conformance.md. A
 ## measurement of its own, so not in `make test`.
 FOCUS     ?= \[sig-network\].*\[Conformance\]
 RUNS      ?= noharm,meshed
 SIDECAR   ?= native
+SKIP      ?=
 E2E_TEST  := $(CACHE)/e2e.test-v1.35.4
 COREDNS_VERSION ?= v1.14.7
 CONFORMANCE_IMAGES := $(BIN)/conformance
 conformance: image kube-binaries helm pilot-agent conformance-images
 	NFTMESH_E2E_CONFORMANCE=1 NFTMESH_E2E_TEST_BIN=$(abspath $(E2E_TEST)) \
 	  NFTMESH_CONFORMANCE_IMAGES=$(abspath $(CONFORMANCE_IMAGES)) NFTMESH_CONFORMANCE_FOCUS='$(FOCUS)' \
+	  NFTMESH_CONFORMANCE_SKIP='$(SKIP)' \
 	  NFTMESH_CONFORMANCE_RUNS='$(RUNS)' NFTMESH_CONFORMANCE_SIDECAR='$(SIDECAR)' \
 	  $(GO) test -count=1 -v -timeout 240m -run 'TestClusterUp|TestConformance' ./e2e/cluster/
 

@@ -108,7 +108,7 @@ func TestReadConformanceConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := map[string]string{"NFTMESH_E2E_TEST_BIN": bin, "NFTMESH_CONFORMANCE_IMAGES": images,
-		"NFTMESH_CONFORMANCE_FOCUS": "", "NFTMESH_CONFORMANCE_RUNS": "", "NFTMESH_CONFORMANCE_SIDECAR": ""}
+		"NFTMESH_CONFORMANCE_FOCUS": "", "NFTMESH_CONFORMANCE_RUNS": "", "NFTMESH_CONFORMANCE_SIDECAR": "", "NFTMESH_CONFORMANCE_SKIP": ""}
 	for _, tc := range []struct {
 		name, key, value, wantErr string
 	}{
@@ -118,6 +118,8 @@ func TestReadConformanceConfig(t *testing.T) {
 		{"no images", "NFTMESH_CONFORMANCE_IMAGES", dir, "holds no image archive"},
 		{"bad focus", "NFTMESH_CONFORMANCE_FOCUS", "[sig-network", `NFTMESH_CONFORMANCE_FOCUS="[sig-network" is not a regular expression`},
 		{"huge focus", "NFTMESH_CONFORMANCE_FOCUS", strings.Repeat("a", 600), "600 bytes, more than 512"},
+		{"bad skip", "NFTMESH_CONFORMANCE_SKIP", "(DNS", `NFTMESH_CONFORMANCE_SKIP="(DNS" is not a regular expression`},
+		{"skip", "NFTMESH_CONFORMANCE_SKIP", `\[sig-network\] DNS`, ""},
 		{"bad run", "NFTMESH_CONFORMANCE_RUNS", "noharm,everything", `"everything" is not noharm or meshed`},
 		{"no run", "NFTMESH_CONFORMANCE_RUNS", " , ", "names no run"},
 		{"one run", "NFTMESH_CONFORMANCE_RUNS", "meshed", ""},

@@ -52,6 +52,7 @@ type conformanceConfig struct {
 	e2eTest string   // the e2e.test binary
 	images  []string // docker-archives of the images the specs run
 	focus   string   // --ginkgo.focus
+	skip    string   // --ginkgo.skip, "" for none
 	runs    []string // "noharm", "meshed", in order
 	sidecar string   // the meshed run's sidecar: "native" or "container"
 }
@@ -79,6 +80,13 @@ func readConformanceConfig() (conformanceConfig, error) {
 	}
 	if _, err := regexp.Compile(cfg.focus); err != nil {
 		return cfg, fmt.Errorf("NFTMESH_CONFORMANCE_FOCUS=%q is not a regular expression: %w", truncateStr(cfg.focus, 200), err)
+	}
+	cfg.skip = os.Getenv("NFTMESH_CONFORMANCE_SKIP")
+	if len(cfg.skip) > conformanceMaxFocus {
+		return cfg, fmt.Errorf("NFTMESH_CONFORMANCE_SKIP is %d bytes, more than %d", len(cfg.skip), conformanceMaxFocus)
+	}
+	if _, err := regexp.Compile(cfg.skip); err != nil {
+		return cfg, fmt.Errorf("NFTMESH_CONFORMANCE_SKIP=%q is not a regular expression: %w", truncateStr(cfg.skip, 200), err)
 	}
 	runs := os.Getenv("NFTMESH_CONFORMANCE_RUNS")
 	if runs == "" {
@@ -140,7 +148,7 @@ func TestConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	record("conformance: focus %q selects %d specs", cfg.focus, total)
+	record("conformance: focus %q (skip %q) selects %d specs", cfg.focus, cfg.skip, total)
 	var summaries []string
 	for _, run := range cfg.runs {
 		var stop func()
@@ -259,7 +267,7 @@ var rigNamespaces = map[string]bool{"default": true, "kube-system": true, agentN
 
 // e2eArgs are e2e.test's flags for focus, its reports under dir.
 func (c *Cluster) e2eArgs(cfg conformanceConfig, dir string) []string {
-	return []string{
+	args := []string{
 		"--kubeconfig=" + c.AdminKubeconfig,
 		"--kubectl-path=" + c.bin.kubectl,
 		"--provider=skeleton",
@@ -272,6 +280,10 @@ func (c *Cluster) e2eArgs(cfg conformanceConfig, dir string) []string {
 		"--ginkgo.no-color",
 		"--ginkgo.timeout=" + conformanceTimeout.String(),
 	}
+	if cfg.skip != "" {
+		args = append(args, "--ginkgo.skip="+cfg.skip)
+	}
+	return args
 }
 
 // e2eDryRun counts the specs the focus selects.
