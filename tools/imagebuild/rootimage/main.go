@@ -63,7 +63,11 @@ func parse(args []string) (options, error) {
 	fs.StringArrayVar(&o.cmd, "cmd", nil, "the default command, one flag per argument")
 	fs.StringArrayVar(&o.env, "env", nil, "KEY=value in the image's environment")
 	if err := fs.Parse(args); err != nil {
-		return o, err
+		if errors.Is(err, pflag.ErrHelp) {
+			return o, err
+		}
+		// pflag's errors quote the whole argument.
+		return o, errors.New(truncate(err.Error()))
 	}
 	if o.out == "" {
 		return o, errors.New("--out is required")
