@@ -97,8 +97,12 @@ export NFTMESH_IMAGE := $(IMAGE)
 # never replaced.
 HOST_NFT_SUITES ?= bookworm trixie
 export NFTMESH_HOST_NFT_DIR := $(abspath $(CACHE)/hostnft)
+# flannel (daemon, install-conf, its CNI plugin), the primary CNI of the
+# cluster e2e's multi-node test.
+FLANNEL_DIR := $(CACHE)/flannel
+export NFTMESH_FLANNEL_DIR := $(abspath $(FLANNEL_DIR))
 
-.PHONY: all build chain-timings host-nft scale image chart push image-ref image-tags chart-version version release test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck actionlint cosign clean istio pilot-agent istio-cni istio-manifests standin conformance conformance-bins conformance-images
+.PHONY: all build chain-timings host-nft scale image chart push image-ref image-tags chart-version version release test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck actionlint cosign clean flannel istio pilot-agent istio-cni istio-manifests standin conformance conformance-bins conformance-images
 
 all: build
 
@@ -183,7 +187,7 @@ release:
 ## test: everything CI runs — lint, all tests (kernel tests need root), short fuzzing.
 ## pilot-agent (Istio's, from the module proxy) runs the injected pods'
 ## istio-validation in testkit/istiotest's netns test.
-test: build image kube-binaries pilot-agent helm host-nft cosign lint
+test: build image kube-binaries pilot-agent flannel helm host-nft cosign lint
 	$(GO) test -count=1 -timeout 40m ./...
 	@# The agent runs the plugin's calls concurrently, in one process: its
 	@# socket's tests again under the race detector.
@@ -205,8 +209,9 @@ SETTLE = @sleep 5; for i in $$(seq 23); do awk '{exit !($$1 >= 1.5)}' /proc/load
 
 ## bench: Go benchmarks side by side, then the whole-process comparison with
 ## iptables-restore and nft (the binaries are only the competition here),
-## then nftmesh-cni against Istio's own istio-cni plugin (e2e/bench: same
-## loop, alternating, fresh netns each ADD; ratios are ours/Istio's).
+## then nftmesh-cni against Istio's own istio-cni plugin and, for a Linkerd
+## pod, Linkerd's linkerd-cni (e2e/bench: same loop, alternating, fresh netns
+## each ADD; ratios are ours/theirs).
 # The kernel tears down the hundreds of network namespaces a group leaves
 # behind asynchronously, on the same cores; SETTLE keeps that work out of the
 # next group's figures.
@@ -217,7 +222,7 @@ bench: build $(CACHE)/istio-cni $(APISERVER)
 	$(SETTLE)
 	$(GO) test -run '^$$' -bench PluginAdd -benchtime $(BENCHTIME) ./cniplugin/
 	$(SETTLE)
-	$(GO) test -run '^$$' -bench '^Benchmark(Version|PluginAlone|AgentUp)$$' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
+	$(GO) test -run '^$$' -bench '^Benchmark(Version|PluginAlone|AgentUp|LinkerdAgentUp)$$' -benchtime $(SIDE_ROUNDS)x ./e2e/bench/
 	$(SETTLE)
 	$(GO) test -run '^$$' -bench Burst -benchtime $(BURSTS)x -timeout 30m ./e2e/bench/
 	$(GO) test -run '^$$' -bench AgentAtScale -benchtime 1x -timeout 30m ./e2e/bench/
@@ -231,10 +236,12 @@ scale: $(APISERVER)
 
 ## e2e-cluster: a real single-node Kubernetes v1.35.4 cluster (kubelet,
 ## containerd) in private namespaces, the image imported, `helm install` of
-## the chart, pods through the CNI chain; its last test (TestMultiNode) adds
-## two nodes, NFTMESH_E2E_NODES=<n> for n in all; torn down afterwards (root).
+## the chart, pods through the CNI chain; TestMultiNode adds two nodes on
+## flannel (VXLAN; NFTMESH_E2E_NODES=<n> for n in all), then TestReadmeInstall
+## runs the README's install blocks against a registry on loopback (last:
+## see its file); torn down afterwards (root).
 ## RUN=<regexp> picks assertions (go test -run); the cluster comes up anyway.
-e2e-cluster: image kube-binaries helm pilot-agent
+e2e-cluster: image kube-binaries helm pilot-agent flannel
 	$(GO) test -count=1 -v -timeout 25m $(if $(RUN),-run '$(RUN)') ./e2e/cluster/
 
 ## chain-timings: the real chain's figures (docs/performance.md): each
@@ -262,7 +269,7 @@ SKIP      ?=
 E2E_TEST  := $(CACHE)/e2e.test-v1.35.4
 COREDNS_VERSION ?= v1.14.7
 CONFORMANCE_IMAGES := $(BIN)/conformance
-conformance: image kube-binaries helm pilot-agent conformance-images
+conformance: image kube-binaries helm pilot-agent flannel conformance-images
 	NFTMESH_E2E_CONFORMANCE=1 NFTMESH_E2E_TEST_BIN=$(abspath $(E2E_TEST)) \
 	  NFTMESH_CONFORMANCE_IMAGES=$(abspath $(CONFORMANCE_IMAGES)) NFTMESH_CONFORMANCE_FOCUS='$(FOCUS)' \
 	  NFTMESH_CONFORMANCE_SKIP='$(SKIP)' \
@@ -319,7 +326,7 @@ update-golden:
 
 ## fuzz: every Fuzz target for FUZZTIME each (CI: 10s; by hand: FUZZTIME=5m).
 fuzz:
-	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft iptables redirect podinfo installer internal e2e capture netlab cniplugin
+	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz.sh cmd nft iptables redirect podinfo installer internal e2e capture netlab cniplugin charts
 	for m in $(TOOL_MODULES); do (cd $$m && FUZZTIME=$(FUZZTIME) GO=$(GO) $(CURDIR)/.ci/fuzz.sh .) || exit 1; done
 
 ## host-nft: Debian's nft of HOST_NFT_SUITES in .cache/hostnft/<suite>/ (test-only readers).
@@ -349,6 +356,12 @@ istio-manifests: $(CACHE)/istioctl
 standin:
 	@mkdir -p $(BIN)/standin
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o $(BIN)/standin/ ./e2e/cluster/standin/cmd/...
+
+## flannel: flannel v0.28.10 (flanneld, its install-conf) and the flannel
+## CNI plugin of containernetworking/plugins v0.9.1, from the module proxy,
+## into .cache/flannel/ (kept if present): the multi-node e2e's primary CNI.
+flannel:
+	./e2e/cluster/flannel/build.sh $(FLANNEL_DIR)
 
 # One go build for all that are missing (build-kube.sh skips the others).
 kube-binaries:

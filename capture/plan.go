@@ -65,6 +65,11 @@ func Plan(pod *meshpod.Pod, addrs AddrSource) (Decision, error) {
 	if !in {
 		return Decision{Reason: reason}, nil
 	}
+	if meshpod.MeshOf(reason) == meshpod.MeshLinkerd {
+		// linkerd-cni writes IPv6 rules as its node setting says, whatever
+		// the pod's addresses.
+		addrs = nil
+	}
 	d, err := PlanSpec(spec, addrs)
 	d.Reason = reason
 	return d, err

@@ -27,6 +27,7 @@ import (
 	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/nft"
+	"github.com/nftmesh/nftmesh/testkit/cgrouptest"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
@@ -323,6 +324,10 @@ func TestChartOnRealAPIServer(t *testing.T) {
 		if _, err := admin.CoreV1().Pods("shop").UpdateStatus(ctx, broken, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		// In the pod's cgroup, as kubelet puts it: repair in place takes
+		// a namespace outside it only on a host where no pod runs, and a
+		// cluster on this machine (another test's) makes pods.
+		cgrouptest.MovePod(t, pause.Process.Pid, cgrouptest.CgroupfsLeaf(string(broken.UID)))
 		// The agent's own configuration as the chart renders it, with the
 		// host's /proc at /proc since this test runs on the host.
 		cfg, err := installer.ParseConfig([]string{"--service-account-dir=", "--repair-enabled", "--repair-pods", "--node-name", "node-1", "--host-proc", "/proc", "--backend", "nftables"}, func(string) (string, bool) { return "", false })

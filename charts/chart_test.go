@@ -78,6 +78,8 @@ type rendered struct {
 	SA              []*corev1.ServiceAccount
 	Roles           []*rbacv1.ClusterRole
 	Bindings        []*rbacv1.ClusterRoleBinding
+	NSRoles         []*rbacv1.Role
+	NSBindings      []*rbacv1.RoleBinding
 	ConfigMaps      []*corev1.ConfigMap
 	DaemonSets      []*appsv1.DaemonSet
 	NADs            []*nad
@@ -143,6 +145,14 @@ func renderChart(t testing.TB, chart string, args ...string) *rendered {
 			o := &rbacv1.ClusterRoleBinding{}
 			strictDecode(t, b, o)
 			r.Bindings = append(r.Bindings, o)
+		case "rbac.authorization.k8s.io/v1/Role":
+			o := &rbacv1.Role{}
+			strictDecode(t, b, o)
+			r.NSRoles = append(r.NSRoles, o)
+		case "rbac.authorization.k8s.io/v1/RoleBinding":
+			o := &rbacv1.RoleBinding{}
+			strictDecode(t, b, o)
+			r.NSBindings = append(r.NSBindings, o)
 		case "v1/ConfigMap":
 			o := &corev1.ConfigMap{}
 			strictDecode(t, b, o)

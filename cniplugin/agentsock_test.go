@@ -34,6 +34,7 @@ import (
 	"github.com/nftmesh/nftmesh/nft"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+	"github.com/rs/zerolog"
 
 	"github.com/nftmesh/nftmesh/testkit/nstest"
 )
@@ -113,7 +114,7 @@ func (a *agent) callsReach(outcome string, want int) int {
 
 // startAgent serves the socket in runDir until the returned agent is
 // stopped (or the test ends).
-func startAgent(t testing.TB, runDir string) *agent {
+func startAgent(t testing.TB, runDir string, linkerd ...*podcache.Watches) *agent {
 	t.Helper()
 	a := &agent{}
 	client := env.api.Client()
@@ -129,6 +130,9 @@ func startAgent(t testing.TB, runDir string) *agent {
 	if _, err := pods.AddEventHandler(src.Handler()); err != nil {
 		t.Fatal(err)
 	}
+	for _, w := range linkerd {
+		src.Linkerd = w
+	}
 	ln, err := agentsock.Listen(runDir)
 	if err != nil {
 		t.Fatal(err)
@@ -138,13 +142,23 @@ func startAgent(t testing.TB, runDir string) *agent {
 		t.Fatal(err)
 	}
 	a.ran = map[string]int{}
-	calls := &Server{RunDir: runDir, Resolver: src, AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Observe: func(o ServeOutcome) {
+	// The calls it runs log where the standalone plugin's go, so that the
+	// helpers reading the decision lines (lookups) see both.
+	agentLog, err := os.OpenFile(filepath.Join(runDir, LogFileName), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { agentLog.Close() })
+	calls := &Server{RunDir: runDir, Resolver: src, AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Log: AgentLog(agentLog, zerolog.DebugLevel), Observe: func(o agentsock.Outcome) {
 		a.mu.Lock()
 		a.ran[o.Status]++
 		a.mu.Unlock()
 	}}
 	ctx, cancel := context.WithCancel(context.Background())
 	go pods.RunWithContext(ctx)
+	for _, w := range linkerd {
+		go w.Run(ctx)
+	}
 	done := make(chan error, 2)
 	go func() { done <- (&agentsock.Server{Resolver: src, AllowUID: agentsock.PeerUID}).Serve(ctx, ln) }()
 	go func() { done <- calls.Serve(ctx, cniLn) }()
@@ -263,9 +277,9 @@ func TestAgentSocketNoAPIReads(t *testing.T) {
 	}
 	// The front handed every call to the agent, which ran it: no
 	// standalone plugin ran.
-	if want := len(mesh) + 2; ag.callsReach(OutcomeOK, want) != want {
-		n := ag.calls(OutcomeOK)
-		t.Errorf("the agent ran %d ADDs for the front (declined %d, bad %d), want %d", n, ag.calls(OutcomeDeclined), ag.calls(OutcomeBadRequest), want)
+	if want := len(mesh) + 2; ag.callsReach(agentsock.OutcomeOK, want) != want {
+		n := ag.calls(agentsock.OutcomeOK)
+		t.Errorf("the agent ran %d ADDs for the front (declined %d, bad %d), want %d", n, ag.calls(agentsock.OutcomeDeclined), ag.calls(agentsock.OutcomeBadRequest), want)
 	}
 	t.Logf("agent API reads for pods its informer had not seen in time: %d", ag.gets.Load())
 }
@@ -292,7 +306,7 @@ func TestAgentSocketDownFallsBack(t *testing.T) {
 	if reads.Load() == 0 {
 		t.Fatal("the fallback read no pod from the API")
 	}
-	if n := ag.calls(OutcomeOK) + ag.calls(OutcomeError); n != 0 {
+	if n := ag.calls(agentsock.OutcomeOK) + ag.calls(agentsock.OutcomeError); n != 0 {
 		t.Fatalf("a stopped agent ran %d calls", n)
 	}
 }

@@ -79,7 +79,7 @@ func TestLogFileCapped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log, _, closeLog := newLoggers(os.Stderr, conf, "ADD")
+	log, _, closeLog := newLoggers(Env{Stderr: os.Stderr}, conf, "ADD")
 	log.Info().Str("pod", "p").Msg("hello")
 	closeLog()
 	if st, err := os.Stat(path + ".1"); err != nil || st.Size() != maxLogSize+1 {
@@ -91,7 +91,7 @@ func TestLogFileCapped(t *testing.T) {
 	}
 	// No run dir (agent not installed yet): stderr only, no error.
 	conf.AgentRunDir = filepath.Join(dir, "missing")
-	_, _, closeLog = newLoggers(os.Stderr, conf, "ADD")
+	_, _, closeLog = newLoggers(Env{Stderr: os.Stderr}, conf, "ADD")
 	closeLog()
 	if _, err := os.Stat(conf.AgentRunDir); err == nil {
 		t.Fatal("logger created the run dir")

@@ -26,14 +26,16 @@ const (
 const RecordOnlyField = "record_only"
 
 // newLoggers builds the loggers of a plugin run. log writes JSON lines to
-// stderr and, when agent_run_dir exists, to the capped log file; never to
-// stdout. record writes to the log file only, with no level, each line
-// marked RecordOnlyField: the run's decision goes there when the log level
-// hides it, so the agent's counters and latency histograms (the file is
-// their intake) see every decision. close closes the file.
-func newLoggers(stderr io.Writer, conf *cniconf.Config, command string) (log, record zerolog.Logger, close func()) {
+// stderr and to the agent's log for a call the agent runs (e.Log), else,
+// when agent_run_dir exists, to the capped log file; never to stdout.
+// record writes to the log file only, with no level, each line marked
+// RecordOnlyField: the run's decision goes there when the log level hides
+// it, so the agent's counters and latency histograms (the file is their
+// intake for the standalone plugin) see every decision. close closes the
+// file.
+func newLoggers(e Env, conf *cniconf.Config, command string) (log, record zerolog.Logger, close func()) {
 	setLogFormat()
-	var w io.Writer = stderr
+	var w io.Writer = e.Stderr
 	close = func() {}
 	level := zerolog.InfoLevel
 	record = zerolog.Nop()
@@ -45,11 +47,18 @@ func newLoggers(stderr io.Writer, conf *cniconf.Config, command string) (log, re
 		if conf.LogLevel == "none" {
 			level = zerolog.Disabled
 		}
-		var f *os.File
-		if f, refused = openLogFile(conf.AgentRunDir); f != nil {
-			w = zerolog.MultiLevelWriter(stderr, f)
-			close = func() { f.Close() }
-			record = zerolog.New(f).With().Timestamp().Str("plugin", "nftmesh-cni").Str("command", command).Bool(RecordOnlyField, true).Logger()
+		if e.Ask != nil {
+			// The agent's run: the agent is told in process, no file.
+			if e.Log != nil {
+				w = zerolog.MultiLevelWriter(e.Stderr, e.Log)
+			}
+		} else {
+			var f *os.File
+			if f, refused = openLogFile(conf.AgentRunDir); f != nil {
+				w = zerolog.MultiLevelWriter(e.Stderr, f)
+				close = func() { f.Close() }
+				record = zerolog.New(f).With().Timestamp().Str("plugin", "nftmesh-cni").Str("command", command).Bool(RecordOnlyField, true).Logger()
+			}
 		}
 	}
 	log = zerolog.New(w).Level(level).With().Timestamp().Str("plugin", "nftmesh-cni").Str("command", command).Logger()
@@ -58,6 +67,29 @@ func newLoggers(stderr io.Writer, conf *cniconf.Config, command string) (log, re
 	}
 	return log, record, close
 }
+
+// AgentLog is the agent's log for the lines of the calls it runs, at level:
+// each marked "component":"cni-plugin", as the agent marks the standalone
+// plugin's lines it reads back from the log file.
+func AgentLog(w io.Writer, level zerolog.Level) zerolog.LevelWriter {
+	return &zerolog.FilteredLevelWriter{Writer: zerolog.LevelWriterAdapter{Writer: agentLines{w}}, Level: level}
+}
+
+// agentLines puts the component first in each JSON line it passes on.
+type agentLines struct{ w io.Writer }
+
+func (a agentLines) Write(p []byte) (int, error) {
+	if len(p) < 2 || p[0] != '{' {
+		return a.w.Write(p)
+	}
+	line := make([]byte, 0, len(p)+len(componentField))
+	if _, err := a.w.Write(append(append(append(line, '{'), componentField...), p[1:]...)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+const componentField = `"component":"cni-plugin",`
 
 // openLogFile opens the log file for appending, rotating it first when it
 // is too big. A missing run dir (agent not installed yet), or one that is

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/internal/phase"
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/podinfo/cniconf"
 	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/podinfo/podget"
@@ -98,7 +99,7 @@ func (r *run) begin(verb string, args *cmdArgs) (*invocation, func(), error) {
 	inv := &invocation{r: r, verb: verb, start: time.Now(), args: args, record: zerolog.Nop()}
 	conf, err := cniconf.ParseConfig(args.StdinData)
 	if err != nil {
-		inv.log, _, _ = newLoggers(r.env.Stderr, nil, verb)
+		inv.log, _, _ = newLoggers(r.env, nil, verb)
 		inv.log.Error().Str("error", detail(err)).Msg("invalid plugin config")
 		return inv, func() {}, types.NewError(types.ErrInvalidNetworkConfig, "nftmesh-cni: invalid plugin config", detail(err))
 	}
@@ -108,7 +109,7 @@ func (r *run) begin(verb string, args *cmdArgs) (*invocation, func(), error) {
 	}
 	inv.conf = conf
 	var closeLog func()
-	inv.log, inv.record, closeLog = newLoggers(r.env.Stderr, conf, verb)
+	inv.log, inv.record, closeLog = newLoggers(r.env, conf, verb)
 	if verb == "STATUS" || verb == "GC" {
 		return inv, closeLog, nil
 	}
@@ -122,23 +123,34 @@ func (r *run) begin(verb string, args *cmdArgs) (*invocation, func(), error) {
 	return inv, closeLog, nil
 }
 
-// decision starts the run's one decision line at level l: through the
-// run's logger when its level allows, else to the log file alone marked
-// record_only (see newLoggers).
-func (inv *invocation) decision(l zerolog.Level) *zerolog.Event {
-	if e := inv.log.WithLevel(l); e != nil {
-		return e
+// decide starts the run's one decision line at level l: through the run's
+// logger when its level allows, else to the log file alone marked
+// record_only (see newLoggers). A call the agent runs hands its decision
+// to the agent here.
+func (inv *invocation) decide(l zerolog.Level, backend, decision, errText string) *zerolog.Event {
+	took := time.Since(inv.start)
+	if tell := inv.r.env.Decided; tell != nil {
+		d := agentsock.Decision{Command: inv.verb, Decision: decision, Namespace: inv.k8s.PodNamespace, Pod: inv.k8s.PodName,
+			RanBy: inv.ranBy(), Error: errText, Took: took, LookupTook: -1}
+		if inv.lookedUp {
+			d.Lookup, d.LookupTook = inv.lookupPath, time.Duration(inv.lookupMS*float64(time.Millisecond))
+		}
+		tell(d)
 	}
-	return inv.record.WithLevel(l)
+	e := inv.log.WithLevel(l)
+	if e == nil {
+		e = inv.record.WithLevel(l)
+	}
+	return inv.event(e, backend, took).Str("decision", decision)
 }
 
-func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
+func (inv *invocation) event(e *zerolog.Event, backend string, took time.Duration) *zerolog.Event {
 	e = e.Str("pod", inv.k8s.PodName).
 		Str("namespace", inv.k8s.PodNamespace).
 		Str("container_id", inv.args.ContainerID).
 		Str("netns", inv.args.Netns).
 		Str("backend", backend).
-		Float64("duration_ms", durationMS(inv.start)).
+		Float64("duration_ms", float64(took.Microseconds())/1000).
 		Str("ran_by", inv.ranBy())
 	if inv.r.env.Phases && inv.conf != nil && inv.conf.LogLevel == "debug" {
 		// Where this run's time went, from the process's start (µs).
@@ -163,7 +175,7 @@ func (inv *invocation) event(e *zerolog.Event, backend string) *zerolog.Event {
 // the call found it (see addFailed), or, for DEL, where any state leads to
 // the same end.
 func (inv *invocation) declineHere(err error) bool {
-	return inv.r.env.Ask != nil && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || StarvedOf(err) != "")
+	return inv.r.env.Ask != nil && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || agentsock.StarvedOf(err) != "")
 }
 
 // ranBy names the process that ran the call.
@@ -182,7 +194,7 @@ const (
 
 // decided logs the one decision line of a successful run.
 func (inv *invocation) decided(decision, reason string) {
-	inv.event(inv.decision(zerolog.InfoLevel), inv.conf.Backend).Str("decision", decision).Str("reason", reason).Msg(inv.verb + " " + decision)
+	inv.decide(zerolog.InfoLevel, inv.conf.Backend, decision, "").Str("reason", reason).Msg(inv.verb + " " + decision)
 }
 
 // fail logs the decision line of a failed run and returns err.
@@ -222,7 +234,7 @@ func (inv *invocation) fetchPod(ctx context.Context) (*meshpod.Pod, error) {
 	pod := inv.askAgent(ctx)
 	phase.Mark("asked")
 	if pod != nil {
-		return pod, nil
+		return inv.withLinkerdInputs(ctx, pod, start)
 	}
 	if inv.r.env.Ask != nil {
 		// The plugin's own process asks the API server.
@@ -234,7 +246,7 @@ func (inv *invocation) fetchPod(ctx context.Context) (*meshpod.Pod, error) {
 		inv.lookupMS = durationMS(start)
 		return nil, inv.fail(terr)
 	}
-	return pod, nil
+	return inv.withLinkerdInputs(ctx, pod, start)
 }
 
 // lookup fetches the pod and decides.
@@ -303,7 +315,7 @@ func (r *run) cmdAdd(args *cmdArgs) error {
 		return inv.printPrevResult()
 	}
 	phase.Mark("applied")
-	inv.event(inv.decision(zerolog.InfoLevel), added.Backend).Str("decision", "capture").Str("reason", added.Reason).Str("why", added.Why).
+	inv.decide(zerolog.InfoLevel, added.Backend, "capture", "").Str("reason", added.Reason).Str("why", added.Why).
 		Int("rules", added.Rules).Bool("ipv6", len(added.Plan.LoopbackAddrs) > 0). // ::6 comes with IPv6 capture
 		Msg("ADD capture")
 	return inv.printPrevResult()
@@ -340,7 +352,7 @@ func (inv *invocation) addFailed(added capture.Added, err error) error {
 func (inv *invocation) failWith(backend string, err *types.Error) error {
 	// Every error a verb returns passes here: one bound on what it echoes.
 	err.Msg, err.Details = quote.Text(err.Msg), quote.Text(err.Details)
-	inv.event(inv.decision(zerolog.ErrorLevel), backend).Str("decision", "error").Uint("code", err.Code).Str("error", err.Error()).Msg(inv.verb + " failed")
+	inv.decide(zerolog.ErrorLevel, backend, "error", err.Error()).Uint("code", err.Code).Str("error", err.Error()).Msg(inv.verb + " failed")
 	return err
 }
 
@@ -394,7 +406,7 @@ func (r *run) cmdCheck(args *cmdArgs) error {
 	if !d.InMesh {
 		decision = "skip"
 	}
-	inv.event(inv.decision(zerolog.InfoLevel), backend).Str("decision", decision).Str("reason", d.Reason).Msg("CHECK ok")
+	inv.decide(zerolog.InfoLevel, backend, decision, "").Str("reason", d.Reason).Msg("CHECK ok")
 	return nil
 }
 

@@ -75,7 +75,8 @@ func TestDecisionsCountedAtWarn(t *testing.T) {
 			})
 			var agentLog syncBuf
 			m := metrics.New()
-			f := pluginlog.New(runDir, &agentLog, zerolog.InfoLevel, m)
+			f := pluginlog.New(runDir, &agentLog, zerolog.InfoLevel)
+			f.OnDecision = m.Decided
 
 			add := func(pod *corev1.Pod, id string) {
 				t.Helper()

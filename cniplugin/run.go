@@ -16,8 +16,9 @@
 // with the pod's plan. STATUS reports the plugin unavailable until the
 // agent has written the kubeconfig. GC has nothing to collect.
 //
-// Logs are JSON (zerolog) on stderr and in a size-capped file in
-// agent_run_dir, never on stdout, which carries the CNI result.
+// Logs are JSON (zerolog) on stderr and, for a process of its own, in a
+// size-capped file in agent_run_dir (inside the agent, in the agent's log),
+// never on stdout, which carries the CNI result.
 //
 // The same code runs as a process of its own (nftmesh-cni-standalone,
 // through Main) and inside the node agent, which runs a call the
@@ -37,6 +38,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	cniversion "github.com/containernetworking/cni/pkg/version"
+	"github.com/rs/zerolog"
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/internal/phase"
@@ -69,6 +71,11 @@ type Env struct {
 	// Context, when set, bounds the call: the agent cancels it when the
 	// front hangs up.
 	Context context.Context
+	// Log and Decided are set for a call the agent runs (with Ask): its log
+	// lines go to Log, the agent's own log, instead of the log file, and
+	// its decision to Decided, the agent's counters and Events.
+	Log     zerolog.LevelWriter
+	Decided func(agentsock.Decision)
 }
 
 // ErrDeclined is Run's answer when the call must run elsewhere (the

@@ -13,39 +13,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/internal/cnisock"
 	"github.com/nftmesh/nftmesh/podinfo/agentsock"
-)
-
-// ServeOutcome is what became of one call on the socket, for metrics and logs.
-type ServeOutcome struct {
-	Status string // one of the Outcome constants
-	Reason string
-	// Resource is what a starved call lacked (agentsock.ResourceFDs,
-	// ResourceMemory, ResourceBuffers).
-	Resource string
-	Command  string
-	PeerUID  uint32
-	Duration time.Duration
-}
-
-// Outcomes.
-const (
-	OutcomeOK         = "ok"          // the plugin exited 0
-	OutcomeError      = "error"       // the plugin exited 1 (a CNI error)
-	OutcomeDeclined   = "declined"    // left to the standalone plugin
-	OutcomeRefused    = "refused"     // the peer is not root with CAP_NET_ADMIN
-	OutcomeBadRequest = "bad_request" // unreadable request or descriptors
-	OutcomeWriteError = "write_error" // the reply could not be sent
-	OutcomeBusy       = "busy"        // declined: over the bytes-in-flight budget, or every call slot taken
-	// OutcomeStarved: declined, the agent lacking a resource to take or
-	// run the call (Resource says which), where the namespace is as the
-	// call found it. Also told, without a call, when accepts start to
-	// fail and leave connections waiting.
-	OutcomeStarved = "starved"
 )
 
 // Server runs, inside the node agent, the CNI calls the nftmesh-cni front
@@ -72,7 +45,12 @@ type Server struct {
 	// /proc, for an agent in that namespace.
 	ProcDir string
 	// Observe, when set, is told each connection's outcome.
-	Observe func(ServeOutcome)
+	Observe func(agentsock.Outcome)
+	// Log (AgentLog) takes the calls' log lines, and Decided, when set,
+	// each call's decision: the plugin's log file is only the standalone
+	// plugin's.
+	Log     zerolog.LevelWriter
+	Decided func(agentsock.Decision)
 	// MaxBytesInFlight bounds the request bytes of the calls being read or
 	// run, across all connections; zero is DefaultMaxBytesInFlight.
 	MaxBytesInFlight int64
@@ -121,10 +99,10 @@ func (s *Server) Serve(ctx context.Context, l *agentsock.Listener) error {
 	return l.ServeConns(ctx, agentsock.Handlers{
 		Serve: func(c *net.UnixConn) { s.handle(ctx, c) },
 		Busy: func(c *net.UnixConn) {
-			s.declineAtOnce(c, ServeOutcome{Status: OutcomeBusy, Reason: "every call slot of the socket is taken"})
+			s.declineAtOnce(c, agentsock.Outcome{Status: agentsock.OutcomeBusy, Reason: "every call slot of the socket is taken"})
 		},
 		Starved: func(c *net.UnixConn, err error) {
-			o := ServeOutcome{Status: OutcomeStarved, Resource: StarvedOf(err), Reason: "accepting the call: " + err.Error()}
+			o := agentsock.Outcome{Status: agentsock.OutcomeStarved, Resource: agentsock.StarvedOf(err), Reason: "accepting the call: " + err.Error()}
 			if c == nil {
 				o.Reason += " (the connection waits in the backlog)"
 				s.observe(o)
@@ -136,18 +114,18 @@ func (s *Server) Serve(ctx context.Context, l *agentsock.Listener) error {
 }
 
 // declineAtOnce answers c with a decline, unread, and closes it.
-func (s *Server) declineAtOnce(c *net.UnixConn, o ServeOutcome) {
+func (s *Server) declineAtOnce(c *net.UnixConn, o agentsock.Outcome) {
 	defer c.Close()
 	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
 	if _, err := c.Write(declinedReply); err != nil {
-		o.Status, o.Reason = OutcomeWriteError, err.Error()
+		o.Status, o.Reason = agentsock.OutcomeWriteError, err.Error()
 	}
 	s.observe(o)
 }
 
 var declinedReply = cnisock.AppendReply(nil, cnisock.Reply{Status: cnisock.StatusDeclined})
 
-func (s *Server) observe(o ServeOutcome) {
+func (s *Server) observe(o agentsock.Outcome) {
 	if s.Observe != nil {
 		s.Observe(o)
 	}
@@ -156,12 +134,12 @@ func (s *Server) observe(o ServeOutcome) {
 func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	defer c.Close()
 	start := time.Now()
-	o := ServeOutcome{}
+	o := agentsock.Outcome{}
 	defer func() {
 		// Nothing a connection sends may take the agent down: the front
 		// sees the connection end and runs the standalone plugin.
 		if p := recover(); p != nil {
-			o.Status, o.Reason = OutcomeBadRequest, fmt.Sprintf("panic: %v", p)
+			o.Status, o.Reason = agentsock.OutcomeBadRequest, fmt.Sprintf("panic: %v", p)
 		}
 		o.Duration = time.Since(start)
 		s.observe(o)
@@ -169,7 +147,7 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	uid, err := agentsock.PeerUIDOf(c)
 	o.PeerUID = uid
 	if err != nil || uid != s.AllowUID {
-		o.Status, o.Reason = OutcomeRefused, fmt.Sprintf("peer uid %d is not %d", uid, s.AllowUID)
+		o.Status, o.Reason = agentsock.OutcomeRefused, fmt.Sprintf("peer uid %d is not %d", uid, s.AllowUID)
 		if err != nil {
 			o.Reason = err.Error()
 		}
@@ -178,11 +156,11 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	// Root is not enough: changing a namespace's rules takes CAP_NET_ADMIN
 	// in the initial user namespace.
 	if err := agentsock.CheckAdminPeer(c, cmp.Or(s.ProcDir, "/proc")); err != nil {
-		o.Status, o.Reason = OutcomeRefused, err.Error()
-		if o.Resource = StarvedOf(err); o.Resource != "" {
+		o.Status, o.Reason = agentsock.OutcomeRefused, err.Error()
+		if o.Resource = agentsock.StarvedOf(err); o.Resource != "" {
 			// The check reads a file: no answer about the peer, a
 			// decline for the front, which then runs as itself.
-			o.Status = OutcomeStarved
+			o.Status = agentsock.OutcomeStarved
 			_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
 			_, _ = c.Write(declinedReply)
 		}
@@ -199,11 +177,11 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	reply := cnisock.Reply{Status: cnisock.StatusDeclined}
 	switch {
 	case errors.Is(err, errOverBudget):
-		o.Status, o.Reason = OutcomeBusy, err.Error()
-	case StarvedOf(err) != "":
-		o.Status, o.Resource, o.Reason = OutcomeStarved, StarvedOf(err), err.Error()
+		o.Status, o.Reason = agentsock.OutcomeBusy, err.Error()
+	case agentsock.StarvedOf(err) != "":
+		o.Status, o.Resource, o.Reason = agentsock.OutcomeStarved, agentsock.StarvedOf(err), err.Error()
 	case err != nil:
-		o.Status, o.Reason = OutcomeBadRequest, err.Error()
+		o.Status, o.Reason = agentsock.OutcomeBadRequest, err.Error()
 	default:
 		o.Command = getenv(req.Env, "CNI_COMMAND")
 		cctx, stop := watchHangUp(ctx, c)
@@ -214,14 +192,14 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
 	if _, err := c.Write(cnisock.AppendReply(nil, reply)); err != nil {
-		o.Status, o.Reason = OutcomeWriteError, err.Error()
+		o.Status, o.Reason = agentsock.OutcomeWriteError, err.Error()
 	}
 }
 
 // call runs one well-formed request and says in o what became of it.
-func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int, o *ServeOutcome) cnisock.Reply {
+func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int, o *agentsock.Outcome) cnisock.Reply {
 	declined := cnisock.Reply{Status: cnisock.StatusDeclined}
-	o.Status = OutcomeDeclined
+	o.Status = agentsock.OutcomeDeclined
 	if s.HostNetns == nil {
 		o.Reason = hostNetnsUnknown
 		return declined
@@ -233,7 +211,7 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int, o *Se
 	// One descriptor exactly when the call names a namespace.
 	netns := getenv(req.Env, "CNI_NETNS")
 	if (netns != "") != (len(fds) == 1) || len(fds) > 1 {
-		o.Status, o.Reason = OutcomeBadRequest, fmt.Sprintf("%d descriptors for CNI_NETNS %q", len(fds), netns)
+		o.Status, o.Reason = agentsock.OutcomeBadRequest, fmt.Sprintf("%d descriptors for CNI_NETNS %q", len(fds), netns)
 		return declined
 	}
 	var out, errOut bytes.Buffer
@@ -246,7 +224,9 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int, o *Se
 		Ask: func(r agentsock.Request) (agentsock.Answer, error) {
 			return agentsock.Lookup(ctx, s.Resolver, r), nil
 		},
-		RunDir: filepath.Clean(s.RunDir), // as the plugin cleans the config's
+		RunDir:  filepath.Clean(s.RunDir), // as the plugin cleans the config's
+		Log:     s.Log,
+		Decided: s.Decided,
 	}
 	if netns != "" {
 		e.Pipeline = capture.LinuxVia(netns, fds[0])
@@ -258,8 +238,8 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int, o *Se
 		if err != ErrDeclined { // with the error that made it go elsewhere
 			o.Reason = err.Error()
 		}
-		if o.Resource = StarvedOf(err); o.Resource != "" {
-			o.Status = OutcomeStarved
+		if o.Resource = agentsock.StarvedOf(err); o.Resource != "" {
+			o.Status = agentsock.OutcomeStarved
 		}
 		return declined
 	case err != nil:
@@ -271,10 +251,10 @@ func (s *Server) call(ctx context.Context, req cnisock.Request, fds []int, o *Se
 		o.Reason = "cut short: " + context.Cause(ctx).Error()
 		return declined
 	}
-	o.Status = OutcomeOK
+	o.Status = agentsock.OutcomeOK
 	reply := cnisock.Reply{Status: cnisock.StatusOK, Stdout: out.Bytes(), Stderr: errOut.Bytes()}
 	if code != 0 {
-		reply.Status, o.Status = cnisock.StatusError, OutcomeError
+		reply.Status, o.Status = cnisock.StatusError, agentsock.OutcomeError
 	}
 	return reply
 }

@@ -95,7 +95,7 @@ func TestServeStopsWhenTheFrontHangsUp(t *testing.T) {
 	}
 	entered := make(chan struct{}, 1)
 	ends := make(chan ended, 1)
-	outcomes := make(chan ServeOutcome, 1)
+	outcomes := make(chan agentsock.Outcome, 1)
 	// halfClosed: the second part's resolver, which waits a little
 	// and reports whether its call was cancelled meanwhile.
 	var halfClosed atomic.Bool
@@ -113,7 +113,7 @@ func TestServeStopsWhenTheFrontHangsUp(t *testing.T) {
 		<-ctx.Done()
 		ends <- ended{ctx.Err(), time.Now()}
 		return agentsock.Unknown("stopped")
-	}), Observe: func(o ServeOutcome) { outcomes <- o }}
+	}), Observe: func(o agentsock.Outcome) { outcomes <- o }}
 	runDir := serveWith(t, srv)
 	_, nsPath := nstest.New(t, "cni-hangup-")
 	c := dialCNI(t, runDir, callFrame(t, "ADD", nsPath, runDir, pod), openPath(t, nsPath))
@@ -133,7 +133,7 @@ func TestServeStopsWhenTheFrontHangsUp(t *testing.T) {
 	}
 	select {
 	case o := <-outcomes:
-		if o.Status == OutcomeOK || o.Status == OutcomeError {
+		if o.Status == agentsock.OutcomeOK || o.Status == agentsock.OutcomeError {
 			t.Fatalf("outcome %+v for a call whose front hung up", o)
 		}
 	case <-time.After(5 * time.Second):
@@ -156,7 +156,7 @@ func TestServeStopsWhenTheFrontHangsUp(t *testing.T) {
 	if _, err := c.Read(hdr[:]); err != nil {
 		t.Fatalf("a half-closed front got no reply: %v", err)
 	}
-	if o := <-outcomes; o.Status != OutcomeDeclined {
+	if o := <-outcomes; o.Status != agentsock.OutcomeDeclined {
 		t.Fatalf("outcome %+v, want declined (no answer for the pod)", o)
 	}
 }
@@ -221,7 +221,7 @@ func TestServeMemoryBound(t *testing.T) {
 		}
 		inResolver.Add(-1)
 		return agentsock.Unknown("flood")
-	}), Observe: func(o ServeOutcome) {
+	}), Observe: func(o agentsock.Outcome) {
 		mu.Lock()
 		outcomes[o.Status]++
 		mu.Unlock()
@@ -247,7 +247,7 @@ func TestServeMemoryBound(t *testing.T) {
 		cs = append(cs, dialCNI(t, runDir, frame, nsFD))
 	}
 	// Every call is either held in the resolver or declined as busy.
-	busy := func() int { mu.Lock(); defer mu.Unlock(); return outcomes[OutcomeBusy] }
+	busy := func() int { mu.Lock(); defer mu.Unlock(); return outcomes[agentsock.OutcomeBusy] }
 	held := 0
 	deadline := time.After(60 * time.Second)
 	for held+busy() < conns {
@@ -296,7 +296,7 @@ func TestServeMemoryBound(t *testing.T) {
 	binary.BigEndian.PutUint32(big[4:], cnisock.MaxRequest+1)
 	big = append(big, make([]byte, cnisock.MaxRequest+1)...)
 	mu.Lock()
-	before2 := outcomes[OutcomeBadRequest]
+	before2 := outcomes[agentsock.OutcomeBadRequest]
 	mu.Unlock()
 	c := dialCNI(t, runDir, big[:cnisock.HeaderLen])
 	defer c.Close()
@@ -308,7 +308,7 @@ func TestServeMemoryBound(t *testing.T) {
 	deadline2 := time.Now().Add(5 * time.Second)
 	for {
 		mu.Lock()
-		n := outcomes[OutcomeBadRequest]
+		n := outcomes[agentsock.OutcomeBadRequest]
 		mu.Unlock()
 		if n == before2+1 {
 			break
@@ -368,10 +368,10 @@ func TestServeRefusesRootWithoutNetAdmin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	outcomes := make(chan ServeOutcome, 1)
+	outcomes := make(chan agentsock.Outcome, 1)
 	srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: hostKnown, Resolver: resolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
 		return agentsock.Unknown("not here")
-	}), Observe: func(o ServeOutcome) { outcomes <- o }}
+	}), Observe: func(o agentsock.Outcome) { outcomes <- o }}
 	runDir := serveWith(t, srv)
 	// A call without a namespace: a STATUS, which a refused peer must
 	// not get run either.
@@ -389,9 +389,9 @@ func TestServeRefusesRootWithoutNetAdmin(t *testing.T) {
 		wrap []string
 		want string // the outcome
 	}{
-		{"root with its capabilities", nil, OutcomeOK},
-		{"root without any capability", []string{"setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--"}, OutcomeRefused},
-		{"root of its own user namespace", []string{"unshare", "--user", "--map-root-user", "--"}, OutcomeRefused},
+		{"root with its capabilities", nil, agentsock.OutcomeOK},
+		{"root without any capability", []string{"setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--"}, agentsock.OutcomeRefused},
+		{"root of its own user namespace", []string{"unshare", "--user", "--map-root-user", "--"}, agentsock.OutcomeRefused},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			args := append(append([]string{}, tt.wrap...), self)
@@ -402,13 +402,13 @@ func TestServeRefusesRootWithoutNetAdmin(t *testing.T) {
 				t.Fatalf("front: %v %s", err, out)
 			}
 			o := <-outcomes
-			if o.Status == OutcomeError {
-				o.Status = OutcomeOK // run: its CNI error is not the point
+			if o.Status == agentsock.OutcomeError {
+				o.Status = agentsock.OutcomeOK // run: its CNI error is not the point
 			}
 			if o.Status != tt.want {
 				t.Fatalf("outcome %+v, want %s (front: %s)", o, tt.want, out)
 			}
-			if replied := strings.HasPrefix(string(out), "reply"); replied != (tt.want != OutcomeRefused) {
+			if replied := strings.HasPrefix(string(out), "reply"); replied != (tt.want != agentsock.OutcomeRefused) {
 				t.Fatalf("front printed %q", out)
 			}
 		})
@@ -430,17 +430,17 @@ func TestServeDeclinesWithoutTheHostNetns(t *testing.T) {
 		host func() error
 		want string
 	}{
-		{"not registered", func() error { return errors.New("registering /host/proc/1/ns/net: permission denied") }, OutcomeDeclined},
-		{"no registration given", nil, OutcomeDeclined},
-		{"registered", hostKnown, OutcomeOK},
+		{"not registered", func() error { return errors.New("registering /host/proc/1/ns/net: permission denied") }, agentsock.OutcomeDeclined},
+		{"no registration given", nil, agentsock.OutcomeDeclined},
+		{"registered", hostKnown, agentsock.OutcomeOK},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			outcomes := make(chan ServeOutcome, 1)
+			outcomes := make(chan agentsock.Outcome, 1)
 			asked := false
 			srv := &Server{AllowUID: agentsock.PeerUID, HostNetns: tt.host, Resolver: resolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
 				asked = true
 				return found
-			}), Observe: func(o ServeOutcome) { outcomes <- o }}
+			}), Observe: func(o agentsock.Outcome) { outcomes <- o }}
 			runDir := serveWith(t, srv)
 			_, nsPath := nstest.New(t, "cni-hostns-")
 			r, ok := handOver(t, runDir, callFrame(t, "ADD", nsPath, runDir, pod), openPath(t, nsPath))
@@ -448,7 +448,7 @@ func TestServeDeclinesWithoutTheHostNetns(t *testing.T) {
 			if o.Status != tt.want {
 				t.Fatalf("outcome %+v (reply status %d, %v), want %s", o, r.Status, ok, tt.want)
 			}
-			if tt.want == OutcomeOK {
+			if tt.want == agentsock.OutcomeOK {
 				return
 			}
 			if !ok || r.Status != cnisock.StatusDeclined || asked {

@@ -189,12 +189,12 @@ func TestServeRefusesBadCalls(t *testing.T) {
 		fds    []int
 		reason string // the outcome counted
 	}{
-		{"garbage", []byte("GET / HTTP/1.1\r\n\r\n"), nil, OutcomeBadRequest},
-		{"truncated body", callFrame(t, "ADD", nsPath, runDir, pod)[:40], []int{nsFD}, OutcomeBadRequest},
-		{"no descriptor for CNI_NETNS", callFrame(t, "ADD", nsPath, runDir, pod), nil, OutcomeBadRequest},
-		{"two descriptors", callFrame(t, "ADD", nsPath, runDir, pod), []int{nsFD, other}, OutcomeBadRequest},
-		{"a descriptor without CNI_NETNS", callFrame(t, "ADD", "", runDir, pod), []int{nsFD}, OutcomeBadRequest},
-		{"another run dir", callFrame(t, "ADD", nsPath, t.TempDir(), pod), []int{nsFD}, OutcomeDeclined},
+		{"garbage", []byte("GET / HTTP/1.1\r\n\r\n"), nil, agentsock.OutcomeBadRequest},
+		{"truncated body", callFrame(t, "ADD", nsPath, runDir, pod)[:40], []int{nsFD}, agentsock.OutcomeBadRequest},
+		{"no descriptor for CNI_NETNS", callFrame(t, "ADD", nsPath, runDir, pod), nil, agentsock.OutcomeBadRequest},
+		{"two descriptors", callFrame(t, "ADD", nsPath, runDir, pod), []int{nsFD, other}, agentsock.OutcomeBadRequest},
+		{"a descriptor without CNI_NETNS", callFrame(t, "ADD", "", runDir, pod), []int{nsFD}, agentsock.OutcomeBadRequest},
+		{"another run dir", callFrame(t, "ADD", nsPath, t.TempDir(), pod), []int{nsFD}, agentsock.OutcomeDeclined},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			before := ag.calls(tt.reason)
@@ -243,7 +243,7 @@ func TestServeOnlyAllowedPeer(t *testing.T) {
 	srv := &Server{RunDir: runDir, AllowUID: 4242, HostNetns: hostKnown, Resolver: resolverFunc(func(context.Context, agentsock.Request) agentsock.Answer {
 		t.Error("a refused peer's call was resolved")
 		return agentsock.Unknown("no")
-	}), Observe: func(o ServeOutcome) { mu.Lock(); outcomes = append(outcomes, o.Status); mu.Unlock() }}
+	}), Observe: func(o agentsock.Outcome) { mu.Lock(); outcomes = append(outcomes, o.Status); mu.Unlock() }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ln) }()
@@ -255,7 +255,7 @@ func TestServeOnlyAllowedPeer(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if len(outcomes) != 1 || outcomes[0] != OutcomeRefused {
+	if len(outcomes) != 1 || outcomes[0] != agentsock.OutcomeRefused {
 		t.Fatalf("outcomes %v, want one refused", outcomes)
 	}
 	assertNoRules(t, nsPath)

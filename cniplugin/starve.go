@@ -1,14 +1,6 @@
 package cniplugin
 
-import (
-	"golang.org/x/sys/unix"
-
-	"github.com/nftmesh/nftmesh/podinfo/agentsock"
-)
-
-// StarvedOf names the resource whose lack err reports, or "" (see
-// agentsock.StarvedOf: ResourceFDs, ResourceMemory, ResourceBuffers).
-func StarvedOf(err error) string { return agentsock.StarvedOf(err) }
+import "golang.org/x/sys/unix"
 
 // fdProbe opens and closes one descriptor: nil when this process can open
 // one now, else why not.

@@ -88,7 +88,7 @@ func TestAgentDeclinesWhenStarved(t *testing.T) {
 			code, err := Run(e)
 			switch {
 			case tt.want == "declined":
-				if !errors.Is(err, ErrDeclined) || StarvedOf(err) == "" {
+				if !errors.Is(err, ErrDeclined) || agentsock.StarvedOf(err) == "" {
 					t.Fatalf("status %d, %v, stdout %q; want declined for lack of a resource", code, err, out.String())
 				}
 				if !strings.Contains(err.Error(), tt.errno.Error()) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/netlab"
 	"github.com/nftmesh/nftmesh/podinfo"
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/testkit/nettest"
 
@@ -35,10 +36,10 @@ func TestRealTraffic(t *testing.T) {
 		runDir := agentRunDir(t, env.token)
 		ag := startAgent(t, runDir)
 		realTraffic(t, runDir, func(t *testing.T, ok0 int) {
-			if n := ag.callsReach(OutcomeOK, ok0+1); n != ok0+1 {
-				t.Errorf("the agent ran %d calls, want %d: the front did not hand this ADD over (declined %d)", n-ok0, 1, ag.calls(OutcomeDeclined))
+			if n := ag.callsReach(agentsock.OutcomeOK, ok0+1); n != ok0+1 {
+				t.Errorf("the agent ran %d calls, want %d: the front did not hand this ADD over (declined %d)", n-ok0, 1, ag.calls(agentsock.OutcomeDeclined))
 			}
-		}, func() int { return ag.calls(OutcomeOK) })
+		}, func() int { return ag.calls(agentsock.OutcomeOK) })
 	})
 	t.Run("standalone", func(t *testing.T) {
 		realTraffic(t, agentRunDir(t, env.token), nil, nil)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -12,6 +13,9 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/nftmesh/nftmesh/installer/conflist"
 	"github.com/nftmesh/nftmesh/installer/repair"
@@ -80,6 +84,9 @@ type Config struct {
 	// PodEvents: Events on pods whose capture failed, was repaired or
 	// drifted.
 	PodEvents bool
+
+	// Linkerd is the node's settings for Linkerd pods (linkerd.go).
+	Linkerd LinkerdSettings
 }
 
 // KubeconfigPath is where the plugin finds its kubeconfig.
@@ -105,6 +112,7 @@ func (c *Config) PluginConf() cniconf.PluginConf {
 			Kubeconfig:        str(c.KubeconfigPath()),
 			Backend:           str(c.Backend),
 			APITimeout:        str(c.APITimeout.String()),
+			Linkerd:           c.Linkerd.conf(),
 		},
 	}
 	if !c.Chained {
@@ -133,104 +141,179 @@ func (e *ConfigError) Error() string {
 	return fmt.Sprintf("--%s%s %s: %s", e.Flag, src, quote.Value(e.Value), e.Reason)
 }
 
-// envAlias is a foreign (Istio) environment variable accepted for a flag;
-// conv turns its value into the flag's syntax.
-type envAlias struct {
-	name string
-	conv func(string) (string, error)
-}
-
 // EnvName is the nftmesh environment variable for a flag.
 func EnvName(flag string) string {
 	return "NFTMESH_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
-// newFlagSet returns the agent's flags bound to c, which holds the
-// defaults, and the log level's raw value.
-func newFlagSet(c *Config) (*pflag.FlagSet, *string) {
+// flagDef is one row of the agent's flag table.
+type flagDef struct {
+	name  string
+	bind  func(fs *pflag.FlagSet)
+	istio []string      // Istio's variables for the flag, after NFTMESH_<FLAG>
+	check func() string // why the bound value is bad ("": it is fine); it may normalise it
+	only  func() bool   // check only when this holds (nil: always)
+}
+
+// flagType is what pflag binds a row to.
+type flagType interface {
+	string | []string | bool | int | []int | float64 | time.Duration
+}
+
+// fl is a row binding the flag name to *p with default def; checks judge
+// the value in turn, the first reason stops.
+func fl[T flagType](p *T, name string, def T, usage string, checks ...func(*T) string) flagDef {
+	d := flagDef{name: name, bind: func(fs *pflag.FlagSet) {
+		switch p := any(p).(type) { // every flagType, so one case always binds
+		case *string:
+			fs.StringVar(p, name, any(def).(string), usage)
+		case *[]string:
+			fs.StringSliceVar(p, name, any(def).([]string), usage)
+		case *bool:
+			fs.BoolVar(p, name, any(def).(bool), usage)
+		case *int:
+			fs.IntVar(p, name, any(def).(int), usage)
+		case *[]int:
+			fs.IntSliceVar(p, name, any(def).([]int), usage)
+		case *float64:
+			fs.Float64Var(p, name, any(def).(float64), usage)
+		case *time.Duration:
+			fs.DurationVar(p, name, any(def).(time.Duration), usage)
+		}
+	}}
+	if len(checks) > 0 {
+		d.check = func() string {
+			for _, c := range checks {
+				if r := c(p); r != "" {
+					return r
+				}
+			}
+			return ""
+		}
+	}
+	return d
+}
+
+func (d flagDef) env(istio ...string) flagDef { d.istio = istio; return d }
+
+func (d flagDef) when(cond func() bool) flagDef { d.only = cond; return d }
+
+func newFlagSet(defs []flagDef) *pflag.FlagSet {
 	fs := pflag.NewFlagSet("nftmesh-agent", pflag.ContinueOnError)
 	fs.SortFlags = false
-	logLevel := new(string)
+	fs.SetOutput(io.Discard)
+	for _, d := range defs {
+		d.bind(fs)
+	}
+	return fs
+}
+
+// fromEnv sets the flag from the first of its variables that is set,
+// unless the command line set it, and says where its value came from.
+func (d flagDef) fromEnv(fs *pflag.FlagSet, getenv func(string) (string, bool)) (source string, err error) {
+	f := fs.Lookup(d.name)
+	if f.Changed {
+		return "flag", nil
+	}
+	for _, name := range append([]string{EnvName(d.name)}, d.istio...) {
+		v, ok := getenv(name)
+		v = strings.TrimSpace(v)
+		if !ok || v == "" && f.Value.Type() != "stringSlice" {
+			continue // an empty variable rendered by a template means unset; an empty list is a list
+		}
+		if conv := envConv[name]; conv != nil {
+			cv, err := conv(v)
+			if err != nil {
+				return "", &ConfigError{Flag: d.name, Source: "env " + name, Value: v, Reason: err.Error()}
+			}
+			if cv == "" {
+				continue
+			}
+			v = cv
+		}
+		if err := fs.Set(d.name, v); err != nil {
+			return "", refused(err, "env "+name)
+		}
+		return "env " + name, nil
+	}
+	return "", nil
+}
+
+// flagTables make the agent's flag table, in the order help lists them. A
+// feature with flags of its own keeps its table in its own file and adds
+// it here (and its cross-flag rules to finish).
+var flagTables = []func(*Config) []flagDef{agentFlags, linkerdFlags}
+
+func allFlags(c *Config) (defs []flagDef) {
+	for _, t := range flagTables {
+		defs = append(defs, t(c)...)
+	}
+	return defs
+}
+
+// agentFlags is the install job's table: each row binds a flag to its
+// Config field with its default and help, names the Istio install-cni
+// variables that stand in for it (env) and the checks its value must pass,
+// when it matters. Cross-flag rules are finish's.
+func agentFlags(c *Config) []flagDef {
 	rd := repair.DefaultConfig()
-	fs.StringSliceVar(&c.CNIBinDirs, "cni-bin-dir", []string{"/host/opt/cni/bin"}, "host CNI bin dir to install "+PluginName+" into (repeatable, or comma-separated)")
-	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "host CNI config dir")
-	fs.StringVar(&c.CNIConfFileName, "cni-conf-file-name", "", "CNI config file to use instead of discovering the primary one (standalone: the file to write)")
-	fs.BoolVar(&c.Chained, "chained", true, "insert into the primary CNI config (false: write a standalone config for Multus)")
-	fs.StringVar(&c.NetworkName, "cni-network-name", PluginName, "standalone only: the config's network name, which Multus matches against the NetworkAttachmentDefinition pods reference")
-	fs.StringVar(&c.AgentRunDir, "agent-run-dir", cniconf.DefaultAgentRunDir, "run dir shared with the plugin (kubeconfig, state, logs); same path on host and in the pod")
-	fs.StringVar(&c.PluginBinary, "plugin-binary", "/opt/cni/bin/"+PluginName, "the "+PluginName+" binary to install; its companion "+StandaloneName+" is taken from the same directory")
-	fs.StringVar(&c.ServiceAccountDir, "service-account-dir", "/var/run/secrets/kubernetes.io/serviceaccount", "service-account dir with token and ca.crt for the plugin's kubeconfig (empty: write no kubeconfig)")
-	fs.StringVar(&c.KubeAPIServer, "kube-api-server", "", "API server URL for the plugin (default from KUBERNETES_SERVICE_HOST/PORT)")
-	fs.StringVar(&c.KubeCAFile, "kube-ca-file", "", "CA bundle for the API server (default <service-account-dir>/ca.crt)")
-	fs.StringSliceVar(&c.ExcludeNamespaces, "exclude-namespaces", []string{"kube-system"}, "namespaces whose pods the plugin never touches")
-	fs.StringVar(&c.PodNamespace, "pod-namespace", "", "the agent's own namespace (the plugin skips the agent's pods)")
-	fs.StringVar(&c.NodeName, "node-name", "", "this node's name")
-	fs.StringVar(&c.HealthAddr, "health-addr", ":8000", "listen address for /healthz and /readyz (empty: off)")
-	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":15014", "listen address for /metrics (empty: off)")
-	fs.StringVar(&c.Backend, "backend", "auto", "capture backend for the plugin: "+strings.Join(Backends, "|"))
-	fs.StringVar(logLevel, "log-level", "info", "log level of the agent and the plugin: debug|info|warn|error, or Istio's scope:level list (the most verbose applies)")
-	fs.StringVar(&c.LogFormat, "log-format", "json", "the agent's log lines: "+strings.Join(LogFormats, "|"))
-	fs.DurationVar(&c.APITimeout, "api-timeout", 30*time.Second, "how long the plugin retries its pod lookup before failing")
-	fs.Float64Var(&c.ReinstallRate, "reinstall-rate", 1, "max CNI config rewrites per second once the burst is used")
-	fs.IntVar(&c.ReinstallBurst, "reinstall-burst", 5, "CNI config rewrites allowed at once")
-	fs.IntVar(&c.FightThreshold, "fight-threshold", 5, "re-inserts within --fight-window that count as a fight with another component")
-	fs.DurationVar(&c.FightWindow, "fight-window", time.Minute, "window for --fight-threshold")
-	fs.BoolVar(&c.Repair.Enabled, "repair-enabled", false, "run the repair controller for pods that started without the plugin")
-	fs.BoolVar(&c.Repair.RepairPods, "repair-pods", false, "repair broken pods in place (needs SYS_ADMIN, SYS_PTRACE and /proc)")
-	fs.BoolVar(&c.Repair.DeletePods, "repair-delete-pods", false, "delete broken pods so their controller recreates them")
-	fs.BoolVar(&c.Repair.LabelPods, "repair-label-pods", false, "label broken pods through pods/status")
-	fs.StringVar(&c.Repair.NodeName, "repair-node-name", "", "node whose pods the repair controller watches (default --node-name)")
-	fs.StringVar(&c.Repair.InitContainerName, "repair-init-container-name", rd.InitContainerName, "validation init container that detects a missing capture")
-	fs.IntVar(&c.Repair.InitContainerExitCode, "repair-init-container-exit-code", rd.InitContainerExitCode, "exit code of a failed validation (0: any)")
-	fs.StringVar(&c.Repair.InitContainerTerminationMessage, "repair-init-container-termination-message", "", "substring the validation's termination message must contain (empty: any)")
-	fs.StringVar(&c.Repair.SidecarAnnotation, "repair-sidecar-annotation", rd.SidecarAnnotation, "annotation every repairable pod carries")
-	fs.StringVar(&c.Repair.BrokenPodLabelKey, "repair-broken-pod-label-key", rd.BrokenPodLabelKey, "label set on broken pods in label mode")
-	fs.StringVar(&c.Repair.BrokenPodLabelValue, "repair-broken-pod-label-value", rd.BrokenPodLabelValue, "value of that label")
-	fs.StringVar(&c.Repair.LabelSelectors, "repair-label-selectors", "", "extra label selector for watched pods")
-	fs.StringVar(&c.Repair.FieldSelectors, "repair-field-selectors", "", "extra field selector for watched pods")
-	fs.BoolVar(&c.RemoveNodeTaint, "remove-node-taint", true, "once the plugin can program pods, remove --node-taint-key's taints (every effect) from this node (--node-name)")
-	fs.StringVar(&c.NodeTaintKey, "node-taint-key", "cni.istio.io/not-ready", "the taint a node carries until its CNI capture is ready (Istio's name)")
-	fs.BoolVar(&c.PodEvents, "pod-events", true, "record an Event on a pod whose capture failed, was repaired or drifted")
-	fs.StringVar(&c.Repair.HostProc, "host-proc", rd.HostProc, "the host's /proc as mounted in the agent, where repair in place finds pod network namespaces (/proc outside a cluster)")
-
-	return fs, logLevel
+	repairOn := func() bool { return c.Repair.Enabled }
+	return []flagDef{
+		fl(&c.CNIBinDirs, "cni-bin-dir", []string{"/host/opt/cni/bin"}, "host CNI bin dir to install "+PluginName+" into (repeatable, or comma-separated)"),
+		fl(&c.CNIConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "host CNI config dir", absPath).env("MOUNTED_CNI_NET_DIR", "CNI_NET_DIR"),
+		fl(&c.CNIConfFileName, "cni-conf-file-name", "", "CNI config file to use instead of discovering the primary one (standalone: the file to write)").env("CNI_CONF_NAME"),
+		fl(&c.Chained, "chained", true, "insert into the primary CNI config (false: write a standalone config for Multus)").env("CHAINED_CNI_PLUGIN"),
+		fl(&c.NetworkName, "cni-network-name", PluginName, "standalone only: the config's network name, which Multus matches against the NetworkAttachmentDefinition pods reference",
+			k8sName("not a NetworkAttachmentDefinition name: ", validation.IsDNS1123Subdomain)),
+		fl(&c.AgentRunDir, "agent-run-dir", cniconf.DefaultAgentRunDir, "run dir shared with the plugin (kubeconfig, state, logs); same path on host and in the pod", absPath).env("CNI_AGENT_RUN_DIR"),
+		fl(&c.PluginBinary, "plugin-binary", "/opt/cni/bin/"+PluginName, "the "+PluginName+" binary to install; its companion "+StandaloneName+" is taken from the same directory", absPath),
+		fl(&c.ServiceAccountDir, "service-account-dir", "/var/run/secrets/kubernetes.io/serviceaccount", "service-account dir with token and ca.crt for the plugin's kubeconfig (empty: write no kubeconfig)", unlessEmpty(absPath)),
+		fl(&c.KubeAPIServer, "kube-api-server", "", "API server URL for the plugin (default from KUBERNETES_SERVICE_HOST/PORT)"),
+		fl(&c.KubeCAFile, "kube-ca-file", "", "CA bundle for the API server (default <service-account-dir>/ca.crt)", unlessEmpty(absPath)).env("KUBE_CA_FILE"),
+		fl(&c.ExcludeNamespaces, "exclude-namespaces", []string{"kube-system"}, "namespaces whose pods the plugin never touches").env("EXCLUDE_NAMESPACES"),
+		fl(&c.PodNamespace, "pod-namespace", "", "the agent's own namespace (the plugin skips the agent's pods)", unlessEmpty(k8sName("not a namespace name: ", validation.IsDNS1123Label))).env("POD_NAMESPACE"),
+		fl(&c.NodeName, "node-name", "", "this node's name").env("NODE_NAME"),
+		fl(&c.HealthAddr, "health-addr", ":8000", "listen address for /healthz and /readyz (empty: off)", unlessEmpty(listenAddr)),
+		fl(&c.MetricsAddr, "metrics-addr", ":15014", "listen address for /metrics (empty: off)", unlessEmpty(listenAddr)).env("MONITORING_PORT"),
+		fl(&c.Backend, "backend", "auto", "capture backend for the plugin: "+strings.Join(Backends, "|"), oneOf(Backends)).env("FORCE_IPTABLES_BINARY", "NATIVE_NFTABLES"),
+		fl(new(string), "log-level", "info", "log level of the agent and the plugin: debug|info|warn|error, or Istio's scope:level list (the most verbose applies)", c.setLevel).env("LOG_LEVEL"),
+		fl(&c.LogFormat, "log-format", "json", "the agent's log lines: "+strings.Join(LogFormats, "|"), oneOf(LogFormats)),
+		fl(&c.APITimeout, "api-timeout", 30*time.Second, "how long the plugin retries its pod lookup before failing", within(time.Nanosecond, 10*time.Minute, "must be between 0 and 10m")),
+		fl(&c.ReinstallRate, "reinstall-rate", 1, "max CNI config rewrites per second once the burst is used", within(math.SmallestNonzeroFloat64, 1e6, "must be a positive number of rewrites per second")),
+		fl(&c.ReinstallBurst, "reinstall-burst", 5, "CNI config rewrites allowed at once", within(1, math.MaxInt, "must be at least 1")),
+		fl(&c.FightThreshold, "fight-threshold", 5, "re-inserts within --fight-window that count as a fight with another component", within(1, math.MaxInt, "must be at least 1")),
+		fl(&c.FightWindow, "fight-window", time.Minute, "window for --fight-threshold", within(time.Nanosecond, math.MaxInt64, "must be positive")),
+		fl(&c.Repair.Enabled, "repair-enabled", false, "run the repair controller for pods that started without the plugin").env("REPAIR_ENABLED"),
+		fl(&c.Repair.RepairPods, "repair-pods", false, "repair broken pods in place (needs SYS_ADMIN, SYS_PTRACE and /proc)").env("REPAIR_REPAIR_PODS"),
+		fl(&c.Repair.DeletePods, "repair-delete-pods", false, "delete broken pods so their controller recreates them").env("REPAIR_DELETE_PODS"),
+		fl(&c.Repair.LabelPods, "repair-label-pods", false, "label broken pods through pods/status").env("REPAIR_LABEL_PODS"),
+		fl(&c.Repair.NodeName, "repair-node-name", "", "node whose pods the repair controller watches (default --node-name)").env("REPAIR_NODE_NAME"),
+		fl(&c.Repair.InitContainerName, "repair-init-container-name", rd.InitContainerName, "validation init container that detects a missing capture",
+			notEmpty, k8sName("", validation.IsDNS1123Label)).env("REPAIR_INIT_CONTAINER_NAME").when(repairOn),
+		fl(&c.Repair.InitContainerExitCode, "repair-init-container-exit-code", rd.InitContainerExitCode, "exit code of a failed validation (0: any)",
+			within(0, 255, "must be between 0 and 255")).env("REPAIR_INIT_CONTAINER_EXIT_CODE").when(repairOn),
+		fl(&c.Repair.InitContainerTerminationMessage, "repair-init-container-termination-message", "", "substring the validation's termination message must contain (empty: any)").env("REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE"),
+		fl(&c.Repair.SidecarAnnotation, "repair-sidecar-annotation", rd.SidecarAnnotation, "annotation every repairable pod carries",
+			k8sName("", validation.IsQualifiedName)).env("REPAIR_SIDECAR_ANNOTATION").when(repairOn),
+		fl(&c.Repair.BrokenPodLabelKey, "repair-broken-pod-label-key", rd.BrokenPodLabelKey, "label set on broken pods in label mode",
+			k8sName("", validation.IsQualifiedName)).env("REPAIR_BROKEN_POD_LABEL_KEY").when(repairOn),
+		fl(&c.Repair.BrokenPodLabelValue, "repair-broken-pod-label-value", rd.BrokenPodLabelValue, "value of that label",
+			k8sName("", validation.IsValidLabelValue)).env("REPAIR_BROKEN_POD_LABEL_VALUE").when(repairOn),
+		fl(&c.Repair.LabelSelectors, "repair-label-selectors", "", "extra label selector for watched pods", parses(func(s string) (labels.Selector, error) { return labels.Parse(s) })).env("REPAIR_LABEL_SELECTORS").when(repairOn),
+		fl(&c.Repair.FieldSelectors, "repair-field-selectors", "", "extra field selector for watched pods", parses(fields.ParseSelector)).env("REPAIR_FIELD_SELECTORS").when(repairOn),
+		fl(&c.RemoveNodeTaint, "remove-node-taint", true, "once the plugin can program pods, remove --node-taint-key's taints (every effect) from this node (--node-name)"),
+		fl(&c.NodeTaintKey, "node-taint-key", "cni.istio.io/not-ready", "the taint a node carries until its CNI capture is ready (Istio's name)",
+			k8sName("", validation.IsQualifiedName)).when(func() bool { return c.RemoveNodeTaint }),
+		fl(&c.PodEvents, "pod-events", true, "record an Event on a pod whose capture failed, was repaired or drifted"),
+		fl(&c.Repair.HostProc, "host-proc", rd.HostProc, "the host's /proc as mounted in the agent, where repair in place finds pod network namespaces (/proc outside a cluster)",
+			absPath).when(func() bool { return c.Repair.Enabled && c.Repair.Mode() == repair.InPlace }),
+	}
 }
 
-// envAliases are the environment variables, Istio's install-cni names, that
-// stand in for a flag (flags and NFTMESH_<FLAG> win over them).
-var envAliases = map[string][]envAlias{
-	"cni-conf-dir":       {{name: "MOUNTED_CNI_NET_DIR"}, {name: "CNI_NET_DIR"}},
-	"cni-conf-file-name": {{name: "CNI_CONF_NAME"}},
-	"chained":            {{name: "CHAINED_CNI_PLUGIN"}},
-	"agent-run-dir":      {{name: "CNI_AGENT_RUN_DIR"}},
-	"kube-ca-file":       {{name: "KUBE_CA_FILE"}},
-	"exclude-namespaces": {{name: "EXCLUDE_NAMESPACES"}},
-	"pod-namespace":      {{name: "POD_NAMESPACE"}},
-	"node-name":          {{name: "NODE_NAME"}},
-	"metrics-addr":       {{name: "MONITORING_PORT", conv: portAddr}},
-	"backend": {
-		{name: "FORCE_IPTABLES_BINARY", conv: iptablesBinaryBackend},
-		{name: "NATIVE_NFTABLES", conv: nativeNftablesBackend},
-	},
-	"log-level":                                 {{name: "LOG_LEVEL"}},
-	"repair-enabled":                            {{name: "REPAIR_ENABLED", conv: boolish}},
-	"repair-pods":                               {{name: "REPAIR_REPAIR_PODS", conv: boolish}},
-	"repair-delete-pods":                        {{name: "REPAIR_DELETE_PODS", conv: boolish}},
-	"repair-label-pods":                         {{name: "REPAIR_LABEL_PODS", conv: boolish}},
-	"repair-node-name":                          {{name: "REPAIR_NODE_NAME"}},
-	"repair-init-container-name":                {{name: "REPAIR_INIT_CONTAINER_NAME"}},
-	"repair-init-container-exit-code":           {{name: "REPAIR_INIT_CONTAINER_EXIT_CODE"}},
-	"repair-init-container-termination-message": {{name: "REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE"}},
-	"repair-sidecar-annotation":                 {{name: "REPAIR_SIDECAR_ANNOTATION"}},
-	"repair-broken-pod-label-key":               {{name: "REPAIR_BROKEN_POD_LABEL_KEY"}},
-	"repair-broken-pod-label-value":             {{name: "REPAIR_BROKEN_POD_LABEL_VALUE"}},
-	"repair-label-selectors":                    {{name: "REPAIR_LABEL_SELECTORS"}},
-	"repair-field-selectors":                    {{name: "REPAIR_FIELD_SELECTORS"}},
-}
-
-func boolish(v string) (string, error) {
-	b, err := strconv.ParseBool(v)
-	return strconv.FormatBool(b), err
+// envConv turns an Istio variable's value into its flag's syntax ("": skip
+// the variable).
+var envConv = map[string]func(string) (string, error){
+	"MONITORING_PORT": portAddr, "FORCE_IPTABLES_BINARY": iptablesBinaryBackend, "NATIVE_NFTABLES": nativeNftablesBackend,
 }
 
 func portAddr(v string) (string, error) {
@@ -254,7 +337,7 @@ func iptablesBinaryBackend(v string) (string, error) {
 func nativeNftablesBackend(v string) (string, error) {
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		return "", err
+		return "", errors.New(typeReasons["bool"])
 	}
 	if b {
 		return cniconf.BackendNftables, nil
@@ -264,9 +347,7 @@ func nativeNftablesBackend(v string) (string, error) {
 
 // Usage returns the flag help text.
 func Usage() string {
-	var c Config
-	fs, _ := newFlagSet(&c)
-	return fs.FlagUsages()
+	return newFlagSet(allFlags(&Config{})).FlagUsages()
 }
 
 // ParseConfig reads the configuration from args and the environment
@@ -275,76 +356,41 @@ func Usage() string {
 // returned for -h.
 func ParseConfig(args []string, getenv func(string) (string, bool)) (*Config, error) {
 	c := &Config{}
-	fs, logLevel := newFlagSet(c)
-	fs.SetOutput(io.Discard)
+	defs := allFlags(c)
+	fs := newFlagSet(defs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("parsing flags: %w", err)
+		return nil, refused(err, "flag")
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("parsing flags: unexpected argument %q", fs.Arg(0))
+		return nil, fmt.Errorf("parsing flags: unexpected argument %s", quote.Value(fs.Arg(0)))
 	}
 	sources := map[string]string{}
-	var firstErr error
-	fs.VisitAll(func(f *pflag.Flag) {
-		if firstErr != nil {
-			return
+	for _, d := range defs {
+		src, err := d.fromEnv(fs, getenv)
+		if err != nil {
+			return nil, err
 		}
-		if f.Changed {
-			sources[f.Name] = "flag"
-			return
-		}
-		cands := append([]envAlias{{name: EnvName(f.Name)}}, envAliases[f.Name]...)
-		for _, a := range cands {
-			v, ok := getenv(a.name)
-			if !ok {
-				continue
-			}
-			v = strings.TrimSpace(v)
-			isSlice := f.Value.Type() == "stringSlice"
-			if v == "" && !isSlice {
-				continue // an empty variable rendered by a template means unset
-			}
-			if a.conv != nil {
-				cv, err := a.conv(v)
-				if err != nil {
-					firstErr = &ConfigError{Flag: f.Name, Source: "env " + a.name, Value: v, Reason: err.Error()}
-					return
-				}
-				if cv == "" {
-					continue
-				}
-				v = cv
-			}
-			if isSlice && v == "" {
-				if sv, ok := f.Value.(pflag.SliceValue); ok {
-					_ = sv.Replace(nil)
-				}
-			} else if err := fs.Set(f.Name, v); err != nil {
-				firstErr = &ConfigError{Flag: f.Name, Source: "env " + a.name, Value: v, Reason: unwrapPflag(err)}
-				return
-			}
-			sources[f.Name] = "env " + a.name
-			return
-		}
-	})
-	if firstErr != nil {
-		return nil, firstErr
+		sources[d.name] = src
 	}
-	if err := c.finish(*logLevel, sources, getenv); err != nil {
+	for _, d := range defs {
+		if d.check == nil || d.only != nil && !d.only() {
+			continue
+		}
+		v := fs.Lookup(d.name).Value.String()
+		if r := d.check(); r != "" {
+			return nil, &ConfigError{Flag: d.name, Source: sources[d.name], Value: v, Reason: r}
+		}
+	}
+	if err := c.finish(sources, getenv); err != nil {
+		return nil, err
+	}
+	if err := c.Linkerd.check(); err != nil {
 		return nil, err
 	}
 	return c, nil
-}
-
-func unwrapPflag(err error) string {
-	s := err.Error()
-	if i := strings.LastIndex(s, ": "); i >= 0 {
-		return s[i+2:]
-	}
-	return s
 }
 
 // istioLevels maps every level name an Istio log flag accepts to ours.

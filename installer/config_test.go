@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/nftmesh/nftmesh/installer/repair"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 )
 
 var inCluster = map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
@@ -42,6 +43,8 @@ func TestParseConfigDefaults(t *testing.T) {
 			SidecarAnnotation: "sidecar.istio.io/status", BrokenPodLabelKey: "cni.istio.io/uninitialized", BrokenPodLabelValue: "true",
 			HostProc: "/host/proc"},
 		RemoveNodeTaint: true, NodeTaintKey: "cni.istio.io/not-ready", PodEvents: true,
+		Linkerd: LinkerdSettings{LinkerdConfig: meshpod.LinkerdConfig{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
+			InboundPortsToIgnore: []string{"4190", "4191"}}},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
@@ -158,6 +161,9 @@ func TestParseConfigBadInput(t *testing.T) {
 		{"chained env", nil, map[string]string{"CHAINED_CNI_PLUGIN": "maybe"}, "chained", "maybe"},
 		{"api timeout", []string{"--api-timeout", "0s"}, nil, "api-timeout", "0s"},
 		{"api timeout env", nil, map[string]string{"NFTMESH_API_TIMEOUT": "soon"}, "api-timeout", "soon"},
+		{"api timeout syntax", []string{"--api-timeout", "soon"}, nil, "api-timeout", "soon"},
+		{"burst syntax", []string{"--reinstall-burst=many"}, nil, "reinstall-burst", "many"},
+		{"chained syntax", []string{"--chained=maybe"}, nil, "chained", "maybe"},
 		{"rate", []string{"--reinstall-rate", "0"}, nil, "reinstall-rate", "0"},
 		{"rate NaN", []string{"--reinstall-rate", "NaN"}, nil, "reinstall-rate", "NaN"},
 		{"burst", []string{"--reinstall-burst", "0"}, nil, "reinstall-burst", "0"},
@@ -350,14 +356,34 @@ func TestStandaloneNetworkName(t *testing.T) {
 }
 
 // TestConfigErrorBounded: a huge bad value is named by its flag and quoted
-// by its start, not echoed whole into the log.
+// by its start, not echoed whole into the log, whether a check or pflag's
+// own parsing refused it, from a flag or from a variable.
 func TestConfigErrorBounded(t *testing.T) {
 	huge := strings.Repeat("n", 1<<20)
-	_, err := ParseConfig([]string{"--backend", huge}, withEnv(nil))
-	if err == nil {
-		t.Fatal("accepted")
-	}
-	if msg := err.Error(); len(msg) > 1024 || !strings.Contains(msg, "--backend") || !strings.Contains(msg, "bytes cut)") {
-		t.Errorf("error is %d bytes: %.300s", len(msg), msg)
+	for _, c := range []struct {
+		flag string
+		args []string
+		env  map[string]string
+	}{
+		{"backend", []string{"--backend", huge}, nil},
+		{"api-timeout", []string{"--api-timeout", huge}, nil},
+		{"api-timeout", nil, map[string]string{"NFTMESH_API_TIMEOUT": huge}},
+		{"reinstall-burst", []string{"--reinstall-burst", huge}, nil},
+		{"repair-enabled", nil, map[string]string{"REPAIR_ENABLED": huge}},
+		{"backend", nil, map[string]string{"NATIVE_NFTABLES": huge}},
+		{"chained", nil, map[string]string{"CHAINED_CNI_PLUGIN": huge}},
+		{"repair-label-selectors", []string{"--repair-enabled", "--repair-label-selectors", "a in ((" + huge}, nil},
+		{"repair-field-selectors", []string{"--repair-enabled", "--repair-field-selectors", "a=b=c," + huge}, nil},
+		{"exclude-namespaces", nil, map[string]string{"EXCLUDE_NAMESPACES": "a,\"" + huge}},
+	} {
+		_, err := ParseConfig(c.args, withEnv(c.env))
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Flag != c.flag {
+			t.Errorf("--%s: error is not a ConfigError naming the flag: %.300v", c.flag, err)
+			continue
+		}
+		if msg := err.Error(); len(msg) > 1024 || !strings.Contains(msg, "--"+c.flag) || !strings.Contains(msg, "bytes cut)") {
+			t.Errorf("--%s: error is %d bytes: %.300s", c.flag, len(msg), msg)
+		}
 	}
 }

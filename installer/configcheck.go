@@ -1,7 +1,8 @@
 package installer
 
 import (
-	"cmp"
+	"errors"
+	"fmt"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -10,32 +11,140 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
+	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/nftmesh/nftmesh/installer/repair"
 )
 
-// finish normalises and validates the parsed configuration, one named step
-// per group of settings, in this order; the first problem is returned, and
-// every error names the flag, where its value came from, and the value.
-func (c *Config) finish(logLevel string, sources map[string]string, getenv func(string) (string, bool)) error {
+// The checks of the flag table: each says why the value is bad, or "".
+
+// absPath makes the path absolute, refusing an empty one, NUL bytes and
+// the root directory.
+func absPath(p *string) string {
+	a, err := filepath.Abs(*p)
+	switch {
+	case *p == "":
+		return "must not be empty"
+	case strings.ContainsRune(*p, 0):
+		return "contains a NUL byte"
+	case err != nil:
+		return err.Error()
+	case a == "/":
+		return "must not be the root directory"
+	}
+	*p = a
+	return ""
+}
+
+func notEmpty(p *string) string {
+	if *p == "" {
+		return "must not be empty"
+	}
+	return ""
+}
+
+// unlessEmpty lets an empty value (off, or a default found later) pass.
+func unlessEmpty(check func(*string) string) func(*string) string {
+	return func(p *string) string {
+		if *p == "" {
+			return ""
+		}
+		return check(p)
+	}
+}
+
+// k8sName is a Kubernetes validation function's complaints, prefixed by what.
+func k8sName(what string, valid func(string) []string) func(*string) string {
+	return func(p *string) string {
+		if errs := valid(*p); len(errs) > 0 {
+			return what + strings.Join(errs, "; ")
+		}
+		return ""
+	}
+}
+
+// parses is a parser's error (a selector's).
+func parses[T any](parse func(string) (T, error)) func(*string) string {
+	return func(p *string) string {
+		if _, err := parse(*p); err != nil {
+			return err.Error()
+		}
+		return ""
+	}
+}
+
+func oneOf(names []string) func(*string) string {
+	return func(p *string) string {
+		if !slices.Contains(names, *p) {
+			return "must be one of " + strings.Join(names, ", ")
+		}
+		return ""
+	}
+}
+
+// within refuses a number outside [lo, hi] (and NaN) with reason.
+func within[T int | float64 | time.Duration](lo, hi T, reason string) func(*T) string {
+	return func(p *T) string {
+		if !(*p >= lo && *p <= hi) {
+			return reason
+		}
+		return ""
+	}
+}
+
+// listenAddr: host:port with a port that fits.
+func listenAddr(p *string) string {
+	_, port, err := net.SplitHostPort(*p)
+	if err != nil {
+		return "not host:port"
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
+		return "port is not a number between 0 and 65535"
+	}
+	return ""
+}
+
+// setLevel parses the level of the agent and the plugin (Istio's
+// scope:level lists included) into c.
+func (c *Config) setLevel(p *string) string {
+	lvl, err := ParseLogLevel(*p)
+	if err != nil {
+		return err.Error()
+	}
+	c.LogLevel = lvl
+	return ""
+}
+
+// typeReasons say what a value pflag could not parse is not, by the flag's
+// type: pflag's own errors repeat the whole value.
+var typeReasons = map[string]string{
+	"bool":     "not true or false",
+	"duration": "not a duration (such as 30s or 2m)",
+	"int":      "not an integer",
+	"float64":  "not a number",
+}
+
+// refused is a ConfigError for a value pflag refused, from source.
+func refused(err error, source string) error {
+	var ive *pflag.InvalidValueError
+	if !errors.As(err, &ive) {
+		return fmt.Errorf("parsing flags: %w", err)
+	}
+	f := ive.GetFlag()
+	reason, ok := typeReasons[f.Value.Type()]
+	if !ok {
+		reason = ive.Unwrap().Error()
+	}
+	return &ConfigError{Flag: f.Name, Source: source, Value: ive.GetValue(), Reason: reason}
+}
+
+// finish applies the rules across flags once the table's checks passed, in
+// this order; the first problem is returned, naming the flag, where its
+// value came from, and the value.
+func (c *Config) finish(sources map[string]string, getenv func(string) (string, bool)) error {
 	f := &finisher{c: c, sources: sources, getenv: getenv}
-	for _, step := range []func() error{
-		f.binDirs,
-		f.dirsAndFiles,
-		f.confFileName,
-		f.namespaces,
-		f.listenAddrs,
-		f.backend,
-		func() error { return f.logging(logLevel) },
-		f.pluginEntry,
-		f.reinstallThrottle,
-		f.apiServer,
-		f.repair,
-		f.nodeTaint,
-	} {
+	for _, step := range []func() error{f.binDirs, f.dirs, f.confFileName, f.namespaces, f.apiServer, f.repair} {
 		if err := step(); err != nil {
 			return err
 		}
@@ -55,49 +164,16 @@ func (f *finisher) bad(flag, value, reason string) error {
 	return &ConfigError{Flag: flag, Source: f.sources[flag], Value: value, Reason: reason}
 }
 
-// valid is the flag's error for the complaints of a k8s validation
-// function (prefixed by what), or nil when there are none.
-func (f *finisher) valid(flag, value, what string, errs []string) error {
-	if len(errs) == 0 {
-		return nil
-	}
-	return f.bad(flag, value, what+strings.Join(errs, "; "))
-}
-
-// absPath makes *p absolute, refusing NUL bytes, the root directory and,
-// unless mayBeEmpty, an empty value.
-func (f *finisher) absPath(flag string, p *string, mayBeEmpty bool) error {
-	if *p == "" {
-		if mayBeEmpty {
-			return nil
-		}
-		return f.bad(flag, *p, "must not be empty")
-	}
-	if strings.ContainsRune(*p, 0) {
-		return f.bad(flag, *p, "contains a NUL byte")
-	}
-	a, err := filepath.Abs(*p)
-	if err != nil {
-		return f.bad(flag, *p, err.Error())
-	}
-	if a == "/" {
-		return f.bad(flag, *p, "must not be the root directory")
-	}
-	*p = a
-	return nil
-}
-
 // binDirs: at least one, absolute, without duplicates.
 func (f *finisher) binDirs() error {
 	c := f.c
 	var bins []string
 	for _, d := range c.CNIBinDirs {
-		d = strings.TrimSpace(d)
-		if d == "" {
+		if d = strings.TrimSpace(d); d == "" {
 			continue
 		}
-		if err := f.absPath("cni-bin-dir", &d, false); err != nil {
-			return err
+		if r := absPath(&d); r != "" {
+			return f.bad("cni-bin-dir", d, r)
 		}
 		if !slices.Contains(bins, d) {
 			bins = append(bins, d)
@@ -110,29 +186,11 @@ func (f *finisher) binDirs() error {
 	return nil
 }
 
-// dirsAndFiles: the other paths absolute, and the conf dir neither a bin
-// dir nor the run dir.
-func (f *finisher) dirsAndFiles() error {
+// dirs: the conf dir neither a bin dir nor the run dir.
+func (f *finisher) dirs() error {
 	c := f.c
-	for _, p := range []struct {
-		flag  string
-		v     *string
-		empty bool
-	}{
-		{"cni-conf-dir", &c.CNIConfDir, false},
-		{"agent-run-dir", &c.AgentRunDir, false},
-		{"plugin-binary", &c.PluginBinary, false},
-		{"service-account-dir", &c.ServiceAccountDir, true},
-		{"kube-ca-file", &c.KubeCAFile, true},
-	} {
-		if err := f.absPath(p.flag, p.v, p.empty); err != nil {
-			return err
-		}
-	}
-	for _, d := range c.CNIBinDirs {
-		if d == c.CNIConfDir {
-			return f.bad("cni-conf-dir", c.CNIConfDir, "is also a --cni-bin-dir")
-		}
+	if slices.Contains(c.CNIBinDirs, c.CNIConfDir) {
+		return f.bad("cni-conf-dir", c.CNIConfDir, "is also a --cni-bin-dir")
 	}
 	if c.AgentRunDir == c.CNIConfDir {
 		return f.bad("agent-run-dir", c.AgentRunDir, "must differ from --cni-conf-dir (the kubeconfig would be read as a CNI config)")
@@ -164,99 +222,22 @@ func (f *finisher) confFileName() error {
 	return nil
 }
 
-// namespaces: excluded namespaces and the agent's own are namespace names;
-// the excluded list is never nil (the plugin's entry writes [] for none).
+// namespaces: excluded namespaces are namespace names, without
+// duplicates; the list is never nil (the plugin's entry writes [] for none).
 func (f *finisher) namespaces() error {
-	c := f.c
 	ns := []string{}
-	for _, n := range c.ExcludeNamespaces {
-		n = strings.TrimSpace(n)
-		if n == "" {
+	for _, n := range f.c.ExcludeNamespaces {
+		if n = strings.TrimSpace(n); n == "" {
 			continue
 		}
-		if err := f.valid("exclude-namespaces", n, "not a namespace name: ", validation.IsDNS1123Label(n)); err != nil {
-			return err
+		if r := k8sName("not a namespace name: ", validation.IsDNS1123Label)(&n); r != "" {
+			return f.bad("exclude-namespaces", n, r)
 		}
 		if !slices.Contains(ns, n) {
 			ns = append(ns, n)
 		}
 	}
-	c.ExcludeNamespaces = ns
-	if c.PodNamespace == "" {
-		return nil
-	}
-	return f.valid("pod-namespace", c.PodNamespace, "not a namespace name: ", validation.IsDNS1123Label(c.PodNamespace))
-}
-
-// listenAddrs: host:port with a port that fits, or empty (off).
-func (f *finisher) listenAddrs() error {
-	for _, a := range []struct{ flag, v string }{{"health-addr", f.c.HealthAddr}, {"metrics-addr", f.c.MetricsAddr}} {
-		if a.v == "" {
-			continue
-		}
-		_, port, err := net.SplitHostPort(a.v)
-		if err != nil {
-			return f.bad(a.flag, a.v, "not host:port")
-		}
-		if p, err := strconv.ParseUint(port, 10, 16); err != nil || (p == 0 && port != "0") {
-			return f.bad(a.flag, a.v, "port is not a number between 0 and 65535")
-		}
-	}
-	return nil
-}
-
-// backend: one the plugin knows.
-func (f *finisher) backend() error {
-	if !slices.Contains(Backends, f.c.Backend) {
-		return f.bad("backend", f.c.Backend, "must be one of "+strings.Join(Backends, ", "))
-	}
-	return nil
-}
-
-// logging: the level of the agent and the plugin (Istio's scope:level
-// lists included) and the format of the agent's lines.
-func (f *finisher) logging(logLevel string) error {
-	c := f.c
-	lvl, err := ParseLogLevel(logLevel)
-	if err != nil {
-		return f.bad("log-level", logLevel, err.Error())
-	}
-	c.LogLevel = lvl
-	if !slices.Contains(LogFormats, c.LogFormat) {
-		return f.bad("log-format", c.LogFormat, "must be one of "+strings.Join(LogFormats, ", "))
-	}
-	return nil
-}
-
-// pluginEntry: the standalone entry's network name and the plugin's API
-// timeout.
-func (f *finisher) pluginEntry() error {
-	c := f.c
-	if err := f.valid("cni-network-name", c.NetworkName, "not a NetworkAttachmentDefinition name: ", validation.IsDNS1123Subdomain(c.NetworkName)); err != nil {
-		return err
-	}
-	if c.APITimeout <= 0 || c.APITimeout > 10*time.Minute {
-		return f.bad("api-timeout", c.APITimeout.String(), "must be between 0 and 10m")
-	}
-	return nil
-}
-
-// reinstallThrottle: the rewrite rate limit and the fight detector's
-// threshold and window.
-func (f *finisher) reinstallThrottle() error {
-	c := f.c
-	if !(c.ReinstallRate > 0) || c.ReinstallRate > 1e6 {
-		return f.bad("reinstall-rate", strconv.FormatFloat(c.ReinstallRate, 'g', -1, 64), "must be a positive number of rewrites per second")
-	}
-	if c.ReinstallBurst < 1 {
-		return f.bad("reinstall-burst", strconv.Itoa(c.ReinstallBurst), "must be at least 1")
-	}
-	if c.FightThreshold < 1 {
-		return f.bad("fight-threshold", strconv.Itoa(c.FightThreshold), "must be at least 1")
-	}
-	if c.FightWindow <= 0 {
-		return f.bad("fight-window", c.FightWindow.String(), "must be positive")
-	}
+	f.c.ExcludeNamespaces = ns
 	return nil
 }
 
@@ -297,53 +278,18 @@ func (f *finisher) apiServer() error {
 	return nil
 }
 
-// repair: the node defaults to --node-name; an enabled controller needs
-// it, and names, selectors and (in place) the host's /proc that Kubernetes
-// and the kernel accept.
+// repair: the node defaults to --node-name, and a controller that acts
+// needs it. With --linkerd it also repairs Linkerd pods whose validator
+// failed.
 func (f *finisher) repair() error {
 	r := &f.c.Repair
+	r.Linkerd = f.c.Linkerd.Enabled
 	if r.NodeName == "" {
 		r.NodeName = f.c.NodeName
 		f.sources["repair-node-name"] = f.sources["node-name"]
 	}
-	if !r.Enabled {
-		return nil
-	}
-	if r.Mode() != repair.None && r.NodeName == "" {
+	if r.Enabled && r.Mode() != repair.None && r.NodeName == "" {
 		return f.bad("repair-node-name", "", "the repair controller needs this node's name (NODE_NAME or --node-name)")
 	}
-	if r.InitContainerName == "" {
-		return f.bad("repair-init-container-name", "", "must not be empty")
-	}
-	if err := f.valid("repair-init-container-name", r.InitContainerName, "", validation.IsDNS1123Label(r.InitContainerName)); err != nil {
-		return err
-	}
-	if r.InitContainerExitCode < 0 || r.InitContainerExitCode > 255 {
-		return f.bad("repair-init-container-exit-code", strconv.Itoa(r.InitContainerExitCode), "must be between 0 and 255")
-	}
-	if err := cmp.Or(
-		f.valid("repair-sidecar-annotation", r.SidecarAnnotation, "", validation.IsQualifiedName(r.SidecarAnnotation)),
-		f.valid("repair-broken-pod-label-key", r.BrokenPodLabelKey, "", validation.IsQualifiedName(r.BrokenPodLabelKey)),
-		f.valid("repair-broken-pod-label-value", r.BrokenPodLabelValue, "", validation.IsValidLabelValue(r.BrokenPodLabelValue)),
-	); err != nil {
-		return err
-	}
-	if _, err := labels.Parse(r.LabelSelectors); err != nil {
-		return f.bad("repair-label-selectors", r.LabelSelectors, err.Error())
-	}
-	if _, err := fields.ParseSelector(r.FieldSelectors); err != nil {
-		return f.bad("repair-field-selectors", r.FieldSelectors, err.Error())
-	}
-	if r.Mode() == repair.InPlace {
-		return f.absPath("host-proc", &r.HostProc, false)
-	}
 	return nil
-}
-
-// nodeTaint: the key is a taint key Kubernetes accepts (a qualified name).
-func (f *finisher) nodeTaint() error {
-	if !f.c.RemoveNodeTaint {
-		return nil
-	}
-	return f.valid("node-taint-key", f.c.NodeTaintKey, "", validation.IsQualifiedName(f.c.NodeTaintKey))
 }

@@ -133,3 +133,79 @@ func mustRead(t *testing.T, p string) []byte {
 type lockedBuf struct{ syncbuf.Buffer }
 
 func (l *lockedBuf) has(s string) bool { return strings.Contains(l.String(), s) }
+
+// withLinkerdCNI appends the entry linkerd2-cni's install script chains
+// (type linkerd-cni, its chart's default settings) to a conflist.
+func withLinkerdCNI(t *testing.T, conflist []byte) []byte {
+	t.Helper()
+	var l map[string]any
+	if err := json.Unmarshal(conflist, &l); err != nil {
+		t.Fatal(err)
+	}
+	l["plugins"] = append(l["plugins"].([]any), map[string]any{
+		"name": "linkerd-cni", "type": "linkerd-cni", "log_level": "info",
+		"kubernetes": map[string]any{"kubeconfig": "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"},
+		"linkerd": map[string]any{"incoming-proxy-port": 4143, "outgoing-proxy-port": 4140, "proxy-uid": 2102,
+			"ports-to-redirect": []int{}, "inbound-ports-to-ignore": []string{"4191", "4190"},
+			"simulate": false, "use-wait-flag": false, "iptables-mode": "nft", "ipv6": false},
+	})
+	b, err := json.MarshalIndent(l, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// linkerd-cni's entry in the primary's conflist is refused as istio-cni's
+// is: the file stays as it is, readiness and the gauge name linkerd-cni
+// and the advice names Linkerd's DaemonSet; once it is gone the agent
+// inserts itself, and when it comes back (a roll back to linkerd-cni)
+// our entry is taken out.
+func TestRefusesNextToLinkerdCNI(t *testing.T) {
+	h := newHost(t)
+	p, orig := h.put(t, "10-calico.conflist", 0o644)
+	both := withLinkerdCNI(t, orig)
+	if err := os.WriteFile(p, both, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config(t)
+	in, err := New(cfg, zerolog.Nop(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &agent{in: in, cancel: cancel, done: make(chan error, 1)}
+	go func() { a.done <- in.Run(ctx) }()
+	t.Cleanup(a.stop)
+	gauge := func() float64 { return testutil.ToFloat64(in.m.ForeignCapture.WithLabelValues("linkerd-cni")) }
+
+	var fe *ForeignCaptureError
+	a.waitFor(t, "the refusal", func() bool { return errors.As(in.Ready(), &fe) && gauge() == 1 })
+	msg := in.Ready().Error()
+	if fe.Plugin != "linkerd-cni" || fe.File != p || !strings.Contains(msg, "uninstall Linkerd's CNI DaemonSet (linkerd2-cni)") {
+		t.Errorf("readiness error: %v", msg)
+	}
+	if got := mustRead(t, p); !bytes.Equal(got, both) {
+		t.Errorf("the conflist was changed:\n%s", got)
+	}
+
+	if err := os.WriteFile(p, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a.waitReady(t)
+	if err := conflist.VerifyInstalled(p, cfg.PluginConf().JSON()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, withLinkerdCNI(t, mustRead(t, p)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a.waitFor(t, "the refusal after the roll back", func() bool {
+		return errors.As(in.Ready(), &fe) && !conflist.HasPlugin(p, mustRead(t, p)) && gauge() == 1
+	})
+	if got := conflist.ForeignCapture(p, mustRead(t, p)); got != "linkerd-cni" {
+		t.Errorf("after the roll back the file chains %q:\n%s", got, mustRead(t, p))
+	}
+	if s := (&ForeignCaptureError{File: p, Plugin: "linkerd-cni", Standalone: true}).Error(); !strings.Contains(s, "uninstall Linkerd's CNI DaemonSet") {
+		t.Errorf("standalone refusal: %s", s)
+	}
+}

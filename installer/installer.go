@@ -2,11 +2,11 @@ package installer
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,49 +16,42 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
-	"github.com/fsnotify/fsnotify"
 	"github.com/rs/zerolog"
 	"golang.org/x/time/rate"
 
 	"github.com/nftmesh/nftmesh/installer/conflist"
 	"github.com/nftmesh/nftmesh/installer/metrics"
-	"github.com/nftmesh/nftmesh/internal/atomicfile"
 )
-
-// debounce gathers a burst of events (a rename makes several) into one reconcile.
-const debounce = 20 * time.Millisecond
 
 // errNoPrimary means the conf dir has no usable primary config yet; the
 // loop then waits for the next conf dir event (watching, not polling).
 var errNoPrimary = errors.New("no primary CNI config yet")
 
-// parts of the install a file event can invalidate.
-type parts uint8
-
-const (
-	partBinaries parts = 1 << iota
-	partKubeconfig
-	partConf
-	partAll = partBinaries | partKubeconfig | partConf
-)
-
 // ForeignCaptureError means the primary config also chains another capture
-// plugin (Istio's istio-cni): the agent does not insert ours next to it.
+// plugin (Istio's istio-cni, Linkerd's linkerd-cni): the agent does not insert ours next to it.
 type ForeignCaptureError struct {
 	File, Plugin string
 	Removed      bool // our entry (standalone: our file) was there too and was taken out
 	Standalone   bool // refusing standalone (Multus) mode: the other plugin has a file of its own
 }
 
+// foreignAgents names what installs each foreign capture plugin, for the
+// refusal's advice.
+var foreignAgents = map[string]string{
+	"istio-cni":   "Istio's CNI node agent",
+	"linkerd-cni": "Linkerd's CNI DaemonSet (linkerd2-cni)",
+}
+
 func (e *ForeignCaptureError) Error() string {
+	agent := cmp.Or(foreignAgents[e.Plugin], "its CNI node agent")
 	if e.Standalone {
 		return fmt.Sprintf("%s is the config of %s: %s writes no standalone config beside it (or over it), as two capture plugins would both program every pod's redirect rules and fight over its traffic; "+
-			"uninstall Istio's CNI node agent (a leftover %s must be removed by hand) and %s writes its own",
-			e.File, e.Plugin, PluginName, e.File, PluginName)
+			"uninstall %s (a leftover %s must be removed by hand) and %s writes its own",
+			e.File, e.Plugin, PluginName, agent, e.File, PluginName)
 	}
 	return fmt.Sprintf("%s chains %s: %s is not inserted next to it, as two capture plugins would both program every pod's redirect rules and fight over its traffic; "+
-		"uninstall Istio's CNI node agent (a leftover %s entry must be removed from the file by hand) and %s inserts itself",
-		e.File, e.Plugin, PluginName, e.Plugin, PluginName)
+		"uninstall %s (a leftover %s entry must be removed from the file by hand) and %s inserts itself",
+		e.File, e.Plugin, PluginName, agent, e.Plugin, PluginName)
 }
 
 // foreignCapture refuses a primary config that chains another capture
@@ -88,16 +81,12 @@ func (in *Installer) foreignCapture(p string) error {
 // own there, which a runtime or Multus would load beside ours. With remove,
 // our file, if it is there, is taken out.
 func (in *Installer) standaloneForeign(remove bool) error {
-	ents, err := os.ReadDir(in.cfg.CNIConfDir)
+	files, err := libcni.ConfFiles(in.cfg.CNIConfDir, conflist.ConfExtensions)
 	if err != nil {
 		return nil // the write reports it
 	}
 	own := in.standalonePath()
-	for _, e := range ents {
-		p := filepath.Join(in.cfg.CNIConfDir, e.Name())
-		if !slices.Contains(conflist.ConfExtensions, filepath.Ext(p)) {
-			continue
-		}
+	for _, p := range files {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			continue
@@ -480,540 +469,4 @@ func likelyCause(path string) string {
 		return "flannel's install container rewrites its config: check for a restarting kube-flannel pod"
 	}
 	return "another CNI installer or a configuration-management tool rewrites the file; make it stop, or use chained: false with Multus"
-}
-
-// reconcile brings the dirty parts to the wanted state.
-func (in *Installer) reconcile(ctx context.Context, dirty parts) (wrote bool, result string, err error) {
-	// The kubeconfig before the binary: a plugin binary of this version
-	// reads only the JSON kubeconfig this version writes, and an older one
-	// reads JSON too.
-	if dirty&partKubeconfig != 0 && in.cfg.ServiceAccountDir != "" {
-		b, err := RenderKubeconfig(in.cfg.KubeAPIServer, in.cfg.ServiceAccountDir, in.cfg.KubeCAFile)
-		if err != nil {
-			return wrote, metrics.ResultKubeconfig, err
-		}
-		w, err := syncKubeconfig(in.cfg.KubeconfigPath(), b)
-		if err != nil {
-			return wrote, metrics.ResultKubeconfig, err
-		}
-		if err := removeLegacyTLSSessions(in.cfg.AgentRunDir); err != nil {
-			in.log.Warn().Err(err).Msg("removing an older plugin's TLS session files")
-		}
-		if w {
-			wrote = true
-			in.log.Info().Str("file", in.cfg.KubeconfigPath()).Str("server", in.cfg.KubeAPIServer).Msg("wrote the plugin's kubeconfig")
-		}
-	}
-	if dirty&partBinaries != 0 {
-		for _, d := range in.cfg.CNIBinDirs {
-			for _, b := range in.bins {
-				w, err := b.install(d)
-				if err != nil {
-					return wrote, metrics.ResultCopyBinaries, err
-				}
-				if w {
-					wrote = true
-					in.log.Info().Str("dir", d).Str("binary", b.name).Msg("installed the " + b.name + " binary")
-				}
-			}
-		}
-	}
-	if dirty&partConf != 0 {
-		w, err := in.installConf(ctx)
-		if err != nil {
-			if errors.Is(err, errNoPrimary) {
-				return wrote, metrics.ResultWaitingForPrimary, err
-			}
-			return wrote, metrics.ResultCNIConfig, err
-		}
-		wrote = wrote || w
-	}
-	return wrote, metrics.ResultSuccess, nil
-}
-
-// Run installs the plugin and keeps it installed until ctx ends. It does
-// not clean up: call Cleanup after it returns.
-func (in *Installer) Run(ctx context.Context) error {
-	if err := in.prepare(); err != nil {
-		return err
-	}
-	cw, err := in.newConfWatch()
-	if err != nil {
-		return err
-	}
-	defer cw.w.Close()
-
-	turn := loopState{dirty: partAll, backoff: time.Second}
-	for {
-		// Watch before checking, so a change made between the check and
-		// the wait still wakes us.
-		werr := cw.addAll()
-		var result string
-		var wrote bool
-		if werr == nil {
-			wrote, result, err = in.reconcile(ctx, turn.dirty)
-		} else {
-			result, err = metrics.ResultCopyBinaries, werr
-			if strings.Contains(werr.Error(), in.cfg.CNIConfDir) {
-				result = metrics.ResultCNIConfig
-			}
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		retry := in.report(err, result, wrote, &turn)
-		select {
-		case in.Reconciled <- struct{}{}:
-		default:
-		}
-
-		got, done, err := in.wait(ctx, cw, retry)
-		if done || err != nil {
-			return err
-		}
-		turn.dirty |= got
-		if err := in.checkConf(false); err != nil && in.notReady.Load() == nil {
-			in.setNotReady(err)
-		}
-	}
-}
-
-// prepare creates the run and conf dirs, loads the undo record an earlier
-// agent left (moving an older agent's run dir state into it), and removes
-// temp files an interrupted write left.
-func (in *Installer) prepare() error {
-	cfg := in.cfg
-	if err := os.MkdirAll(cfg.AgentRunDir, 0o755); err != nil {
-		return fmt.Errorf("creating run dir: %w", err)
-	}
-	if err := os.MkdirAll(cfg.CNIConfDir, 0o755); err != nil {
-		return fmt.Errorf("creating CNI conf dir: %w", err)
-	}
-	st, legacy, err := in.loadUndo()
-	if err != nil {
-		in.log.Warn().Err(err).Msg("ignoring unreadable agent state; cleanup will strip our entry instead of restoring bytes")
-	}
-	if legacy {
-		if err := in.moveLegacy(st); err != nil {
-			in.log.Warn().Err(err).Msg("keeping the agent state in the run dir, where a reboot loses it")
-		} else {
-			in.log.Info().Str("from", in.legacyStatePath()).Str("to", in.undo.path()).Msg("moved the agent state into the undo record")
-		}
-	}
-	in.mu.Lock()
-	in.st = st
-	in.mu.Unlock()
-	dirs := []string{cfg.CNIConfDir, cfg.AgentRunDir}
-	if fi, err := os.Lstat(in.undo.dir()); err == nil && fi.IsDir() {
-		dirs = append(dirs, in.undo.dir())
-	}
-	for _, d := range dirs {
-		if err := atomicfile.RemoveLeftovers(d); err != nil {
-			in.log.Warn().Err(err).Msg("removing leftovers")
-		}
-	}
-	return nil
-}
-
-// confWatch is the fsnotify watch of every directory whose changes can
-// undo the install: conf dir (and the dirs of linked configs), run dir,
-// bin dirs and the service account dir.
-type confWatch struct {
-	in       *Installer
-	w        *fsnotify.Watcher
-	confDirs map[string]bool // the conf dir and linked configs' dirs
-	binDirs  map[string]bool
-}
-
-func (in *Installer) newConfWatch() (*confWatch, error) {
-	watcher, err := fsnotify.NewBufferedWatcher(256)
-	if err != nil {
-		return nil, fmt.Errorf("creating file watcher: %w", err)
-	}
-	cw := &confWatch{in: in, w: watcher, confDirs: map[string]bool{in.cfg.CNIConfDir: true}, binDirs: map[string]bool{}}
-	for _, d := range in.cfg.CNIBinDirs {
-		cw.binDirs[d] = true
-	}
-	return cw, nil
-}
-
-// classify says which parts of the install an event invalidates.
-func (cw *confWatch) classify(ev fsnotify.Event) parts {
-	cfg := cw.in.cfg
-	dir, base := filepath.Dir(ev.Name), filepath.Base(ev.Name)
-	if atomicfile.IsTemp(base) {
-		return 0
-	}
-	var p parts
-	if cw.binDirs[dir] && (base == PluginName || base == StandaloneName) {
-		p |= partBinaries
-	}
-	if cw.confDirs[dir] {
-		p |= partConf
-	}
-	if dir == cfg.AgentRunDir && base == "kubeconfig" || cfg.ServiceAccountDir != "" && dir == cfg.ServiceAccountDir {
-		p |= partKubeconfig
-	}
-	return p
-}
-
-// addAll watches every directory (again: a directory that was removed
-// and recreated needs a new watch).
-func (cw *confWatch) addAll() error {
-	cfg := cw.in.cfg
-	dirs := append([]string{cfg.CNIConfDir, cfg.AgentRunDir}, cfg.CNIBinDirs...)
-	if cfg.ServiceAccountDir != "" {
-		dirs = append(dirs, cfg.ServiceAccountDir)
-	}
-	for _, d := range dirs {
-		if err := cw.w.Add(d); err != nil {
-			return fmt.Errorf("watching %s: %w", d, err)
-		}
-	}
-	cw.watchLinked()
-	return nil
-}
-
-// watchLinked watches the directories of the primary's symlinked configs:
-// a config that is a symlink changes in its target's directory, which the
-// conf dir's watch does not see. added reports a new watch.
-func (cw *confWatch) watchLinked() (added bool) {
-	in := cw.in
-	if in.lastPrimary == "" {
-		return false
-	}
-	for _, p := range []string{in.lastPrimary, conflist.ListPath(in.lastPrimary)} {
-		if fi, err := os.Lstat(p); err != nil || fi.Mode()&fs.ModeSymlink == 0 {
-			continue
-		}
-		rp, err := resolve(p)
-		d := filepath.Dir(rp)
-		if err != nil || cw.confDirs[d] {
-			continue
-		}
-		if err := cw.w.Add(d); err != nil {
-			in.log.Warn().Err(err).Str("dir", d).Msg("watching the directory of a linked CNI config; its changes are seen on the next conf dir event only")
-			continue
-		}
-		cw.confDirs[d] = true
-		added = true
-	}
-	return added
-}
-
-// loopState is what one turn of Run hands the next: the parts to check
-// again and the backoff of a failing install.
-type loopState struct {
-	dirty   parts
-	backoff time.Duration
-}
-
-// report records the outcome of a reconcile (metrics, readiness, a log line
-// when the state changes) and sets what the next turn checks; the channel
-// it returns fires when the next turn is due without an event.
-func (in *Installer) report(err error, result string, wrote bool, turn *loopState) (retry <-chan time.Time) {
-	var fe *ForeignCaptureError
-	if !errors.As(err, &fe) {
-		in.m.ForeignCapture.Reset()
-		in.refused = ""
-	}
-	switch {
-	case errors.As(err, &fe):
-		// Not a failure to retry on a timer: the next change of the
-		// config (the other plugin's removal) is what helps.
-		in.m.ForeignCapture.WithLabelValues(fe.Plugin).Set(1)
-		if msg := err.Error(); msg != in.refused || fe.Removed {
-			in.refused = msg
-			in.log.Error().Err(err).Str("file", fe.File).Str("plugin", fe.Plugin).Bool("removed_ours", fe.Removed).
-				Msg("refusing to chain " + PluginName + " next to another capture plugin")
-		}
-		in.setNotReady(err)
-		turn.dirty = partConf
-	case err == nil:
-		if wrote || in.notReady.Load() != nil {
-			in.m.Install(metrics.ResultSuccess)
-			in.log.Info().Msg(PluginName + " installed and valid")
-		}
-		in.installed = true
-		in.notReady.Store(nil)
-		in.m.SetReady(true)
-		turn.dirty = 0
-		turn.backoff = time.Second
-	case errors.Is(err, errNoPrimary):
-		if p := in.notReady.Load(); p == nil || !errors.Is(*p, errNoPrimary) {
-			in.log.Info().Err(err).Msg("waiting for the primary CNI to write its config")
-		}
-		in.setNotReady(err)
-		turn.dirty = partConf
-	case errors.Is(err, errChanged):
-		// The primary is still writing its config (a burst on its
-		// start): not a failure, the next write's event (or the
-		// timer, if that event came too early) tries again.
-		in.log.Warn().Err(err).Msg("the CNI config keeps changing; inserting " + PluginName + " after its next change")
-		in.setNotReady(err)
-		retry = time.After(time.Second)
-		turn.dirty = partConf
-	default:
-		in.m.Install(result)
-		in.setNotReady(err)
-		var ro *ReadOnlyError
-		ev := in.log.Error().Err(err).Str("result", result)
-		if errors.As(err, &ro) {
-			ev = ev.Str("hint", "set cniBinDir or use a platform profile")
-		}
-		ev.Dur("retry_in", turn.backoff).Msg("installing " + PluginName)
-		retry = time.After(turn.backoff)
-		turn.backoff = min(turn.backoff*2, 30*time.Second)
-		turn.dirty = partAll
-	}
-	return retry
-}
-
-// wait blocks until something relevant changed (a file event, gathered
-// with the rest of its burst), retry fired, or ctx ended (done). It
-// returns the parts to check again.
-func (in *Installer) wait(ctx context.Context, cw *confWatch, retry <-chan time.Time) (dirty parts, done bool, err error) {
-	if cw.watchLinked() {
-		// The reconcile just found a linked config: check it again
-		// now that its directory is watched.
-		return partConf, false, nil
-	}
-	for dirty == 0 {
-		select {
-		case <-ctx.Done():
-			return 0, true, nil
-		case <-retry:
-			dirty = partAll
-		case ev, ok := <-cw.w.Events:
-			if !ok {
-				return 0, true, errors.New("file watcher closed")
-			}
-			dirty = cw.classify(ev)
-		case werr, ok := <-cw.w.Errors:
-			if !ok {
-				return 0, true, errors.New("file watcher closed")
-			}
-			// An overflow means lost events: recheck everything.
-			in.log.Warn().Err(werr).Msg("file watch error; rechecking everything")
-			dirty = partAll
-		}
-	}
-	// Gather the rest of the burst.
-	t := time.NewTimer(debounce)
-	defer t.Stop()
-	for {
-		select {
-		case ev, ok := <-cw.w.Events:
-			if !ok {
-				return dirty, false, nil
-			}
-			dirty |= cw.classify(ev)
-		case <-t.C:
-			return dirty, false, nil
-		case <-ctx.Done():
-			return dirty, true, nil
-		}
-	}
-}
-
-// Cleanup undoes the install: our entry leaves the CNI config (restoring the
-// primary's own bytes when the file is still what we wrote), then the
-// kubeconfig and the binaries go, but only once no config names our plugin
-// any more: a runtime would otherwise fail every new pod on the node. It
-// keeps going after an error and returns them all.
-func (in *Installer) Cleanup() error {
-	in.setNotReady(errors.New("shutting down"))
-	var errs []error
-	cfg := in.cfg
-	var written []string
-	if cfg.Chained {
-		written, errs = in.restoreConfs()
-	} else {
-		p := in.standalonePath()
-		if b, err := os.ReadFile(p); err == nil {
-			if t, err := conflist.TypeOf(b); err == nil && t == PluginName {
-				if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-					errs = append(errs, fmt.Errorf("removing standalone config %s: %w", p, err))
-				}
-			}
-		}
-	}
-	if refs := referencing(cfg.CNIConfDir, written); len(refs) > 0 {
-		what := "the CNI config " + refs[0] + " still names"
-		if len(refs) > 1 {
-			what = "the CNI configs " + strings.Join(refs, ", ") + " still name"
-		}
-		return errors.Join(append(errs, fmt.Errorf("keeping the %s and %s binaries and the kubeconfig: %s the plugin, and without them the runtime would fail every new pod on the node",
-			PluginName, StandaloneName, what))...)
-	}
-	if cfg.ServiceAccountDir != "" {
-		if err := os.Remove(cfg.KubeconfigPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("removing kubeconfig: %w", err))
-		}
-		if err := removeLegacyTLSSessions(cfg.AgentRunDir); err != nil {
-			errs = append(errs, fmt.Errorf("removing an older plugin's TLS session files: %w", err))
-		}
-	}
-	for _, d := range cfg.CNIBinDirs {
-		// The front first, and the companion only once the front is gone:
-		// a front left without its companion would fail every pod the
-		// agent is not there for.
-		for _, b := range slices.Backward(in.bins) {
-			if err := b.remove(d); err != nil {
-				errs = append(errs, err)
-				break
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// restoreConfs undoes every recorded rewrite (from the undo record when Run
-// did not load it), strips our entry from a primary never recorded, and
-// keeps the records of what it could not undo. It returns the files that
-// held our entry.
-func (in *Installer) restoreConfs() (written []string, errs []error) {
-	in.mu.Lock()
-	st := in.st
-	if len(st.Confs) == 0 {
-		// What is readable is still undone.
-		st, _, _ = in.loadUndo()
-	}
-	in.mu.Unlock()
-	var left []confRecord
-	for _, r := range st.Confs {
-		written = append(written, r.Written)
-		if err := retryChanged("restoring "+r.Written, func() error { return restoreOnce(r) }); err != nil {
-			errs = append(errs, err)
-			left = append(left, r)
-		} else {
-			in.log.Info().Str("file", r.Original).Msg("removed " + PluginName + " from the CNI config")
-		}
-	}
-	// A primary we never recorded (state lost) may still hold our entry.
-	if p, _, err := conflist.FindPrimary(in.cfg.CNIConfDir); err == nil && p != "" {
-		written = append(written, p)
-		if err := stripFile(p); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	in.st = agentState{Confs: left}
-	if err := in.undo.save(in.st); err != nil {
-		errs = append(errs, err)
-	} else if err := in.removeLegacy(); err != nil {
-		errs = append(errs, err)
-	}
-	return written, errs
-}
-
-// referencing lists the config files a runtime could load (those in dir,
-// and the extra ones) that still name our plugin. A regular file we cannot
-// read counts: it may.
-func referencing(dir string, extra []string) []string {
-	files, err := libcni.ConfFiles(dir, conflist.ConfExtensions)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return []string{dir + " (unreadable: " + err.Error() + ")"}
-	}
-	files = append(files, extra...)
-	slices.Sort(files)
-	var out []string
-	for _, f := range slices.Compact(files) {
-		if fi, err := os.Stat(f); err == nil && !fi.Mode().IsRegular() {
-			continue // no runtime loads a FIFO or a directory
-		}
-		s, err := readSnapshot(f)
-		switch {
-		case err != nil:
-			out = append(out, f+" (unreadable: "+err.Error()+")")
-		case s.exists && conflist.HasPlugin(f, s.data):
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-// restoreOnce undoes one rewrite (errChanged: the file changed, start over).
-func restoreOnce(r confRecord) error {
-	cur, err := readSnapshot(r.Written)
-	if err != nil {
-		return fmt.Errorf("reading %s for cleanup: %w", r.Written, err)
-	}
-	if !cur.exists {
-		return nil // the primary removed it; nothing of ours is left there
-	}
-	if err := complete(cur); err != nil {
-		return err
-	}
-	if cur.sum != r.WrittenSum {
-		// Changed after our write: keep the change, drop only our entry.
-		return stripSnapshot(cur)
-	}
-	if r.Original == r.Written {
-		err := replaceIfUnchanged(cur, r.OriginalBytes, r.OriginalMode, r.OriginalUID, r.OriginalGID)
-		return unlessChanged(err, "restoring %s", r.Written)
-	}
-	// We had turned Original (.conf) into Written (.conflist). Put the .conf
-	// back first (it sorts first, so the runtime switches to it at once),
-	// unless the primary already wrote a new one.
-	if _, err := os.Lstat(r.Original); errors.Is(err, fs.ErrNotExist) {
-		if err := restoreOriginal(r); err != nil {
-			return err
-		}
-	}
-	return unlessChanged(removeIfUnchanged(cur), "removing %s", r.Written)
-}
-
-// restoreOriginal puts a converted .conf back where it was: as the link it
-// was while the link's target still holds the recorded bytes, else as a
-// file with those bytes. A .conf the primary writes meanwhile wins.
-func restoreOriginal(r confRecord) error {
-	if r.OriginalLink != "" {
-		t := r.OriginalLink
-		if !filepath.IsAbs(t) {
-			t = filepath.Join(filepath.Dir(r.Original), t)
-		}
-		if b, err := os.ReadFile(t); err == nil && bytes.Equal(b, r.OriginalBytes) {
-			if err := os.Symlink(r.OriginalLink, r.Original); err != nil && !errors.Is(err, fs.ErrExist) {
-				return fmt.Errorf("restoring the link %s: %w", r.Original, err)
-			}
-			atomicfile.SyncDir(r.Original)
-			return nil
-		}
-	}
-	err := replaceIfUnchanged(snapshot{name: r.Original, path: r.Original}, r.OriginalBytes, r.OriginalMode, r.OriginalUID, r.OriginalGID)
-	if err != nil && !errors.Is(err, errChanged) {
-		return fmt.Errorf("restoring %s: %w", r.Original, err)
-	}
-	return nil
-}
-
-// stripFile removes our entry from a list file, keeping its mode and owner.
-func stripFile(path string) error {
-	if !conflist.IsList(path) {
-		return nil
-	}
-	return retryChanged(fmt.Sprintf("removing %s from %s", PluginName, path), func() error {
-		cur, err := readSnapshot(path)
-		if err != nil {
-			return fmt.Errorf("reading %s for cleanup: %w", path, err)
-		}
-		if err := complete(cur); err != nil {
-			return err
-		}
-		return stripSnapshot(cur)
-	})
-}
-
-// stripSnapshot writes cur without our entry back unless it changed (errChanged).
-func stripSnapshot(cur snapshot) error {
-	if !cur.exists || !conflist.IsList(cur.name) {
-		return nil
-	}
-	out, changed, err := conflist.RemovePlugin(cur.name, cur.data)
-	if err != nil || !changed {
-		return err
-	}
-	return unlessChanged(replaceIfUnchanged(cur, out, cur.mode, cur.uid, cur.gid), "removing %s from %s", PluginName, cur.name)
 }

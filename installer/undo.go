@@ -17,6 +17,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/installer/conflist"
 	"github.com/nftmesh/nftmesh/internal/atomicfile"
+	"github.com/nftmesh/nftmesh/redirect/quote"
 )
 
 // The undo record keeps what cleanup needs to give back every config file
@@ -309,10 +310,4 @@ func isSHA256(s string) bool {
 }
 
 // quoteBounded quotes a value from a record for an error, cut to 64 bytes.
-func quoteBounded(s string) string {
-	const max = 64
-	if len(s) > max {
-		return fmt.Sprintf("%q (cut, %d bytes)", s[:max], len(s))
-	}
-	return fmt.Sprintf("%q", s)
-}
+func quoteBounded(s string) string { return quote.ValueN(s, 64) }

@@ -93,9 +93,11 @@ func (g *generator) dropInvalid() {
 // redirectChains: the chains that hand TCP to the proxy's outbound and
 // inbound ports, and the inbound tunnel port that is never captured.
 func (g *generator) redirectChains() {
-	g.append(TableNat, ChainInbound, FamilyAny, Return{}, tcp, dport(InboundTunnelPort))
-	g.append(TableNat, ChainRedirect, FamilyAny, Redirect{ProxyOutboundPort}, tcp)
-	g.append(TableNat, ChainInRedirect, FamilyAny, Redirect{ProxyInboundPort}, tcp)
+	if !g.s.NoReservedPorts {
+		g.append(TableNat, ChainInbound, FamilyAny, Return{}, tcp, dport(InboundTunnelPort))
+	}
+	g.append(TableNat, ChainRedirect, FamilyAny, Redirect{g.s.OutboundPort()}, tcp)
+	g.append(TableNat, ChainInRedirect, FamilyAny, Redirect{g.s.InboundPort()}, tcp)
 }
 
 // inbound captures TCP arriving for the pod's ports: with REDIRECT in nat,
@@ -117,19 +119,25 @@ func (g *generator) inbound() {
 		// packet would reach the app uncaptured. The drop after each
 		// TProxy gives both backends iptables' behaviour: inbound waits
 		// for the proxy (clients retry), it never bypasses it.
-		g.append(TableMangle, ChainTProxy, FamilyIPv4, TProxy{Port: ProxyInboundPort, Mark: TProxyMark, Mask: 0xffffffff},
+		g.append(TableMangle, ChainTProxy, FamilyIPv4, TProxy{Port: s.InboundPort(), Mark: TProxyMark, Mask: 0xffffffff},
 			MatchAddr{Prefix: g.loop4, Negate: true}, tcp)
 		g.append(TableMangle, ChainTProxy, FamilyIPv4, Drop{}, MatchAddr{Prefix: g.loop4, Negate: true}, tcp)
-		g.append(TableMangle, ChainTProxy, FamilyIPv6, TProxy{Port: ProxyInboundPort, Mark: TProxyMark, Mask: 0xffffffff},
+		g.append(TableMangle, ChainTProxy, FamilyIPv6, TProxy{Port: s.InboundPort(), Mark: TProxyMark, Mask: 0xffffffff},
 			MatchAddr{Prefix: loopbackV6, Negate: true}, tcp)
 		g.append(TableMangle, ChainTProxy, FamilyIPv6, Drop{}, MatchAddr{Prefix: loopbackV6, Negate: true}, tcp)
 	}
 	g.append(inTable, ChainPrerouting, FamilyAny, Jump{ChainInbound}, tcp)
+	g.inboundSourcesExcluded(inTable)
 	established := MatchCTState{States: CTStateRelated | CTStateEstablished}
 	if s.InboundPorts.All {
-		excl := dedup(slices.Concat(s.InboundPortsExclude, alwaysExcludedInbound))
-		g.portSet(setInboundExclude, excl)
-		g.append(inTable, ChainInbound, FamilyAny, Return{}, tcp, MatchSet{Set: setInboundExclude, Kind: SetPort})
+		excl := s.InboundPortsExclude
+		if !s.NoReservedPorts {
+			excl = slices.Concat(excl, alwaysExcludedInbound)
+		}
+		if excl = dedup(excl); len(excl) > 0 {
+			g.portSet(setInboundExclude, excl)
+			g.append(inTable, ChainInbound, FamilyAny, Return{}, tcp, MatchSet{Set: setInboundExclude, Kind: SetPort})
+		}
 		if g.tproxy {
 			g.append(TableMangle, ChainInbound, FamilyAny, Jump{ChainDivert}, tcp, established)
 			g.append(TableMangle, ChainInbound, FamilyAny, Jump{ChainTProxy}, tcp)
@@ -148,6 +156,21 @@ func (g *generator) inbound() {
 	}
 }
 
+// inboundSourcesExcluded lets inbound connections from the excluded sources
+// through uncaptured, one rule per source (its family's).
+func (g *generator) inboundSourcesExcluded(table TableName) {
+	for _, p := range dedup(g.s.InboundSourcesExclude) {
+		fam := FamilyIPv4
+		if p.Addr().Is6() {
+			if !g.s.IPv6 {
+				continue
+			}
+			fam = FamilyIPv6
+		}
+		g.append(table, ChainInbound, fam, Return{}, tcp, MatchAddr{Source: true, Prefix: p.Masked()})
+	}
+}
+
 // outboundEntry sends locally generated traffic to ISTIO_OUTPUT, whose first
 // rules let excluded ports and the proxy's passthrough source (127.0.0.6,
 // ::6 on lo) go out untouched.
@@ -158,6 +181,9 @@ func (g *generator) outboundEntry() {
 		ex := MatchSet{Set: setOutboundExclude, Kind: SetPort}
 		g.append(TableNat, ChainOutbound, FamilyAny, Return{}, tcp, ex)
 		g.append(TableNat, ChainOutbound, FamilyAny, Return{}, udp, ex)
+	}
+	if g.s.LoopbackUncaptured {
+		return
 	}
 	g.append(TableNat, ChainOutbound, FamilyIPv4, Return{}, toLo, MatchAddr{Source: true, Prefix: InboundPassthroughV4})
 	g.append(TableNat, ChainOutbound, FamilyIPv6, Return{}, toLo, MatchAddr{Source: true, Prefix: InboundPassthroughV6})
@@ -170,6 +196,14 @@ func (g *generator) outboundEntry() {
 // traffic, any protocol, goes straight out.
 func (g *generator) proxyOwnTraffic() {
 	s := g.s
+	if s.LoopbackUncaptured {
+		// The proxy's traffic, then anything over lo, goes straight out.
+		for _, owner := range g.owners {
+			g.append(TableNat, ChainOutbound, FamilyAny, Return{}, owner)
+		}
+		g.append(TableNat, ChainOutbound, FamilyAny, Return{}, toLo)
+		return
+	}
 	includesLoopback := slices.ContainsFunc(s.OutboundIPRanges.Prefixes, func(p netip.Prefix) bool { return p.Addr().IsLoopback() })
 	for _, owner := range g.owners {
 		notTunnel := MatchPort{Ports: []uint16{InboundTunnelPort}, Negate: true}
@@ -332,7 +366,7 @@ func (g *generator) tproxyRoutes() {
 // uses to reach the app without being captured again (IPv4's 127.0.0.6 is
 // on lo already).
 func (g *generator) passthroughV6() {
-	if g.s.IPv6 {
+	if g.s.IPv6 && !g.s.LoopbackUncaptured {
 		g.plan.LoopbackAddrs = []netip.Prefix{InboundPassthroughV6}
 	}
 }

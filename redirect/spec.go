@@ -115,6 +115,45 @@ type Spec struct {
 	// HostIPv4LoopbackCIDR is the loopback range outbound traffic to which is
 	// never captured (ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR).
 	HostIPv4LoopbackCIDR netip.Prefix
+
+	// The fields below let a Spec say what another mesh's capture (Linkerd's)
+	// does differently; their zero values are Istio's, so an Istio Spec never
+	// sets them. They are knobs, not a mesh name: Build stays mesh-agnostic.
+
+	// OutboundProxyPort / InboundProxyPort are where captured outbound /
+	// inbound TCP is redirected; 0 means Istio's 15001 / 15006.
+	OutboundProxyPort, InboundProxyPort uint16
+	// InboundSourcesExclude: inbound connections from these sources are not
+	// captured (Linkerd's skip-subnets). IPv6 ones only apply with IPv6.
+	InboundSourcesExclude []netip.Prefix
+	// LoopbackUncaptured: nothing leaving over lo is captured, the proxy's
+	// own connections included, and there is no passthrough source. Istio
+	// instead sends the proxy's connections to its own pod over lo through
+	// inbound capture.
+	LoopbackUncaptured bool
+	// NoReservedPorts: Istio's tunnel port (15008) and its agent's ports
+	// (15020, 15021, 15090) get no exception from inbound capture.
+	NoReservedPorts bool
+}
+
+// MaxSourcesExclude bounds InboundSourcesExclude: each source is a rule of
+// its own in both backends (see MaxInterfaces).
+const MaxSourcesExclude = 1024
+
+// OutboundPort is the port captured outbound TCP goes to.
+func (s Spec) OutboundPort() uint16 {
+	if s.OutboundProxyPort != 0 {
+		return s.OutboundProxyPort
+	}
+	return ProxyOutboundPort
+}
+
+// InboundPort is the port captured inbound TCP goes to.
+func (s Spec) InboundPort() uint16 {
+	if s.InboundProxyPort != 0 {
+		return s.InboundProxyPort
+	}
+	return ProxyInboundPort
 }
 
 // DefaultSpec returns the capture spec a pod gets with no annotations: all
@@ -278,9 +317,16 @@ func (s Spec) validate(ps *problems) {
 	if len(s.ProxyUIDs) == 0 {
 		ps.add("proxyUIDs", "", "is empty (the proxy's own traffic would be captured)")
 	}
-	if len(s.ProxyGIDs) == 0 {
+	if len(s.ProxyGIDs) == 0 && !s.LoopbackUncaptured {
+		// Istio's capture matches the proxy by group as well as by user;
+		// Linkerd's needs only the user (its GID is optional).
 		ps.add("proxyGIDs", "", "is empty (the proxy's own traffic would be captured)")
 	}
+	if len(s.InboundSourcesExclude) > MaxSourcesExclude {
+		ps.add("inboundSourcesExclude", join(s.InboundSourcesExclude[:MaxSourcesExclude], ","),
+			"names %d sources, more than the %d nftmesh takes (each is a rule of its own)", len(s.InboundSourcesExclude), MaxSourcesExclude)
+	}
+	checkPrefixes("inboundSourcesExclude", s.InboundSourcesExclude)
 	if !s.HostIPv4LoopbackCIDR.IsValid() || !s.HostIPv4LoopbackCIDR.Addr().Is4() {
 		ps.add("hostIPv4LoopbackCIDR", s.HostIPv4LoopbackCIDR.String(), "is not an IPv4 CIDR")
 	} else if !s.HostIPv4LoopbackCIDR.Addr().IsLoopback() {

@@ -12,8 +12,8 @@ import (
 
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/metrics"
-	"github.com/nftmesh/nftmesh/installer/pluginlog"
 	"github.com/nftmesh/nftmesh/installer/podevents"
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 )
 
 // podEvents is the agent's event recorder, or nil when turned off or
@@ -45,13 +45,13 @@ func (e *podEvents) lookup(namespace, name string) *corev1.Pod {
 	return p
 }
 
-// follow records an event for each failed ADD or CHECK in the plugin's log.
-func (e *podEvents) follow(plog *pluginlog.Follower) {
-	if e == nil {
-		return
-	}
-	plog.OnDecision = func(d pluginlog.Decision) {
-		e.Decision(d.Command, d.Decision, d.Namespace, d.Pod, d.RanBy, d.Error)
+// decided counts a plugin run's decision and records an Event for a failed
+// ADD or CHECK: the calls the agent runs hand it over in process, the
+// standalone plugin's are read back from its log file.
+func (a *agent) decided(d agentsock.Decision) {
+	a.m.Decided(d)
+	if a.events != nil {
+		a.events.Decision(d)
 	}
 }
 

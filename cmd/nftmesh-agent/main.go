@@ -31,10 +31,12 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/nftmesh/nftmesh/capture"
+	"github.com/nftmesh/nftmesh/cniplugin"
 	"github.com/nftmesh/nftmesh/installer"
 	"github.com/nftmesh/nftmesh/installer/inplace"
 	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/installer/pluginlog"
+	"github.com/nftmesh/nftmesh/installer/podcache"
 	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/internal/kubeconf"
 	"github.com/nftmesh/nftmesh/internal/version"
@@ -124,14 +126,20 @@ func (a *agent) setUp() bool {
 		return false
 	}
 	a.in = in
-	repairer, hostNetns, err := hostRepair(cfg)
+	// One API client for the repair controller and the pod socket.
+	client, clientErr := repairClient(cfg)
+	a.client = client
+	// Linkerd pods' namespaces and the API server's ports, for the pod
+	// socket's calls and repair in place (run by the pod socket).
+	var linkerd *podcache.Watches
+	if cfg.Linkerd.Enabled && clientErr == nil {
+		linkerd = podcache.NewWatches(client)
+	}
+	repairer, hostNetns, err := hostRepair(cfg, linkerd)
 	if err != nil {
 		log.Error().Err(err).Msg("invalid repair configuration; nothing was changed on the host")
 		return false
 	}
-	// One API client for the repair controller and the pod socket.
-	client, clientErr := repairClient(cfg)
-	a.client = client
 	a.events = newPodEvents(cfg, client)
 	if a.events != nil && repairer != nil {
 		repairer = a.events.Repairer(repairer)
@@ -148,7 +156,7 @@ func (a *agent) setUp() bool {
 	}
 	// Without the socket the plugin reads pods from the API itself, so a
 	// socket that cannot be set up costs speed, not pod starts.
-	a.sock, err = newPodSocket(cfg, client, a.repairCtl, hostNetns, log, a.m, a.starved)
+	a.sock, err = newPodSocket(cfg, client, a.repairCtl, linkerd, hostNetns, log, a.m, a.starved)
 	if err != nil {
 		log.Error().Err(err).Msg("setting up the pod socket; the plugin reads pods from the API itself")
 		a.sock = nil
@@ -156,21 +164,32 @@ func (a *agent) setUp() bool {
 	if a.sock != nil && a.events != nil {
 		a.events.pods = a.sock.pods.GetIndexer()
 	}
+	if a.sock != nil && a.sock.cni != nil {
+		a.sock.cni.Log, a.sock.cni.Decided = cniplugin.AgentLog(os.Stderr, cfg.LogLevel), a.decided
+	}
 	return true
 }
 
 // hostRepair wires in repair in place (the installer library imports no
 // backend) and says whether the host's network namespace is known: it is
 // registered to be refused only through the host's /proc.
-func hostRepair(cfg *installer.Config) (repair.PodRepairer, func() error, error) {
+func hostRepair(cfg *installer.Config, linkerd *podcache.Watches) (repair.PodRepairer, func() error, error) {
 	if cfg.Repair.Mode() == repair.InPlace {
-		r, err := inplace.New(inplace.Options{
+		opts := inplace.Options{
 			ProcDir:           cfg.Repair.HostProc,
 			Backend:           cfg.Backend,
 			ExcludeNamespaces: cfg.ExcludeNamespaces,
 			PodNamespace:      cfg.PodNamespace,
 			RunDir:            cfg.AgentRunDir,
-		})
+		}
+		if cfg.Linkerd.Enabled {
+			node := cfg.Linkerd.LinkerdConfig
+			opts.Linkerd = &node
+		}
+		if linkerd != nil {
+			opts.LinkerdFacts = linkerd
+		}
+		r, err := inplace.New(opts)
 		if err != nil {
 			return nil, nil, &installer.ConfigError{Flag: "host-proc", Value: cfg.Repair.HostProc, Reason: err.Error()}
 		}
@@ -242,9 +261,10 @@ func (a *agent) stopServers() {
 // installed and waits for the others.
 func (a *agent) runUntilStopped(ctx context.Context, stop func(), start time.Time) int {
 	cfg, log := a.cfg, a.log
-	// The plugin's log file, surfaced in the agent's (kubectl logs).
-	plog := pluginlog.New(cfg.AgentRunDir, os.Stderr, cfg.LogLevel, a.m)
-	a.events.follow(plog)
+	// The standalone plugin's log file, surfaced in the agent's (kubectl
+	// logs); the calls the agent runs log there themselves.
+	plog := pluginlog.New(cfg.AgentRunDir, os.Stderr, cfg.LogLevel)
+	plog.OnDecision = a.decided
 	plogDone := goRun(func() error { return plog.Run(ctx) })
 	repairDone := goRun(nil)
 	if a.repairCtl != nil {

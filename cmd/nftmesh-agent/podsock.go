@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,10 @@ type podSocket struct {
 	cni    *cniplugin.Server
 	pods   cache.SharedIndexInformer
 	ownRun bool // the informer is ours to run (not the repair controller's)
+	// linkerd watches namespaces and the API server's Service for Linkerd
+	// pods' decisions (with --linkerd only: the chart grants those reads
+	// in its Linkerd profile).
+	linkerd *podcache.Watches
 	// inspectLn answers `redirect inspect NAMESPACE/NAME` (inspectsock.go),
 	// finding namespaces through the host's /proc at procDir.
 	inspectLn *agentsock.Listener
@@ -95,7 +100,7 @@ func (s *podSocket) apiCalled(ctx context.Context, err error) {
 // reads pods from the API itself. The CNI calls the front hands over are run
 // only while hostNetns is nil: the host's network namespace is then
 // registered to be refused.
-func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics, starved *starvation) (*podSocket, error) {
+func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, repairCtl *repair.Controller, linkerd *podcache.Watches, hostNetns func() error, log zerolog.Logger, m *metrics.Metrics, starved *starvation) (*podSocket, error) {
 	node := cmp.Or(cfg.NodeName, cfg.Repair.NodeName)
 	if client == nil || node == "" {
 		return nil, nil
@@ -107,6 +112,10 @@ func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, re
 	// Until the watch has listed the node's pods, and for a pod it has not
 	// brought within the bounded wait, the agent reads the pod once.
 	src := podcache.New(s.pods.GetIndexer(), s.pods.HasSynced, podcache.APIGetter(client))
+	if linkerd != nil {
+		s.linkerd = linkerd
+		src.Linkerd = linkerd
+	}
 	if _, err := s.pods.AddEventHandler(src.Handler()); err != nil {
 		return nil, fmt.Errorf("registering the pod socket's handler: %w", err)
 	}
@@ -127,15 +136,7 @@ func newPodSocket(cfg *installer.Config, client corev1client.CoreV1Interface, re
 		"Plugin pod lookups on the agent's socket, by outcome (found, unknown, refused, bad_request, write_error, starved).")
 	s.starvedTotal = starvedCounter(m)
 	s.starved = starved
-	s.srv = &agentsock.Server{Resolver: src, AllowUID: agentsock.PeerUID, Observe: func(o agentsock.Outcome) {
-		answers.WithLabelValues(o.Status).Inc()
-		if o.Status == agentsock.OutcomeStarved {
-			s.noteStarved("pod", o.Resource, o.Reason)
-		}
-		quiet := o.Status == agentsock.StatusFound || o.Status == agentsock.StatusUnknown
-		s.outcomeEvent(quiet, o.PeerUID).Str("outcome", o.Status).Str("reason", o.Reason).Str("namespace", o.Request.Namespace).
-			Str("pod", o.Request.Name).Str("uid", o.Request.UID).Dur("duration", o.Duration).Msg("pod lookup on the agent socket")
-	}}
+	s.srv = &agentsock.Server{Resolver: src, AllowUID: agentsock.PeerUID, Observe: s.observer("pod", answers, agentsock.StatusFound, agentsock.StatusUnknown)}
 	if s.cniRefused(cfg.AgentRunDir, hostNetns) {
 		return s, nil
 	}
@@ -200,16 +201,31 @@ func (s *podSocket) serveCNI(cfg *installer.Config, src *podcache.Source, hostNe
 	// host's /proc as repair in place mounts it (the chart grants the
 	// capabilities calls need only with it), else this process's own.
 	procDir := cmp.Or(cfg.Repair.HostProc, "/proc")
-	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, ProcDir: procDir, HostNetns: hostNetns, Observe: func(o cniplugin.ServeOutcome) {
-		calls.WithLabelValues(o.Status).Inc()
-		if o.Status == cniplugin.OutcomeStarved {
-			s.noteStarved("cni", o.Resource, o.Reason)
-		}
-		quiet := o.Status == cniplugin.OutcomeOK || o.Status == cniplugin.OutcomeError || o.Status == cniplugin.OutcomeDeclined
-		s.outcomeEvent(quiet, o.PeerUID).Str("outcome", o.Status).Str("reason", o.Reason).Str("command", o.Command).Dur("duration", o.Duration).
-			Msg("CNI call on the agent socket")
-	}}
+	s.cni = &cniplugin.Server{RunDir: cfg.AgentRunDir, Resolver: src, AllowUID: agentsock.PeerUID, ProcDir: procDir, HostNetns: hostNetns,
+		Observe: s.observer("cni", calls, agentsock.OutcomeOK, agentsock.OutcomeError, agentsock.OutcomeDeclined)}
 	return nil
+}
+
+// observer counts the outcomes of socket's connections, tells readiness of
+// the starved ones, and logs each: those of quiet at debug, any other as a
+// warning naming the peer.
+func (s *podSocket) observer(socket string, count *prometheus.CounterVec, quiet ...string) func(agentsock.Outcome) {
+	return func(o agentsock.Outcome) {
+		count.WithLabelValues(o.Status).Inc()
+		if o.Status == agentsock.OutcomeStarved {
+			s.noteStarved(socket, o.Resource, o.Reason)
+		}
+		e := s.log.Debug()
+		if !slices.Contains(quiet, o.Status) {
+			e = s.log.Warn().Uint32("peer_uid", o.PeerUID)
+		}
+		e = e.Str("outcome", o.Status).Str("reason", o.Reason)
+		if socket == "pod" {
+			e.Str("namespace", o.Request.Namespace).Str("pod", o.Request.Name).Str("uid", o.Request.UID).Dur("duration", o.Duration).Msg("pod lookup on the agent socket")
+			return
+		}
+		e.Str("command", o.Command).Dur("duration", o.Duration).Msg("CNI call on the agent socket")
+	}
 }
 
 // socketCounter is a counter of the agent socket's outcomes, registered
@@ -224,19 +240,13 @@ func socketCounter(m *metrics.Metrics, name, help string) *prometheus.CounterVec
 	return c
 }
 
-// outcomeEvent logs an expected outcome at debug and any other as a
-// warning naming the peer.
-func (s *podSocket) outcomeEvent(quiet bool, peerUID uint32) *zerolog.Event {
-	if quiet {
-		return s.log.Debug()
-	}
-	return s.log.Warn().Uint32("peer_uid", peerUID)
-}
-
 // run serves until ctx ends (and runs the informer if it is ours).
 func (s *podSocket) run(ctx context.Context) error {
 	if s.ownRun {
 		go s.pods.RunWithContext(ctx)
+	}
+	if s.linkerd != nil {
+		go s.linkerd.Run(ctx)
 	}
 	if s.inspectLn != nil {
 		// Only a peer that could open the namespace itself may ask, as on
@@ -278,14 +288,13 @@ var callCaps = []struct {
 
 // missingCaps names the callCaps this process does not hold.
 func missingCaps() []string {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
+	eff, err := agentsock.EffectiveCaps("/proc", "self")
+	if err != nil {
 		return []string{"unknown: " + err.Error()}
 	}
 	var missing []string
 	for _, c := range callCaps {
-		if data[c.bit/32].Effective&(1<<(c.bit%32)) == 0 {
+		if eff&(1<<c.bit) == 0 {
 			missing = append(missing, c.name)
 		}
 	}

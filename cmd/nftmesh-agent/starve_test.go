@@ -78,46 +78,11 @@ func TestStarvationReadiness(t *testing.T) {
 func TestStarvedAgentDeclinesToTheStandalone(t *testing.T) {
 	nstest.NeedRoot(t)
 	api := kubetest.Start(t)
-	bin := buildAgent(t)
 	front := buildFront(t)
-	h := newFakeHost(t)
-	_ = os.WriteFile(filepath.Join(h.sa, "token"), []byte(api.AdminToken()), 0o600)
-	ca, err := os.ReadFile(api.CAFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = os.WriteFile(filepath.Join(h.sa, "ca.crt"), ca, 0o644)
-	src, err := os.ReadFile(filepath.Join("..", "..", "testdata", "conflists", "1-k8s.conflist"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(h.conf, "1-k8s.conflist"), src, 0o644); err != nil {
-		t.Fatal(err)
-	}
 	pod := starvedPod(t, api)
 	_, nsPath := nstest.New(t, "starved-")
-
-	// The agent runs in a network namespace of its own, as in its pod: it
-	// registers the test's as the host's (its parent's; PID 1's may not be
-	// readable here), and reaches the API server through a forwarder at the
-	// API server's own address, which the plugin's kubeconfig names.
-	node := nodeNetns(t, api)
-	health, metrics := "127.0.0.1:8000", "127.0.0.1:15014"
-	var logs syncbuf.Buffer
-	cmd := exec.Command("nsenter", append([]string{"--net=" + node.path, "--", bin}, append(h.args(health, metrics),
-		"--kube-api-server", api.Host, "--node-name", pod.Spec.NodeName, "--repair-enabled=false", "--host-proc", "/proc")...)...)
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("agent logs:\n%s", logs.String())
-		}
-	})
-	node.waitReady(t, health, 30*time.Second)
+	a := startNodeAgent(t, api, pod.Spec.NodeName, nil)
+	h, node, health, metrics, cmd, logs := a.host, a.node, a.health, a.metrics, a.cmd, a.logs
 	call := func(verb string) {
 		t.Helper()
 		start := time.Now()
@@ -195,6 +160,60 @@ func TestStarvedAgentDeclinesToTheStandalone(t *testing.T) {
 	node.waitReady(t, health, starvedFor+10*time.Second)
 	t.Logf("ready again %v after recovering (the window is %v)", time.Since(start).Round(100*time.Millisecond), starvedFor)
 	call("DEL")
+}
+
+// nodeAgent is the agent binary running as in its pod on node: in a
+// network namespace of its own, with the API server at its address there.
+type nodeAgent struct {
+	host            *fakeHost
+	node            netnsNode
+	health, metrics string
+	cmd             *exec.Cmd
+	logs            *syncbuf.Buffer
+}
+
+// startNodeAgent starts the agent, running the plugin's calls, once
+// prepare (if set) has seen its host, and waits until it is ready. It
+// registers the test's network namespace as the host's (its parent's; PID
+// 1's may not be readable here), and reaches the API server through a
+// forwarder at the API server's own address, which the plugin's kubeconfig
+// names.
+func startNodeAgent(t *testing.T, api *kubetest.Server, nodeName string, prepare func(*fakeHost)) nodeAgent {
+	t.Helper()
+	bin := buildAgent(t)
+	h := newFakeHost(t)
+	_ = os.WriteFile(filepath.Join(h.sa, "token"), []byte(api.AdminToken()), 0o600)
+	ca, err := os.ReadFile(api.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(h.sa, "ca.crt"), ca, 0o644)
+	src, err := os.ReadFile(filepath.Join("..", "..", "testdata", "conflists", "1-k8s.conflist"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(h.conf, "1-k8s.conflist"), src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if prepare != nil {
+		prepare(h)
+	}
+	a := nodeAgent{host: h, node: nodeNetns(t, api), health: "127.0.0.1:8000", metrics: "127.0.0.1:15014", logs: &syncbuf.Buffer{}}
+	a.cmd = exec.Command("nsenter", append([]string{"--net=" + a.node.path, "--", bin}, append(h.args(a.health, a.metrics),
+		"--kube-api-server", api.Host, "--node-name", nodeName, "--repair-enabled=false", "--host-proc", "/proc")...)...)
+	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = a.cmd.Process.Signal(syscall.SIGTERM)
+		_ = a.cmd.Wait()
+		if t.Failed() {
+			t.Logf("agent logs:\n%s", a.logs.String())
+		}
+	})
+	a.node.waitReady(t, a.health, 30*time.Second)
+	return a
 }
 
 // starve lowers the soft RLIMIT_NOFILE of process pid to leave it free

@@ -14,6 +14,6 @@ import "github.com/nftmesh/nftmesh/cniplugin"
 // a run lasts milliseconds. (Go reads the cgroup files once at start
 // whatever the settings.) GOMAXPROCS is 1 when the nftmesh-cni front runs
 // it (it sets GOMAXPROCS=1 in the plugin's environment unless the runtime
-// set one, see its standaloneEnv: the figure is from the 100-ADD burst),
-// the runtime's default when run on its own.
+// set one: its standaloneEnv; docs/performance.md has the 100-ADD burst's
+// figures), the runtime's default when run on its own.
 func main() { cniplugin.Main() }

@@ -12,14 +12,20 @@
 // looks the pod up and programs the rules itself, as a plugin without an
 // agent does. Either way the call fails closed.
 //
-// The front does little: it reads the config's agent_run_dir (encoding/json),
-// and speaks the socket with a few system calls.
+// The front does little, on the standard library's os, io and
+// encoding/json (it reads the config's agent_run_dir as the plugin does).
+// It speaks the socket with a few system calls rather than package net,
+// which measured more page faults per pod start and no fewer lines
+// (docs/dependencies.md, "The front and its socket").
 //
 //go:debug updatemaxprocs=0
 package main
 
 import (
+	"encoding/json"
+	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -46,17 +52,13 @@ func main() {
 	if os.Getenv("CNI_COMMAND") == "" || len(os.Args) > 1 {
 		standalone(nil, env)
 	}
-	stdin, err := readAll(0)
+	stdin, err := io.ReadAll(os.Stdin)
 	if err != nil {
-		fail(5, "nftmesh-cni: reading the config from stdin", err.Error())
+		fail(5, "nftmesh-cni: reading the config from stdin", err)
 	}
 	if reply, ok := ask(stdin, env); ok {
-		if len(reply.Stdout) > 0 {
-			writeAll(1, reply.Stdout)
-		}
-		if len(reply.Stderr) > 0 {
-			writeAll(2, reply.Stderr)
-		}
+		os.Stdout.Write(reply.Stdout)
+		os.Stderr.Write(reply.Stderr)
 		os.Exit(int(reply.Status))
 	}
 	standalone(stdin, env)
@@ -72,7 +74,7 @@ func ask(stdin []byte, env []string) (cnisock.Reply, bool) {
 	}
 	var vars []string
 	for _, kv := range env {
-		if len(kv) > 4 && kv[:4] == "CNI_" {
+		if strings.HasPrefix(kv, "CNI_") {
 			vars = append(vars, kv)
 		}
 	}
@@ -96,7 +98,10 @@ func ask(stdin []byte, env []string) (cnisock.Reply, bool) {
 	if err != nil {
 		return none, false
 	}
-	defer syscall.Close(fd)
+	// A blocking socket: the runtime starts no poller, and the socket
+	// timeouts bound each wait.
+	sock := os.NewFile(uintptr(fd), "agent socket")
+	defer sock.Close()
 	tv := syscall.NsecToTimeval(agentTimeout.Nanoseconds())
 	if syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, &tv) != nil ||
 		syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv) != nil {
@@ -114,15 +119,15 @@ func ask(stdin []byte, env []string) (cnisock.Reply, bool) {
 	if err != nil {
 		return none, false
 	}
-	for n < len(frame) {
-		m, err := syscall.SendmsgN(fd, frame[n:], nil, nil, syscall.MSG_NOSIGNAL)
-		if err != nil {
+	// Nothing is written once all is sent: the agent may have answered and
+	// closed, and even a write of nothing would fail (EPIPE).
+	if n < len(frame) {
+		if _, err := sock.Write(frame[n:]); err != nil {
 			return none, false
 		}
-		n += m
 	}
 	var hdr [cnisock.HeaderLen]byte
-	if !readFull(fd, hdr[:]) {
+	if _, err := io.ReadFull(sock, hdr[:]); err != nil {
 		return none, false
 	}
 	size, err := cnisock.BodyLen(hdr, cnisock.ReplyMagic)
@@ -130,7 +135,7 @@ func ask(stdin []byte, env []string) (cnisock.Reply, bool) {
 		return none, false
 	}
 	body := make([]byte, size)
-	if !readFull(fd, body) {
+	if _, err := io.ReadFull(sock, body); err != nil {
 		return none, false
 	}
 	reply, err := cnisock.ParseReply(body)
@@ -143,32 +148,39 @@ func ask(stdin []byte, env []string) (cnisock.Reply, bool) {
 // standalone replaces this process with the standalone plugin, the config
 // (when read) on its stdin again. It returns only by exiting.
 func standalone(stdin []byte, env []string) {
-	self, err := os.Readlink("/proc/self/exe")
+	self, err := os.Executable()
 	if err != nil {
-		fail(11, "nftmesh-cni: finding its own binary to run "+StandaloneName+" beside it", err.Error())
+		fail(11, "nftmesh-cni: finding its own binary to run "+StandaloneName+" beside it", err)
 	}
-	bin := self[:lastSlash(self)+1] + StandaloneName
+	bin := filepath.Join(filepath.Dir(self), StandaloneName)
 	if stdin != nil {
 		// A memory file with the config, as stdin: read by the plugin like
 		// the runtime's pipe, whatever its size.
-		mfd, err := memfd("nftmesh-cni-config")
-		if err == nil {
-			err = writeAll(mfd, stdin)
+		if err := stdinFrom(stdin); err != nil {
+			fail(5, "nftmesh-cni: handing the config to "+StandaloneName, err)
 		}
-		if err == nil {
-			_, err = syscall.Seek(mfd, 0, 0)
-		}
-		if err == nil {
-			err = syscall.Dup3(mfd, 0, 0)
-		}
-		if err != nil {
-			fail(5, "nftmesh-cni: handing the config to "+StandaloneName, err.Error())
-		}
-		syscall.Close(mfd)
 	}
 	argv := append([]string{bin}, os.Args[1:]...)
 	err = syscall.Exec(bin, argv, standaloneEnv(env))
-	fail(11, "nftmesh-cni: cannot run "+bin+" (the nftmesh agent installs it beside nftmesh-cni; the pod is not started without its capture)", err.Error())
+	fail(11, "nftmesh-cni: cannot run "+bin+" (the nftmesh agent installs it beside nftmesh-cni; the pod is not started without its capture)", err)
+}
+
+// stdinFrom makes stdin a memory file holding config (closed on exec; dup'ed
+// onto stdin it is not).
+func stdinFrom(config []byte) error {
+	fd, err := unix.MemfdCreate("nftmesh-cni-config", unix.MFD_CLOEXEC)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), "nftmesh-cni-config")
+	defer f.Close()
+	if _, err := f.Write(config); err != nil {
+		return err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	return syscall.Dup3(fd, 0, 0)
 }
 
 // standaloneEnv is the environment the standalone plugin runs with: the
@@ -181,11 +193,7 @@ func standalone(stdin []byte, env []string) {
 // all of them on the node's cores at once) are paid by every process. Set
 // in the environment, it holds from the runtime's start, before any
 // goroutine exists; set from the plugin's main it would come after them.
-// Bursts of 100 ADDs as BenchmarkBurst's, half of them with and half
-// without it, alternating ADD by ADD (the same conditions for both halves;
-// load 11-90 on 2 cores, shared): CPU per ADD 81.9 vs 88.9, 88.5 vs 91.1
-// and 75.9 vs 78.2 ms (-8%, -3%, -3%; two halves of one build differed by
-// 3%), page faults per ADD 943 vs 1018 in every run.
+// docs/performance.md has the burst's figures (-3% to -8% CPU per ADD).
 func standaloneEnv(env []string) []string {
 	for _, kv := range env {
 		if strings.HasPrefix(kv, "GOMAXPROCS=") {
@@ -195,102 +203,13 @@ func standaloneEnv(env []string) []string {
 	return append(env[:len(env):len(env)], "GOMAXPROCS=1")
 }
 
-func lastSlash(s string) int {
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] == '/' {
-			return i
-		}
-	}
-	return -1
-}
-
-// memfd creates an anonymous memory file (closed on exec; dup'ed onto
-// stdin it is not).
-func memfd(name string) (int, error) { return unix.MemfdCreate(name, unix.MFD_CLOEXEC) }
-
 // fail prints a CNI error on stdout and exits 1.
-func fail(code int, msg, details string) {
-	b := []byte(`{"code":`)
-	b = appendInt(b, code)
-	b = append(b, `,"msg":`...)
-	b = appendQuoted(b, msg)
-	if details != "" {
-		b = append(b, `,"details":`...)
-		b = appendQuoted(b, details)
-	}
-	b = append(b, '}')
-	writeAll(1, b)
+func fail(code int, msg string, err error) {
+	b, _ := json.Marshal(struct {
+		Code    int    `json:"code"`
+		Msg     string `json:"msg"`
+		Details string `json:"details,omitempty"`
+	}{code, msg, err.Error()})
+	os.Stdout.Write(b)
 	os.Exit(1)
-}
-
-func appendInt(b []byte, v int) []byte {
-	if v >= 10 {
-		b = appendInt(b, v/10)
-	}
-	return append(b, byte('0'+v%10))
-}
-
-// appendQuoted appends s as a JSON string.
-func appendQuoted(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
-}
-
-func readAll(fd int) ([]byte, error) {
-	b := make([]byte, 0, 16<<10)
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		n, err := syscall.Read(fd, b[len(b):cap(b)])
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if n == 0 {
-			return b, nil
-		}
-		b = b[:len(b)+n]
-	}
-}
-
-func readFull(fd int, b []byte) bool {
-	for len(b) > 0 {
-		n, err := syscall.Read(fd, b)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil || n == 0 {
-			return false
-		}
-		b = b[n:]
-	}
-	return true
-}
-
-func writeAll(fd int, b []byte) error {
-	for len(b) > 0 {
-		n, err := syscall.Write(fd, b)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		b = b[n:]
-	}
-	return nil
 }

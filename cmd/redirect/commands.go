@@ -18,6 +18,7 @@ import (
 
 	"github.com/nftmesh/nftmesh/capture"
 	"github.com/nftmesh/nftmesh/internal/phase"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 	"github.com/nftmesh/nftmesh/redirect"
 	"github.com/nftmesh/nftmesh/redirect/quote"
 )
@@ -40,7 +41,12 @@ trace and inspect; iptables-save syntax keeps Istio's names (ISTIO_OUTPUT in
 table nat), which are the chains' names there.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, _, err := sf.planIn(cmd.Flags(), "")
+			p, r, err := sf.planIn(cmd.Flags(), "")
+			if r.mesh == meshpod.MeshLinkerd {
+				// The rules are the same for every output format; where
+				// they come from is said beside them, not in them.
+				fmt.Fprintf(cmd.ErrOrStderr(), "redirect: %s\n", r.subject)
+			}
 			if err != nil {
 				return err
 			}

@@ -122,6 +122,8 @@ type resolved struct {
 	inMesh  bool
 	reason  string
 	subject string // "pod ns/name", "the given annotations", "Istio's defaults"
+	// mesh is the mesh whose rules these are (meshpod.MeshIstio, MeshLinkerd).
+	mesh string
 	// podIPs are the manifest's status.podIP(s) that parse (for trace:
 	// a connection to one of them stays on lo).
 	podIPs []netip.Addr
@@ -188,7 +190,11 @@ func (f *specFlags) resolvePod(fs *pflag.FlagSet) (resolved, error) {
 	}
 	pod := o.Pod
 	in, reason, spec, err := meshpod.Decide(pod)
-	subject := o.Subject()
+	subject, mesh := o.Subject(), meshpod.MeshOf(reason)
+	if mesh == meshpod.MeshLinkerd {
+		// Istio's stays unsaid: it is what the CLI shows by default.
+		subject += linkerdSubject
+	}
 	warnings := redirect.UnknownAnnotationWarnings(pod.Annotations)
 	if err != nil {
 		// Named as the manifest names it (Decide says "pod NS/NAME",
@@ -204,8 +210,11 @@ func (f *specFlags) resolvePod(fs *pflag.FlagSet) (resolved, error) {
 			ips = append(ips, a.Unmap())
 		}
 	}
-	return resolved{spec: spec, inMesh: in, reason: reason, subject: subject, podIPs: ips, warnings: warnings}, nil
+	return resolved{spec: spec, inMesh: in, reason: reason, subject: subject, mesh: mesh, podIPs: ips, warnings: warnings}, nil
 }
+
+// linkerdSubject follows a Linkerd pod's name wherever the CLI names it.
+const linkerdSubject = ", a Linkerd pod: Linkerd's capture as linkerd-cni sets it up, with linkerd2-cni's default node settings"
 
 // parseAnnotationFlags reads --annotation key=value flags: each key once,
 // and each a capture annotation.
@@ -265,7 +274,8 @@ func (f *specFlags) planIn(fs *pflag.FlagSet, netns string) (redirect.Plan, reso
 		return redirect.Plan{}, r, &exitError{exitNotInMesh, fmt.Errorf("%s is not in the mesh: %s", r.subject, r.reason)}
 	}
 	var addrs capture.AddrSource
-	if netns != "" && !fs.Changed("ipv6") {
+	// Linkerd's IPv6 capture is a node setting, not the pod's addresses.
+	if netns != "" && !fs.Changed("ipv6") && r.mesh != meshpod.MeshLinkerd {
 		addrs = func() ([]netip.Addr, error) { return pipeline.Addrs(netns) }
 	}
 	d, err := capture.PlanSpec(r.spec, addrs)

@@ -75,6 +75,13 @@ type agent struct {
 // stopped with SIGTERM when the benchmark ends; its log is shown on failure.
 func startAgent(b *testing.B, api *kubetest.Server) *agent {
 	b.Helper()
+	return startAgentWith(b, api, nil)
+}
+
+// startAgentWith is startAgent with more flags and the RBAC rules they
+// need granted to the agent.
+func startAgentWith(b *testing.B, api *kubetest.Server, rules []rbacv1.PolicyRule, flags ...string) *agent {
+	b.Helper()
 	dir := b.TempDir()
 	sa := filepath.Join(dir, "sa")
 	for _, d := range []string{"bin", "conf", "run", "sa"} {
@@ -83,9 +90,9 @@ func startAgent(b *testing.B, api *kubetest.Server) *agent {
 		}
 	}
 	tok := api.ServiceAccount(b, agentNS, "nftmesh-agent")
-	api.Grant(b, agentNS, "nftmesh-agent", true,
-		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
-		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}})
+	api.Grant(b, agentNS, "nftmesh-agent", true, append([]rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}}}, rules...)...)
 	writeFile(b, filepath.Join(sa, "token"), tok)
 	ca, err := os.ReadFile(api.CAFile)
 	if err != nil {
@@ -96,12 +103,13 @@ func startAgent(b *testing.B, api *kubetest.Server) *agent {
 	writeFile(b, filepath.Join(dir, "conf", "10-bridge.conflist"),
 		`{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"bridge","bridge":"cni0","ipam":{"type":"host-local","subnet":"10.244.0.0/24"}}]}`)
 	a := &agent{runDir: filepath.Join(dir, "run"), metrics: freeAddr(b), logs: &syncbuf.Buffer{}}
-	a.cmd = exec.Command(env.agent,
+	args := []string{
 		"--cni-bin-dir", filepath.Join(dir, "bin"), "--cni-conf-dir", filepath.Join(dir, "conf"),
 		"--agent-run-dir", a.runDir, "--plugin-binary", env.ours,
 		"--service-account-dir", sa, "--kube-api-server", api.Host,
 		"--health-addr", a.metrics, "--metrics-addr", a.metrics,
-		"--repair-enabled", "--repair-pods", "--host-proc", "/proc", "--node-name", agentNode)
+		"--repair-enabled", "--repair-pods", "--host-proc", "/proc", "--node-name", agentNode}
+	a.cmd = exec.Command(env.agent, append(args, flags...)...)
 	a.cmd.Env = os.Environ()
 	// NFTMESH_BENCH_AGENT_GODEBUG=gctrace=1 shows where the agent's heap goes.
 	if v := os.Getenv("NFTMESH_BENCH_AGENT_GODEBUG"); v != "" {

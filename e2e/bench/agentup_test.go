@@ -123,10 +123,9 @@ func BenchmarkAgentUp(b *testing.B) {
 	// its GET.
 	b.ReportMetric(float64(reqs["nftmesh"])/float64(len(walls["nftmesh"])), "nftmesh-api-conns/add")
 	b.ReportMetric(float64(reqs["istio"])/float64(len(walls["istio"])), "istio-api-conns/add")
-	data, err := os.ReadFile(filepath.Join(ours.runDir, "nftmesh-cni.log"))
-	if err != nil {
-		b.Fatalf("reading our plugin's log: %v", err)
-	}
+	// The agent's log: the calls it ran log there (and in no file), the
+	// standalone plugin's are re-emitted there from its file.
+	data := []byte(a.logs.String())
 	// Pod lookups the agent answered (the standalone plugin asks it too),
 	// and calls the agent itself ran: only those measure the agent path.
 	adds := float64(len(walls["nftmesh"]))
@@ -188,11 +187,7 @@ func BenchmarkBurstAgentUp(b *testing.B) {
 	b.ReportMetric(float64(agentCPU.Microseconds())/1000/adds, "nftmesh-agent-cpu-mean-ms")
 	b.ReportMetric(float64(reqs["nftmesh"])/adds, "nftmesh-api-conns/add")
 	b.ReportMetric(float64(reqs["istio"])/float64(len(f.adds["istio"])), "istio-api-conns/add")
-	data, err := os.ReadFile(filepath.Join(ours.runDir, "nftmesh-cni.log"))
-	if err != nil {
-		b.Fatalf("reading our plugin's log: %v", err)
-	}
-	_, ran := agentShare(data, f.ids)
+	_, ran := agentShare([]byte(a.logs.String()), f.ids) // the agent's log, as above
 	b.ReportMetric(float64(ran["nftmesh"])/adds, "nftmesh-ran-by-agent/add")
 	if n := int(adds); ran["nftmesh"] < n {
 		b.Errorf("%d of our %d ADDs ran in the standalone plugin, not the agent: the figures are not the agent path's\nagent's reason: %s", n-ran["nftmesh"], n, agentRefusal(a.logs.String()))

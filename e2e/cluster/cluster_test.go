@@ -166,6 +166,8 @@ type Cluster struct {
 	standinMu       sync.Mutex
 	standinImported bool // the stand-in image is in containerd
 
+	flannel flannelState // the multi-node cluster's primary CNI (flannel_test.go)
+
 	// Node-side directories, same path in both mount namespaces.
 	CNIBinDir, CNIConfDir string
 	AdminKubeconfig       string

@@ -17,7 +17,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/types"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
@@ -25,9 +24,12 @@ import (
 // holder (network and mount namespace, private /run and /var), containerd,
 // kubelet and kube-proxy, its own cgroup root, pod CIDR and CNI
 // directories. The first node's namespace is its router: a veth pair
-// links the two, the first node routes the worker's address and pod CIDR
-// over it, and the worker's default route points back, so every node
-// reaches every other node's pods and the apiserver without NAT.
+// links the two, the first node routes the worker's address over it, and
+// the worker's default route points back, so every node reaches every
+// other node and the apiserver without NAT. The pods' network is flannel's
+// (flannel_test.go): its DaemonSet writes each node's CNI config and
+// carries the pods' traffic between nodes over VXLAN; no route to a pod
+// CIDR is made by hand.
 //
 // The chart's DaemonSet gives every node the same hostPath CNI
 // directories; inside the worker's mount namespace the worker's own
@@ -42,7 +44,7 @@ type workerNode struct {
 	Dir        string // under the cluster's Dir
 	CNIBinDir  string // the real directories, bound over the cluster's paths
 	CNIConfDir string
-	Conflist   string // the primary CNI's config, as written at start
+	Conflist   string // the primary CNI's config: flannel's, once its DaemonSet wrote it
 	cgroupName string
 	link       string // the first node's end of the veth to this one
 
@@ -69,7 +71,7 @@ func newWorker(c *Cluster, index int) *workerNode {
 		Dir:        dir,
 		CNIBinDir:  filepath.Join(dir, "cni", "bin"),
 		CNIConfDir: filepath.Join(dir, "cni", "net.d"),
-		Conflist:   filepath.Join(dir, "cni", "net.d", filepath.Base(c.PrimaryConflist)),
+		Conflist:   filepath.Join(dir, "cni", "net.d", flannelConflist),
 		cgroupName: fmt.Sprintf("%s-n%d", c.cgroupName, index),
 		link:       fmt.Sprintf("mnode%d", index),
 	}
@@ -77,9 +79,15 @@ func newWorker(c *Cluster, index int) *workerNode {
 
 // AddNodes starts n more nodes at once, joined to the cluster's control
 // plane, with the images Start imported and extraImages, and returns once
-// each is Ready. Whatever it started, RemoveNode or the cluster's Stop
-// stops.
+// each is Ready. The first call makes flannel the cluster's primary CNI
+// (startFlannel): a node is Ready once flannel's pod on it wrote its CNI
+// config. Whatever it started, RemoveNode or the cluster's Stop stops;
+// stopFlannel gives the first node its bridge config back.
 func (c *Cluster) AddNodes(ctx context.Context, n int, extraImages ...string) ([]*workerNode, error) {
+	if err := c.startFlannel(ctx); err != nil {
+		return nil, fmt.Errorf("flannel: %w", err)
+	}
+	extraImages = append(c.flannelImages(), extraImages...)
 	c.mu.Lock()
 	if c.stopped {
 		c.mu.Unlock()
@@ -120,7 +128,7 @@ func (w *workerNode) start(ctx context.Context, images []string) error {
 		}},
 		{"images imported", func() error { return w.importImages(ctx, images) }},
 		{"kubelet, kube-proxy", w.startKubelet},
-		{"node Ready", func() error { return w.waitReady(ctx) }},
+		{"pod CIDR, flannel, Ready", func() error { return w.waitReady(ctx) }},
 	} {
 		t0 := time.Now()
 		if err := s.f(); err != nil {
@@ -132,7 +140,7 @@ func (w *workerNode) start(ctx context.Context, images []string) error {
 }
 
 // writeFiles lays out the node like the first one: its /var, CNI
-// directories with the primary conflist for its pod CIDR, the kubelet's
+// directories (without a config: flannel writes it), the kubelet's
 // configuration, a client certificate for system:node:<name> (the Node
 // authorizer's identity; the apiserver's token file cannot grow while it
 // runs) and kubeconfigs pointing at the first node's address.
@@ -152,8 +160,8 @@ func (w *workerNode) writeFiles() error {
 	if err := linkRefPlugins(w.CNIBinDir); err != nil {
 		return err
 	}
-	if err := writeFile(w.Conflist, w.primaryConflist(), 0o644); err != nil {
-		return err
+	if err := os.MkdirAll(w.CNIConfDir, 0o755); err != nil {
+		return fmt.Errorf("creating CNI conf dir: %w", err)
 	}
 	if err := writeFile(filepath.Join(w.Dir, "kubelet.yaml"), c.kubeletConfigIn(w.cgroupName), 0o644); err != nil {
 		return err
@@ -166,12 +174,6 @@ func (w *workerNode) writeFiles() error {
 		return err
 	}
 	return w.writeKubeconfig("kube-proxy", &clientcmdapi.AuthInfo{Token: c.tokens["kube-proxy"]})
-}
-
-// primaryConflist is the first node's bridge + host-local config with this
-// node's pod CIDR.
-func (w *workerNode) primaryConflist() string {
-	return strings.Replace(primaryConflist, `"subnet": "`+podCIDR+`"`, `"subnet": "`+w.PodCIDR+`"`, 1)
 }
 
 func (w *workerNode) writeKubeconfig(name string, auth *clientcmdapi.AuthInfo) error {
@@ -246,8 +248,9 @@ func (w *workerNode) startHolder() error {
 
 // connect links the node to the first node's namespace: a veth pair
 // (nodeeth0 in the node), the node's address as a /32, the first node as
-// its default gateway, and in the first node routes to the node's address
-// and pod CIDR. Nothing is added to the machine's namespace.
+// its default gateway, and in the first node a route to the node's
+// address (the pod CIDRs are flannel's to route). Nothing is added to the
+// machine's namespace.
 func (w *workerNode) connect() error {
 	first, self := w.c.holderPID, w.pid()
 	for _, step := range []struct {
@@ -261,7 +264,6 @@ func (w *workerNode) connect() error {
 		{self, fmt.Sprintf("route add %s/32 dev nodeeth0", nodeIP)},
 		{self, fmt.Sprintf("route add default via %s dev nodeeth0", nodeIP)},
 		{first, fmt.Sprintf("route add %s/32 dev %s", w.IP, w.link)},
-		{first, fmt.Sprintf("route add %s via %s dev %s", w.PodCIDR, w.IP, w.link)},
 	} {
 		if out, err := w.ipIn(step.pid, strings.Fields(step.args)...); err != nil {
 			return fmt.Errorf("ip %s: %w\n%s", step.args, err, out)
@@ -352,11 +354,22 @@ func (w *workerNode) startKubelet() error {
 		"--healthz-bind-address", "127.0.0.1:10256")
 }
 
-// waitReady waits for the node to be Ready and then sets its pod CIDR, as
-// the node IPAM controller (off in this cluster) would have.
+// waitReady sets the node's pod CIDR as soon as it registered, as the node
+// IPAM controller (off in this cluster) would (flannel's kube subnet
+// manager leases it), and waits for it to be Ready: the runtime's network
+// is ready once flannel's pod on the node wrote its CNI config.
 func (w *workerNode) waitReady(ctx context.Context) error {
 	c := w.c
-	if err := c.poll(ctx, 120*time.Second, w.Name+" Ready", func() (bool, error) {
+	if err := c.poll(ctx, 60*time.Second, w.Name+" registered", func() (bool, error) {
+		_, err := c.Client.CoreV1().Nodes().Get(ctx, w.Name, metav1.GetOptions{})
+		return err == nil, nil
+	}); err != nil {
+		return err
+	}
+	if err := c.setPodCIDR(ctx, w.Name, w.PodCIDR); err != nil {
+		return err
+	}
+	return c.poll(ctx, 120*time.Second, w.Name+" Ready", func() (bool, error) {
 		n, err := c.Client.CoreV1().Nodes().Get(ctx, w.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -367,35 +380,40 @@ func (w *workerNode) waitReady(ctx context.Context) error {
 			}
 		}
 		return false, nil
-	}); err != nil {
-		return err
-	}
-	patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, w.PodCIDR, w.PodCIDR)
-	if _, err := c.Client.CoreV1().Nodes().Patch(ctx, w.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("setting the pod CIDR of %s: %w", w.Name, err)
-	}
-	return nil
+	})
 }
 
-// RemoveNode takes the node out of the cluster: its pods deleted (their
-// CNI DEL runs while the node still runs), its processes stopped, nothing
-// of it left on the machine, its Node object deleted.
+// RemoveNode takes the node out of the cluster as an operator would: its
+// pods deleted but those of DaemonSets (kubectl drain
+// --ignore-daemonsets; the DaemonSet controller would start them again),
+// their CNI DEL run while the node still runs, its processes stopped,
+// nothing of it left on the machine, its Node object deleted, and then
+// the DaemonSets' pods bound to it deleted as the pod garbage collector
+// would (no kubelet is left to confirm their end).
 func (c *Cluster) RemoveNode(ctx context.Context, w *workerNode) error {
 	var errs []error
-	pods := func() []corev1.Pod {
+	pods := func(daemons bool) []corev1.Pod {
 		l, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", w.Name).String()})
 		if err != nil {
 			return nil
 		}
-		return l.Items
+		var out []corev1.Pod
+		for _, p := range l.Items {
+			if daemons || !daemonSetPod(&p) {
+				out = append(out, p)
+			}
+		}
+		return out
 	}
-	grace := int64(1)
-	for _, p := range pods() {
+	del := func(p corev1.Pod, grace int64) {
 		if err := c.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, err)
 		}
 	}
-	if err := c.poll(ctx, 60*time.Second, "pods on "+w.Name+" gone", func() (bool, error) { return len(pods()) == 0, nil }); err != nil {
+	for _, p := range pods(false) {
+		del(p, 1)
+	}
+	if err := c.poll(ctx, 60*time.Second, "pods on "+w.Name+" gone", func() (bool, error) { return len(pods(false)) == 0, nil }); err != nil {
 		errs = append(errs, err)
 	}
 	if err := w.stop(); err != nil {
@@ -404,7 +422,16 @@ func (c *Cluster) RemoveNode(ctx context.Context, w *workerNode) error {
 	if err := c.Client.CoreV1().Nodes().Delete(ctx, w.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("deleting node %s: %w", w.Name, err))
 	}
+	for _, p := range pods(true) {
+		del(p, 0)
+	}
 	return errors.Join(errs...)
+}
+
+// daemonSetPod says whether a DaemonSet controls p.
+func daemonSetPod(p *corev1.Pod) bool {
+	ref := metav1.GetControllerOf(p)
+	return ref != nil && ref.Kind == "DaemonSet"
 }
 
 // stop stops the node like the cluster's Stop stops the first one and

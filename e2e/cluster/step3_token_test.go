@@ -173,6 +173,7 @@ func (c *Cluster) whoAmI(ctx context.Context, tok string) (user, pod string, err
 // chain timings read.
 type pluginLine struct {
 	Time       time.Time `json:"time"`
+	Component  string    `json:"component"`
 	Command    string    `json:"command"`
 	Pod        string    `json:"pod"`
 	Decision   string    `json:"decision"`
@@ -182,10 +183,15 @@ type pluginLine struct {
 	DurationMS float64   `json:"duration_ms"`
 }
 
-// pluginLines reads the node's plugin log (and its rotated part) for the
-// decision lines of pods whose name starts with prefix.
+// pluginLines reads the decision lines of pods whose name starts with
+// prefix: the standalone plugin's in the node's plugin log (and its
+// rotated part), those of the calls the agent ran in the logs of the agent
+// pods there are now (they write no file).
 func (c *Cluster) pluginLines(prefix string) ([]pluginLine, error) {
-	var out []pluginLine
+	out, err := c.agentRunLines(prefix)
+	if err != nil {
+		return nil, err
+	}
 	base := filepath.Join(c.NodePath(agentRunDirOnNode), "nftmesh-cni.log")
 	for _, f := range []string{base + ".1", base} {
 		b, err := os.ReadFile(f)
@@ -203,6 +209,30 @@ func (c *Cluster) pluginLines(prefix string) ([]pluginLine, error) {
 				continue
 			}
 			out = append(out, l)
+		}
+	}
+	return out, nil
+}
+
+// agentRunLines reads the agent pods' logs for the decision lines of the
+// calls they ran, of pods whose name starts with prefix.
+func (c *Cluster) agentRunLines(prefix string) ([]pluginLine, error) {
+	ctx := context.Background()
+	pods, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []pluginLine
+	for _, p := range pods.Items {
+		raw, err := c.Client.CoreV1().Pods(agentNS).GetLogs(p.Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
+		if err != nil {
+			continue // not started yet, or gone
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			var l pluginLine
+			if json.Unmarshal([]byte(line), &l) == nil && l.Component == "cni-plugin" && l.RanBy == "agent" && l.Decision != "" && strings.HasPrefix(l.Pod, prefix) {
+				out = append(out, l)
+			}
 		}
 	}
 	return out, nil

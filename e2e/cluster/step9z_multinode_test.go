@@ -48,14 +48,21 @@ func multiNodeCount(t *testing.T) int {
 type meshNode struct {
 	name     string
 	cidr     netip.Prefix
-	conflist string // its primary CNI config, as the test reaches it
+	conflist string // its primary CNI config (flannel's), as the test reaches it
 	binDir   string
+	pid      int    // its holder: the node's network namespace
+	root     string // its mount namespace's root, as the test reaches it
 }
 
-// TestMultiNode is issue 23's multi-node e2e on the same cluster: more
-// nodes (kubelet + containerd each in its own network and mount namespace)
-// join the control plane, the chart's DaemonSet must run a ready agent on
-// every node with our entry last in each node's conflist; Istio-injected
+// TestMultiNode is issue 23's multi-node e2e on the same cluster, on
+// flannel (issue 33): flannel becomes the primary CNI (its DaemonSet, VXLAN
+// backend, kube subnet manager; flannel_test.go), more nodes (kubelet +
+// containerd each in its own network and mount namespace) join the control
+// plane, the chart's DaemonSet must run a ready agent on every node with
+// our entry last in flannel's conflist on each node, and flannel's routes
+// to every other node's pods through its VXLAN device; flannel's pod on one
+// node is deleted, its replacement writes its conflist again and the agent
+// must put its entry back; Istio-injected
 // clients and servers on different nodes must have each cross-node
 // connection captured at both ends, one connection end to end as through
 // Envoy (the client's app dials the server's pod address; its sidecar
@@ -64,16 +71,28 @@ type meshNode struct {
 // 15006 with the server as original destination and X as peer, and
 // answers the app); one node is
 // drained and its agent pod deleted while the others keep starting mesh
-// pods, all of which must start captured. The nodes are taken out
-// afterwards, leaving nothing.
+// pods, all of which must start captured. `helm uninstall` must then give
+// every node flannel's file back byte for byte. The nodes are taken out
+// afterwards, leaving nothing, and the first node gets its bridge back.
 func TestMultiNode(t *testing.T) {
 	c := need(t)
 	c.standinReady(t)
 	ctx := context.Background()
 	total := multiNodeCount(t)
 	tStart := time.Now()
+	if _, err := os.Stat(filepath.Join(flannelDir(), "flanneld-"+flannelVersion)); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and flannel is missing: %v (make flannel)", err)
+		}
+		t.Skipf("skipping: flannel is missing: %v (make flannel builds it)", err)
+	}
 
 	var workers []*workerNode
+	t.Cleanup(func() {
+		if err := c.stopFlannel(context.Background()); err != nil {
+			t.Errorf("stopping flannel: %v", err)
+		}
+	})
 	t.Cleanup(func() {
 		t0 := time.Now()
 		var wg sync.WaitGroup
@@ -92,13 +111,26 @@ func TestMultiNode(t *testing.T) {
 	})
 	t.Cleanup(func() {
 		c.deleteMesh(t)
-		if err := uninstallChart(context.Background(), c); err != nil {
-			t.Error(err)
+		chartMu.Lock()
+		installed := chartInstalled
+		chartMu.Unlock()
+		if installed {
+			if err := uninstallChart(context.Background(), c); err != nil {
+				t.Error(err)
+			}
 		}
 	})
 
-	// The chart goes in while the nodes join: its DaemonSet follows them.
+	// flannel first: the first node's bridge config goes aside, which
+	// takes the chart out if an earlier test left it in.
 	t0 := time.Now()
+	if err := c.startFlannel(ctx); err != nil {
+		t.Fatalf("flannel: %v\n%s", err, c.Logs(30))
+	}
+	record("multinode: flannel the first node's primary CNI %.2fs", time.Since(t0).Seconds())
+
+	// The chart goes in while the nodes join: its DaemonSet follows them.
+	t0 = time.Now()
 	chartDone := make(chan error, 1)
 	go func() { chartDone <- installChartOnce(c) }()
 	workers, err := c.AddNodes(ctx, total-1, filepath.Join(c.Dir, "images", "standin.tar"))
@@ -111,9 +143,11 @@ func TestMultiNode(t *testing.T) {
 		t.Fatal(chartErr)
 	}
 
-	nodes := []meshNode{{name: nodeName, cidr: netip.MustParsePrefix(podCIDR), conflist: c.PrimaryConflist, binDir: c.CNIBinDir}}
+	nodes := []meshNode{{name: nodeName, cidr: netip.MustParsePrefix(podCIDR), conflist: filepath.Join(c.CNIConfDir, flannelConflist),
+		binDir: c.CNIBinDir, pid: c.holderPID, root: c.NodePath("")}}
 	for _, w := range workers {
-		nodes = append(nodes, meshNode{name: w.Name, cidr: netip.MustParsePrefix(w.PodCIDR), conflist: w.Conflist, binDir: w.CNIBinDir})
+		nodes = append(nodes, meshNode{name: w.Name, cidr: netip.MustParsePrefix(w.PodCIDR), conflist: w.Conflist,
+			binDir: w.CNIBinDir, pid: w.pid(), root: w.NodePath("")})
 	}
 
 	if err := c.meshPrerequisites(ctx, "httpbin"); err != nil {
@@ -121,7 +155,8 @@ func TestMultiNode(t *testing.T) {
 	}
 
 	// 1. The DaemonSet on every node, each agent ready, our entry last in
-	// each node's conflist (and only there: each node's own directories).
+	// each node's flannel conflist (and only there: each node's own
+	// directories), flannel's lease and VXLAN routes on every node.
 	if err := c.waitAgents(ctx, len(nodes)); err != nil {
 		t.Fatal(err)
 	}
@@ -138,13 +173,21 @@ func TestMultiNode(t *testing.T) {
 		if st, err := os.Stat(filepath.Join(n.binDir, "nftmesh-cni")); err != nil || !st.Mode().IsRegular() {
 			t.Errorf("node %s: nftmesh-cni not installed in %s (%v)", n.name, n.binDir, err)
 		}
-		conf, _ := os.ReadFile(n.conflist)
-		if !strings.Contains(string(conf), `"subnet": "`+n.cidr.String()+`"`) {
-			t.Errorf("node %s: the conflist lost its pod CIDR %s:\n%s", n.name, n.cidr, conf)
+		if conf, err := os.ReadFile(n.conflist); err != nil || !strings.Contains(string(conf), `"type": "flannel"`) {
+			t.Errorf("node %s: %s is not flannel's config (%v):\n%s", n.name, n.conflist, err, conf)
+		}
+		if err := c.checkFlannelNode(n, nodes); err != nil {
+			t.Errorf("node %s: flannel: %v", n.name, err)
 		}
 	}
 	if t.Failed() {
 		t.FailNow()
+	}
+
+	// flannel restarted on one node: its config written again without our
+	// entry, which the agent must put back before the pods below start.
+	if err := c.restartFlannel(ctx, nodes[1]); err != nil {
+		t.Fatalf("node %s: flannel restart: %v", nodes[1].name, err)
 	}
 
 	// 2. Cross-node capture: a server on every node, then a client on every
@@ -245,6 +288,9 @@ func TestMultiNode(t *testing.T) {
 	started += c.churnWhileDraining(ctx, t, nodes[:len(nodes)-1], drained.name)
 
 	record("multinode: nodes=%d pods=%d cross-node captured=%d/%d", len(nodes), started, captured, pairs)
+
+	// 4. helm uninstall: flannel's file back on every node, byte for byte.
+	c.uninstallToFlannel(ctx, t, nodes)
 }
 
 // meshPodOn is a mesh pod from tmpl named name, pinned to node by its

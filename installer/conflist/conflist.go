@@ -261,7 +261,7 @@ func isOurs(entry json.RawMessage) bool {
 // ForeignCapturePlugins are plugin types that program the same pod
 // traffic capture as ours: chained together, each would install its own
 // redirect rules in every pod and they would fight over the pod's traffic.
-var ForeignCapturePlugins = []string{"istio-cni"}
+var ForeignCapturePlugins = []string{"istio-cni", "linkerd-cni"}
 
 // ForeignCapture returns the first capture plugin other than ours that
 // the config at path chains, or "".

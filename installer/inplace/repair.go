@@ -13,6 +13,7 @@ import (
 	"github.com/nftmesh/nftmesh/installer/repair"
 	"github.com/nftmesh/nftmesh/podinfo"
 	"github.com/nftmesh/nftmesh/podinfo/cniconf"
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
 )
 
 // Options configure a Repairer with the values the plugin on this node uses,
@@ -30,6 +31,21 @@ type Options struct {
 	// hand in capturetest's in-memory kernel and its namespaces.
 	Pipeline *capture.Pipeline
 	Find     func(uid string, ips []netip.Addr) (Netns, error)
+	// Linkerd is the node's settings for Linkerd pods (the agent's
+	// --linkerd-*, as the plugin's config holds them); nil: linkerd2-cni's
+	// defaults, as the plugin.
+	Linkerd *meshpod.LinkerdConfig
+	// LinkerdFacts is what a Linkerd pod's decision reads beyond the pod
+	// (the agent's namespace and Service watches); nil: a Linkerd pod that
+	// needs them is not repaired.
+	LinkerdFacts LinkerdFacts
+}
+
+// LinkerdFacts are a namespace's Linkerd override annotations and the API
+// server's ports, false while unknown (installer/podcache's Watches).
+type LinkerdFacts interface {
+	NamespaceAnnotations(name string) (map[string]string, bool)
+	APIServerPorts() ([]string, bool)
 }
 
 // Repairer implements repair.PodRepairer.
@@ -111,20 +127,14 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (repair.Repor
 	if why := r.skip.SkipBeforeLookup(cniconf.K8sArgs{PodNamespace: pod.Namespace, PodName: pod.Name}); why != "" {
 		return rep, fmt.Errorf("%w: %s", repair.ErrNotNeeded, why)
 	}
-	// capture.Plan calls it only for a pod in the mesh.
+	// capture.Plan calls it only for a pod in the mesh whose IPv6 capture
+	// depends on its addresses (not a Linkerd pod's: located below).
 	var ns Netns
 	findNetns := func() ([]netip.Addr, error) {
-		ips, err := PodIPs(pod)
-		if err != nil {
+		var err error
+		if ns, err = r.locate(pod, &rep); err != nil {
 			return nil, err
 		}
-		if len(ips) == 0 {
-			return nil, fmt.Errorf("pod %s/%s has no IP yet", pod.Namespace, pod.Name)
-		}
-		if ns, err = r.opts.Find(string(pod.UID), ips); err != nil {
-			return nil, fmt.Errorf("finding the network namespace of pod %s/%s: %w", pod.Namespace, pod.Name, err)
-		}
-		rep.Netns, rep.PID, rep.Candidates, rep.Match = ns.Path, ns.PID, ns.Candidates, ns.Match
 		// Read before the identity re-check below, which also covers them.
 		addrs, err := r.opts.Pipeline.Addrs(ns.Path)
 		if err != nil {
@@ -132,7 +142,11 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (repair.Repor
 		}
 		return addrs, nil
 	}
-	d, err := capture.Plan(podinfo.Mesh(pod), findNetns)
+	m := podinfo.Mesh(pod)
+	if err := r.withLinkerd(m); err != nil {
+		return rep, err
+	}
+	d, err := capture.Plan(m, findNetns)
 	switch capture.PlanStep(err) {
 	case "":
 	case capture.StepAddrs:
@@ -146,6 +160,11 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (repair.Repor
 	}
 	if !d.InMesh {
 		return rep, fmt.Errorf("%w: %s", repair.ErrNotNeeded, d.Reason)
+	}
+	if ns.Path == "" {
+		if ns, err = r.locate(pod, &rep); err != nil {
+			return rep, err
+		}
 	}
 
 	// The PID could have exited and been reused since the walk: program
@@ -172,4 +191,54 @@ func (r *Repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (repair.Repor
 	}
 	rep.Rules = res.Rules
 	return rep, nil
+}
+
+// locate finds pod's network namespace from its UID and IPs, noting what
+// it found in rep.
+func (r *Repairer) locate(pod *corev1.Pod, rep *repair.Report) (Netns, error) {
+	ips, err := PodIPs(pod)
+	if err != nil {
+		return Netns{}, err
+	}
+	if len(ips) == 0 {
+		return Netns{}, fmt.Errorf("pod %s/%s has no IP yet", pod.Namespace, pod.Name)
+	}
+	ns, err := r.opts.Find(string(pod.UID), ips)
+	if err != nil {
+		return Netns{}, fmt.Errorf("finding the network namespace of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	rep.Netns, rep.PID, rep.Candidates, rep.Match = ns.Path, ns.PID, ns.Candidates, ns.Match
+	return ns, nil
+}
+
+// withLinkerd gives m what the plugin's decision of a Linkerd pod reads
+// beyond the pod: the node's settings, and from the agent's watches the
+// namespace's override annotations and the API server's ports when the pod
+// needs them. Not known yet is retried; not watched cannot be repaired.
+func (r *Repairer) withLinkerd(m *meshpod.Pod) error {
+	m.Linkerd = r.opts.Linkerd
+	needNS, needAPI := meshpod.LinkerdNeedsNamespace(m), meshpod.LinkerdNeedsAPIServerPorts(m)
+	if !needNS && !needAPI {
+		return nil
+	}
+	facts := r.opts.LinkerdFacts
+	if facts == nil {
+		return fmt.Errorf("%w: Linkerd pod %s/%s needs its namespace's annotations or the API server's ports, which the agent watches only with --linkerd",
+			repair.ErrImpossible, m.Namespace, m.Name)
+	}
+	if needNS {
+		ann, ok := facts.NamespaceAnnotations(m.Namespace)
+		if !ok {
+			return fmt.Errorf("the annotations of namespace %s of Linkerd pod %s are not known yet", m.Namespace, m.Name)
+		}
+		m.NamespaceAnnotations = ann
+	}
+	if needAPI {
+		ports, ok := facts.APIServerPorts()
+		if !ok {
+			return fmt.Errorf("the API server's ports, which Linkerd control plane pod %s/%s skips, are not known yet", m.Namespace, m.Name)
+		}
+		m.APIServerPorts = ports
+	}
+	return nil
 }

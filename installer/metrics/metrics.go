@@ -7,11 +7,14 @@ package metrics
 import (
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 )
 
 // Install results, as the installs_total label values.
@@ -85,6 +88,44 @@ func (m *Metrics) Repaired(mode, result string) {
 	m.IstioRepairs.WithLabelValues(mode, result).Inc()
 }
 
+// The label values of the plugin's decisions.
+var (
+	pluginCommands    = []string{"ADD", "DEL", "CHECK", "STATUS", "GC"}
+	pluginDecisions   = []string{"capture", "skip", "remove", "error"}
+	pluginLookupPaths = []string{"agent", "api"}
+	pluginRanBy       = []string{"agent", "standalone"}
+)
+
+// Decided counts one plugin run's decision, its ADD's time and its pod
+// lookup. Label values outside the plugin's vocabulary (a stray line of
+// its log file) are counted as "OTHER" or "other", so they cannot grow
+// the series without bound.
+func (m *Metrics) Decided(d agentsock.Decision) {
+	command, decision := d.Command, d.Decision
+	if !slices.Contains(pluginCommands, command) {
+		command = "OTHER"
+	}
+	if !slices.Contains(pluginDecisions, decision) {
+		decision = "other"
+	}
+	m.PluginEvents.WithLabelValues(command, decision).Inc()
+	if command == "ADD" && d.Took >= 0 {
+		m.AddDuration.WithLabelValues(decision).Observe(d.Took.Seconds())
+		if slices.Contains(pluginRanBy, d.RanBy) {
+			m.AddByPath.WithLabelValues(d.RanBy).Observe(d.Took.Seconds())
+		}
+	}
+	if d.LookupTook >= 0 {
+		m.LookupDuration.WithLabelValues(command).Observe(d.LookupTook.Seconds())
+	}
+	if path := d.Lookup; path != "" {
+		if !slices.Contains(pluginLookupPaths, path) {
+			path = "other"
+		}
+		m.Lookups.WithLabelValues(command, path).Inc()
+	}
+}
+
 // New registers the agent's series and the Go/process collectors.
 func New() *Metrics {
 	reg := prometheus.NewRegistry()
@@ -108,7 +149,7 @@ func New() *Metrics {
 		Repairs: f.NewCounterVec(prometheus.CounterOpts{Name: "nftmesh_repair_pods_total",
 			Help: "Broken pods handled by the repair controller by mode and result."}, []string{"mode", "result"}),
 		PluginEvents: f.NewCounterVec(prometheus.CounterOpts{Name: "nftmesh_plugin_events_total",
-			Help: "The plugin's decisions by CNI command and decision (capture, skip, error), from its log file, whatever the plugin's log level."}, []string{"command", "decision"}),
+			Help: "The plugin's decisions by CNI command and decision (capture, skip, error), whatever the plugin's log level."}, []string{"command", "decision"}),
 		AddDuration: f.NewHistogramVec(prometheus.HistogramOpts{Name: "nftmesh_cni_add_duration_seconds",
 			Help: "Wall time of the plugin's CNI ADD runs by decision (capture, skip, error), whatever the plugin's log level.", Buckets: buckets}, []string{"decision"}),
 		LookupDuration: f.NewHistogramVec(prometheus.HistogramOpts{Name: "nftmesh_cni_pod_lookup_duration_seconds",

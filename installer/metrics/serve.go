@@ -43,6 +43,7 @@ type Server struct {
 	srv  *http.Server
 	Addr net.Addr
 	done chan error
+	cap  *connCap
 }
 
 // Serve listens on addr and serves h until Shutdown, within the package's
@@ -60,7 +61,9 @@ func serve(addr string, h http.Handler, l limits) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", addr, err)
 	}
+	cc := newConnCap(l.maxConns)
 	s := &Server{
+		cap: cc,
 		srv: &http.Server{
 			Handler:           h,
 			ReadHeaderTimeout: l.readHeader,
@@ -68,7 +71,7 @@ func serve(addr string, h http.Handler, l limits) (*Server, error) {
 			WriteTimeout:      l.write,
 			IdleTimeout:       l.idle,
 			MaxHeaderBytes:    l.maxHeaderBytes,
-			ConnState:         newConnCap(l.maxConns).track,
+			ConnState:         cc.track,
 		},
 		Addr: ln.Addr(),
 		done: make(chan error, 1),

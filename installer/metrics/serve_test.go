@@ -241,7 +241,12 @@ func TestServeTimeouts(t *testing.T) {
 func TestServeClosesIdleBeforeSilent(t *testing.T) {
 	l := defaults
 	l.maxConns = 4
-	addr := startServer(t, HealthHandler(healthy), &l)
+	s, err := serve("127.0.0.1:0", HealthHandler(healthy), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.srv.Close() })
+	addr := s.Addr.String()
 	silent := []*held{dial(t, addr), dial(t, addr)}
 	idle := []*held{dial(t, addr), dial(t, addr)}
 	for _, c := range idle {
@@ -249,8 +254,9 @@ func TestServeClosesIdleBeforeSilent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The server notes a request's end just after the answer is sent.
-	time.Sleep(100 * time.Millisecond)
+	// The server notes a request's end just after the answer is sent (a
+	// fixed 100 ms wait was too short on a loaded machine).
+	waitIdle(t, s.cap, 2)
 	dial(t, addr)
 	if got := closedByServer(append(silent, idle...), 300*time.Millisecond); !slices.Equal(got, []bool{false, false, true, false}) {
 		t.Fatalf("closed (silent, silent, idle, idle) = %v, want the older idle one only", got)
@@ -306,5 +312,26 @@ func TestServeClosesTheBiggestSourceFirst(t *testing.T) {
 	}
 	if err := lone.get(); err != nil {
 		t.Errorf("the lone connection's request: %v", err)
+	}
+}
+
+// waitIdle waits until c counts n connections between requests.
+func waitIdle(t *testing.T, c *connCap, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		c.mu.Lock()
+		got := 0
+		for _, e := range c.conns {
+			if e.state == http.StateIdle {
+				got++
+			}
+		}
+		c.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server counts %d idle connections, want %d", got, n)
+		}
 	}
 }

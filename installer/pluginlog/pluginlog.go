@@ -1,8 +1,10 @@
-// Package pluginlog is the node agent's intake of the plugin's events: it
-// follows the log file nftmesh-cni appends to in the agent run dir,
-// re-emits every line in the agent's own log, and turns the plugin's
-// decision records into metrics. It logs only the plugin's lines, to the
-// writer it is given.
+// Package pluginlog is the node agent's intake of the standalone plugin's
+// events: it follows the log file nftmesh-cni-standalone appends to in the
+// agent run dir, re-emits every line in the agent's own log, and hands the
+// plugin's decision lines on (OnDecision) to be counted and turned into
+// Events. The calls the agent runs itself write no such file: they hand
+// their lines and decisions over in process (cniplugin.Server). It logs
+// only the plugin's lines, to the writer it is given.
 package pluginlog
 
 import (
@@ -14,7 +16,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,8 +24,8 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"github.com/rs/zerolog"
 
-	"github.com/nftmesh/nftmesh/installer/metrics"
 	"github.com/nftmesh/nftmesh/internal/cnisock"
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 )
 
 // FileName is the plugin's JSON log in the agent run dir (cniplugin's
@@ -50,7 +51,6 @@ type Follower struct {
 	dir  string
 	path string
 	out  zerolog.Logger
-	m    *metrics.Metrics
 
 	mu      sync.Mutex // one drain at a time: lines never interleave
 	f       *os.File
@@ -61,31 +61,15 @@ type Follower struct {
 
 	// OnDecision, when set before Run, hears every decision line, on the
 	// follower's goroutine: it must not block.
-	OnDecision func(Decision)
-}
-
-// Decision is one plugin run's decision line, as far as the agent acts on
-// it. The strings come from a file: callers bound them.
-type Decision struct {
-	Command   string // ADD, DEL, CHECK, ...
-	Decision  string // capture, skip, remove, error
-	Namespace string
-	Pod       string
-	RanBy     string // agent or standalone
-	Error     string // the CNI error of a failed run
+	OnDecision func(agentsock.Decision)
 }
 
 type fileID struct{ dev, ino uint64 }
 
 // New follows FileName in runDir, writing the lines to w at level (lines
-// below it are dropped). m may be nil.
-func New(runDir string, w io.Writer, level zerolog.Level, m *metrics.Metrics) *Follower {
-	return &Follower{
-		dir:  runDir,
-		path: filepath.Join(runDir, FileName),
-		out:  zerolog.New(w).Level(level),
-		m:    m,
-	}
+// below it are dropped).
+func New(runDir string, w io.Writer, level zerolog.Level) *Follower {
+	return &Follower{dir: runDir, path: filepath.Join(runDir, FileName), out: zerolog.New(w).Level(level)}
 }
 
 // Run follows the file until ctx ends, from its end: earlier lines were
@@ -267,10 +251,10 @@ func (p *Follower) emit(line []byte) {
 	}
 	level := zerolog.NoLevel
 	var msg string
-	rec := record{duration: -1, lookup: -1}
-	d := &rec.d
+	var recordOnly bool
+	d := agentsock.Decision{Took: -1, LookupTook: -1}
 	strs := map[string]*string{zerolog.MessageFieldName: &msg, "command": &d.Command, "decision": &d.Decision,
-		"lookup": &rec.lookupPath, "ran_by": &d.RanBy, "pod": &d.Pod, "namespace": &d.Namespace, "error": &d.Error}
+		"lookup": &d.Lookup, "ran_by": &d.RanBy, "pod": &d.Pod, "namespace": &d.Namespace, "error": &d.Error}
 	for _, f := range fields {
 		switch f.key {
 		case zerolog.LevelFieldName:
@@ -281,11 +265,11 @@ func (p *Follower) emit(line []byte) {
 				}
 			}
 		case "duration_ms":
-			rec.duration = msField(f.raw)
+			d.Took = msField(f.raw)
 		case "lookup_ms":
-			rec.lookup = msField(f.raw)
+			d.LookupTook = msField(f.raw)
 		case RecordOnlyField:
-			_ = json.Unmarshal(f.raw, &rec.recordOnly)
+			_ = json.Unmarshal(f.raw, &recordOnly)
 		default:
 			if dst := strs[f.key]; dst != nil {
 				_ = json.Unmarshal(f.raw, dst)
@@ -293,12 +277,11 @@ func (p *Follower) emit(line []byte) {
 		}
 	}
 	d.Command = strings.ToUpper(d.Command)
-	p.count(rec)
 	if p.OnDecision != nil && d.Decision != "" {
-		p.OnDecision(*d)
+		p.OnDecision(d)
 	}
 	e := p.out.WithLevel(level)
-	if e == nil || rec.recordOnly {
+	if e == nil || recordOnly {
 		return // below the agent's level, or below the plugin's
 	}
 	for _, f := range fields {
@@ -323,62 +306,13 @@ func (p *Follower) emit(line []byte) {
 // (cniplugin's RecordOnlyField): counted and timed, never printed.
 const RecordOnlyField = "record_only"
 
-// The label values the plugin's decision lines carry.
-var (
-	pluginCommands    = []string{"ADD", "DEL", "CHECK", "STATUS", "GC"}
-	pluginDecisions   = []string{"capture", "skip", "remove", "error"}
-	pluginLookupPaths = []string{"agent", "api"}
-	pluginRanBy       = []string{"agent", "standalone"}
-)
-
-// record is what the metrics take from a plugin decision line.
-type record struct {
-	d                Decision
-	duration, lookup float64 // seconds; <0 when the line has none
-	lookupPath       string  // agent or api; "" when the line has none
-	recordOnly       bool
-}
-
-// msField reads a milliseconds field as seconds, or -1.
-func msField(raw json.RawMessage) float64 {
+// msField reads a milliseconds field, or -1.
+func msField(raw json.RawMessage) time.Duration {
 	var ms float64
 	if json.Unmarshal(raw, &ms) != nil || ms < 0 {
 		return -1
 	}
-	return ms / 1000
-}
-
-func (p *Follower) count(r record) {
-	decision := r.d.Decision
-	if p.m == nil || decision == "" {
-		return
-	}
-	// Label values come from a file: keep them to the plugin's vocabulary,
-	// so a stray line cannot grow the series without bound.
-	command := r.d.Command
-	if !slices.Contains(pluginCommands, command) {
-		command = "OTHER"
-	}
-	if !slices.Contains(pluginDecisions, decision) {
-		decision = "other"
-	}
-	p.m.PluginEvents.WithLabelValues(command, decision).Inc()
-	if command == "ADD" && r.duration >= 0 {
-		p.m.AddDuration.WithLabelValues(decision).Observe(r.duration)
-		if slices.Contains(pluginRanBy, r.d.RanBy) {
-			p.m.AddByPath.WithLabelValues(r.d.RanBy).Observe(r.duration)
-		}
-	}
-	if r.lookup >= 0 {
-		p.m.LookupDuration.WithLabelValues(command).Observe(r.lookup)
-	}
-	if r.lookupPath != "" {
-		path := r.lookupPath
-		if !slices.Contains(pluginLookupPaths, path) {
-			path = "other"
-		}
-		p.m.Lookups.WithLabelValues(command, path).Inc()
-	}
+	return time.Duration(ms * float64(time.Millisecond))
 }
 
 type logField struct {

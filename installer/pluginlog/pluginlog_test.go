@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/nftmesh/nftmesh/installer/metrics"
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/testkit/syncbuf"
 )
 
@@ -56,6 +57,12 @@ func appendFile(t *testing.T, path, s string) {
 	}
 }
 
+// counted is f with its decisions counted in m, as the agent wires it.
+func counted(f *Follower, m *metrics.Metrics) *Follower {
+	f.OnDecision = m.Decided
+	return f
+}
+
 func pluginLine(level, msg string, extra string) string {
 	return `{"level":"` + level + `","plugin":"nftmesh-cni","command":"ADD"` + extra + `,"time":"2026-01-02T03:04:05.678Z","message":"` + msg + `"}` + "\n"
 }
@@ -80,7 +87,7 @@ func TestPluginLogDrain(t *testing.T) {
 	appendFile(t, path, pluginLine("info", "old", ""))
 	var out lockedBuf
 	m := metrics.New()
-	f := New(dir, &out, zerolog.InfoLevel, m)
+	f := counted(New(dir, &out, zerolog.InfoLevel), m)
 	f.openAt(true)
 	defer f.close()
 
@@ -135,7 +142,7 @@ func TestPluginLogRotationAndTruncation(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, FileName)
 	var out lockedBuf
-	f := New(dir, &out, zerolog.DebugLevel, nil)
+	f := New(dir, &out, zerolog.DebugLevel)
 	f.openAt(true) // no file yet
 	defer f.close()
 
@@ -173,7 +180,7 @@ func TestPluginLogFollowerRun(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "run") // created by Run
 	path := filepath.Join(dir, FileName)
 	var out lockedBuf
-	f := New(dir, &out, zerolog.InfoLevel, nil)
+	f := New(dir, &out, zerolog.InfoLevel)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
@@ -231,7 +238,7 @@ func FuzzPluginLogLine(f *testing.F) {
 	m := metrics.New()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var out bytes.Buffer
-		p := New("unused", &out, zerolog.TraceLevel, m)
+		p := counted(New("unused", &out, zerolog.TraceLevel), m)
 		p.consume(append(b, '\n'))
 		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
 			if l == "" {
@@ -259,7 +266,7 @@ func FuzzPluginLogLine(f *testing.F) {
 func TestPluginRecordLines(t *testing.T) {
 	var out lockedBuf
 	m := metrics.New()
-	f := New(t.TempDir(), &out, zerolog.InfoLevel, m)
+	f := counted(New(t.TempDir(), &out, zerolog.InfoLevel), m)
 	f.consume([]byte(`{"level":"info","command":"ADD","decision":"skip","duration_ms":2.5,"lookup_ms":1.5,"record_only":true,"message":"ADD skip"}` + "\n" +
 		`{"level":"info","command":"ADD","decision":"skip","duration_ms":4,"message":"ADD skip"}` + "\n" +
 		`{"level":"info","command":"bogus","decision":"made-up","message":"x"}` + "\n"))
@@ -296,7 +303,7 @@ func TestPluginRecordLines(t *testing.T) {
 func TestPluginLookupPaths(t *testing.T) {
 	var out lockedBuf
 	m := metrics.New()
-	f := New(t.TempDir(), &out, zerolog.InfoLevel, m)
+	f := counted(New(t.TempDir(), &out, zerolog.InfoLevel), m)
 	f.consume([]byte(`{"level":"info","command":"ADD","decision":"capture","lookup":"agent","lookup_ms":0.3,"message":"ADD capture"}` + "\n" +
 		`{"level":"info","command":"ADD","decision":"capture","lookup":"agent","lookup_ms":0.2,"record_only":true,"message":"ADD capture"}` + "\n" +
 		`{"level":"info","command":"ADD","decision":"skip","lookup":"api","lookup_ms":3,"agent_miss":"no agent on the socket","message":"ADD skip"}` + "\n" +
@@ -321,9 +328,9 @@ func TestPluginLookupPaths(t *testing.T) {
 func TestPluginAddByPathAndDecisions(t *testing.T) {
 	var out lockedBuf
 	m := metrics.New()
-	f := New(t.TempDir(), &out, zerolog.InfoLevel, m)
-	var got []Decision
-	f.OnDecision = func(d Decision) { got = append(got, d) }
+	f := New(t.TempDir(), &out, zerolog.InfoLevel)
+	var got []agentsock.Decision
+	f.OnDecision = func(d agentsock.Decision) { m.Decided(d); got = append(got, d) }
 	f.consume([]byte(`{"level":"info","command":"ADD","decision":"capture","ran_by":"agent","duration_ms":3,"pod":"web-1","namespace":"shop","message":"ADD capture"}` + "\n" +
 		`{"level":"info","command":"ADD","decision":"capture","ran_by":"agent","duration_ms":5,"record_only":true,"pod":"web-2","namespace":"shop","message":"ADD capture"}` + "\n" +
 		`{"level":"error","command":"ADD","decision":"error","ran_by":"standalone","duration_ms":40,"pod":"web-3","namespace":"shop","error":"applying capture: EPERM","message":"ADD failed"}` + "\n" +
@@ -346,12 +353,13 @@ func TestPluginAddByPathAndDecisions(t *testing.T) {
 	if n := testutil.CollectAndCount(m.AddByPath); n != 2 {
 		t.Errorf("%d path series, want 2 (agent, standalone)", n)
 	}
-	want := []Decision{
-		{Command: "ADD", Decision: "capture", Namespace: "shop", Pod: "web-1", RanBy: "agent"},
-		{Command: "ADD", Decision: "capture", Namespace: "shop", Pod: "web-2", RanBy: "agent"},
-		{Command: "ADD", Decision: "error", Namespace: "shop", Pod: "web-3", RanBy: "standalone", Error: "applying capture: EPERM"},
-		{Command: "ADD", Decision: "skip", RanBy: "somebody"},
-		{Command: "DEL", Decision: "remove", RanBy: "agent"},
+	ms := time.Millisecond
+	want := []agentsock.Decision{
+		{Command: "ADD", Decision: "capture", Namespace: "shop", Pod: "web-1", RanBy: "agent", Took: 3 * ms, LookupTook: -1},
+		{Command: "ADD", Decision: "capture", Namespace: "shop", Pod: "web-2", RanBy: "agent", Took: 5 * ms, LookupTook: -1},
+		{Command: "ADD", Decision: "error", Namespace: "shop", Pod: "web-3", RanBy: "standalone", Error: "applying capture: EPERM", Took: 40 * ms, LookupTook: -1},
+		{Command: "ADD", Decision: "skip", RanBy: "somebody", Took: ms, LookupTook: -1},
+		{Command: "DEL", Decision: "remove", RanBy: "agent", Took: ms, LookupTook: -1},
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("decisions\n got %+v\nwant %+v", got, want)
@@ -385,7 +393,7 @@ func TestPluginLogLinkRefused(t *testing.T) {
 			}
 			var out lockedBuf
 			m := metrics.New()
-			f := New(dir, &out, zerolog.InfoLevel, m)
+			f := counted(New(dir, &out, zerolog.InfoLevel), m)
 			f.openAt(true) // no file yet
 			if err := tc.plant(t, path, target); err != nil {
 				t.Fatal(err)

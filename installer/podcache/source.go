@@ -44,6 +44,9 @@ type Source struct {
 	synced func() bool
 	get    GetFunc
 	Wait   time.Duration // bounds the wait for the watch to bring the pod
+	// Linkerd, when set, gives Linkerd pods' answers their namespace's
+	// annotations and the API server's ports (linkerd.go).
+	Linkerd LinkerdFacts
 
 	mu      sync.Mutex
 	waiters map[string][]chan struct{}
@@ -128,7 +131,7 @@ func (s *Source) ResolveNow(req agentsock.Request) (agentsock.Answer, bool) {
 		return agentsock.Answer{}, false
 	}
 	if pod, _ := s.lookup(req.Namespace+"/"+req.Name, req.UID); pod != nil {
-		return answer(pod), true
+		return s.answer(pod), true
 	}
 	return agentsock.Answer{}, false
 }
@@ -140,7 +143,7 @@ func (s *Source) Resolve(ctx context.Context, req agentsock.Request) agentsock.A
 	if s.store != nil && (s.synced == nil || s.synced()) {
 		// The usual case, without the waiters' lock.
 		if pod, _ := s.lookup(key, req.UID); pod != nil {
-			return answer(pod)
+			return s.answer(pod)
 		}
 		// Subscribe before looking again, so an event between the look
 		// and the wait is not missed.
@@ -160,7 +163,7 @@ func (s *Source) Resolve(ctx context.Context, req agentsock.Request) agentsock.A
 		}
 		s.unsubscribe(key, ch)
 		if pod != nil {
-			return answer(pod)
+			return s.answer(pod)
 		}
 		if s.get == nil {
 			return agentsock.Unknown(why)
@@ -187,11 +190,13 @@ func (s *Source) fetch(ctx context.Context, req agentsock.Request) agentsock.Ans
 	case string(pod.UID) != req.UID:
 		return agentsock.Unknown("the API has UID " + string(pod.UID))
 	}
-	return answer(pod)
+	return s.answer(pod)
 }
 
-func answer(pod *corev1.Pod) agentsock.Answer {
-	return agentsock.Found(string(pod.UID), podinfo.Mesh(pod))
+func (s *Source) answer(pod *corev1.Pod) agentsock.Answer {
+	m := podinfo.Mesh(pod)
+	s.withLinkerdFacts(m)
+	return agentsock.Found(string(pod.UID), m)
 }
 
 // APIGetter is a GetFunc reading with client, consistently (the informer

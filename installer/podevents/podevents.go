@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/nftmesh/nftmesh/installer/repair"
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 )
 
 // Component is the events' source.
@@ -33,7 +34,8 @@ const (
 	ReasonCaptureDrift        = "CaptureDrift"
 )
 
-// maxMessage bounds an event's message, which comes from the plugin's log.
+// maxMessage bounds an event's message, which may come from the plugin's
+// log file.
 const maxMessage = 512
 
 // Recorder records the agent's pod events.
@@ -101,19 +103,19 @@ func (w repairer) RepairPod(ctx context.Context, pod *corev1.Pod) (repair.Report
 	return rep, err
 }
 
-// Decision turns one plugin decision line into an event: a failed ADD
+// Decision turns one plugin run's decision into an event: a failed ADD
 // (the runtime retries the sandbox) is CaptureFailed, a failed CHECK is
 // drift from the pod's plan.
-func (r *Recorder) Decision(command, decision, namespace, name, ranBy, errMsg string) {
-	if decision != "error" || namespace == "" || name == "" {
+func (r *Recorder) Decision(d agentsock.Decision) {
+	if d.Decision != "error" || d.Namespace == "" || d.Pod == "" {
 		return
 	}
-	switch command {
+	switch d.Command {
 	case "ADD":
-		r.rec.Eventf(r.object(namespace, name), corev1.EventTypeWarning, ReasonCaptureFailed,
-			"nftmesh-cni could not set up traffic capture (run by the %s): %s", ranBy, bound(errMsg))
+		r.rec.Eventf(r.object(d.Namespace, d.Pod), corev1.EventTypeWarning, ReasonCaptureFailed,
+			"nftmesh-cni could not set up traffic capture (run by the %s): %s", d.RanBy, bound(d.Error))
 	case "CHECK":
-		r.rec.Eventf(r.object(namespace, name), corev1.EventTypeWarning, ReasonCaptureDrift,
-			"the pod's capture rules differ from its plan: %s", bound(errMsg))
+		r.rec.Eventf(r.object(d.Namespace, d.Pod), corev1.EventTypeWarning, ReasonCaptureDrift,
+			"the pod's capture rules differ from its plan: %s", bound(d.Error))
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nftmesh/nftmesh/installer/repair"
+	"github.com/nftmesh/nftmesh/podinfo/agentsock"
 	"github.com/nftmesh/nftmesh/testkit/kubetest"
 )
 
@@ -74,9 +75,9 @@ func TestEventsOnPods(t *testing.T) {
 	r := New(ctx, agent.CoreV1(), "node-1", func(ns, name string) *corev1.Pod { return cache[ns+"/"+name] })
 	defer r.Shutdown()
 
-	r.Decision("ADD", "error", "shop", "web-1", "agent", "applying capture for pod shop/web-1: operation not permitted")
-	r.Decision("ADD", "capture", "shop", "web-2", "agent", "") // no event
-	r.Decision("CHECK", "error", "shop", "web-3", "standalone", "nat chain ISTIO_OUTPUT: rule 3 missing")
+	r.Decision(agentsock.Decision{Command: "ADD", Decision: "error", Namespace: "shop", Pod: "web-1", RanBy: "agent", Error: "applying capture for pod shop/web-1: operation not permitted"})
+	r.Decision(agentsock.Decision{Command: "ADD", Decision: "capture", Namespace: "shop", Pod: "web-2", RanBy: "agent", Error: ""}) // no event
+	r.Decision(agentsock.Decision{Command: "CHECK", Decision: "error", Namespace: "shop", Pod: "web-3", RanBy: "standalone", Error: "nat chain ISTIO_OUTPUT: rule 3 missing"})
 	if _, err := r.Repairer(fakeRepairer{}).RepairPod(ctx, web2); err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +128,7 @@ func TestEventsOnPods(t *testing.T) {
 	cache["shop/storm"] = storm
 	start := time.Now()
 	for range 500 {
-		r.Decision("ADD", "error", "shop", "storm", "standalone", "applying capture: EPERM")
+		r.Decision(agentsock.Decision{Command: "ADD", Decision: "error", Namespace: "shop", Pod: "storm", RanBy: "standalone", Error: "applying capture: EPERM"})
 	}
 	if took := time.Since(start); took > time.Second {
 		t.Errorf("500 events took %v to record: recording blocks", took)
@@ -144,7 +145,7 @@ func TestEventsOnPods(t *testing.T) {
 	t.Logf("storm: %d event objects, count %d", len(evs), total)
 
 	// A pod the cache does not have is named without a UID.
-	r.Decision("ADD", "error", "shop", "gone", "agent", "x")
+	r.Decision(agentsock.Decision{Command: "ADD", Decision: "error", Namespace: "shop", Pod: "gone", RanBy: "agent", Error: "x"})
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		l, err := admin.CoreV1().Events("shop").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=gone"})

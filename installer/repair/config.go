@@ -1,8 +1,9 @@
 // Package repair is the node agent's repair controller: it watches this
 // node's pods and, for each one that started without capture (its
-// validation init container last exited with the configured code), runs
-// the configured mode's Strategy: repair in place, delete the pod, or
-// label it. It counts every outcome under nftmesh's and Istio's metric
+// validation init container last exited with the configured code; with
+// Linkerd support, also a Linkerd pod whose linkerd-network-validator
+// exited with Linkerd's code), runs the configured mode's Strategy: repair
+// in place, delete the pod, or label it. It counts every outcome under nftmesh's and Istio's metric
 // names and tracks whether it reaches the API server.
 //
 // It programs no capture rules: repair in place goes through a
@@ -41,7 +42,22 @@ type Config struct {
 	// HostProc is the host's /proc as the agent sees it, where repair in
 	// place finds pod namespaces.
 	HostProc string
+	// Linkerd also makes a Linkerd pod whose network validator failed
+	// broken (LinkerdBroken), whatever the Istio settings above say: the
+	// agent's --linkerd.
+	Linkerd bool
 }
+
+// What marks a Linkerd pod that started without capture, as Linkerd's own
+// repair controller (linkerd-cni-repair-controller) reads it: the label
+// Linkerd's injector puts on every data plane pod, and the validator init
+// container's name and failure exit code (95, EOPNOTSUPP). Linkerd does not
+// make them configurable.
+const (
+	LinkerdPodLabel           = "linkerd.io/control-plane-ns"
+	LinkerdValidatorContainer = "linkerd-network-validator"
+	LinkerdValidatorExitCode  = 95
+)
 
 // DefaultConfig is Istio's defaults (its validation container, exit code,
 // annotation and label), disabled: the agent's flag defaults.

@@ -23,13 +23,36 @@ const maxRepairAttempts = 5
 
 // Broken reports whether pod started without capture: it carries the
 // sidecar annotation and its validation init container last terminated
-// with the configured exit code (and message), and has not passed since.
+// with the configured exit code (and message), and has not passed since;
+// or, with cfg.Linkerd, LinkerdBroken.
 func Broken(pod *corev1.Pod, cfg Config) bool {
+	if cfg.Linkerd && LinkerdBroken(pod) {
+		return true
+	}
 	if _, ok := pod.Annotations[cfg.SidecarAnnotation]; !ok {
 		return false
 	}
+	return validationFailed(pod, cfg.InitContainerName, cfg.InitContainerExitCode, cfg.InitContainerTerminationMessage)
+}
+
+// LinkerdBroken reports whether pod is a Linkerd pod that started without
+// capture, as Linkerd's repair controller decides: it carries Linkerd's
+// data plane label and its linkerd-network-validator last exited 95 (and
+// has not passed since, which Linkerd's does not check: a pod that
+// recovered is left alone).
+func LinkerdBroken(pod *corev1.Pod) bool {
+	if _, ok := pod.Labels[LinkerdPodLabel]; !ok {
+		return false
+	}
+	return validationFailed(pod, LinkerdValidatorContainer, LinkerdValidatorExitCode, "")
+}
+
+// validationFailed reports whether pod's init container name last
+// terminated with code (0: any) and a message containing msg, and has not
+// passed since.
+func validationFailed(pod *corev1.Pod, name string, code int, msg string) bool {
 	for _, st := range pod.Status.InitContainerStatuses {
-		if st.Name != cfg.InitContainerName {
+		if st.Name != name {
 			continue
 		}
 		if t := st.State.Terminated; t != nil && (t.Reason == "Completed" || t.ExitCode == 0) {
@@ -39,10 +62,10 @@ func Broken(pod *corev1.Pod, cfg Config) bool {
 		if t == nil {
 			continue
 		}
-		if cfg.InitContainerTerminationMessage != "" && !strings.Contains(t.Message, cfg.InitContainerTerminationMessage) {
+		if msg != "" && !strings.Contains(t.Message, msg) {
 			continue
 		}
-		if cfg.InitContainerExitCode != 0 && int(t.ExitCode) != cfg.InitContainerExitCode {
+		if code != 0 && int(t.ExitCode) != code {
 			continue
 		}
 		return true

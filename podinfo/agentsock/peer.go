@@ -98,16 +98,12 @@ func pidfdPID(procDir string, pidfd int) (int, error) {
 // the initial user namespace.
 func checkAdmin(procDir string, pid int) error {
 	dir := filepath.Join(procDir, strconv.Itoa(pid))
-	v, err := procField(filepath.Join(dir, "status"), "CapEff")
+	eff, err := EffectiveCaps(procDir, strconv.Itoa(pid))
 	if err != nil {
 		return err
 	}
-	eff, err := strconv.ParseUint(v, 16, 64)
-	if err != nil {
-		return fmt.Errorf("reading %s/status: CapEff %q is not hexadecimal", dir, v)
-	}
 	if eff&(1<<unix.CAP_NET_ADMIN) == 0 {
-		return fmt.Errorf("CAP_NET_ADMIN is not in its effective set (CapEff %s)", v)
+		return fmt.Errorf("CAP_NET_ADMIN is not in its effective set (CapEff %016x)", eff)
 	}
 	var own unix.Stat_t
 	if err := unix.Stat(filepath.Join(dir, "ns", "user"), &own); err != nil {
@@ -124,6 +120,23 @@ func checkAdmin(procDir string, pid int) error {
 // 0xF0000000 up. (PID 1's ns/user would say the same, but reading it takes
 // ptrace access to PID 1, which a container may be denied.)
 const initUserNSIno = 0xEFFFFFFD
+
+// EffectiveCaps is the effective capability set of process pid ("self":
+// this one) as procDir shows it (CapEff in its status file). It is the
+// agent's one reader of capabilities, its own and its peers': a peer is
+// in the node's PID namespace, which capget cannot reach from a pod's.
+func EffectiveCaps(procDir, pid string) (uint64, error) {
+	path := filepath.Join(procDir, pid, "status")
+	v, err := procField(path, "CapEff")
+	if err != nil {
+		return 0, err
+	}
+	eff, err := strconv.ParseUint(v, 16, 64)
+	if err != nil {
+		return 0, fmt.Errorf("reading %s: CapEff %q is not hexadecimal", path, v)
+	}
+	return eff, nil
+}
 
 // procField is the value of the "name:" line of a /proc file.
 func procField(path, name string) (string, error) {

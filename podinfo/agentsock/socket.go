@@ -161,27 +161,58 @@ func (l *Listener) Close() error {
 	return err
 }
 
-// Outcome is what happened on one connection, for the agent's log and
+// Outcome is what became of one connection on one of the agent's sockets
+// (pod lookups, and the CNI calls the front hands over), for its log and
 // metrics.
 type Outcome struct {
-	Status   string // StatusFound, StatusUnknown, or an Outcome* without an answer
-	Reason   string // why unknown, or the error
-	Resource string // what a starved connection lacked (see StarvedOf)
-	Request  Request
+	Status string // StatusFound, StatusUnknown, or one of the Outcome constants
+	Reason string // why unknown, or the error
+	// Resource is what a starved connection lacked (ResourceFDs,
+	// ResourceMemory, ResourceBuffers: see StarvedOf).
+	Resource string
+	Request  Request // a pod lookup's
+	Command  string  // a CNI call's CNI_COMMAND
 	PeerUID  uint32
 	Duration time.Duration
 }
 
-// Outcomes of connections that got no answer.
+// Outcomes of connections that got no answer, on either socket, and of
+// the CNI calls.
 const (
-	OutcomeRefused    = "refused"     // the peer is not root
-	OutcomeBadRequest = "bad_request" // unreadable or invalid request
+	OutcomeRefused    = "refused"     // the peer is not root (with CAP_NET_ADMIN, for a CNI call)
+	OutcomeBadRequest = "bad_request" // unreadable or invalid request (or descriptors)
 	OutcomeWriteError = "write_error" // the answer could not be sent
-	// OutcomeStarved: accepting failed for lack of a resource; the
-	// connection, when it could be taken all the same, was closed at once
-	// (the plugin asks the API server).
+	// OutcomeStarved: declined, the agent lacking a resource to take or
+	// run the connection (Resource says which), where a call's namespace
+	// is as the call found it; the plugin asks the API server, the front
+	// runs the call itself. Also told, without a connection, when accepts
+	// start to fail and leave connections waiting.
 	OutcomeStarved = "starved"
+
+	OutcomeOK       = "ok"       // the CNI call ran: the plugin exited 0
+	OutcomeError    = "error"    // the CNI call ran: the plugin exited 1 (a CNI error)
+	OutcomeDeclined = "declined" // the CNI call is left to the standalone plugin
+	OutcomeBusy     = "busy"     // declined: over the bytes-in-flight budget, or every call slot taken
 )
+
+// Decision is what one plugin run decided, as its decision line says: what
+// the agent counts (installer/metrics) and records Events for
+// (installer/podevents). A call the agent runs hands it over in process
+// (cniplugin.Server's Decided); the standalone plugin's is read back from
+// its log file (installer/pluginlog), so its strings are bounded where
+// they are used.
+type Decision struct {
+	Command   string // ADD, DEL, CHECK, ...
+	Decision  string // capture, skip, remove, error
+	Namespace string
+	Pod       string
+	RanBy     string // agent or standalone
+	Error     string // the CNI error of a failed run
+	Lookup    string // where the pod came from: agent or api; "" for none
+	// Took is the run's time, LookupTook its pod lookup's; negative when
+	// the line says none.
+	Took, LookupTook time.Duration
+}
 
 // Resolver answers a valid request. It must return within ctx's deadline
 // (the server sends "unknown" for it otherwise).

@@ -53,6 +53,8 @@ type Config struct {
 	Kubeconfig        string        // default <AgentRunDir>/kubeconfig
 	Backend           string        // auto|nftables|iptables-legacy; default auto
 	APITimeout        time.Duration // bound on the pod lookup, retries included
+	// Linkerd is the node's Linkerd settings (nil: meshpod.DefaultLinkerd).
+	Linkerd *meshpod.LinkerdConfig
 
 	// PrevResultJSON is the primary plugin's result exactly as passed
 	// (NetConf.RawPrevResult stays nil): ParsePrevResult decodes it once,
@@ -104,6 +106,7 @@ func ParseConfig(stdin []byte) (*Config, error) {
 		AgentRunDir:       DefaultAgentRunDir,
 		Backend:           BackendAuto,
 		APITimeout:        DefaultAPITimeout,
+		Linkerd:           raw.Linkerd,
 	}
 	var errs []error
 	bad := func(field, value, format string, args ...any) {
@@ -148,6 +151,9 @@ func ParseConfig(stdin []byte) (*Config, error) {
 		default:
 			c.APITimeout = d
 		}
+	}
+	if err := checkLinkerd(raw.Linkerd); err != nil {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -236,4 +242,16 @@ func (c *Config) PrevResultUnchanged() []byte {
 		return nil
 	}
 	return bytes.TrimSpace(c.PrevResultJSON)
+}
+
+// checkLinkerd refuses Linkerd settings no pod could be captured with, so
+// a bad entry shows at install rather than at a Linkerd pod's start.
+func checkLinkerd(l *meshpod.LinkerdConfig) error {
+	if l == nil {
+		return nil
+	}
+	if _, err := meshpod.LinkerdSpec(*l, &meshpod.Pod{}); err != nil {
+		return &ConfigError{Field: "linkerd", Reason: err.Error()}
+	}
+	return nil
 }

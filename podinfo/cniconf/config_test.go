@@ -223,3 +223,22 @@ func TestPrevResult(t *testing.T) {
 		})
 	}
 }
+
+func TestParseConfigLinkerd(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"nftmesh-cni",
+		"linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,"ipv6":true,
+		"inbound-ports-to-ignore":["4190","4191","8100-8102"],"subnets-to-ignore":["10.0.0.0/8"]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Keys left out keep linkerd2-cni's chart defaults (proxy-gid -1: none).
+	if l := c.Linkerd; l == nil || !l.IPv6 || l.ProxyGID != -1 || len(l.InboundPortsToIgnore) != 3 {
+		t.Fatalf("linkerd settings %+v", c.Linkerd)
+	}
+	_, err = ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"n","type":"nftmesh-cni","linkerd":{"outgoing-proxy-port":0,"subnets-to-ignore":["10.0.0/8"]}}`))
+	for _, want := range []string{`plugin config field "linkerd"`, `linkerd outgoing-proxy-port: "0" is not a port`, `linkerd subnets-to-ignore: "10.0.0/8" is not a CIDR`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not say %s", err, want)
+		}
+	}
+}

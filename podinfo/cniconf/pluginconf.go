@@ -1,6 +1,10 @@
 package cniconf
 
-import "encoding/json"
+import (
+	"encoding/json"
+
+	"github.com/nftmesh/nftmesh/podinfo/meshpod"
+)
 
 // PluginSettings are nftmesh-cni's own fields of its conflist entry, one
 // definition for the agent that writes them (PluginConf) and the plugin
@@ -15,6 +19,9 @@ type PluginSettings struct {
 	Kubeconfig        *string  `json:"kubeconfig"`
 	Backend           *string  `json:"backend"`
 	APITimeout        *string  `json:"api_timeout"`
+	// Linkerd is the node's settings for Linkerd pods, with linkerd-cni's
+	// key and names; absent: linkerd2-cni's chart defaults.
+	Linkerd *meshpod.LinkerdConfig `json:"linkerd,omitempty"`
 }
 
 // PluginConf is the plugin's whole entry as the agent writes it (in a list

@@ -51,6 +51,17 @@ type Pod struct {
 	InitContainers  []Container
 	Containers      []Container
 	PodIPs          []string // status.podIP and status.podIPs[].ip
+
+	// NamespaceAnnotations are the pod's namespace's annotations, which
+	// Linkerd's settings fall back to; nil when not read.
+	NamespaceAnnotations map[string]string
+	// Linkerd is the node's Linkerd settings; nil gives DefaultLinkerd.
+	Linkerd *LinkerdConfig
+	// APIServerPorts are the default/kubernetes Service's ports and numeric
+	// target ports, which a Linkerd control plane pod's outbound capture
+	// skips; nil gives linkerd-cni's fallback when it cannot read them,
+	// 443 and 6443.
+	APIServerPorts []string
 }
 
 // Container is what the decision reads of a container.
@@ -67,6 +78,9 @@ type Container struct {
 type EnvVar struct{ Name, Value string }
 
 // Decide decides whether pod gets sidecar capture rules and with which Spec.
+//
+// A pod with a linkerd-proxy container is Linkerd's, decided as
+// linkerd-cni decides (decideLinkerd); every other pod is Istio's:
 //
 // The checks follow Istio's CNI plugin, in its order: an istio-init
 // container (init or regular: the pod redirects itself); DISABLE_ENVOY=true
@@ -88,6 +102,9 @@ type EnvVar struct{ Name, Value string }
 func Decide(pod *Pod) (inMesh bool, reason string, spec redirect.Spec, err error) {
 	if pod == nil {
 		return false, "", redirect.Spec{}, fmt.Errorf("deciding capture: no pod")
+	}
+	if proxy, init := linkerdProxy(pod); proxy {
+		return decideLinkerd(pod, init)
 	}
 	var proxy *Container
 	hasInit := false

@@ -13,6 +13,9 @@ istio.io/rev: {{ . | quote }}
 {{- with .Values.ownerName }}
 install.operator.istio.io/owning-resource: {{ . | quote }}
 {{- end }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "nftmesh.selectorLabels" -}}

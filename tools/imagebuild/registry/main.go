@@ -55,6 +55,12 @@ func run(args []string, stdout, stderr io.Writer, ready chan<- string) int {
 	}
 	opts := []registry.Option{registry.Logger(log.New(logOut, "", log.LstdFlags)), registry.WithReferrersSupport(*referrers)}
 	if *dir != "" {
+		// The disk handler writes into the directory without making it:
+		// a missing one failed every push with a 500 on the first blob.
+		if err := os.MkdirAll(*dir, 0o755); err != nil {
+			fmt.Fprintf(stderr, "registry: --dir: %v\n", err)
+			return 1
+		}
 		opts = append(opts, registry.WithBlobHandler(registry.NewDiskBlobHandler(*dir)))
 	}
 	l, err := net.Listen("tcp", *addr)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,9 +15,19 @@ import (
 // The registry serves on loopback what a push puts in it, and the
 // referrers API unless told not to.
 func TestServes(t *testing.T) {
+	for name, args := range map[string][]string{
+		"in memory": nil,
+		// A --dir that does not exist yet is made.
+		"on disk": {"--dir", filepath.Join(t.TempDir(), "blobs", "new")},
+	} {
+		t.Run(name, func(t *testing.T) { testServes(t, args) })
+	}
+}
+
+func testServes(t *testing.T, args []string) {
 	ready := make(chan string, 1)
 	var stdout, stderr bytes.Buffer
-	go run([]string{"--addr", "127.0.0.1:0"}, &stdout, &stderr, ready)
+	go run(append([]string{"--addr", "127.0.0.1:0"}, args...), &stdout, &stderr, ready)
 	addr := <-ready
 	img, err := random.Image(64, 1)
 	if err != nil {
