@@ -102,7 +102,7 @@ export NFTMESH_HOST_NFT_DIR := $(abspath $(CACHE)/hostnft)
 FLANNEL_DIR := $(CACHE)/flannel
 export NFTMESH_FLANNEL_DIR := $(abspath $(FLANNEL_DIR))
 
-.PHONY: all build chain-timings host-nft scale image chart push image-ref image-tags chart-version version release test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck actionlint cosign clean flannel istio pilot-agent istio-cni istio-manifests standin
+.PHONY: all build chain-timings host-nft scale image chart push image-ref image-tags chart-version version release test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck actionlint cosign clean flannel istio pilot-agent istio-cni istio-manifests standin conformance conformance-bins conformance-images
 
 all: build
 
@@ -250,6 +250,58 @@ e2e-cluster: image kube-binaries helm pilot-agent flannel
 ## injected pods, on the cluster e2e's node. A measurement, so not in `make test`.
 chain-timings: image kube-binaries helm pilot-agent
 	NFTMESH_E2E_CHAIN=1 $(GO) test -count=1 -v -timeout 25m -run 'TestClusterUp|TestPodStartWithoutPlugin|TestChainTimings' ./e2e/cluster/
+
+## conformance: Kubernetes' own [sig-network] [Conformance] specs (e2e.test
+## v1.35.4, built from the module proxy) on the cluster e2e's rig grown to
+## three nodes with the chart installed and CoreDNS as the cluster DNS, run
+## twice: "no harm" (test namespaces unmeshed) and "meshed" (every test
+## namespace labelled, a mutating webhook adding Istio's istio-validation
+## and the forwarding stand-in proxy as UID 1337 to every pod).
+## FOCUS=<regex> narrows both runs (default: the whole set), SKIP=<regex>
+## leaves specs out; RUNS=noharm or
+## RUNS=meshed runs one; SIDECAR=container injects Istio's classic
+## sidecar (a container after the app's) instead of its native one. Results and their reading: docs/conformance.md. A
+## measurement of its own, so not in `make test`.
+FOCUS     ?= \[sig-network\].*\[Conformance\]
+RUNS      ?= noharm,meshed
+SIDECAR   ?= native
+SKIP      ?=
+E2E_TEST  := $(CACHE)/e2e.test-v1.35.4
+COREDNS_VERSION ?= v1.14.7
+CONFORMANCE_IMAGES := $(BIN)/conformance
+conformance: image kube-binaries helm pilot-agent flannel conformance-images
+	NFTMESH_E2E_CONFORMANCE=1 NFTMESH_E2E_TEST_BIN=$(abspath $(E2E_TEST)) \
+	  NFTMESH_CONFORMANCE_IMAGES=$(abspath $(CONFORMANCE_IMAGES)) NFTMESH_CONFORMANCE_FOCUS='$(FOCUS)' \
+	  NFTMESH_CONFORMANCE_SKIP='$(SKIP)' \
+	  NFTMESH_CONFORMANCE_RUNS='$(RUNS)' NFTMESH_CONFORMANCE_SIDECAR='$(SIDECAR)' \
+	  $(GO) test -count=1 -v -timeout 240m -run 'TestClusterUp|TestConformance' ./e2e/cluster/
+
+## conformance-bins: e2e.test, agnhost and CoreDNS built from the module
+## proxy, and the test images' Debian root, into .cache/ (kept if present).
+conformance-bins: $(E2E_TEST)
+	COREDNS_VERSION=$(COREDNS_VERSION) ./testkit/kubetest/build-conformance-bins.sh $(CACHE)
+	./testkit/kubetest/fetch-testroot.sh $(CACHE)/conformance-testroot-bookworm.tar
+$(E2E_TEST):
+	./testkit/kubetest/build-e2e.sh $(abspath $@)
+
+## conformance-images: the images the specs pull, under the names e2e.test
+## asks for (docker-archives in bin/conformance/, imported on every node).
+CONFORMANCE_ROOT := $(abspath $(CACHE)/conformance-testroot-bookworm.tar)
+conformance-images: conformance-bins
+	@mkdir -p $(CONFORMANCE_IMAGES)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o $(CONFORMANCE_IMAGES)/pause ./e2e/cluster/standin/cmd/pause
+	$(IMAGEBUILD) ./rootimage --out $(abspath $(CONFORMANCE_IMAGES))/agnhost.tar --root $(CONFORMANCE_ROOT) \
+	  --file /agnhost=$(abspath $(CACHE))/agnhost-2.59 --link /agnhost-2=agnhost --entrypoint /agnhost --cmd pause \
+	  --file /localhost.crt=$(abspath $(CACHE))/agnhost-2.59.localhost.crt --file /localhost.key=$(abspath $(CACHE))/agnhost-2.59.localhost.key \
+	  --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+	  --tag registry.k8s.io/e2e-test-images/agnhost:2.59
+	$(IMAGEBUILD) ./rootimage --out $(abspath $(CONFORMANCE_IMAGES))/testroot.tar --root $(CONFORMANCE_ROOT) --cmd sh \
+	  --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+	  --tag registry.k8s.io/e2e-test-images/busybox:1.37.0-1 --tag registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7
+	$(IMAGEBUILD) ./rootimage --out $(abspath $(CONFORMANCE_IMAGES))/coredns.tar \
+	  --file /coredns=$(abspath $(CACHE))/coredns-$(COREDNS_VERSION) --entrypoint /coredns --tag localhost/coredns:e2e
+	$(IMAGEBUILD) ./rootimage --out $(abspath $(CONFORMANCE_IMAGES))/pause.tar \
+	  --file /pause=$(abspath $(CONFORMANCE_IMAGES))/pause --entrypoint /pause --tag registry.k8s.io/pause:3.10.1
 
 ## demo: a throw-away pod netns, real connections, where each one landed.
 demo: build

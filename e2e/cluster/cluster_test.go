@@ -457,7 +457,7 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
-`
+` + conformanceKubeletConfig()
 }
 
 // cgroupHierarchies lists the machine's cgroup mounts (v1 controllers,

@@ -23,7 +23,13 @@ const ioTimeout = 3 * time.Second
 
 // Server is a set of running listeners; Close stops them all and waits for
 // their goroutines.
-type Server struct{ group serve.Group }
+type Server struct {
+	group serve.Group
+	// RelayTimeout bounds a forwarded connection's whole life (0:
+	// ioTimeout). Kubernetes' conformance specs hold connections through
+	// the proxy for longer than a stand-in's own exchanges take.
+	RelayTimeout time.Duration
+}
 
 // Close stops every listener and waits for the connections in flight.
 func (s *Server) Close() error { return s.group.Close() }
@@ -85,7 +91,7 @@ func (s *Server) ForwardTCP(log *Log, name string, port uint16, transparent bool
 			return
 		}
 		defer inFlight.Add(-1)
-		forwardTCP(log, name, c, dial)
+		forwardTCP(log, name, c, dial, s.relayTimeout())
 	})
 }
 
@@ -160,9 +166,16 @@ func answerTCP(log *Log, name string, c *net.TCPConn) {
 	log.Emit(e)
 }
 
-func forwardTCP(log *Log, name string, c *net.TCPConn, dial DialFunc) {
+func (s *Server) relayTimeout() time.Duration {
+	if s.RelayTimeout > 0 {
+		return s.RelayTimeout
+	}
+	return ioTimeout
+}
+
+func forwardTCP(log *Log, name string, c *net.TCPConn, dial DialFunc, timeout time.Duration) {
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(ioTimeout))
+	_ = c.SetDeadline(time.Now().Add(timeout))
 	local := sockopt.AddrPort(c.LocalAddr())
 	e := Event{Event: EventAccepted, Proto: "tcp", Listener: name, Local: local.String(), Peer: sockopt.AddrPort(c.RemoteAddr()).String()}
 	defer func() { log.Emit(e) }()
@@ -190,7 +203,7 @@ func forwardTCP(log *Log, name string, c *net.TCPConn, dial DialFunc) {
 		return
 	}
 	e.ForwardFrom = sockopt.AddrPort(up.LocalAddr()).String()
-	_ = up.SetDeadline(time.Now().Add(ioTimeout))
+	_ = up.SetDeadline(time.Now().Add(timeout))
 	if err := relay(c, up); err != nil {
 		e.Error = fmt.Sprintf("relaying to %s: %v", orig, err)
 	}

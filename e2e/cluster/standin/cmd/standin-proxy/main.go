@@ -9,7 +9,9 @@
 // logged as one JSON event on stdout (package standin has the format);
 // with -forward, a connection to 15001 is relayed to its original
 // destination instead, as Envoy relays it, so the client is answered by
-// whoever is there, and the event names the relay's own local address. It
+// whoever is there, and the event names the relay's own local address;
+// with -forward-inbound, a connection to 15006 is relayed to the app from
+// 127.0.0.6 (::6), as Envoy's inbound passthrough does. It
 // serves readiness on 15021 (GET /healthz/ready, which the injected
 // readinessProbe and, for native sidecars, startupProbe hit) and answers
 // everything on the status port 15020 (the injected preStop drain request
@@ -44,6 +46,8 @@ func main() {
 		targets standin.Targets
 		mode    = flag.String("mode", envOr("ISTIO_META_INTERCEPTION_MODE", "REDIRECT"), "interception mode: REDIRECT or TPROXY (TPROXY makes the capture listeners IP_TRANSPARENT)")
 		forward = flag.Bool("forward", false, "relay each connection to 15001 to its original destination, as Envoy does, instead of answering it (the relay connects from the proxy's identity, which capture lets out)")
+		inbound = flag.Bool("forward-inbound", false, "relay each connection to 15006 to its original destination (the app) from 127.0.0.6 or ::6, as Envoy's inbound passthrough does, instead of answering it")
+		relayT  = flag.Duration("relay-timeout", 0, "how long a relayed connection may last (0: the stand-ins' 3 s)")
 		every   = flag.Duration("every", 2*time.Second, "period of the -connect dials")
 		pod     = flag.String("pod", standin.PodName(), "pod name to report (default: the hostname, which Kubernetes sets to the pod's name)")
 	)
@@ -61,7 +65,10 @@ func main() {
 	defer stop()
 
 	var ready atomic.Bool
-	srv := &standin.Server{}
+	if *relayT < 0 {
+		standin.Fatal("standin-proxy", fmt.Errorf("-relay-timeout %v is negative", *relayT))
+	}
+	srv := &standin.Server{RelayTimeout: *relayT}
 	tproxy := *mode == "TPROXY"
 	var err error
 	if *forward {
@@ -69,7 +76,9 @@ func main() {
 	} else {
 		err = srv.ServeTCP(log, standin.ListenerOutbound, 15001, tproxy)
 	}
-	if err == nil {
+	if err == nil && *inbound {
+		err = srv.ForwardTCP(log, standin.ListenerInbound, 15006, tproxy, standin.PassthroughDial)
+	} else if err == nil {
 		err = srv.ServeTCP(log, standin.ListenerInbound, 15006, tproxy)
 	}
 	if err == nil {
