@@ -78,16 +78,16 @@ func APIServerBinary() string {
 	if p := os.Getenv("KUBE_APISERVER"); p != "" {
 		return p
 	}
-	root, err := repoRoot()
+	root, err := RepoRoot()
 	if err != nil {
 		return filepath.Join(".cache", "kube-apiserver")
 	}
 	return filepath.Join(root, ".cache", "kube-apiserver")
 }
 
-// repoRoot walks up from the working directory (a package directory under
+// RepoRoot walks up from the working directory (a package directory under
 // `go test`) to the main module's go.mod.
-func repoRoot() (string, error) {
+func RepoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err

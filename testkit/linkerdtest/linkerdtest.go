@@ -6,7 +6,6 @@
 package linkerdtest
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -17,6 +16,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/nftmesh/nftmesh/testkit/kubetest"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -29,31 +29,12 @@ const OracleEnv = "NFTMESH_LINKERD_ORACLE"
 // ErrNoOracle: the reference is not there; tests skip with its message.
 var ErrNoOracle = errors.New("linkerd reference absent")
 
-// RepoRoot walks up from the working directory to nftmesh's go.mod.
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.HasPrefix(bytes.TrimSpace(data), []byte("module github.com/nftmesh/nftmesh\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no nftmesh go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
-
 // OracleDir is $NFTMESH_LINKERD_ORACLE, else ../shared/oracles/linkerd
 // beside the repository; ErrNoOracle when it holds no linkerd-cni source.
 func OracleDir() (string, error) {
 	dir := os.Getenv(OracleEnv)
 	if dir == "" {
-		root, err := RepoRoot()
+		root, err := kubetest.RepoRoot()
 		if err != nil {
 			return "", err
 		}
@@ -74,7 +55,7 @@ func Build(oracle string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	root, err := RepoRoot()
+	root, err := kubetest.RepoRoot()
 	if err != nil {
 		return "", err
 	}
