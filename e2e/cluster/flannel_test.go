@@ -476,19 +476,7 @@ func (c *Cluster) setPodCIDR(ctx context.Context, node, cidr string) error {
 
 // flannelPodOn returns flannel's pod on node that is not being deleted.
 func (c *Cluster) flannelPodOn(ctx context.Context, node string) (*corev1.Pod, error) {
-	l, err := c.Client.CoreV1().Pods(flannelNS).List(ctx, metav1.ListOptions{
-		LabelSelector: "app=flannel",
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
-	})
-	if err != nil {
-		return nil, err
-	}
-	for i := range l.Items {
-		if l.Items[i].DeletionTimestamp == nil {
-			return &l.Items[i], nil
-		}
-	}
-	return nil, fmt.Errorf("no flannel pod on %s", node)
+	return c.livePodOn(ctx, flannelNS, "app=flannel", node, "flannel")
 }
 
 // waitFlannel waits until flannel's pod on node, other than the one named

@@ -456,8 +456,14 @@ func (c *Cluster) waitAgents(ctx context.Context, n int) error {
 
 // agentOn returns the agent pod on node that is not being deleted.
 func (c *Cluster) agentOn(ctx context.Context, node string) (*corev1.Pod, error) {
-	l, err := c.Client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{
-		LabelSelector: "app.kubernetes.io/name=nftmesh-agent",
+	return c.livePodOn(ctx, agentNS, "app.kubernetes.io/name=nftmesh-agent", node, "agent")
+}
+
+// livePodOn returns the pod in ns matching selector on node that is not
+// being deleted (what names it in the error).
+func (c *Cluster) livePodOn(ctx context.Context, ns, selector, node, what string) (*corev1.Pod, error) {
+	l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
+		LabelSelector: selector,
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
 	})
 	if err != nil {
@@ -468,7 +474,7 @@ func (c *Cluster) agentOn(ctx context.Context, node string) (*corev1.Pod, error)
 			return &l.Items[i], nil
 		}
 	}
-	return nil, fmt.Errorf("no agent pod on %s", node)
+	return nil, fmt.Errorf("no %s pod on %s", what, node)
 }
 
 func podReady(p *corev1.Pod) bool {
