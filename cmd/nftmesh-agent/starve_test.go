@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -83,6 +84,7 @@ func TestStarvedAgentDeclinesToTheStandalone(t *testing.T) {
 	_, nsPath := nstest.New(t, "starved-")
 	a := startNodeAgent(t, api, pod.Spec.NodeName, nil)
 	h, node, health, metrics, cmd, logs := a.host, a.node, a.health, a.metrics, a.cmd, a.logs
+	sweep := "unstarved" // where the calls are, for a failure's message
 	call := func(verb string) {
 		t.Helper()
 		start := time.Now()
@@ -92,7 +94,7 @@ func TestStarvedAgentDeclinesToTheStandalone(t *testing.T) {
 		}
 		// Declined at once, not left to the front's ten-second wait.
 		if took := time.Since(start); took > 5*time.Second {
-			t.Errorf("%s through the front took %v", verb, took)
+			t.Errorf("%s through the front (%s) took %v", verb, sweep, took)
 		}
 		has := strings.Contains(nstest.Run(t, nsPath, "", "nft", "list", "tables"), nft.TableName)
 		if has != (verb == "ADD") {
@@ -109,10 +111,12 @@ func TestStarvedAgentDeclinesToTheStandalone(t *testing.T) {
 	// close meanwhile) to more than a call needs.
 	for free := -3; free <= 24; free++ {
 		restore := starve(t, pid, free)
+		sweep = fmt.Sprintf("%d descriptors free", free)
 		call("ADD")
 		call("DEL")
 		restore()
 	}
+	sweep = "recovered"
 	body := node.waitMetrics(t, metrics, `nftmesh_agent_socket_starved_total{resource="fds",socket="cni"}`)
 	for _, l := range strings.Split(body, "\n") {
 		if strings.HasPrefix(l, "nftmesh_agent_socket_") {
@@ -217,18 +221,38 @@ func startNodeAgent(t *testing.T, api *kubetest.Server, nodeName string, prepare
 }
 
 // starve lowers the soft RLIMIT_NOFILE of process pid to leave it free
-// descriptors beyond those open now; restore puts the limit back.
+// descriptors beyond those open now, but never below a descriptor the
+// agent holds twice (a listener and its reserve, a duplicate of it, which
+// the agent closes to accept a connection it then declines: the room it
+// makes is under the limit only when its number is); restore puts the
+// limit back. Before that floor the sweep started below the open count
+// and a reserve among the top numbers made no room, so the calls waited
+// out the front's ten seconds in the backlog (one run in six), which
+// cannot happen to a process whose limit is not lowered beneath it.
 func starve(t *testing.T, pid, free int) (restore func()) {
 	t.Helper()
 	var old unix.Rlimit
 	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &old); err != nil {
 		t.Fatal(err)
 	}
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim := unix.Rlimit{Cur: uint64(max(len(ents)+free, 0)), Max: old.Max}
+	floor, seen := 0, map[string]int{}
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		target, lerr := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil || lerr != nil || !strings.HasPrefix(target, "socket:") {
+			continue
+		}
+		if m, dup := seen[target]; dup {
+			floor = max(floor, n+1, m+1)
+		}
+		seen[target] = n
+	}
+	lim := unix.Rlimit{Cur: uint64(max(len(ents)+free, floor, 0)), Max: old.Max}
 	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
 		t.Fatal(err)
 	}
