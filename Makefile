@@ -102,7 +102,7 @@ export NFTMESH_HOST_NFT_DIR := $(abspath $(CACHE)/hostnft)
 FLANNEL_DIR := $(CACHE)/flannel
 export NFTMESH_FLANNEL_DIR := $(abspath $(FLANNEL_DIR))
 
-.PHONY: all build chain-timings host-nft scale image chart push image-ref image-tags chart-version version release test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck actionlint cosign clean flannel istio pilot-agent istio-cni istio-manifests standin conformance conformance-bins conformance-images
+.PHONY: all build chain-timings host-nft scale image chart push image-ref image-tags chart-version version release test test-unit bench demo lint update-golden fuzz kube-apiserver kube-binaries e2e-cluster helm staticcheck actionlint cosign clean flannel istio pilot-agent istio-cni istio-manifests standin conformance conformance-ci conformance-bins conformance-images
 
 all: build
 
@@ -275,6 +275,14 @@ conformance: image kube-binaries helm pilot-agent flannel conformance-images
 	  NFTMESH_CONFORMANCE_SKIP='$(SKIP)' \
 	  NFTMESH_CONFORMANCE_RUNS='$(RUNS)' NFTMESH_CONFORMANCE_SIDECAR='$(SIDECAR)' \
 	  $(GO) test -count=1 -v -timeout 240m -run 'TestClusterUp|TestConformance' ./e2e/cluster/
+
+## conformance-ci: the fixed subset CI runs after make test (.ci/run): the
+## intra-pod and node-pod, Service and DNS specs (11; no NodePort spec, see
+## docs/conformance.md), both runs, on a rig of its own (its kubelets name
+## a cluster DNS, make test's do not).
+CONFORMANCE_CI_FOCUS := \[sig-network\] (Networking Granular Checks: Pods|Services should (serve|be able to change the type from ExternalName to ClusterIP)|DNS should (provide DNS for (the cluster|services)|resolve DNS of partial)).*\[Conformance\]
+conformance-ci:
+	$(MAKE) conformance FOCUS='$(CONFORMANCE_CI_FOCUS)' RUNS=noharm,meshed SKIP=
 
 ## conformance-bins: e2e.test, agnhost and CoreDNS built from the module
 ## proxy, and the test images' Debian root, into .cache/ (kept if present).
