@@ -40,6 +40,27 @@ const (
 	refPluginDir = "/usr/lib/cni" // Debian's containernetworking-plugins
 )
 
+// underlaySwitch is the part of the holder's script that makes this node,
+// the other nodes' only link (a veth to each, mnode<N>) and so their
+// router, forward what passes between two other nodes as a switch would:
+// untracked. Tracked, this node's kube-proxy saw one half of a connection
+// to another node's NodePort (the client's packets came through here, the
+// replies went back between the two nodes over flannel's VXLAN) and
+// dropped the rest as conntrack INVALID (its KUBE-FORWARD rule): the
+// handshake completed, no data came back ("service is not reachable ...
+// on endpoint 10.240.0.3:<nodePort>", the flannel rig's NodePort
+// conformance failures, in the noharm run too). Test scaffolding only:
+// the holder's namespace is the rig's own.
+var underlaySwitch = fmt.Sprintf(`nft -f - <<'EOF'
+table ip nftmesh-e2e-underlay {
+	chain transit {
+		type filter hook prerouting priority raw; policy accept;
+		iifname "mnode*" ip daddr %s/24 ip daddr != %s notrack
+	}
+}
+EOF
+`, strings.TrimSuffix(nodeIP, ".2")+".0", nodeIP)
+
 // kubeletSysctls are the global kernel sysctls kubelet sets to these values
 // when they differ. Inside the holder's mount namespace each is shadowed by a
 // file already holding the value, so kubelet reads "already set" and the
@@ -532,6 +553,7 @@ func (c *Cluster) startHolder() error {
 	sb.WriteString("ip link set nodeeth0 up\nip link set nodeeth1 up\n")
 	sb.WriteString("ip route add default dev nodeeth0\n")
 	sb.WriteString("echo 1 > /proc/sys/net/ipv4/ip_forward\n")
+	sb.WriteString(underlaySwitch)
 	fmt.Fprintf(&sb, "touch %s\n", c.path("holder.ready"))
 	sb.WriteString("exec sleep infinity\n")
 

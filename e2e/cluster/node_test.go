@@ -447,6 +447,12 @@ func (w *workerNode) doStop() error {
 	comps := append([]*component(nil), w.comps...)
 	holderPID, nsIDs := w.holderPID, w.nsIDs
 	w.mu.Unlock()
+	// Out of the cluster's list before any of them is stopped: a wait
+	// elsewhere (another node's RemoveNode, run beside this one) checks
+	// the list for components that died, and found this node's kubelet
+	// stopped here ("waiting for pods on nftmesh-e2e-2 gone:
+	// kubelet-nftmesh-e2e-3 exited", a cold CI run's conformance cleanup).
+	w.c.forget(comps)
 	byRole := map[string]*component{}
 	for _, comp := range comps {
 		byRole[strings.TrimSuffix(comp.name, "-"+w.Name)] = comp
@@ -485,7 +491,6 @@ func (w *workerNode) doStop() error {
 	// needs the namespace gone.
 	pins := pinNamespaces(holderPID)
 	stop("holder")
-	w.c.forget(comps)
 	var errs []error
 	if err := removeCgroups(w.cgroupName); err != nil {
 		errs = append(errs, err)
@@ -573,7 +578,7 @@ func holderDone(comp *component) bool {
 	}
 }
 
-// forget drops stopped components from the cluster's list, so a node
+// forget drops components from the cluster's list, so a node
 // taken out is not reported as a component that died.
 func (c *Cluster) forget(comps []*component) {
 	c.mu.Lock()
