@@ -12,7 +12,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -209,17 +208,7 @@ func (c *Cluster) conformanceCluster(ctx context.Context, t *testing.T, images [
 		if err := uninstallChart(context.Background(), c); err != nil {
 			t.Error(err)
 		}
-		var wg sync.WaitGroup
-		for _, w := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := c.RemoveNode(context.Background(), w); err != nil {
-					t.Errorf("removing node %s: %v", w.Name, err)
-				}
-			}()
-		}
-		wg.Wait()
+		c.removeNodes(t, workers)
 	})
 	t0 = time.Now()
 	chartDone := make(chan error, 1)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -426,6 +427,22 @@ func (c *Cluster) RemoveNode(ctx context.Context, w *workerNode) error {
 		del(p, 0)
 	}
 	return errors.Join(errs...)
+}
+
+// removeNodes takes the nodes out of the cluster side by side
+// (RemoveNode each), failing t for each that did not go cleanly.
+func (c *Cluster) removeNodes(t *testing.T, workers []*workerNode) {
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.RemoveNode(context.Background(), w); err != nil {
+				t.Errorf("removing node %s: %v", w.Name, err)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // daemonSetPod says whether a DaemonSet controls p.

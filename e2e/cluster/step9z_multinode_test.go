@@ -95,17 +95,7 @@ func TestMultiNode(t *testing.T) {
 	})
 	t.Cleanup(func() {
 		t0 := time.Now()
-		var wg sync.WaitGroup
-		for _, w := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := c.RemoveNode(context.Background(), w); err != nil {
-					t.Errorf("removing node %s: %v", w.Name, err)
-				}
-			}()
-		}
-		wg.Wait()
+		c.removeNodes(t, workers)
 		record("multinode: %d nodes removed (pods deleted, stopped, nothing left) %.2fs", len(workers), time.Since(t0).Seconds())
 		record("multinode: whole test %.2fs", time.Since(tStart).Seconds())
 	})
